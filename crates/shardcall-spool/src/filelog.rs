@@ -1,0 +1,278 @@
+//! The embedded file log: a Kafka-like partitioned log kept in local spools,
+//! so that shardcall runs end to end with no server.
+//!
+//! ```text
+//! LOG/TOPIC/0/   a partition: a spool (see `layout`)
+//! LOG/TOPIC/1/
+//! ```
+//!
+//! A topic's partition count is the number of partition folders; it can grow
+//! while producers and consumers run (they look again with
+//! [`FileLog::partition_count`]) and never shrinks.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::config::SpoolConfig;
+use crate::error::{IoContext, Result, SpoolError, check_name};
+use crate::layout::Layout;
+use crate::partitioner::partition_for_key;
+use crate::record::NewRecord;
+use crate::spool::Spool;
+
+/// Longest topic name (as in Kafka).
+pub const MAX_TOPIC_NAME: usize = 249;
+/// Records buffered per partition before a producer appends them.
+const PRODUCER_BATCH: usize = 1024;
+
+/// A folder of topics.
+#[derive(Debug, Clone)]
+pub struct FileLog {
+    root: PathBuf,
+    config: SpoolConfig,
+}
+
+impl FileLog {
+    /// Opens the log in `root`, creating the folder if needed.
+    pub fn open(root: impl AsRef<Path>, config: SpoolConfig) -> Result<Self> {
+        config.validate()?;
+        let root = root.as_ref().to_owned();
+        fs::create_dir_all(&root).ctx("create log folder", &root)?;
+        Ok(Self { root, config })
+    }
+
+    /// The log's folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The configuration partition spools are opened with.
+    pub fn config(&self) -> &SpoolConfig {
+        &self.config
+    }
+
+    /// The topics in the log, sorted.
+    pub fn topics(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.root).ctx("list log", &self.root)? {
+            let entry = entry.ctx("list log", &self.root)?;
+            if entry.path().is_dir()
+                && let Some(name) = entry.file_name().to_str()
+                && check_name("topic", name, MAX_TOPIC_NAME).is_ok()
+            {
+                out.push(name.to_owned());
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The folder of `topic`.
+    pub fn topic_dir(&self, topic: &str) -> Result<PathBuf> {
+        check_name("topic", topic, MAX_TOPIC_NAME)?;
+        Ok(self.root.join(topic))
+    }
+
+    /// The folder of one partition.
+    pub fn partition_dir(&self, topic: &str, partition: u32) -> Result<PathBuf> {
+        Ok(self.topic_dir(topic)?.join(partition.to_string()))
+    }
+
+    /// How many partitions `topic` has (0 if it does not exist).
+    pub fn partition_count(&self, topic: &str) -> Result<u32> {
+        partition_count(&self.topic_dir(topic)?)
+    }
+
+    /// Makes `topic` exist with at least `partitions` partitions, adding the
+    /// missing ones; returns the count (never lowers it).
+    pub fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<u32> {
+        let dir = self.topic_dir(topic)?;
+        let have = partition_count(&dir)?;
+        for p in have..partitions {
+            Layout::new(dir.join(p.to_string())).create_dirs()?;
+        }
+        Ok(have.max(partitions))
+    }
+
+    /// Opens a partition for appending (one writer per partition at a time).
+    pub fn open_partition(&self, topic: &str, partition: u32) -> Result<Spool> {
+        self.check_partition(topic, partition)?;
+        Spool::open(self.partition_dir(topic, partition)?, self.config.clone())
+    }
+
+    /// Opens a partition for reading while other processes write it.
+    pub fn open_partition_read_only(&self, topic: &str, partition: u32) -> Result<Spool> {
+        self.check_partition(topic, partition)?;
+        Spool::open_read_only(self.partition_dir(topic, partition)?, self.config.clone())
+    }
+
+    fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {
+        let count = self.partition_count(topic)?;
+        if partition >= count {
+            return Err(SpoolError::Layout {
+                path: self.partition_dir(topic, partition)?,
+                detail: format!("topic {topic} has {count} partitions"),
+            });
+        }
+        Ok(())
+    }
+
+    /// A producer spreading records over the partitions of `topic`, which must exist.
+    pub fn producer(&self, topic: &str) -> Result<Producer> {
+        let count = self.partition_count(topic)?;
+        if count == 0 {
+            return Err(SpoolError::Layout {
+                path: self.topic_dir(topic)?,
+                detail: "no such topic".into(),
+            });
+        }
+        let mut p = Producer {
+            log: self.clone(),
+            topic: topic.to_owned(),
+            spools: Vec::new(),
+            pending: Vec::new(),
+            next_round_robin: 0,
+        };
+        p.grow_to(count);
+        Ok(p)
+    }
+}
+
+/// Number of partition folders `0..n` in a topic folder; a gap is an error.
+fn partition_count(topic_dir: &Path) -> Result<u32> {
+    let entries = match fs::read_dir(topic_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(SpoolError::io("list topic", topic_dir, e)),
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let entry = entry.ctx("list topic", topic_dir)?;
+        if let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok())
+            && entry.path().is_dir()
+        {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    if let Some((i, _)) = ids.iter().enumerate().find(|&(i, &id)| id != i as u32) {
+        return Err(SpoolError::Layout {
+            path: topic_dir.to_owned(),
+            detail: format!("partition folder {i} is missing"),
+        });
+    }
+    Ok(ids.len() as u32)
+}
+
+/// A buffered record waiting for its partition's next append.
+#[derive(Debug)]
+struct Pending {
+    timestamp_ms: i64,
+    key: Option<Vec<u8>>,
+    payload: Vec<u8>,
+}
+
+/// Appends records to a topic's partitions: by Kafka's key hash when a record
+/// has a key, round robin when not. Records are buffered per partition;
+/// [`Producer::flush`] (or a full buffer) appends them.
+#[derive(Debug)]
+pub struct Producer {
+    log: FileLog,
+    topic: String,
+    spools: Vec<Option<Spool>>,
+    pending: Vec<Vec<Pending>>,
+    next_round_robin: u32,
+}
+
+impl Producer {
+    /// Partitions the producer currently spreads over.
+    pub fn partitions(&self) -> u32 {
+        self.spools.len() as u32
+    }
+
+    fn grow_to(&mut self, count: u32) {
+        while self.spools.len() < count as usize {
+            self.spools.push(None);
+            self.pending.push(Vec::new());
+        }
+    }
+
+    /// Looks again at the topic's partition count, so later records spread
+    /// over partitions added since.
+    pub fn refresh_partitions(&mut self) -> Result<u32> {
+        let count = self.log.partition_count(&self.topic)?;
+        self.grow_to(count);
+        Ok(self.partitions())
+    }
+
+    /// Buffers a record, returning the partition it will go to. A record over
+    /// the size limit is refused here and nothing buffered is affected.
+    pub fn send(&mut self, key: Option<&[u8]>, payload: &[u8], timestamp_ms: i64) -> Result<u32> {
+        let size = key.map_or(0, <[u8]>::len) + payload.len();
+        let max = self.log.config.max_record_bytes;
+        if size > max {
+            return Err(SpoolError::RecordTooLarge {
+                index: 0,
+                bytes: size,
+                max,
+            });
+        }
+        let n = self.partitions();
+        let partition = match key {
+            Some(k) => partition_for_key(k, n),
+            None => {
+                let p = self.next_round_robin % n;
+                self.next_round_robin = self.next_round_robin.wrapping_add(1);
+                p
+            }
+        };
+        self.pending[partition as usize].push(Pending {
+            timestamp_ms,
+            key: key.map(<[u8]>::to_vec),
+            payload: payload.to_vec(),
+        });
+        if self.pending[partition as usize].len() >= PRODUCER_BATCH {
+            self.flush_partition(partition)?;
+        }
+        Ok(partition)
+    }
+
+    /// Appends everything buffered.
+    pub fn flush(&mut self) -> Result<()> {
+        for p in 0..self.partitions() {
+            self.flush_partition(p)?;
+        }
+        Ok(())
+    }
+
+    fn flush_partition(&mut self, partition: u32) -> Result<()> {
+        let i = partition as usize;
+        if self.pending[i].is_empty() {
+            return Ok(());
+        }
+        if self.spools[i].is_none() {
+            self.spools[i] = Some(self.log.open_partition(&self.topic, partition)?);
+        }
+        let spool = self.spools[i].as_ref().expect("opened above");
+        let batch: Vec<NewRecord<'_>> = self.pending[i]
+            .iter()
+            .map(|r| NewRecord {
+                timestamp_ms: r.timestamp_ms,
+                key: r.key.as_deref(),
+                payload: &r.payload,
+            })
+            .collect();
+        spool.append(&batch)?;
+        self.pending[i].clear();
+        Ok(())
+    }
+
+    /// Makes every appended record durable.
+    pub fn sync(&mut self) -> Result<()> {
+        self.flush()?;
+        for s in self.spools.iter().flatten() {
+            s.sync()?;
+        }
+        Ok(())
+    }
+}
