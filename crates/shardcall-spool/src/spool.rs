@@ -417,6 +417,7 @@ impl Spool {
                         pos: 0,
                     };
                 }
+                Some(_) if !out.is_empty() => return Ok((out, at)),
                 Some(base) => {
                     return Err(SpoolError::Corrupt(Corruption {
                         segment: self.inner.layout.segment(at.segment),
@@ -449,6 +450,12 @@ impl Spool {
         let path = || self.inner.layout.segment(handle.base);
         let mut want = max_bytes.saturating_sub(*bytes).clamp(MIN_READ, MAX_READ);
         loop {
+            let file_len = handle.file.metadata().ctx("stat segment", &path())?.len();
+            let left = file_len.saturating_sub(at.pos);
+            if left == 0 {
+                return Ok(false);
+            }
+            want = want.min(usize::try_from(left).unwrap_or(usize::MAX));
             let chunk = read_chunk(&handle.file, at.pos, want).ctx("read segment", &path())?;
             if chunk.is_empty() {
                 return Ok(false);
@@ -458,6 +465,9 @@ impl Spool {
                 match frame::decode(&chunk[used..]) {
                     Ok((view, len)) => {
                         if view.offset != at.offset {
+                            if !out.is_empty() {
+                                return Ok(true);
+                            }
                             return Err(SpoolError::Corrupt(Corruption {
                                 segment: path(),
                                 position: at.pos,
@@ -485,13 +495,17 @@ impl Spool {
                         if used == 0 {
                             // One frame larger than the read, or the end of the data.
                             match frame::peek_len(&chunk) {
-                                Some(need) if need > chunk.len() && chunk.len() == want => {
+                                Some(need) if need > chunk.len() && need as u64 <= left => {
                                     want = need;
                                 }
                                 _ => return Ok(false),
                             }
                         }
                         break;
+                    }
+                    Err(DecodeError::Corrupt(_)) if !out.is_empty() => {
+                        // Hand over the good records first; the next read reports it.
+                        return Ok(true);
                     }
                     Err(DecodeError::Corrupt(kind)) => {
                         return Err(SpoolError::Corrupt(Corruption {
@@ -566,7 +580,7 @@ impl Spool {
 
     /// The live segment after `base`; a read-only spool looks at the folder again.
     fn next_segment(&self, base: u64, refresh: bool) -> Result<Option<u64>> {
-        let find = |segs: &Vec<u64>| segs.iter().copied().find(|&b| b > base);
+        let find = |segs: &Vec<u64>| segs.get(segs.partition_point(|&b| b <= base)).copied();
         if let Some(next) = find(&self.inner.segments.read().expect("segments lock")) {
             return Ok(Some(next));
         }
