@@ -1,1 +1,111 @@
-fn main() {}
+//! `shardcall`: the command-line tool.
+
+mod bench_spool;
+mod consume;
+mod produce;
+mod spool_cmd;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use shardcall_spool::{Durability, SpoolConfig};
+
+/// Share the partitions of a log among many consumers, coordinated through Redis.
+#[derive(Debug, Parser)]
+#[command(name = "shardcall", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Append lines from stdin to a topic of the embedded file log.
+    Produce(produce::ProduceArgs),
+    /// Print records of a topic of the embedded file log.
+    Consume(consume::ConsumeArgs),
+    /// Inspect or mend a spool or file log on disk.
+    #[command(subcommand)]
+    Spool(spool_cmd::SpoolCommand),
+    /// Measure performance against a baseline in the same run.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Spool append and read-back throughput against `dd` on the same filesystem.
+    Spool(bench_spool::BenchSpoolArgs),
+}
+
+/// When appended records are forced to disk (command-line form).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FsyncArg {
+    /// fsync before each append returns.
+    Batch,
+    /// fsync in the background every `--fsync-interval-ms`.
+    Interval,
+    /// Leave it to the operating system.
+    Os,
+}
+
+/// Spool options shared by commands that write.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SpoolOpts {
+    /// When appended records are forced to disk.
+    #[arg(long, value_enum, default_value = "interval")]
+    pub fsync: FsyncArg,
+    /// Interval of background fsync, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub fsync_interval_ms: u64,
+    /// Largest record accepted (key + payload bytes).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_record_bytes: usize,
+    /// Segment size in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub segment_bytes: u64,
+}
+
+impl SpoolOpts {
+    /// The spool configuration these options describe, validated.
+    pub fn config(&self) -> anyhow::Result<SpoolConfig> {
+        let config = SpoolConfig {
+            durability: durability(self.fsync, self.fsync_interval_ms),
+            max_record_bytes: self.max_record_bytes,
+            segment_bytes: self.segment_bytes,
+            ..SpoolConfig::default()
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// The durability policy of a command-line choice.
+pub fn durability(arg: FsyncArg, interval_ms: u64) -> Durability {
+    match arg {
+        FsyncArg::Batch => Durability::EveryBatch,
+        FsyncArg::Interval => Durability::Interval(std::time::Duration::from_millis(interval_ms)),
+        FsyncArg::Os => Durability::Os,
+    }
+}
+
+/// A folder argument.
+pub type Dir = PathBuf;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Produce(args) => produce::run(&args),
+        Command::Consume(args) => consume::run(&args),
+        Command::Spool(cmd) => spool_cmd::run(&cmd),
+        Command::Bench(BenchCommand::Spool(args)) => bench_spool::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -188,7 +188,9 @@ fn decode(bytes: &[u8]) -> std::result::Result<u64, String> {
     if crc32c::crc32c(&bytes[..12]) != crc {
         return Err("checksum mismatch".into());
     }
-    Ok(u64::from_le_bytes(bytes[4..12].try_into().expect("8 bytes")))
+    Ok(u64::from_le_bytes(
+        bytes[4..12].try_into().expect("8 bytes"),
+    ))
 }
 
 /// Reads every cursor file, removing temporaries an interrupted persist left.

@@ -148,7 +148,10 @@ fn partition_count(topic_dir: &Path) -> Result<u32> {
     let mut ids = Vec::new();
     for entry in entries {
         let entry = entry.ctx("list topic", topic_dir)?;
-        if let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok())
+        if let Some(id) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
             && entry.path().is_dir()
         {
             ids.push(id);

@@ -58,7 +58,10 @@ impl std::fmt::Display for CorruptionKind {
             Self::BadLength(len) => write!(f, "impossible frame length {len}"),
             Self::BadKeyLength(len) => write!(f, "key length {len} does not fit in its frame"),
             Self::OffsetMismatch { expected, found } => {
-                write!(f, "frame holds offset {found} where offset {expected} belongs")
+                write!(
+                    f,
+                    "frame holds offset {found} where offset {expected} belongs"
+                )
             }
         }
     }
@@ -169,13 +172,18 @@ pub fn peek_len(buf: &[u8]) -> Option<usize> {
     let len_bytes: [u8; 4] = buf[0..4].try_into().expect("4 bytes");
     let header_crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
     let body_len = u32::from_le_bytes(len_bytes) as usize;
-    (crc32c::crc32c(&len_bytes) == header_crc && (BODY_FIXED_LEN..=MAX_BODY_LEN).contains(&body_len))
-        .then_some(HEADER_LEN + body_len)
+    (crc32c::crc32c(&len_bytes) == header_crc
+        && (BODY_FIXED_LEN..=MAX_BODY_LEN).contains(&body_len))
+    .then_some(HEADER_LEN + body_len)
 }
 
 /// Reads the offset a complete frame carries, after [`check`] accepted it.
 pub fn offset_of_checked(frame: &[u8]) -> u64 {
-    u64::from_le_bytes(frame[HEADER_LEN..HEADER_LEN + 8].try_into().expect("8 bytes"))
+    u64::from_le_bytes(
+        frame[HEADER_LEN..HEADER_LEN + 8]
+            .try_into()
+            .expect("8 bytes"),
+    )
 }
 
 #[cfg(test)]

@@ -4,6 +4,9 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+
+use bytes::Bytes;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -15,8 +18,8 @@ use crate::index::{self, IndexEntry};
 pub struct SegmentHandle {
     /// First offset of the segment.
     pub base: u64,
-    /// The data file, opened read-only.
-    pub file: File,
+    /// The data file, opened read-only; reads seek it, hence the lock.
+    file: Mutex<File>,
     index_path: PathBuf,
     index: Mutex<LoadedIndex>,
 }
@@ -29,6 +32,21 @@ struct LoadedIndex {
 }
 
 impl SegmentHandle {
+    /// Current length of the data file.
+    pub fn len(&self) -> std::io::Result<u64> {
+        Ok(self.file.lock().expect("file lock").metadata()?.len())
+    }
+
+    /// Reads up to `len` bytes at `pos` (fewer at the end of the file) into a
+    /// fresh buffer, without zero-filling it first.
+    pub fn read_at(&self, pos: u64, len: usize) -> std::io::Result<Bytes> {
+        let mut buf = Vec::with_capacity(len);
+        let mut file = self.file.lock().expect("file lock");
+        file.seek(SeekFrom::Start(pos))?;
+        (&mut *file).take(len as u64).read_to_end(&mut buf)?;
+        Ok(Bytes::from(buf))
+    }
+
     /// The index entry to start scanning from to find offset `target`,
     /// reloading the index file first if `target` lies past its last entry and
     /// the file has grown since it was read.
@@ -85,7 +103,7 @@ impl OpenSegments {
         let file = File::open(&data).ctx("open segment", &data)?;
         let handle = Arc::new(SegmentHandle {
             base,
-            file,
+            file: Mutex::new(file),
             index_path: index,
             index: Mutex::new(LoadedIndex::default()),
         });

@@ -135,13 +135,19 @@ mod tests {
         bytes.extend_from_slice(&[1, 2, 3]);
         assert_eq!(
             parse(&bytes),
-            vec![IndexEntry { rel: 1, pos: 10 }, IndexEntry { rel: 5, pos: 50 }]
+            vec![
+                IndexEntry { rel: 1, pos: 10 },
+                IndexEntry { rel: 5, pos: 50 }
+            ]
         );
     }
 
     #[test]
     fn floor_finds_last_at_or_below() {
-        let e = [IndexEntry { rel: 10, pos: 100 }, IndexEntry { rel: 20, pos: 200 }];
+        let e = [
+            IndexEntry { rel: 10, pos: 100 },
+            IndexEntry { rel: 20, pos: 200 },
+        ];
         assert_eq!(floor(&e, 5), IndexEntry { rel: 0, pos: 0 });
         assert_eq!(floor(&e, 10).pos, 100);
         assert_eq!(floor(&e, 19).pos, 100);

@@ -72,7 +72,8 @@ impl Layout {
 
     /// Path of the index of the live segment starting at `base`.
     pub fn index_file(&self, base: u64) -> PathBuf {
-        self.index.join(format!("{base:0NAME_DIGITS$}{INDEX_SUFFIX}"))
+        self.index
+            .join(format!("{base:0NAME_DIGITS$}{INDEX_SUFFIX}"))
     }
 
     /// Path of the archived segment starting at `base`.

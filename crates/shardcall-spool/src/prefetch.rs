@@ -70,7 +70,10 @@ impl Prefetcher {
 
     /// Acknowledges every record up to and including `offset` (see [`Cursor::ack`]).
     pub fn ack(&mut self, offset: u64) -> Result<()> {
-        self.cursor.as_mut().expect("cursor present until drop").ack(offset)
+        self.cursor
+            .as_mut()
+            .expect("cursor present until drop")
+            .ack(offset)
     }
 
     /// The underlying cursor.

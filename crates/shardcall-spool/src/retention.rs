@@ -79,7 +79,11 @@ mod tests {
     #[test]
     fn each_limit_deletes_oldest_first() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let segs = [seg(20, 100, 10, now), seg(0, 100, 30, now), seg(10, 100, 20, now)];
+        let segs = [
+            seg(20, 100, 10, now),
+            seg(0, 100, 30, now),
+            seg(10, 100, 20, now),
+        ];
         let by_count = Retention {
             max_segments: Some(1),
             ..Retention::default()

@@ -64,7 +64,8 @@ pub fn scan_segment(
 ) -> Result<ScanOutcome> {
     let mut file = File::open(path).ctx("open segment", path)?;
     let file_len = file.metadata().ctx("stat segment", path)?.len();
-    file.seek(SeekFrom::Start(start.pos)).ctx("seek segment", path)?;
+    file.seek(SeekFrom::Start(start.pos))
+        .ctx("seek segment", path)?;
     let mut policy = index_interval.map(|i| IndexPolicy::new(i, 0));
     let mut out = ScanOutcome {
         records: 0,
@@ -93,10 +94,7 @@ pub fn scan_segment(
                     });
                     return Ok(out);
                 }
-                if let Some(entry) = policy
-                    .as_mut()
-                    .and_then(|p| p.observe(found - base, pos))
-                {
+                if let Some(entry) = policy.as_mut().and_then(|p| p.observe(found - base, pos)) {
                     out.index.push(entry);
                 }
                 used += len;
@@ -212,7 +210,13 @@ mod tests {
         bytes.extend_from_slice(&[0; 4000]);
         std::fs::write(&path, &bytes).unwrap();
         let out = scan_segment(&path, 0, START, None).unwrap();
-        assert_eq!(out.end, ScanEnd::TornTail { at: good, len: 4000 });
+        assert_eq!(
+            out.end,
+            ScanEnd::TornTail {
+                at: good,
+                len: 4000
+            }
+        );
         bytes[good as usize + 2000] = 7;
         std::fs::write(&path, &bytes).unwrap();
         let out = scan_segment(&path, 0, START, None).unwrap();

@@ -2,13 +2,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-
-use bytes::{Bytes, BytesMut};
 
 use crate::config::{Durability, SpoolConfig};
 use crate::cursor::{self, Cursor};
@@ -23,10 +20,10 @@ use crate::scan::{ScanEnd, ScanStart, scan_segment};
 use crate::watermarks::Watermarks;
 use crate::writer::{ResumePoint, Writer};
 
-/// Smallest read from a segment file.
-const MIN_READ: usize = 64 << 10;
-/// Largest read from a segment file unless a single frame needs more.
-const MAX_READ: usize = 4 << 20;
+/// Bytes read from a segment file at a time (more only for a larger frame).
+/// Small enough that the allocator recycles the buffers instead of mapping
+/// fresh pages for every read.
+const READ_CHUNK: usize = 64 << 10;
 
 /// What recovery found when the spool was opened for writing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,7 +93,7 @@ impl Drop for Inner {
         // Stop the flusher first, then make everything written durable.
         self.flusher.take();
         if let Some(w) = &self.writer
-            && let Ok(w) = w.lock()
+            && let Ok(mut w) = w.lock()
         {
             let _ = w.sync();
         }
@@ -125,7 +122,9 @@ impl Spool {
                     path: layout.root.clone(),
                 });
             }
-            Err(std::fs::TryLockError::Error(e)) => return Err(SpoolError::io("lock", lock_path, e)),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(SpoolError::io("lock", lock_path, e));
+            }
         }
         let mut bases = layout::list_segments(&layout.data)?;
         if bases.is_empty() {
@@ -165,7 +164,7 @@ impl Spool {
         }
         index::store(&layout.index_file(active), &scan.index)?;
         let segments = Arc::new(RwLock::new(bases));
-        let writer = Writer::resume(
+        let mut writer = Writer::resume(
             layout.clone(),
             config.clone(),
             segments.clone(),
@@ -177,6 +176,8 @@ impl Spool {
             },
         )?;
         // What an earlier process wrote may still sit in the page cache.
+        // (Sealed segments were synced when they rolled, unless that process
+        // chose to leave durability to the OS.)
         writer.sync()?;
         let marks = Arc::new(Watermarks::new(scan.next_offset));
         let flusher = match config.durability {
@@ -262,9 +263,13 @@ impl Spool {
     /// Appends a batch, returning the offsets it got. Either every record is
     /// appended or, when one is over the size limit, none is.
     pub fn append(&self, records: &[NewRecord<'_>]) -> Result<Appended> {
-        let writer = self.inner.writer.as_ref().ok_or_else(|| SpoolError::ReadOnly {
-            path: self.inner.layout.root.clone(),
-        })?;
+        let writer = self
+            .inner
+            .writer
+            .as_ref()
+            .ok_or_else(|| SpoolError::ReadOnly {
+                path: self.inner.layout.root.clone(),
+            })?;
         let mut w = writer.lock().expect("writer lock");
         if let Some(why) = self.inner.marks.failure() {
             return Err(SpoolError::io(
@@ -289,7 +294,7 @@ impl Spool {
     /// Forces everything appended so far to stable storage.
     pub fn sync(&self) -> Result<u64> {
         if let Some(writer) = &self.inner.writer {
-            let w = writer.lock().expect("writer lock");
+            let mut w = writer.lock().expect("writer lock");
             w.sync()?;
             self.inner.marks.advance_durable(w.next_offset());
         }
@@ -448,15 +453,18 @@ impl Spool {
         max_bytes: usize,
     ) -> Result<bool> {
         let path = || self.inner.layout.segment(handle.base);
-        let mut want = max_bytes.saturating_sub(*bytes).clamp(MIN_READ, MAX_READ);
+        let mut frame_too_big: Option<usize> = None;
         loop {
-            let file_len = handle.file.metadata().ctx("stat segment", &path())?.len();
+            let file_len = handle.len().ctx("stat segment", &path())?;
             let left = file_len.saturating_sub(at.pos);
             if left == 0 {
                 return Ok(false);
             }
-            want = want.min(usize::try_from(left).unwrap_or(usize::MAX));
-            let chunk = read_chunk(&handle.file, at.pos, want).ctx("read segment", &path())?;
+            let want = frame_too_big
+                .take()
+                .unwrap_or(READ_CHUNK)
+                .min(usize::try_from(left).unwrap_or(usize::MAX));
+            let chunk = handle.read_at(at.pos, want).ctx("read segment", &path())?;
             if chunk.is_empty() {
                 return Ok(false);
             }
@@ -496,7 +504,7 @@ impl Spool {
                             // One frame larger than the read, or the end of the data.
                             match frame::peek_len(&chunk) {
                                 Some(need) if need > chunk.len() && need as u64 <= left => {
-                                    want = need;
+                                    frame_too_big = Some(need);
                                 }
                                 _ => return Ok(false),
                             }
@@ -525,11 +533,7 @@ impl Spool {
         let base = {
             let segs = self.inner.segments.read().expect("segments lock");
             let idx = segs.partition_point(|&b| b <= from);
-            if idx == 0 {
-                None
-            } else {
-                Some(segs[idx - 1])
-            }
+            if idx == 0 { None } else { Some(segs[idx - 1]) }
         };
         let Some(base) = base else { return Ok(None) };
         let handle = self.handle(base, from)?;
@@ -541,7 +545,8 @@ impl Spool {
         };
         // Trust the index only if the frame it points at carries the offset it claims.
         if entry.pos > 0 {
-            let chunk = read_chunk(&handle.file, start.pos, frame::HEADER_LEN + 8)
+            let chunk = handle
+                .read_at(start.pos, frame::HEADER_LEN + 8)
                 .ctx("read segment", &self.inner.layout.segment(base))?;
             let ok = chunk.len() == frame::HEADER_LEN + 8
                 && frame::peek_len(&chunk).is_some()
@@ -605,7 +610,13 @@ impl Spool {
     fn scan_tail(&self) -> Result<()> {
         let mut tail = self.inner.tail.lock().expect("tail lock");
         self.refresh_segments()?;
-        let last = self.inner.segments.read().expect("segments lock").last().copied();
+        let last = self
+            .inner
+            .segments
+            .read()
+            .expect("segments lock")
+            .last()
+            .copied();
         let Some(last) = last else { return Ok(()) };
         let mut at = match *tail {
             Some(t) if t.segment == last => t,
@@ -652,7 +663,11 @@ impl Spool {
 
     /// Forgets a deleted cursor.
     pub(crate) fn cursor_removed(&self, name: &str) -> Result<()> {
-        self.inner.cursors.lock().expect("cursors lock").remove(name);
+        self.inner
+            .cursors
+            .lock()
+            .expect("cursors lock")
+            .remove(name);
         self.archive_acked()
     }
 
@@ -669,7 +684,12 @@ impl Spool {
     }
 
     pub(crate) fn committed_of(&self, name: &str) -> Option<u64> {
-        self.inner.cursors.lock().expect("cursors lock").get(name).copied()
+        self.inner
+            .cursors
+            .lock()
+            .expect("cursors lock")
+            .get(name)
+            .copied()
     }
 
     /// Moves every sealed segment that all cursors have acknowledged past into
@@ -734,20 +754,4 @@ impl Spool {
         }
         Ok(())
     }
-}
-
-/// Reads up to `len` bytes at `pos` (fewer at the end of the file).
-fn read_chunk(file: &File, pos: u64, len: usize) -> std::io::Result<Bytes> {
-    let mut buf = BytesMut::zeroed(len);
-    let mut filled = 0;
-    while filled < len {
-        match file.read_at(&mut buf[filled..], pos + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    buf.truncate(filled);
-    Ok(buf.freeze())
 }

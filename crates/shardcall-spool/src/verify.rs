@@ -70,7 +70,15 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             report.corruption = Some(gap(&path, report.end_offset, base));
             return Ok(report);
         }
-        let scan = scan_segment(&path, base, ScanStart { pos: 0, offset: base }, None)?;
+        let scan = scan_segment(
+            &path,
+            base,
+            ScanStart {
+                pos: 0,
+                offset: base,
+            },
+            None,
+        )?;
         report.records += scan.records;
         report.bytes += scan.valid_len;
         report.end_offset = scan.next_offset;

@@ -52,7 +52,10 @@ impl Watermarks {
 
     /// Remembers a failure of the background flusher; the writer reports it.
     pub fn fail(&self, why: String) {
-        self.failure.lock().expect("failure lock").get_or_insert(why);
+        self.failure
+            .lock()
+            .expect("failure lock")
+            .get_or_insert(why);
     }
 
     /// The recorded flusher failure, if any.

@@ -45,6 +45,8 @@ pub struct Writer {
     buf_start: u64,
     index_buf: Vec<u8>,
     poisoned: Option<String>,
+    /// Sealed segments not yet synced (only under [`Durability::Os`]).
+    unsynced_sealed: Vec<u64>,
 }
 
 fn open_append(path: &std::path::Path, create_new: bool) -> Result<File> {
@@ -85,6 +87,7 @@ impl Writer {
             buf_start: at.size,
             index_buf: Vec::new(),
             poisoned: None,
+            unsynced_sealed: Vec::new(),
         })
     }
 
@@ -101,10 +104,29 @@ impl Writer {
     }
 
     /// Syncs the active segment.
-    pub fn sync(&self) -> Result<()> {
+    fn sync_active(&self) -> Result<()> {
         self.file
             .sync_data()
             .ctx("sync segment", &self.layout.segment(self.base))
+    }
+
+    /// Makes everything appended so far durable: sealed segments the OS
+    /// policy left unsynced, the folder entries, and the active segment.
+    pub fn sync(&mut self) -> Result<()> {
+        if !self.unsynced_sealed.is_empty() {
+            for &base in &self.unsynced_sealed {
+                let path = self.layout.segment(base);
+                match File::open(&path) {
+                    Ok(f) => f.sync_data().ctx("sync segment", &path)?,
+                    // Archived meantime: it was fully consumed already.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(SpoolError::io("open segment", path, e)),
+                }
+            }
+            layout::sync_dir(&self.layout.data)?;
+            self.unsynced_sealed.clear();
+        }
+        self.sync_active()
     }
 
     /// Appends `records` (all or none pass the size check), returning the
@@ -163,7 +185,7 @@ impl Writer {
         }
         self.write_out()?;
         if self.config.durability == Durability::EveryBatch {
-            self.sync()?;
+            self.sync_active()?;
         }
         Ok(())
     }
@@ -191,8 +213,10 @@ impl Writer {
     /// and starts a new one at the next offset.
     fn roll(&mut self, flusher: Option<&Flusher>) -> Result<()> {
         self.write_out()?;
-        if self.config.durability != Durability::Os {
-            self.sync()?;
+        if self.config.durability == Durability::Os {
+            self.unsynced_sealed.push(self.base);
+        } else {
+            self.sync_active()?;
         }
         let base = self.next_offset;
         let data = self.layout.segment(base);

@@ -73,7 +73,10 @@ fn bad_topics_and_partitions_are_clear_errors() {
     // A gap in partition folders is reported, not skipped.
     std::fs::create_dir_all(dir.path().join("t").join("7")).unwrap();
     let err = log.partition_count("t").unwrap_err();
-    assert!(err.to_string().contains("partition folder 2 is missing"), "{err}");
+    assert!(
+        err.to_string().contains("partition folder 2 is missing"),
+        "{err}"
+    );
     let small = FileLog::open(
         dir.path(),
         SpoolConfig {
@@ -86,7 +89,11 @@ fn bad_topics_and_partitions_are_clear_errors() {
     let mut producer = small.producer("t").unwrap();
     assert!(matches!(
         producer.send(None, b"12345", 0),
-        Err(SpoolError::RecordTooLarge { bytes: 5, max: 4, .. })
+        Err(SpoolError::RecordTooLarge {
+            bytes: 5,
+            max: 4,
+            ..
+        })
     ));
     assert_eq!(log.topics().unwrap(), vec!["t".to_string()]);
 }

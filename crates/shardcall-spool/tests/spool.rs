@@ -118,7 +118,14 @@ fn oversized_record_is_refused_and_its_batch_not_written() {
         ])
         .unwrap_err();
     assert!(
-        matches!(err, SpoolError::RecordTooLarge { index: 1, bytes: 101, max: 100 }),
+        matches!(
+            err,
+            SpoolError::RecordTooLarge {
+                index: 1,
+                bytes: 101,
+                max: 100
+            }
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("over the maximum"));
@@ -356,10 +363,7 @@ fn cursor_redelivers_from_first_unacked_after_crash() {
     // Acks below the committed offset change nothing; beyond the end are refused.
     c.ack(3).unwrap();
     assert_eq!(c.committed(), 20);
-    assert!(matches!(
-        c.ack(100),
-        Err(SpoolError::AckBeyondEnd { .. })
-    ));
+    assert!(matches!(c.ack(100), Err(SpoolError::AckBeyondEnd { .. })));
     c.rewind();
     assert_eq!(c.poll(1, usize::MAX).unwrap()[0].offset, 20);
 }
@@ -441,7 +445,11 @@ fn acked_segments_are_archived_then_retention_deletes_them() {
     let start2 = spool.start_offset();
     assert!(start2 > start, "log start stayed at {start2}");
     let c = spool.cursor("late").unwrap();
-    assert_eq!(c.committed(), start2, "a new cursor starts at the log start");
+    assert_eq!(
+        c.committed(),
+        start2,
+        "a new cursor starts at the log start"
+    );
     check_range(&spool, start2, 500);
 }
 
