@@ -1,0 +1,201 @@
+//! The `shardcall` binary end to end on the embedded file log.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn shardcall(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The program may exit (on bad arguments) before reading its input.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn log_arg(dir: &Path) -> String {
+    dir.display().to_string()
+}
+
+#[test]
+fn produce_lines_then_consume_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log_arg(dir.path());
+    let input: String = (0..100).map(|i| format!("line {i}\n")).collect();
+    let out = shardcall(
+        &["produce", "--log", &log, "--topic", "t", "--partitions", "4"],
+        &input,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("produced 100 records"));
+    let out = shardcall(&["consume", "--log", &log, "--topic", "t"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut values: Vec<String> = text(&out.stdout)
+        .lines()
+        .map(|l| l.split_once(' ').unwrap().1.to_string())
+        .collect();
+    values.sort();
+    let mut want: Vec<String> = (0..100).map(|i| format!("line {i}")).collect();
+    want.sort();
+    assert_eq!(values, want);
+}
+
+#[test]
+fn json_lines_are_partitioned_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log_arg(dir.path());
+    let input = r#"{"key":"a","value":"1"}
+{"key":"b","value":{"n":2}}
+{"key":"a","value":"3"}
+"#;
+    let out = shardcall(
+        &[
+            "produce",
+            "--log",
+            &log,
+            "--topic",
+            "k",
+            "--partitions",
+            "8",
+            "--format",
+            "json",
+        ],
+        input,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = shardcall(&["consume", "--log", &log, "--topic", "k", "--json"], "");
+    let rows: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    let a: Vec<_> = rows.iter().filter(|r| r["key"] == "a").collect();
+    assert_eq!(a.len(), 2);
+    assert_eq!(a[0]["partition"], a[1]["partition"], "same key, same partition");
+    assert_eq!((a[0]["value"].as_str(), a[1]["value"].as_str()), (Some("1"), Some("3")));
+    let b = rows.iter().find(|r| r["key"] == "b").unwrap();
+    assert_eq!(b["value"], r#"{"n":2}"#);
+}
+
+#[test]
+fn oversized_line_is_refused_and_earlier_lines_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log_arg(dir.path());
+    let input = format!("ok1\nok2\n{}\nnever\n", "x".repeat(50));
+    let out = shardcall(
+        &[
+            "produce",
+            "--log",
+            &log,
+            "--topic",
+            "t",
+            "--max-record-bytes",
+            "10",
+        ],
+        &input,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("line 3 refused"), "{err}");
+    assert!(err.contains("the 2 records before it were produced"), "{err}");
+    assert!(err.contains("over the maximum of 10"), "{err}");
+    let out = shardcall(&["consume", "--log", &log, "--topic", "t"], "");
+    assert_eq!(text(&out.stdout), "0@0 ok1\n0@1 ok2\n");
+}
+
+#[test]
+fn bad_json_line_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log_arg(dir.path());
+    let out = shardcall(
+        &["produce", "--log", &log, "--topic", "t", "--format", "json"],
+        "{\"value\":\"fine\"}\nnot json\n",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("line 2 is not a JSON object"));
+}
+
+#[test]
+fn verify_reports_corruption_and_repair_mends_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log_arg(dir.path());
+    let input: String = (0..50).map(|i| format!("record number {i}\n")).collect();
+    let out = shardcall(&["produce", "--log", &log, "--topic", "t"], &input);
+    assert!(out.status.success());
+    let out = shardcall(&["spool", "verify", &log], "");
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("t/0: offsets 0..50"));
+
+    let seg = dir.path().join("t/0/data/00000000000000000000.log");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&seg, &bytes).unwrap();
+    let out = shardcall(&["spool", "verify", &log], "");
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("CORRUPT"), "{stdout}");
+    assert!(stdout.contains(&seg.display().to_string()), "{stdout}");
+
+    let part = dir.path().join("t/0").display().to_string();
+    let out = shardcall(&["spool", "repair", &part], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("truncated"));
+    let out = shardcall(&["spool", "verify", &part], "");
+    assert!(out.status.success(), "{}", text(&out.stdout));
+}
+
+#[test]
+fn bench_spool_json_has_figures_baseline_and_ratios() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = shardcall(
+        &[
+            "bench",
+            "spool",
+            "--json",
+            "--small-records",
+            "20000",
+            "--large-mib",
+            "4",
+            "--dir",
+            &dir.path().display().to_string(),
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["cases"].as_array().unwrap().len(), 6);
+    assert!(doc["baseline"]["dd_conv_fdatasync_mb_per_s"].as_f64().unwrap() > 0.0);
+    assert!(doc["ratios"]["large_interval_disk_vs_dd"].as_f64().unwrap() > 0.0);
+    for case in doc["cases"].as_array().unwrap() {
+        assert!(case["records_per_s"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(doc["read_back"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn invalid_config_is_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = shardcall(
+        &[
+            "produce",
+            "--log",
+            &log_arg(dir.path()),
+            "--topic",
+            "t",
+            "--segment-bytes",
+            "1",
+        ],
+        "x\n",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("segment_bytes must be between"));
+}
