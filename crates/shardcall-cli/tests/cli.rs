@@ -31,7 +31,15 @@ fn produce_lines_then_consume_them_all() {
     let log = log_arg(dir.path());
     let input: String = (0..100).map(|i| format!("line {i}\n")).collect();
     let out = shardcall(
-        &["produce", "--log", &log, "--topic", "t", "--partitions", "4"],
+        &[
+            "produce",
+            "--log",
+            &log,
+            "--topic",
+            "t",
+            "--partitions",
+            "4",
+        ],
         &input,
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -79,8 +87,14 @@ fn json_lines_are_partitioned_by_key() {
     assert_eq!(rows.len(), 3);
     let a: Vec<_> = rows.iter().filter(|r| r["key"] == "a").collect();
     assert_eq!(a.len(), 2);
-    assert_eq!(a[0]["partition"], a[1]["partition"], "same key, same partition");
-    assert_eq!((a[0]["value"].as_str(), a[1]["value"].as_str()), (Some("1"), Some("3")));
+    assert_eq!(
+        a[0]["partition"], a[1]["partition"],
+        "same key, same partition"
+    );
+    assert_eq!(
+        (a[0]["value"].as_str(), a[1]["value"].as_str()),
+        (Some("1"), Some("3"))
+    );
     let b = rows.iter().find(|r| r["key"] == "b").unwrap();
     assert_eq!(b["value"], r#"{"n":2}"#);
 }
@@ -105,7 +119,10 @@ fn oversized_line_is_refused_and_earlier_lines_kept() {
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert!(err.contains("line 3 refused"), "{err}");
-    assert!(err.contains("the 2 records before it were produced"), "{err}");
+    assert!(
+        err.contains("the 2 records before it were produced"),
+        "{err}"
+    );
     assert!(err.contains("over the maximum of 10"), "{err}");
     let out = shardcall(&["consume", "--log", &log, "--topic", "t"], "");
     assert_eq!(text(&out.stdout), "0@0 ok1\n0@1 ok2\n");
@@ -173,7 +190,12 @@ fn bench_spool_json_has_figures_baseline_and_ratios() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["cases"].as_array().unwrap().len(), 6);
-    assert!(doc["baseline"]["dd_conv_fdatasync_mb_per_s"].as_f64().unwrap() > 0.0);
+    assert!(
+        doc["baseline"]["dd_conv_fdatasync_mb_per_s"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
     assert!(doc["ratios"]["large_interval_disk_vs_dd"].as_f64().unwrap() > 0.0);
     for case in doc["cases"].as_array().unwrap() {
         assert!(case["records_per_s"].as_f64().unwrap() > 0.0);
