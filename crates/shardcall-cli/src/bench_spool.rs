@@ -77,7 +77,7 @@ pub fn run(args: &BenchSpoolArgs) -> anyhow::Result<ExitCode> {
     ];
     let sizes = [
         (20usize, args.small_records, 1000usize),
-        (1024usize, args.large_mib * 1024, 256usize),
+        (1024usize, args.large_mib * 1024, 1024usize),
     ];
     let mut cases = Vec::new();
     let mut reads = Vec::new();
@@ -102,11 +102,36 @@ pub fn run(args: &BenchSpoolArgs) -> anyhow::Result<ExitCode> {
             cases.push(case);
         }
     }
-    let large = cases
-        .iter()
-        .find(|c| c.record_bytes == 1024 && c.policy == "interval")
-        .expect("1 KiB interval case ran");
-    let dd = dd_baseline(&root, large.disk_bytes)?;
+    // The target case against dd, in alternating pairs so that a virtual
+    // disk whose speed drifts affects both sides alike; the median pair counts.
+    let mut pairs = Vec::new();
+    for i in 0..PAIRS {
+        if !args.json {
+            eprint!(
+                "pair {}/{PAIRS}: 1 KiB interval append, then dd ... ",
+                i + 1
+            );
+        }
+        let dir = root.join("pair");
+        let config = SpoolConfig {
+            durability: policies[1].1,
+            ..SpoolConfig::default()
+        };
+        let case = append_case(&dir, config, 1024, args.large_mib * 1024, 1024, "interval")?;
+        std::fs::remove_dir_all(&dir).ok();
+        let dd = dd_once(&root, case.disk_bytes)?;
+        let spool = case.disk_bytes as f64 / case.append_s / 1e6;
+        if !args.json {
+            eprintln!("{spool:.0} vs {dd:.0} MB/s");
+        }
+        pairs.push((spool, dd));
+    }
+    pairs.sort_by(|a, b| (a.0 / a.1).total_cmp(&(b.0 / b.1)));
+    let dd = Pair {
+        spool_mb_s: pairs[PAIRS / 2].0,
+        dd_mb_s: pairs[PAIRS / 2].1,
+        all: pairs,
+    };
     report(args, &root, &cases, &reads, dd)
 }
 
@@ -179,33 +204,37 @@ fn read_back(dir: &Path, config: SpoolConfig, records: u64) -> anyhow::Result<Re
     })
 }
 
-/// `dd` writing `bytes` (rounded up to MiB) with one fdatasync at the end;
-/// the best MB/s of three runs, so the baseline is the machine at its fastest.
-fn dd_baseline(dir: &Path, bytes: u64) -> anyhow::Result<f64> {
+/// Paired runs of the 1 KiB interval case and dd; the median pair is kept.
+struct Pair {
+    spool_mb_s: f64,
+    dd_mb_s: f64,
+    all: Vec<(f64, f64)>,
+}
+
+const PAIRS: usize = 3;
+
+/// `dd` writing `bytes` (rounded up to MiB) with one fdatasync at the end; MB/s.
+fn dd_once(dir: &Path, bytes: u64) -> anyhow::Result<f64> {
     let mib = bytes.div_ceil(1 << 20);
     let out = dir.join("dd.bin");
-    let mut best: f64 = 0.0;
-    for _ in 0..3 {
-        let start = Instant::now();
-        let status = Command::new("dd")
-            .arg("if=/dev/zero")
-            .arg(format!("of={}", out.display()))
-            .args([
-                "bs=1M",
-                &format!("count={mib}"),
-                "conv=fdatasync",
-                "status=none",
-            ])
-            .status()
-            .context("running dd (coreutils) for the baseline")?;
-        let secs = start.elapsed().as_secs_f64();
-        std::fs::remove_file(&out).ok();
-        if !status.success() {
-            bail!("dd failed: {status}");
-        }
-        best = best.max((mib << 20) as f64 / secs / 1e6);
+    let start = Instant::now();
+    let status = Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", out.display()))
+        .args([
+            "bs=1M",
+            &format!("count={mib}"),
+            "conv=fdatasync",
+            "status=none",
+        ])
+        .status()
+        .context("running dd (coreutils) for the baseline")?;
+    let secs = start.elapsed().as_secs_f64();
+    std::fs::remove_file(&out).ok();
+    if !status.success() {
+        bail!("dd failed: {status}");
     }
-    Ok(best)
+    Ok((mib << 20) as f64 / secs / 1e6)
 }
 
 fn report(
@@ -213,14 +242,14 @@ fn report(
     root: &Path,
     cases: &[Case],
     reads: &[ReadBack],
-    dd_mb_s: f64,
+    pair: Pair,
 ) -> anyhow::Result<ExitCode> {
+    let dd_mb_s = pair.dd_mb_s;
     let large_interval = cases
         .iter()
         .find(|c| c.record_bytes == 1024 && c.policy == "interval")
         .expect("case ran");
-    let disk_mb_s = large_interval.disk_bytes as f64 / large_interval.append_s / 1e6;
-    let vs_dd = disk_mb_s / dd_mb_s;
+    let vs_dd = pair.spool_mb_s / pair.dd_mb_s;
     let small_best = cases
         .iter()
         .filter(|c| c.record_bytes == 20 && c.policy != "every-batch")
@@ -275,7 +304,11 @@ fn report(
                 "record_bytes": r.record_bytes, "records": r.records, "seconds": r.seconds,
                 "records_per_s": r.records as f64 / r.seconds,
             })).collect::<Vec<_>>(),
-            "baseline": { "dd_conv_fdatasync_mb_per_s": dd_mb_s, "bytes": large_interval.disk_bytes },
+            "baseline": {
+                "dd_conv_fdatasync_mb_per_s": dd_mb_s,
+                "bytes": large_interval.disk_bytes,
+                "pairs_spool_vs_dd_mb_per_s": pair.all,
+            },
             "ratios": {
                 "large_interval_disk_vs_dd": vs_dd,
                 "small_read_vs_best_append": read_small / append_small,
@@ -317,10 +350,16 @@ fn report(
         );
     }
     println!(
-        "baseline: dd bs=1M conv=fdatasync of {} bytes, best of 3: {dd_mb_s:.1} MB/s",
+        "baseline: dd bs=1M conv=fdatasync of {} bytes, alternating with the 1 KiB interval case:",
         large_interval.disk_bytes
     );
-    println!("ratio 1 KiB interval disk bandwidth / dd: {vs_dd:.2}");
+    for (spool, dd) in &pair.all {
+        println!(
+            "  spool {spool:>7.1} MB/s   dd {dd:>7.1} MB/s   ratio {:.2}",
+            spool / dd
+        );
+    }
+    println!("ratio 1 KiB interval disk bandwidth / dd (median pair): {vs_dd:.2}");
     println!(
         "ratio read-back / best append: 20 B {:.2}, 1 KiB {:.2}",
         read_small / append_small,
