@@ -87,6 +87,25 @@ impl Layout {
     }
 }
 
+/// Takes the writer's lock of the spool at `layout` (an `flock`, released
+/// when the returned file is closed, including when the process dies).
+pub fn lock_writer(layout: &Layout) -> Result<fs::File> {
+    let path = layout.lock_file();
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .ctx("open lock", &path)?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(fs::TryLockError::WouldBlock) => Err(SpoolError::Locked {
+            path: layout.root.clone(),
+        }),
+        Err(fs::TryLockError::Error(e)) => Err(SpoolError::io("lock", path, e)),
+    }
+}
+
 /// File name of the segment starting at `base`.
 pub fn segment_name(base: u64) -> String {
     format!("{base:0NAME_DIGITS$}{SEGMENT_SUFFIX}")

@@ -108,24 +108,7 @@ impl Spool {
         config.validate()?;
         let layout = Layout::new(dir.as_ref());
         layout.create_dirs()?;
-        let lock_path = layout.lock_file();
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .ctx("open lock", &lock_path)?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(SpoolError::Locked {
-                    path: layout.root.clone(),
-                });
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(SpoolError::io("lock", lock_path, e));
-            }
-        }
+        let lock = layout::lock_writer(&layout)?;
         let mut bases = layout::list_segments(&layout.data)?;
         if bases.is_empty() {
             let path = layout.segment(0);

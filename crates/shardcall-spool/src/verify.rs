@@ -132,18 +132,7 @@ pub struct RepairReport {
 pub fn repair(dir: &Path, config: &SpoolConfig) -> Result<RepairReport> {
     config.validate()?;
     let layout = Layout::new(dir);
-    let lock_path = layout.lock_file();
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .ctx("open lock", &lock_path)?;
-    if lock.try_lock().is_err() {
-        return Err(SpoolError::Locked {
-            path: layout.root.clone(),
-        });
-    }
+    let _lock = layout::lock_writer(&layout)?;
     let found = verify(dir)?;
     let mut report = RepairReport {
         end_offset: found.end_offset,
