@@ -1,8 +1,10 @@
 //! The background flusher of the interval durability policy: every interval it
-//! syncs the active segment and advances the durable watermark, so appends
-//! never wait for the disk.
+//! syncs what was written since the last time (segments sealed meanwhile, then
+//! the active one) and advances the durable watermark, so appends never wait
+//! for the disk, not even when a segment rolls.
 
 use std::fs::File;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -10,17 +12,62 @@ use std::time::Duration;
 
 use crate::watermarks::Watermarks;
 
+/// The files with unsynced data.
+#[derive(Debug)]
+struct Unsynced {
+    /// The segment being appended to.
+    active: File,
+    /// Segments sealed since the last sync.
+    sealed: Vec<File>,
+}
+
 /// State shared between the writer and the flusher thread.
 #[derive(Debug)]
 pub struct FlushTarget {
-    /// A handle on the active segment; the writer swaps it when it rolls,
-    /// after syncing the segment it leaves.
-    pub file: Mutex<File>,
+    /// The folder of the segments, synced after a roll so new names last.
+    data_dir: PathBuf,
+    files: Mutex<Unsynced>,
     stop: Mutex<bool>,
     wake: Condvar,
 }
 
-/// The running flusher; stopping it (or dropping it) joins the thread.
+impl FlushTarget {
+    /// The writer rolled: `new_active` replaces the active segment, whose
+    /// handle joins the sealed ones still to sync.
+    pub fn rolled(&self, new_active: File) {
+        let mut files = self.files.lock().expect("flush files lock");
+        let old = std::mem::replace(&mut files.active, new_active);
+        files.sealed.push(old);
+    }
+
+    /// Syncs everything written so far and advances the durable watermark.
+    /// Holds no lock while the disk works, so rolls never wait for it.
+    pub fn sync_now(&self, marks: &Watermarks) -> std::io::Result<()> {
+        let (written, sealed, active) = {
+            let mut files = self.files.lock().expect("flush files lock");
+            // Every record below `written` is in one of these files: records
+            // are published only after their write, and a roll hands the old
+            // file over under this lock before the new one is written.
+            let written = marks.written.load(Ordering::Acquire);
+            let sealed = std::mem::take(&mut files.sealed);
+            (written, sealed, files.active.try_clone()?)
+        };
+        if written <= marks.durable.load(Ordering::Acquire) && sealed.is_empty() {
+            return Ok(());
+        }
+        for f in &sealed {
+            f.sync_data()?;
+        }
+        if !sealed.is_empty() {
+            File::open(&self.data_dir)?.sync_all()?;
+        }
+        active.sync_data()?;
+        marks.advance_durable(written);
+        Ok(())
+    }
+}
+
+/// The running flusher; dropping it joins the thread.
 #[derive(Debug)]
 pub struct Flusher {
     target: Arc<FlushTarget>,
@@ -28,10 +75,19 @@ pub struct Flusher {
 }
 
 impl Flusher {
-    /// Starts syncing `active` every `interval`.
-    pub fn start(active: File, marks: Arc<Watermarks>, interval: Duration) -> Self {
+    /// Starts syncing `active` (and segments sealed after it) every `interval`.
+    pub fn start(
+        data_dir: PathBuf,
+        active: File,
+        marks: Arc<Watermarks>,
+        interval: Duration,
+    ) -> Self {
         let target = Arc::new(FlushTarget {
-            file: Mutex::new(active),
+            data_dir,
+            files: Mutex::new(Unsynced {
+                active,
+                sealed: Vec::new(),
+            }),
             stop: Mutex::new(false),
             wake: Condvar::new(),
         });
@@ -46,7 +102,7 @@ impl Flusher {
         }
     }
 
-    /// The shared target, for the writer to swap the active file.
+    /// The shared target.
     pub fn target(&self) -> &FlushTarget {
         &self.target
     }
@@ -74,13 +130,9 @@ fn run(target: &FlushTarget, marks: &Watermarks, interval: Duration) {
                 return;
             }
         }
-        let file = target.file.lock().expect("flush file lock");
-        let written = marks.written.load(Ordering::Acquire);
-        if written > marks.durable.load(Ordering::Acquire) {
-            match file.sync_data() {
-                Ok(()) => marks.advance_durable(written),
-                Err(e) => marks.fail(format!("background fsync failed: {e}")),
-            }
+        if let Err(e) = target.sync_now(marks) {
+            marks.fail(format!("background fsync failed: {e}"));
+            return;
         }
     }
 }

@@ -90,7 +90,10 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Stop the flusher first, then make everything written durable.
+        // Make everything written durable, then stop the flusher.
+        if let Some(f) = &self.flusher {
+            let _ = f.target().sync_now(&self.marks);
+        }
         self.flusher.take();
         if let Some(w) = &self.writer
             && let Ok(mut w) = w.lock()
@@ -164,9 +167,12 @@ impl Spool {
         writer.sync()?;
         let marks = Arc::new(Watermarks::new(scan.next_offset));
         let flusher = match config.durability {
-            Durability::Interval(every) => {
-                Some(Flusher::start(writer.active_file()?, marks.clone(), every))
-            }
+            Durability::Interval(every) => Some(Flusher::start(
+                layout.data.clone(),
+                writer.active_file()?,
+                marks.clone(),
+                every,
+            )),
             _ => None,
         };
         let cursors = cursor::load_all(&layout)?;
@@ -278,8 +284,16 @@ impl Spool {
     pub fn sync(&self) -> Result<u64> {
         if let Some(writer) = &self.inner.writer {
             let mut w = writer.lock().expect("writer lock");
-            w.sync()?;
-            self.inner.marks.advance_durable(w.next_offset());
+            match &self.inner.flusher {
+                Some(f) => f
+                    .target()
+                    .sync_now(&self.inner.marks)
+                    .map_err(|e| SpoolError::io("sync", self.inner.layout.data.clone(), e))?,
+                None => {
+                    w.sync()?;
+                    self.inner.marks.advance_durable(w.next_offset());
+                }
+            }
         }
         Ok(self.durable_offset())
     }
@@ -359,7 +373,7 @@ impl Spool {
                 log_start,
             });
         }
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(max_records.min(4096));
         let mut at = match hint {
             Some(h) if h.offset == from => h,
             _ => match self.locate(from)? {

@@ -213,10 +213,11 @@ impl Writer {
     /// and starts a new one at the next offset.
     fn roll(&mut self, flusher: Option<&Flusher>) -> Result<()> {
         self.write_out()?;
-        if self.config.durability == Durability::Os {
-            self.unsynced_sealed.push(self.base);
-        } else {
-            self.sync_active()?;
+        match self.config.durability {
+            Durability::Os => self.unsynced_sealed.push(self.base),
+            // The flusher syncs the sealed segment (and the folder) later.
+            Durability::Interval(_) => {}
+            Durability::EveryBatch => self.sync_active()?,
         }
         let base = self.next_offset;
         let data = self.layout.segment(base);
@@ -229,12 +230,12 @@ impl Writer {
             .open(&index_path)
             .ctx("create index", &index_path)?;
         index_file.set_len(0).ctx("truncate index", &index_path)?;
-        if self.config.durability != Durability::Os {
+        if self.config.durability == Durability::EveryBatch {
             layout::sync_dir(&self.layout.data)?;
         }
         if let Some(f) = flusher {
-            let clone = file.try_clone().ctx("clone segment handle", &data)?;
-            *f.target().file.lock().expect("flush file lock") = clone;
+            f.target()
+                .rolled(file.try_clone().ctx("clone segment handle", &data)?);
         }
         self.segments.write().expect("segments lock").push(base);
         self.base = base;
