@@ -543,3 +543,21 @@ fn records_larger_than_a_read_chunk_round_trip() {
     assert_eq!(reader.end_offset().unwrap(), 3);
     assert!(reader.read(1, 1, usize::MAX).unwrap()[0].payload == big);
 }
+
+#[test]
+fn interval_policy_makes_rolled_segments_durable_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SpoolConfig {
+        durability: Durability::Interval(Duration::from_millis(10)),
+        ..small_segments()
+    };
+    let spool = Spool::open(dir.path(), config).unwrap();
+    fill(&spool, 500); // dozens of rolls, none of which waits for the disk
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while spool.durable_offset() < 500 {
+        assert!(std::time::Instant::now() < deadline, "flusher stalled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    fill(&spool, 7);
+    assert_eq!(spool.sync().unwrap(), 507);
+}
