@@ -1,0 +1,283 @@
+//! Balanced, sticky, deterministic assignment of partitions to members.
+//!
+//! Every member gets a quota within one of its weighted share
+//! (`partitions × weight / total weight`, rounded down or up). Members keep as
+//! many of their current partitions as their quota allows; partitions of
+//! members that left, new partitions, and the excess of members above their
+//! quota go to members below theirs. Which members get the rounded-up quotas
+//! is chosen so that the number of moved partitions equals [`min_moves`], the
+//! least any balanced assignment can achieve. Inputs are sorted first, so the
+//! same inputs in any order give the same output on every coordinator.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::ids::{MemberId, PartitionId};
+
+/// A live member as the assignment sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberSpec {
+    /// The member.
+    pub id: MemberId,
+    /// Relative capacity (at least 1; 1 for everyone means equal shares).
+    pub weight: u32,
+}
+
+impl MemberSpec {
+    /// A member of weight 1.
+    pub fn new(id: MemberId) -> Self {
+        Self { id, weight: 1 }
+    }
+}
+
+/// Why a partition moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub enum MoveReason {
+    /// Its owner is no longer a live member.
+    MemberLeft,
+    /// It goes to a member that had no partitions (one that just joined).
+    MemberJoined,
+    /// Its owner holds more than its share.
+    Overloaded,
+    /// It had no owner yet (a partition discovered since the last assignment).
+    NewPartition,
+}
+
+impl std::fmt::Display for MoveReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::MemberLeft => "member left",
+            Self::MemberJoined => "member joined",
+            Self::Overloaded => "owner overloaded",
+            Self::NewPartition => "new partition",
+        })
+    }
+}
+
+/// One partition changing owner.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Move {
+    /// The partition.
+    pub partition: PartitionId,
+    /// Its previous owner, if it had one.
+    pub from: Option<MemberId>,
+    /// Its new owner.
+    pub to: MemberId,
+    /// Why it moves.
+    pub reason: MoveReason,
+}
+
+/// The result of [`assign`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Assignment {
+    /// The owner of every partition (empty when there are no members).
+    pub owners: BTreeMap<PartitionId, MemberId>,
+    /// The partitions whose owner changed, in partition order.
+    pub moves: Vec<Move>,
+}
+
+impl Assignment {
+    /// How many partitions each member owns.
+    pub fn loads(&self) -> BTreeMap<MemberId, usize> {
+        let mut out = BTreeMap::new();
+        for m in self.owners.values() {
+            *out.entry(m.clone()).or_insert(0) += 1;
+        }
+        out
+    }
+}
+
+/// What the assignment starts from.
+#[derive(Debug, Clone, Copy)]
+pub struct AssignInput<'a> {
+    /// Live members (any order; duplicates after the first are ignored).
+    pub members: &'a [MemberSpec],
+    /// Every partition to assign (any order; duplicates ignored).
+    pub partitions: &'a [PartitionId],
+    /// The current owner (or destination) of each partition.
+    pub previous: &'a BTreeMap<PartitionId, MemberId>,
+    /// Partitions already on their way to their `previous` owner (draining or
+    /// quarantined): when a member must give some up, these go first, since
+    /// moving them again costs no new quarantine.
+    pub in_transition: &'a BTreeSet<PartitionId>,
+}
+
+fn sorted_members(members: &[MemberSpec]) -> Vec<MemberSpec> {
+    let mut seen = BTreeSet::new();
+    let mut out: Vec<MemberSpec> = members
+        .iter()
+        .filter(|m| seen.insert(m.id.clone()))
+        .map(|m| MemberSpec {
+            id: m.id.clone(),
+            weight: m.weight.max(1),
+        })
+        .collect();
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    out
+}
+
+fn sorted_partitions(partitions: &[PartitionId]) -> Vec<PartitionId> {
+    let mut out = partitions.to_vec();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Each member's floor share and whether its share has a fraction.
+fn shares(members: &[MemberSpec], total: usize) -> Vec<(usize, u128)> {
+    let weight: u128 = members.iter().map(|m| u128::from(m.weight)).sum();
+    members
+        .iter()
+        .map(|m| {
+            let exact = total as u128 * u128::from(m.weight);
+            ((exact / weight) as usize, exact % weight)
+        })
+        .collect()
+}
+
+/// Each member's quota: its share rounded down, plus one for the members
+/// that should round up. Those are picked to minimise moves: first members
+/// already holding more than their rounded-down share, then by the size of
+/// the fraction, then by id.
+fn quotas(members: &[MemberSpec], total: usize, current: &[usize]) -> Vec<usize> {
+    let shares = shares(members, total);
+    let floor_sum: usize = shares.iter().map(|s| s.0).sum();
+    let mut extra = total - floor_sum;
+    let mut order: Vec<usize> = (0..members.len()).filter(|&i| shares[i].1 > 0).collect();
+    order.sort_by(|&a, &b| {
+        let over = |i: usize| current[i] > shares[i].0;
+        over(b)
+            .cmp(&over(a))
+            .then(shares[b].1.cmp(&shares[a].1))
+            .then(members[a].id.cmp(&members[b].id))
+    });
+    let mut q: Vec<usize> = shares.iter().map(|s| s.0).collect();
+    for i in order {
+        if extra == 0 {
+            break;
+        }
+        q[i] += 1;
+        extra -= 1;
+    }
+    q
+}
+
+/// Current live holdings per member (index into `members`), in partition order.
+fn holdings(
+    members: &[MemberSpec],
+    partitions: &[PartitionId],
+    previous: &BTreeMap<PartitionId, MemberId>,
+) -> Vec<Vec<PartitionId>> {
+    let index: BTreeMap<&MemberId, usize> =
+        members.iter().enumerate().map(|(i, m)| (&m.id, i)).collect();
+    let mut held = vec![Vec::new(); members.len()];
+    for p in partitions {
+        if let Some(i) = previous.get(p).and_then(|m| index.get(m)) {
+            held[*i].push(p.clone());
+        }
+    }
+    held
+}
+
+/// The fewest partitions any balanced assignment must move from `previous`:
+/// every partition without a live owner, plus, for each member, what it holds
+/// beyond its quota, with the rounded-up quotas placed where they save most.
+pub fn min_moves(
+    members: &[MemberSpec],
+    partitions: &[PartitionId],
+    previous: &BTreeMap<PartitionId, MemberId>,
+) -> usize {
+    let members = sorted_members(members);
+    let partitions = sorted_partitions(partitions);
+    if members.is_empty() {
+        return 0;
+    }
+    let counts: Vec<usize> = holdings(&members, &partitions, previous)
+        .iter()
+        .map(Vec::len)
+        .collect();
+    let held: usize = counts.iter().sum();
+    let shares = shares(&members, partitions.len());
+    let floor_sum: usize = shares.iter().map(|s| s.0).sum();
+    let ups = partitions.len() - floor_sum;
+    let excess_over_floor: usize = counts
+        .iter()
+        .zip(&shares)
+        .map(|(&c, s)| c.saturating_sub(s.0))
+        .sum();
+    // Each rounded-up quota given to a member above its floor saves one move.
+    let savable = counts
+        .iter()
+        .zip(&shares)
+        .filter(|(c, s)| s.1 > 0 && **c > s.0)
+        .count();
+    (partitions.len() - held) + excess_over_floor - ups.min(savable)
+}
+
+/// Computes the assignment; see the module documentation.
+pub fn assign(input: AssignInput<'_>) -> Assignment {
+    let members = sorted_members(input.members);
+    let partitions = sorted_partitions(input.partitions);
+    if members.is_empty() {
+        return Assignment::default();
+    }
+    let held = holdings(&members, &partitions, input.previous);
+    let counts: Vec<usize> = held.iter().map(Vec::len).collect();
+    let quota = quotas(&members, partitions.len(), &counts);
+
+    let mut owners: BTreeMap<PartitionId, MemberId> = BTreeMap::new();
+    let mut kept = vec![0usize; members.len()];
+    // Partitions to hand out, with where they come from and why.
+    let mut pool: Vec<(PartitionId, Option<MemberId>, MoveReason)> = Vec::new();
+    for (i, mine) in held.into_iter().enumerate() {
+        // Keep settled partitions first; give up those in transition first.
+        let (settled, moving): (Vec<_>, Vec<_>) = mine
+            .into_iter()
+            .partition(|p| !input.in_transition.contains(p));
+        for p in settled.into_iter().chain(moving) {
+            if kept[i] < quota[i] {
+                kept[i] += 1;
+                owners.insert(p, members[i].id.clone());
+            } else {
+                pool.push((p, Some(members[i].id.clone()), MoveReason::Overloaded));
+            }
+        }
+    }
+    let pooled: BTreeSet<PartitionId> = pool.iter().map(|(p, _, _)| p.clone()).collect();
+    for p in &partitions {
+        if owners.contains_key(p) || pooled.contains(p) {
+            continue;
+        }
+        match input.previous.get(p) {
+            Some(gone) => pool.push((p.clone(), Some(gone.clone()), MoveReason::MemberLeft)),
+            None => pool.push((p.clone(), None, MoveReason::NewPartition)),
+        }
+    }
+    pool.sort_by(|a, b| a.0.cmp(&b.0));
+
+    // Hand the pool out round robin over the members still below quota.
+    let mut room: VecDeque<(usize, usize)> = (0..members.len())
+        .map(|i| (i, quota[i] - kept[i]))
+        .filter(|r| r.1 > 0)
+        .collect();
+    let mut moves = Vec::with_capacity(pool.len());
+    for (p, from, reason) in pool {
+        let (i, left) = room.pop_front().expect("quotas add up to the partitions");
+        if left > 1 {
+            room.push_back((i, left - 1));
+        }
+        let to = members[i].id.clone();
+        let reason = match reason {
+            MoveReason::Overloaded if counts[i] == 0 => MoveReason::MemberJoined,
+            r => r,
+        };
+        owners.insert(p.clone(), to.clone());
+        moves.push(Move {
+            partition: p,
+            from,
+            to,
+            reason,
+        });
+    }
+    moves.sort_by(|a, b| a.partition.cmp(&b.partition));
+    Assignment { owners, moves }
+}

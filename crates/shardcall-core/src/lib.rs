@@ -1,0 +1,31 @@
+//! The pure core of shardcall: no I/O, no clock, no randomness. Time is a
+//! parameter (`now`, in the store's milliseconds); everything here is a plain
+//! function or a state machine, tested with ordinary tests and proptest.
+//!
+//! - [`assign`]: balanced, sticky, deterministic assignment with a lower bound
+//!   on moves ([`assign::min_moves`]) that it meets.
+//! - [`lifecycle`]: a partition's phases and the quarantine rule.
+//! - [`state`]: a group's shared state and the rules of every change (what a
+//!   coordination store enforces).
+//! - [`coordinator`]: one tick's decisions.
+//! - [`membership`]: when a member must stop its own partitions.
+//! - [`config`]: a group's timing, validated.
+
+pub mod assign;
+pub mod config;
+pub mod coordinator;
+pub mod ids;
+pub mod lifecycle;
+pub mod membership;
+pub mod state;
+
+pub use assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
+pub use config::{GroupConfig, GroupConfigError};
+pub use coordinator::{Plan, step};
+pub use ids::{Epoch, MemberId, Millis, PartitionId};
+pub use lifecycle::{Phase, QuarantineEnd, QuarantinePolicy};
+pub use membership::LeaseRule;
+pub use state::{
+    AuditEntry, Command, CoordinatorLease, Fenced, GroupState, MemberRecord, PartitionRecord,
+    StateError,
+};
