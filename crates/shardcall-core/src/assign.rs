@@ -167,8 +167,11 @@ fn holdings(
     partitions: &[PartitionId],
     previous: &BTreeMap<PartitionId, MemberId>,
 ) -> Vec<Vec<PartitionId>> {
-    let index: BTreeMap<&MemberId, usize> =
-        members.iter().enumerate().map(|(i, m)| (&m.id, i)).collect();
+    let index: BTreeMap<&MemberId, usize> = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (&m.id, i))
+        .collect();
     let mut held = vec![Vec::new(); members.len()];
     for p in partitions {
         if let Some(i) = previous.get(p).and_then(|m| index.get(m)) {

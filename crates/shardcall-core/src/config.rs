@@ -158,7 +158,10 @@ mod tests {
             tick_interval: Duration::from_secs(20),
             ..GroupConfig::default()
         };
-        assert!(matches!(tick.validate(), Err(GroupConfigError::TickTooSlow { .. })));
+        assert!(matches!(
+            tick.validate(),
+            Err(GroupConfigError::TickTooSlow { .. })
+        ));
         let range = GroupConfig {
             wait_for_backup: true,
             quarantine_max: Duration::from_secs(1),

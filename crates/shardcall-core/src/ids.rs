@@ -10,7 +10,9 @@ pub type Millis = u64;
 pub type Epoch = u64;
 
 /// A member of a group: one worker process incarnation. Cheap to clone.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct MemberId(Arc<str>);
 
 impl MemberId {
@@ -32,7 +34,9 @@ impl fmt::Display for MemberId {
 }
 
 /// One partition of one topic. Orders by topic, then partition number.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct PartitionId {
     /// The topic.
     pub topic: Arc<str>,

@@ -181,7 +181,9 @@ mod tests {
         ] {
             for done in [false, true] {
                 let end = p.end(100, done);
-                assert!(!p.is_over(100, done, end.earliest.saturating_sub(1)) || end.earliest == 100);
+                assert!(
+                    !p.is_over(100, done, end.earliest.saturating_sub(1)) || end.earliest == 100
+                );
                 assert!(p.is_over(100, done, end.latest));
             }
         }

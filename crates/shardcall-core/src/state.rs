@@ -263,7 +263,11 @@ impl GroupState {
     pub fn leave(&mut self, member: &MemberId, now: Millis) {
         if self.members.remove(member).is_some() {
             self.quarantine_held_by(member, now);
-            if self.coordinator.as_ref().is_some_and(|c| &c.holder == member) {
+            if self
+                .coordinator
+                .as_ref()
+                .is_some_and(|c| &c.holder == member)
+            {
                 self.coordinator = None;
             }
             self.version += 1;
@@ -401,7 +405,12 @@ impl GroupState {
                             revoked_at: now,
                         };
                     }
-                    other => return Err(format!("{partition} is {}, not owned by {member}", other.name())),
+                    other => {
+                        return Err(format!(
+                            "{partition} is {}, not owned by {member}",
+                            other.name()
+                        ));
+                    }
                 }
             }
             Command::Free { partition } => {
@@ -413,7 +422,9 @@ impl GroupState {
                     Phase::Quarantined { .. } => {
                         return Err(format!("{partition}'s quarantine is not over"));
                     }
-                    other => return Err(format!("{partition} is {}, not quarantined", other.name())),
+                    other => {
+                        return Err(format!("{partition} is {}, not quarantined", other.name()));
+                    }
                 }
             }
             Command::Grant {

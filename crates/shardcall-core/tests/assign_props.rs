@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use shardcall_core::{AssignInput, MemberId, MemberSpec, MoveReason, PartitionId, assign, min_moves};
+use shardcall_core::{
+    AssignInput, MemberId, MemberSpec, MoveReason, PartitionId, assign, min_moves,
+};
 
 fn member(i: usize) -> MemberId {
     MemberId::new(format!("m{i:03}"))
@@ -17,7 +19,13 @@ fn partitions(n: usize) -> Vec<PartitionId> {
 
 /// A scenario: members (with weights), partitions, and a previous owner map
 /// that may name members that are gone.
-fn scenario() -> impl Strategy<Value = (Vec<MemberSpec>, Vec<PartitionId>, BTreeMap<PartitionId, MemberId>)> {
+fn scenario() -> impl Strategy<
+    Value = (
+        Vec<MemberSpec>,
+        Vec<PartitionId>,
+        BTreeMap<PartitionId, MemberId>,
+    ),
+> {
     (1usize..12, 0usize..60, any::<u64>(), any::<bool>()).prop_map(|(n, p, seed, weighted)| {
         let mut rng = seed | 1;
         let mut next = move || {
@@ -61,8 +69,16 @@ fn check_balanced(members: &[MemberSpec], parts: usize, loads: &BTreeMap<MemberI
         );
     }
     if members.iter().all(|m| m.weight == 1) && !members.is_empty() {
-        let max = members.iter().map(|m| loads.get(&m.id).copied().unwrap_or(0)).max().unwrap();
-        let min = members.iter().map(|m| loads.get(&m.id).copied().unwrap_or(0)).min().unwrap();
+        let max = members
+            .iter()
+            .map(|m| loads.get(&m.id).copied().unwrap_or(0))
+            .max()
+            .unwrap();
+        let min = members
+            .iter()
+            .map(|m| loads.get(&m.id).copied().unwrap_or(0))
+            .min()
+            .unwrap();
         assert!(max - min <= 1, "loads {min}..{max}");
     }
 }
@@ -154,7 +170,10 @@ fn lower_bound_matches_brute_force() {
         for p in 0..=5usize {
             for weights in weight_choices(n) {
                 let members: Vec<MemberSpec> = (0..n)
-                    .map(|i| MemberSpec { id: member(i), weight: weights[i] })
+                    .map(|i| MemberSpec {
+                        id: member(i),
+                        weight: weights[i],
+                    })
                     .collect();
                 let parts = partitions(p);
                 // Previous owners: each partition to one of n+1 members (n = gone) or none.
@@ -169,8 +188,11 @@ fn lower_bound_matches_brute_force() {
                         }
                     }
                     let best = brute_force_min(&members, &parts, &previous);
-                    assert_eq!(min_moves(&members, &parts, &previous), best,
-                        "n={n} p={p} weights={weights:?} previous={previous:?}");
+                    assert_eq!(
+                        min_moves(&members, &parts, &previous),
+                        best,
+                        "n={n} p={p} weights={weights:?} previous={previous:?}"
+                    );
                     cases += 1;
                 }
             }
