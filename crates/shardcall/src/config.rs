@@ -1,0 +1,132 @@
+//! A worker's configuration.
+
+use std::time::Duration;
+
+use shardcall_core::{GroupConfig, GroupConfigError};
+
+/// How a worker joins its group and processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// The group to join.
+    pub group: String,
+    /// This worker's name; each incarnation's member id adds a unique suffix.
+    pub name: String,
+    /// Where the worker runs (shown to operators).
+    pub host: String,
+    /// Relative capacity (at least 1).
+    pub weight: u32,
+    /// The group's timing and quarantine rule.
+    pub timing: GroupConfig,
+    /// Most records handed to the handler at once.
+    pub max_batch: usize,
+    /// How long a fetch waits for new records before the partition task
+    /// looks for a revoke again.
+    pub fetch_wait: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            group: "default".into(),
+            name: "worker".into(),
+            host: "localhost".into(),
+            weight: 1,
+            timing: GroupConfig::default(),
+            max_batch: 500,
+            fetch_wait: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A worker configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkerConfigError {
+    /// The group timing is inconsistent.
+    #[error(transparent)]
+    Group(#[from] GroupConfigError),
+    /// A name is empty or has characters a store key cannot hold.
+    #[error("{what} {value:?} must be 1 to 100 characters from A-Z a-z 0-9 . _ -")]
+    BadName {
+        /// Which name.
+        what: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// `max_batch` or `weight` is zero.
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    /// A fetch could outlast the safety margin, so a lost lease would be noticed late.
+    #[error("fetch_wait ({wait:?}) must be below safety_margin ({margin:?})")]
+    FetchWaitTooLong {
+        /// The fetch wait.
+        wait: Duration,
+        /// The safety margin.
+        margin: Duration,
+    },
+}
+
+fn good_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 100
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl WorkerConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), WorkerConfigError> {
+        self.timing.validate()?;
+        for (what, value) in [("group", &self.group), ("name", &self.name)] {
+            if !good_name(value) {
+                return Err(WorkerConfigError::BadName {
+                    what,
+                    value: value.clone(),
+                });
+            }
+        }
+        if self.max_batch == 0 {
+            return Err(WorkerConfigError::Zero("max_batch"));
+        }
+        if self.weight == 0 {
+            return Err(WorkerConfigError::Zero("weight"));
+        }
+        if self.fetch_wait >= self.timing.safety_margin {
+            return Err(WorkerConfigError::FetchWaitTooLong {
+                wait: self.fetch_wait,
+                margin: self.timing.safety_margin,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_and_errors_name_the_field() {
+        WorkerConfig::default().validate().unwrap();
+        let bad = WorkerConfig {
+            group: "a b".into(),
+            ..WorkerConfig::default()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(WorkerConfigError::BadName { what: "group", .. })
+        ));
+        let zero = WorkerConfig {
+            max_batch: 0,
+            ..WorkerConfig::default()
+        };
+        assert_eq!(zero.validate(), Err(WorkerConfigError::Zero("max_batch")));
+        let slow = WorkerConfig {
+            fetch_wait: Duration::from_secs(5),
+            ..WorkerConfig::default()
+        };
+        assert!(matches!(
+            slow.validate(),
+            Err(WorkerConfigError::FetchWaitTooLong { .. })
+        ));
+    }
+}

@@ -1,0 +1,359 @@
+//! The conformance suite every [`CoordinationStore`] must pass: the
+//! in-process store runs it in this crate's tests, and other backends run the
+//! same functions against a real server. Leases are short (a few hundred
+//! milliseconds) and waited out in real time, since a store's clock is its own.
+//!
+//! Each check uses its own group (`prefix` plus a name), so one store can run
+//! them all; a failed check panics with what went wrong.
+
+use std::time::Duration;
+
+use shardcall_core::{Command, Fenced, MemberId, PartitionId, Phase, QuarantinePolicy};
+
+use crate::store::{Checkpoint, CoordinationStore, StoreError};
+
+const TTL: Duration = Duration::from_millis(400);
+const LONG: Duration = Duration::from_secs(30);
+
+/// Runs every check.
+pub async fn run_all<S: CoordinationStore>(store: &S, prefix: &str) {
+    leases(store, &format!("{prefix}-leases")).await;
+    coordinator_lock(store, &format!("{prefix}-lock")).await;
+    apply_is_atomic_and_versioned(store, &format!("{prefix}-apply")).await;
+    checkpoints_are_fenced(store, &format!("{prefix}-fence")).await;
+    quarantine_and_release(store, &format!("{prefix}-quarantine")).await;
+    leave_quarantines_held(store, &format!("{prefix}-leave")).await;
+    checkpoint_bytes_round_trip(store, &format!("{prefix}-bytes")).await;
+}
+
+fn m(name: &str) -> MemberId {
+    MemberId::new(name)
+}
+
+fn p(n: u32) -> PartitionId {
+    PartitionId::new("topic", n)
+}
+
+/// Makes `owner` the coordinator and grants it partitions `0..n`, returning
+/// the coordinator epoch and the grants' epochs.
+async fn grant_all<S: CoordinationStore>(
+    store: &S,
+    group: &str,
+    owner: &MemberId,
+    n: u32,
+) -> (u64, Vec<u64>) {
+    let lease = store
+        .acquire_coordinator(group, owner, LONG)
+        .await
+        .unwrap()
+        .expect("lock is free");
+    let g = store.load_group(group).await.unwrap();
+    let mut commands = Vec::new();
+    for i in 0..n {
+        commands.push(Command::AddPartition { partition: p(i) });
+    }
+    for i in 0..n {
+        let epoch = g.partitions.get(&p(i)).map_or(0, |r| r.epoch) + 1;
+        commands.push(Command::Grant {
+            partition: p(i),
+            member: owner.clone(),
+            epoch,
+        });
+    }
+    store
+        .apply(group, lease.epoch, g.version, &commands)
+        .await
+        .unwrap();
+    let view = store.member_view(group, owner).await.unwrap();
+    let epochs = (0..n)
+        .map(|i| {
+            view.iter()
+                .find(|(q, _)| *q == p(i))
+                .and_then(|(_, ph)| ph.holder())
+                .expect("granted")
+                .1
+        })
+        .collect();
+    (lease.epoch, epochs)
+}
+
+/// Join, duplicate join, renewal, and a lapsed lease that cannot be renewed.
+pub async fn leases<S: CoordinationStore>(store: &S, group: &str) {
+    let a = m("a");
+    let expires = store.join(group, &a, 1, "host-a", TTL).await.unwrap();
+    let now = store.now().await.unwrap();
+    assert!(
+        expires > now && expires <= now + 400 + 50,
+        "lease end {expires} vs now {now}"
+    );
+    assert!(matches!(
+        store.join(group, &a, 1, "host-a", TTL).await,
+        Err(StoreError::Refused(_))
+    ));
+    store.renew(group, &a, TTL).await.unwrap();
+    tokio::time::sleep(TTL + Duration::from_millis(150)).await;
+    match store.renew(group, &a, TTL).await {
+        Err(StoreError::Fenced(Fenced::LeaseExpired(who))) => assert_eq!(who, a),
+        other => panic!("renewing a lapsed lease: {other:?}"),
+    }
+    let g = store.load_group(group).await.unwrap();
+    let rec = &g.members[&a];
+    assert_eq!((rec.host.as_str(), rec.weight), ("host-a", 1));
+}
+
+/// One holder at a time; a new holder gets a larger epoch; a stale epoch is fenced.
+pub async fn coordinator_lock<S: CoordinationStore>(store: &S, group: &str) {
+    let (a, b) = (m("a"), m("b"));
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    store.join(group, &b, 1, "h", LONG).await.unwrap();
+    let first = store
+        .acquire_coordinator(group, &a, TTL)
+        .await
+        .unwrap()
+        .expect("free lock");
+    assert_eq!(
+        store.acquire_coordinator(group, &b, TTL).await.unwrap(),
+        None
+    );
+    let renewed = store
+        .acquire_coordinator(group, &a, TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(renewed.epoch, first.epoch);
+    // Lapse, then b takes over.
+    tokio::time::sleep(TTL + Duration::from_millis(150)).await;
+    let second = store
+        .acquire_coordinator(group, &b, TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.epoch > first.epoch);
+    let v = store.load_group(group).await.unwrap().version;
+    let cmd = [Command::AddPartition { partition: p(0) }];
+    match store.apply(group, first.epoch, v, &cmd).await {
+        Err(StoreError::Fenced(Fenced::StaleCoordinator(e))) => assert_eq!(e, first.epoch),
+        other => panic!("stale coordinator applied: {other:?}"),
+    }
+    store.apply(group, second.epoch, v, &cmd).await.unwrap();
+    // Release lets another member take it at once, with a larger epoch.
+    store
+        .release_coordinator(group, &b, second.epoch)
+        .await
+        .unwrap();
+    let third = store
+        .acquire_coordinator(group, &a, TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(third.epoch > second.epoch);
+    // A member that is not live cannot coordinate.
+    assert!(
+        store
+            .acquire_coordinator(group, &m("ghost"), TTL)
+            .await
+            .is_err()
+    );
+}
+
+/// A batch with a bad command changes nothing; a stale version is a conflict.
+pub async fn apply_is_atomic_and_versioned<S: CoordinationStore>(store: &S, group: &str) {
+    let a = m("a");
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    let lease = store
+        .acquire_coordinator(group, &a, LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let before = store.load_group(group).await.unwrap();
+    let bad = [
+        Command::AddPartition { partition: p(7) },
+        Command::Grant {
+            partition: p(7),
+            member: m("nobody"),
+            epoch: 1,
+        },
+    ];
+    assert!(matches!(
+        store.apply(group, lease.epoch, before.version, &bad).await,
+        Err(StoreError::Refused(_))
+    ));
+    let after = store.load_group(group).await.unwrap();
+    assert_eq!(after.version, before.version);
+    assert!(
+        !after.partitions.contains_key(&p(7)),
+        "half a batch was applied"
+    );
+    let good = [Command::AddPartition { partition: p(7) }];
+    let v = store
+        .apply(group, lease.epoch, before.version, &good)
+        .await
+        .unwrap();
+    assert!(v > before.version);
+    assert!(matches!(
+        store.apply(group, lease.epoch, before.version, &good).await,
+        Err(StoreError::Conflict(_))
+    ));
+}
+
+/// Only the live holder under the current epoch may checkpoint.
+pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str) {
+    let (a, b) = (m("a"), m("b"));
+    store.join(group, &a, 1, "h", TTL).await.unwrap();
+    store.join(group, &b, 1, "h", LONG).await.unwrap();
+    let (_, epochs) = grant_all(store, group, &a, 1).await;
+    let e = epochs[0];
+    let cp = |offset, epoch| Checkpoint {
+        offset,
+        state: format!("state@{offset}").into_bytes(),
+        epoch,
+    };
+    assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), None);
+    store
+        .save_checkpoint(group, &a, &p(0), &cp(10, e))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.load_checkpoint(group, &p(0)).await.unwrap(),
+        Some(cp(10, e))
+    );
+    for (who, epoch) in [(&b, e), (&a, e + 1), (&a, e.wrapping_sub(1))] {
+        match store
+            .save_checkpoint(group, who, &p(0), &cp(99, epoch))
+            .await
+        {
+            Err(StoreError::Fenced(_)) => {}
+            other => panic!("{who} with epoch {epoch} was not fenced: {other:?}"),
+        }
+    }
+    assert_eq!(
+        store
+            .load_checkpoint(group, &p(0))
+            .await
+            .unwrap()
+            .unwrap()
+            .offset,
+        10,
+        "a refused checkpoint changed the stored one"
+    );
+    // The lease lapses: refused even though no coordinator acted yet.
+    tokio::time::sleep(TTL + Duration::from_millis(150)).await;
+    assert!(matches!(
+        store.save_checkpoint(group, &a, &p(0), &cp(11, e)).await,
+        Err(StoreError::Fenced(Fenced::LeaseExpired(_)))
+    ));
+}
+
+/// Release quarantines; the quarantine cannot end early; backup-done and
+/// operator release behave as documented.
+pub async fn quarantine_and_release<S: CoordinationStore>(store: &S, group: &str) {
+    let a = m("a");
+    store
+        .configure(
+            group,
+            QuarantinePolicy {
+                min_ms: 300,
+                wait_for_backup: true,
+                max_ms: 60_000,
+                release_on_backup_done: false,
+            },
+        )
+        .await
+        .unwrap();
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    let (coord, epochs) = grant_all(store, group, &a, 2).await;
+    // Only the holder under its epoch may release.
+    assert!(
+        store
+            .release(group, &a, &p(0), epochs[0] + 1)
+            .await
+            .is_err()
+    );
+    store.release(group, &a, &p(0), epochs[0]).await.unwrap();
+    let g = store.load_group(group).await.unwrap();
+    let since = match &g.partitions[&p(0)].phase {
+        Phase::Quarantined {
+            from,
+            since,
+            backup_done,
+            ..
+        } => {
+            assert_eq!((from, *backup_done), (&a, false));
+            *since
+        }
+        other => panic!("after release: {other:?}"),
+    };
+    let free = [Command::Free { partition: p(0) }];
+    assert!(
+        store.apply(group, coord, g.version, &free).await.is_err(),
+        "freed before the minimum"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let g = store.load_group(group).await.unwrap();
+    assert!(store.now().await.unwrap() >= since + 300);
+    assert!(
+        store.apply(group, coord, g.version, &free).await.is_err(),
+        "freed before the backup was done"
+    );
+    store
+        .backup_done(group, &a, &p(0), epochs[0])
+        .await
+        .unwrap();
+    let g = store.load_group(group).await.unwrap();
+    store.apply(group, coord, g.version, &free).await.unwrap();
+    // Operator release: at once, audited.
+    store.release(group, &a, &p(1), epochs[1]).await.unwrap();
+    store
+        .operator_release(group, &p(1), "ops@example")
+        .await
+        .unwrap();
+    let g = store.load_group(group).await.unwrap();
+    assert_eq!(g.partitions[&p(1)].phase, Phase::Free);
+    assert!(
+        g.audit
+            .iter()
+            .any(|e| e.actor == "ops@example" && e.action.contains("topic/1"))
+    );
+    assert!(store.operator_release(group, &p(1), "ops").await.is_err());
+}
+
+/// Leaving quarantines what the member still held, at once.
+pub async fn leave_quarantines_held<S: CoordinationStore>(store: &S, group: &str) {
+    let a = m("a");
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    grant_all(store, group, &a, 2).await;
+    store.leave(group, &a).await.unwrap();
+    store.leave(group, &a).await.unwrap();
+    let g = store.load_group(group).await.unwrap();
+    assert!(!g.members.contains_key(&a));
+    for i in 0..2 {
+        assert!(matches!(
+            g.partitions[&p(i)].phase,
+            Phase::Quarantined { .. }
+        ));
+    }
+    assert!(
+        g.coordinator.is_none(),
+        "a member that left still holds the lock"
+    );
+}
+
+/// State bytes of any content and size come back unchanged.
+pub async fn checkpoint_bytes_round_trip<S: CoordinationStore>(store: &S, group: &str) {
+    let a = m("a");
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    let (_, epochs) = grant_all(store, group, &a, 1).await;
+    for state in [
+        Vec::new(),
+        vec![0u8, 255, 0, 10, 13],
+        (0..(1 << 20)).map(|i| (i % 251) as u8).collect::<Vec<u8>>(),
+    ] {
+        let cp = Checkpoint {
+            offset: u64::MAX - 1,
+            state,
+            epoch: epochs[0],
+        };
+        store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
+        assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), Some(cp));
+    }
+}

@@ -1,0 +1,19 @@
+//! The runtime's error type.
+
+use crate::config::WorkerConfigError;
+use crate::source::SourceError;
+use crate::store::StoreError;
+
+/// Why a worker stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The configuration cannot work.
+    #[error("invalid worker configuration: {0}")]
+    Config(#[from] WorkerConfigError),
+    /// The store failed in a way retrying cannot mend.
+    #[error("coordination store: {0}")]
+    Store(#[from] StoreError),
+    /// The source failed in a way retrying cannot mend.
+    #[error("source: {0}")]
+    Source(#[from] SourceError),
+}

@@ -1,0 +1,87 @@
+//! The application's side: one handler per owned partition.
+
+use shardcall_core::{Epoch, MemberId, PartitionId};
+use shardcall_spool::Record;
+
+/// What a handler knows about the grant it works under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionContext {
+    /// The partition.
+    pub partition: PartitionId,
+    /// The grant's fencing token: pass it to external sinks so they can
+    /// refuse writes from an older owner.
+    pub epoch: Epoch,
+    /// The member running the handler.
+    pub member: MemberId,
+}
+
+/// A handler failure; the batch is retried (it was not checkpointed).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct HandlerError(pub String);
+
+/// Stateful, ordered processing of one partition. Calls come one at a time,
+/// on a thread where blocking is fine.
+pub trait PartitionHandler: Send + 'static {
+    /// The partition was granted; `state` is its last checkpointed state
+    /// (`None` the first time).
+    fn assigned(
+        &mut self,
+        ctx: &PartitionContext,
+        state: Option<&[u8]>,
+    ) -> Result<(), HandlerError>;
+
+    /// Processes a batch, in offset order, returning the new state. The state
+    /// and the offset after the batch are checkpointed together.
+    fn process(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+    ) -> Result<Vec<u8>, HandlerError>;
+
+    /// The partition was taken away: the final state is checkpointed and the
+    /// partition released (it is in quarantine, nobody consumes it). Back up
+    /// whatever must be backed up; returning reports the backup done.
+    fn revoked(&mut self, ctx: &PartitionContext) -> Result<(), HandlerError> {
+        let _ = ctx;
+        Ok(())
+    }
+}
+
+/// Makes a handler for each partition a worker is granted.
+pub trait HandlerFactory: Send + Sync + 'static {
+    /// The handler type.
+    type Handler: PartitionHandler;
+    /// A handler for the partition in `ctx`.
+    fn create(&self, ctx: &PartitionContext) -> Self::Handler;
+}
+
+/// One processed and checkpointed batch, as an oracle records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchRecord {
+    /// The partition.
+    pub partition: PartitionId,
+    /// Who processed it.
+    pub member: MemberId,
+    /// Under which grant.
+    pub epoch: Epoch,
+    /// First offset of the batch.
+    pub first: u64,
+    /// Last offset of the batch.
+    pub last: u64,
+    /// When processing started (microseconds on the observer's clock).
+    pub started_us: u64,
+    /// When its checkpoint was written (or refused).
+    pub ended_us: u64,
+    /// Whether the checkpoint was accepted (a refused one means the worker
+    /// was fenced out and stopped).
+    pub committed: bool,
+}
+
+/// Sees every batch a worker checkpoints (tests and the demo keep an oracle).
+pub trait BatchObserver: Send + Sync + 'static {
+    /// Microseconds on this observer's clock.
+    fn now_us(&self) -> u64;
+    /// A batch was processed and checkpointed.
+    fn batch(&self, record: BatchRecord);
+}

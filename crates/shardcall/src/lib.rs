@@ -1,0 +1,31 @@
+//! The shardcall runtime: the coordination port ([`CoordinationStore`]) and
+//! its in-process implementation ([`MemoryStore`]), the conformance suite
+//! every store passes, sources ([`FileLogSource`]), the handler API, and the
+//! [`Worker`] that ties them together in owned mode.
+//!
+//! Decisions come from the pure `shardcall-core`; this crate only performs
+//! them: heartbeats, the coordinator's tick, partition tasks, fencing.
+
+mod config;
+pub mod conformance;
+mod error;
+mod handler;
+mod lease;
+mod memory;
+pub mod oracle;
+mod partition;
+mod source;
+mod store;
+mod worker;
+
+pub use config::{WorkerConfig, WorkerConfigError};
+pub use error::WorkerError;
+pub use handler::{
+    BatchObserver, BatchRecord, HandlerError, HandlerFactory, PartitionContext, PartitionHandler,
+};
+pub use lease::LocalLease;
+pub use memory::{Clock, MemoryStore, SystemClock};
+pub use partition::TaskEnd;
+pub use source::{FileLogSource, Source, SourceError};
+pub use store::{Checkpoint, CoordinationStore, StoreError, StoreResult};
+pub use worker::{RebalanceStat, Worker, WorkerHandle, WorkerStats, quarantine_left};

@@ -1,0 +1,218 @@
+//! The in-process coordination store of the embedded mode: the group rules
+//! of [`GroupState`] behind a lock, on a clock of the caller's choosing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use shardcall_core::{
+    Command, CoordinatorLease, Epoch, Fenced, GroupState, MemberId, Millis, PartitionId, Phase,
+    QuarantinePolicy,
+};
+
+use crate::store::{Checkpoint, CoordinationStore, StoreError, StoreResult};
+
+/// Where the store reads the time.
+pub trait Clock: Send + Sync + 'static {
+    /// Milliseconds since the Unix epoch (or any fixed origin).
+    fn now_ms(&self) -> Millis;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> Millis {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    groups: HashMap<String, GroupState>,
+    checkpoints: HashMap<(String, PartitionId), Checkpoint>,
+}
+
+/// The in-process store.
+pub struct MemoryStore {
+    clock: Arc<dyn Clock>,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").finish_non_exhaustive()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new(Arc::new(SystemClock))
+    }
+}
+
+fn ms(d: Duration) -> Millis {
+    d.as_millis() as u64
+}
+
+impl MemoryStore {
+    /// An empty store reading time from `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn with_group<T>(&self, group: &str, f: impl FnOnce(&mut GroupState, Millis) -> T) -> T {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        let g = inner.groups.entry(group.to_owned()).or_default();
+        f(g, now)
+    }
+}
+
+#[async_trait]
+impl CoordinationStore for MemoryStore {
+    async fn now(&self) -> StoreResult<Millis> {
+        Ok(self.clock.now_ms())
+    }
+
+    async fn configure(&self, group: &str, policy: QuarantinePolicy) -> StoreResult<()> {
+        self.with_group(group, |g, _| g.policy = policy);
+        Ok(())
+    }
+
+    async fn join(
+        &self,
+        group: &str,
+        member: &MemberId,
+        weight: u32,
+        host: &str,
+        ttl: Duration,
+    ) -> StoreResult<Millis> {
+        self.with_group(group, |g, now| g.join(member, weight, host, now, ms(ttl)))
+            .map_err(StoreError::from)
+    }
+
+    async fn renew(&self, group: &str, member: &MemberId, ttl: Duration) -> StoreResult<Millis> {
+        self.with_group(group, |g, now| g.renew(member, now, ms(ttl)))
+            .map_err(StoreError::from)
+    }
+
+    async fn leave(&self, group: &str, member: &MemberId) -> StoreResult<()> {
+        self.with_group(group, |g, now| g.leave(member, now));
+        Ok(())
+    }
+
+    async fn acquire_coordinator(
+        &self,
+        group: &str,
+        member: &MemberId,
+        ttl: Duration,
+    ) -> StoreResult<Option<CoordinatorLease>> {
+        self.with_group(group, |g, now| g.acquire_coordinator(member, now, ms(ttl)))
+            .map_err(StoreError::from)
+    }
+
+    async fn release_coordinator(
+        &self,
+        group: &str,
+        member: &MemberId,
+        epoch: u64,
+    ) -> StoreResult<()> {
+        self.with_group(group, |g, _| g.release_coordinator(member, epoch));
+        Ok(())
+    }
+
+    async fn load_group(&self, group: &str) -> StoreResult<GroupState> {
+        Ok(self.with_group(group, |g, _| g.clone()))
+    }
+
+    async fn apply(
+        &self,
+        group: &str,
+        coordinator_epoch: u64,
+        expected_version: u64,
+        commands: &[Command],
+    ) -> StoreResult<u64> {
+        self.with_group(group, |g, now| {
+            g.apply(coordinator_epoch, expected_version, commands, now)
+        })
+        .map_err(StoreError::from)
+    }
+
+    async fn member_view(
+        &self,
+        group: &str,
+        member: &MemberId,
+    ) -> StoreResult<Vec<(PartitionId, Phase)>> {
+        Ok(self.with_group(group, |g, _| g.held_by(member)))
+    }
+
+    async fn release(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()> {
+        self.with_group(group, |g, now| g.release(member, partition, epoch, now))
+            .map_err(StoreError::from)
+    }
+
+    async fn backup_done(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()> {
+        self.with_group(group, |g, _| g.backup_done(member, partition, epoch))
+            .map_err(StoreError::from)
+    }
+
+    async fn operator_release(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        actor: &str,
+    ) -> StoreResult<()> {
+        self.with_group(group, |g, now| g.operator_release(partition, actor, now))
+            .map_err(StoreError::from)
+    }
+
+    async fn load_checkpoint(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+    ) -> StoreResult<Option<Checkpoint>> {
+        let inner = self.inner.lock().expect("store lock");
+        Ok(inner
+            .checkpoints
+            .get(&(group.to_owned(), partition.clone()))
+            .cloned())
+    }
+
+    async fn save_checkpoint(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        checkpoint: &Checkpoint,
+    ) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        let g = inner.groups.entry(group.to_owned()).or_default();
+        g.check_holder(member, partition, checkpoint.epoch, now)
+            .map_err(|f: Fenced| StoreError::Fenced(f))?;
+        inner
+            .checkpoints
+            .insert((group.to_owned(), partition.clone()), checkpoint.clone());
+        Ok(())
+    }
+}

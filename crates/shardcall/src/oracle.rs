@@ -1,0 +1,307 @@
+//! Checking runs against DESIGN.md's properties: an oracle that records every
+//! batch, the checks over it, and a reference handler whose final state can
+//! be recomputed from the log, so "processed exactly once" is checkable.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use shardcall_core::PartitionId;
+use shardcall_spool::Record;
+
+use crate::handler::{
+    BatchObserver, BatchRecord, HandlerError, HandlerFactory, PartitionContext, PartitionHandler,
+};
+
+/// Records every batch with times on one monotonic clock.
+#[derive(Debug)]
+pub struct Oracle {
+    origin: Instant,
+    batches: Mutex<Vec<BatchRecord>>,
+}
+
+impl Default for Oracle {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            batches: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Oracle {
+    /// Every batch so far.
+    pub fn batches(&self) -> Vec<BatchRecord> {
+        self.batches.lock().expect("oracle lock").clone()
+    }
+}
+
+impl BatchObserver for Oracle {
+    fn now_us(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64
+    }
+
+    fn batch(&self, record: BatchRecord) {
+        self.batches.lock().expect("oracle lock").push(record);
+    }
+}
+
+/// A breach of a property, described.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation(pub String);
+
+/// Property 1 and 3: no two grants process a partition at overlapping times,
+/// and after a partition changes member, at least `quarantine_us` passes
+/// between the old member's last batch and the new member's first.
+pub fn check_ownership(batches: &[BatchRecord], quarantine_us: u64) -> Vec<Violation> {
+    let mut by_partition: BTreeMap<&PartitionId, Vec<&BatchRecord>> = BTreeMap::new();
+    for b in batches {
+        by_partition.entry(&b.partition).or_default().push(b);
+    }
+    let mut out = Vec::new();
+    for (p, list) in by_partition.iter_mut() {
+        list.sort_by_key(|b| (b.started_us, b.ended_us));
+        let mut latest: Option<&BatchRecord> = None;
+        for b in list.iter() {
+            if let Some(prev) = latest {
+                let other_grant = prev.member != b.member || prev.epoch != b.epoch;
+                if other_grant && b.started_us < prev.ended_us {
+                    out.push(Violation(format!(
+                        "{p}: {}@{} processed {}..={} during {}@{}'s batch {}..={}",
+                        b.member,
+                        b.epoch,
+                        b.first,
+                        b.last,
+                        prev.member,
+                        prev.epoch,
+                        prev.first,
+                        prev.last
+                    )));
+                } else if prev.member != b.member && b.started_us < prev.ended_us + quarantine_us {
+                    out.push(Violation(format!(
+                        "{p}: {} started {} ms after {} stopped, inside the quarantine",
+                        b.member,
+                        (b.started_us - prev.ended_us) / 1000,
+                        prev.member
+                    )));
+                }
+            }
+            if latest.is_none_or(|l| b.ended_us > l.ended_us) {
+                latest = Some(b);
+            }
+        }
+    }
+    out
+}
+
+/// Property 2, first half: every offset below each partition's end was in
+/// some committed batch.
+pub fn check_coverage(
+    batches: &[BatchRecord],
+    ends: &BTreeMap<PartitionId, u64>,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for (p, &end) in ends {
+        let mut spans: Vec<(u64, u64)> = batches
+            .iter()
+            .filter(|b| &b.partition == p && b.committed)
+            .map(|b| (b.first, b.last))
+            .collect();
+        spans.sort_unstable();
+        let mut next = 0u64;
+        for (first, last) in spans {
+            if first > next {
+                break;
+            }
+            next = next.max(last + 1);
+        }
+        if next < end {
+            out.push(Violation(format!(
+                "{p}: offsets {next}..{end} were never processed"
+            )));
+        }
+    }
+    out
+}
+
+/// The reference handler's state: how many records, and an order-sensitive
+/// digest of every (offset, payload) folded in turn. Processing a record twice
+/// or skipping one gives a different state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DigestState {
+    /// Records folded in.
+    pub count: u64,
+    /// FNV-1a over offsets and payloads, in order.
+    pub digest: u64,
+}
+
+impl DigestState {
+    /// Folds one record in.
+    pub fn fold(&mut self, record: &Record) {
+        let mut h = if self.count == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.digest
+        };
+        for b in record
+            .offset
+            .to_le_bytes()
+            .iter()
+            .chain(record.payload.iter())
+        {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.digest = h;
+        self.count += 1;
+    }
+
+    /// The checkpointed form.
+    pub fn to_bytes(self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16);
+        out.extend_from_slice(&self.count.to_le_bytes());
+        out.extend_from_slice(&self.digest.to_le_bytes());
+        out
+    }
+
+    /// Reads the checkpointed form.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        (bytes.len() == 16).then(|| Self {
+            count: u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
+            digest: u64::from_le_bytes(bytes[8..].try_into().expect("8 bytes")),
+        })
+    }
+
+    /// The state of processing `records` exactly once, in order.
+    pub fn of(records: &[Record]) -> Self {
+        let mut s = Self::default();
+        for r in records {
+            s.fold(r);
+        }
+        s
+    }
+}
+
+/// A handler that keeps a [`DigestState`], optionally spending time per record.
+#[derive(Debug, Default)]
+pub struct DigestHandler {
+    state: DigestState,
+    work_per_record: std::time::Duration,
+}
+
+impl PartitionHandler for DigestHandler {
+    fn assigned(
+        &mut self,
+        _ctx: &PartitionContext,
+        state: Option<&[u8]>,
+    ) -> Result<(), HandlerError> {
+        self.state = match state {
+            None => DigestState::default(),
+            Some(b) => DigestState::from_bytes(b)
+                .ok_or_else(|| HandlerError(format!("checkpointed state of {} bytes", b.len())))?,
+        };
+        Ok(())
+    }
+
+    fn process(
+        &mut self,
+        _ctx: &PartitionContext,
+        batch: &[Record],
+    ) -> Result<Vec<u8>, HandlerError> {
+        for r in batch {
+            self.state.fold(r);
+        }
+        if !self.work_per_record.is_zero() {
+            std::thread::sleep(self.work_per_record * batch.len() as u32);
+        }
+        Ok(self.state.to_bytes())
+    }
+}
+
+/// Makes [`DigestHandler`]s.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DigestFactory {
+    /// Time spent per record, to make processing visible.
+    pub work_per_record: std::time::Duration,
+}
+
+impl HandlerFactory for DigestFactory {
+    type Handler = DigestHandler;
+
+    fn create(&self, _ctx: &PartitionContext) -> DigestHandler {
+        DigestHandler {
+            state: DigestState::default(),
+            work_per_record: self.work_per_record,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use shardcall_core::MemberId;
+
+    fn rec(offset: u64, payload: &'static [u8]) -> Record {
+        Record {
+            offset,
+            timestamp_ms: 0,
+            key: None,
+            payload: Bytes::from_static(payload),
+        }
+    }
+
+    #[test]
+    fn digest_notices_duplicates_gaps_and_order() {
+        let all = [rec(0, b"a"), rec(1, b"b"), rec(2, b"c")];
+        let once = DigestState::of(&all);
+        assert_ne!(
+            once,
+            DigestState::of(&[rec(0, b"a"), rec(1, b"b"), rec(1, b"b"), rec(2, b"c")])
+        );
+        assert_ne!(once, DigestState::of(&[rec(0, b"a"), rec(2, b"c")]));
+        assert_ne!(
+            once,
+            DigestState::of(&[rec(1, b"b"), rec(0, b"a"), rec(2, b"c")])
+        );
+        assert_eq!(DigestState::from_bytes(&once.to_bytes()), Some(once));
+    }
+
+    fn batch(member: &str, epoch: u64, first: u64, last: u64, start: u64, end: u64) -> BatchRecord {
+        BatchRecord {
+            partition: PartitionId::new("t", 0),
+            member: MemberId::new(member),
+            epoch,
+            first,
+            last,
+            started_us: start,
+            ended_us: end,
+            committed: true,
+        }
+    }
+
+    #[test]
+    fn ownership_check_catches_overlap_and_short_quarantine() {
+        let ok = [
+            batch("a", 1, 0, 9, 0, 100),
+            batch("b", 2, 10, 19, 1_100, 1_200),
+        ];
+        assert!(check_ownership(&ok, 1_000).is_empty());
+        let overlap = [batch("a", 1, 0, 9, 0, 100), batch("b", 2, 10, 19, 50, 150)];
+        assert_eq!(check_ownership(&overlap, 0).len(), 1);
+        let short = [batch("a", 1, 0, 9, 0, 100), batch("b", 2, 10, 19, 500, 600)];
+        assert_eq!(check_ownership(&short, 1_000).len(), 1);
+        // The same member under a new epoch (re-granted) is not a handover.
+        let regrant = [batch("a", 1, 0, 9, 0, 100), batch("a", 2, 10, 19, 150, 200)];
+        assert!(check_ownership(&regrant, 1_000).is_empty());
+    }
+
+    #[test]
+    fn coverage_check_finds_holes() {
+        let ends: BTreeMap<_, _> = [(PartitionId::new("t", 0), 30)].into_iter().collect();
+        let full = [batch("a", 1, 0, 9, 0, 1), batch("a", 1, 5, 29, 2, 3)];
+        assert!(check_coverage(&full, &ends).is_empty());
+        let hole = [batch("a", 1, 0, 9, 0, 1), batch("a", 1, 11, 29, 2, 3)];
+        assert_eq!(check_coverage(&hole, &ends).len(), 1);
+    }
+}

@@ -1,0 +1,252 @@
+//! One owned partition's task: restore, fetch, process, checkpoint under the
+//! grant's epoch; on revoke finish the batch, release, back up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shardcall_spool::Record;
+use tokio::sync::watch;
+
+use crate::handler::{
+    BatchObserver, BatchRecord, HandlerError, PartitionContext, PartitionHandler,
+};
+use crate::lease::LocalLease;
+use crate::source::Source;
+use crate::store::{Checkpoint, CoordinationStore, StoreError};
+
+/// How a partition task ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskEnd {
+    /// Revoked gracefully: final checkpoint, released, backup reported.
+    Released,
+    /// Fenced out or the lease ran short: stopped without releasing.
+    Lost(String),
+}
+
+/// What a partition task needs.
+pub struct PartitionTask<S, Src, H> {
+    /// The group.
+    pub group: String,
+    /// The grant.
+    pub ctx: PartitionContext,
+    /// The store.
+    pub store: Arc<S>,
+    /// The source.
+    pub source: Arc<Src>,
+    /// The handler (taken while one of its calls runs on a blocking thread).
+    pub handler: Option<H>,
+    /// The oracle, if any.
+    pub observer: Option<Arc<dyn BatchObserver>>,
+    /// The member's lease.
+    pub lease: Arc<LocalLease>,
+    /// Becomes true when the partition is revoked (or the worker stops).
+    pub revoke: watch::Receiver<bool>,
+    /// Most records a batch.
+    pub max_batch: usize,
+    /// How long a fetch waits.
+    pub fetch_wait: Duration,
+    /// Records processed, for statistics.
+    pub processed: Arc<std::sync::atomic::AtomicU64>,
+}
+
+const RETRY: Duration = Duration::from_millis(100);
+
+/// Runs `f` on a blocking thread with the handler, giving it back.
+async fn with_handler<H: PartitionHandler, T: Send + 'static>(
+    handler: H,
+    f: impl FnOnce(&mut H) -> T + Send + 'static,
+) -> (H, T) {
+    tokio::task::spawn_blocking(move || {
+        let mut h = handler;
+        let out = f(&mut h);
+        (h, out)
+    })
+    .await
+    .expect("handler thread panicked")
+}
+
+impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Src, H> {
+    fn take_handler(&mut self) -> H {
+        self.handler
+            .take()
+            .expect("the handler is back after each call")
+    }
+
+    fn lost(&self, why: impl Into<String>) -> TaskEnd {
+        let why = why.into();
+        tracing::warn!(group = %self.group, member = %self.ctx.member, partition = %self.ctx.partition,
+            epoch = self.ctx.epoch, reason = %why, "partition stopped");
+        TaskEnd::Lost(why)
+    }
+
+    /// Runs until revoked (released) or lost.
+    pub async fn run(mut self) -> TaskEnd {
+        let p = self.ctx.partition.clone();
+        // Restore.
+        let restored = loop {
+            if self.lease.expired() {
+                return self.lost("lease ran short before restore");
+            }
+            match self.store.load_checkpoint(&self.group, &p).await {
+                Ok(cp) => break cp,
+                Err(e) => {
+                    tracing::warn!(partition = %p, error = %e, "loading checkpoint");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        };
+        let (mut offset, state) = match restored {
+            Some(cp) => (cp.offset, Some(cp.state)),
+            None => loop {
+                match self.source.initial_offset(&p).await {
+                    Ok(o) => break (o, None),
+                    Err(e) => {
+                        if self.lease.expired() {
+                            return self.lost("lease ran short before restore");
+                        }
+                        tracing::warn!(partition = %p, error = %e, "finding the first offset");
+                        tokio::time::sleep(RETRY).await;
+                    }
+                }
+            },
+        };
+        let ctx = self.ctx.clone();
+        let (h, assigned) = with_handler(self.take_handler(), move |h| {
+            h.assigned(&ctx, state.as_deref())
+        })
+        .await;
+        self.handler = Some(h);
+        if let Err(e) = assigned {
+            return self.lost(format!("handler refused the assignment: {e}"));
+        }
+        tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
+            epoch = self.ctx.epoch, offset, "partition started");
+
+        // Process.
+        let mut attempt = 0u32;
+        loop {
+            if *self.revoke.borrow() {
+                break;
+            }
+            if self.lease.expired() {
+                return self.lost("lease ran short");
+            }
+            let fetched = tokio::select! {
+                r = self.source.fetch(&p, offset, self.max_batch, self.fetch_wait) => r,
+                _ = self.revoke.changed() => continue,
+            };
+            let batch = match fetched {
+                Ok(b) if b.is_empty() => continue,
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(partition = %p, error = %e, "fetch failed; retrying");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            if self.lease.expired() {
+                return self.lost("lease ran short");
+            }
+            match self.process(batch, &mut offset).await {
+                Ok(true) => attempt = 0,
+                Ok(false) => return self.lost("checkpoint refused: fenced out"),
+                Err(e) => {
+                    attempt += 1;
+                    tracing::warn!(partition = %p, error = %e, attempt, "handler failed; the batch will be retried");
+                    tokio::time::sleep(RETRY * attempt.min(20)).await;
+                }
+            }
+        }
+
+        // Revoked: the last batch is checkpointed; release, then back up.
+        loop {
+            match self
+                .store
+                .release(&self.group, &self.ctx.member, &p, self.ctx.epoch)
+                .await
+            {
+                Ok(()) => break,
+                Err(StoreError::Fenced(f)) => return self.lost(format!("release refused: {f}")),
+                Err(e) if !self.lease.expired() => {
+                    tracing::warn!(partition = %p, error = %e, "release failed; retrying");
+                    tokio::time::sleep(RETRY).await;
+                }
+                Err(e) => return self.lost(format!("release failed: {e}")),
+            }
+        }
+        let ctx = self.ctx.clone();
+        let (_, backup) = with_handler(self.take_handler(), move |h| h.revoked(&ctx)).await;
+        match backup {
+            Ok(()) => {
+                let _ = self
+                    .store
+                    .backup_done(&self.group, &self.ctx.member, &p, self.ctx.epoch)
+                    .await;
+            }
+            Err(e) => {
+                tracing::warn!(partition = %p, error = %e, "backup failed; the quarantine runs to its maximum")
+            }
+        }
+        tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
+            epoch = self.ctx.epoch, "partition released");
+        TaskEnd::Released
+    }
+
+    /// Processes one batch and checkpoints it. `Ok(false)`: fenced out.
+    async fn process(
+        &mut self,
+        batch: Vec<Record>,
+        offset: &mut u64,
+    ) -> Result<bool, HandlerError> {
+        let first = batch[0].offset;
+        let last = batch[batch.len() - 1].offset;
+        let started_us = self.observer.as_ref().map_or(0, |o| o.now_us());
+        let ctx = self.ctx.clone();
+        let (h, result) = with_handler(self.take_handler(), move |h| h.process(&ctx, &batch)).await;
+        self.handler = Some(h);
+        let state = result?;
+        let checkpoint = Checkpoint {
+            offset: last + 1,
+            state,
+            epoch: self.ctx.epoch,
+        };
+        let committed = loop {
+            match self
+                .store
+                .save_checkpoint(
+                    &self.group,
+                    &self.ctx.member,
+                    &self.ctx.partition,
+                    &checkpoint,
+                )
+                .await
+            {
+                Ok(()) => break true,
+                Err(StoreError::Fenced(_)) => break false,
+                Err(e) if !self.lease.expired() => {
+                    tracing::warn!(partition = %self.ctx.partition, error = %e, "checkpoint failed; retrying");
+                    tokio::time::sleep(RETRY).await;
+                }
+                Err(_) => break false,
+            }
+        };
+        if let Some(o) = &self.observer {
+            o.batch(BatchRecord {
+                partition: self.ctx.partition.clone(),
+                member: self.ctx.member.clone(),
+                epoch: self.ctx.epoch,
+                first,
+                last,
+                started_us,
+                ended_us: o.now_us(),
+                committed,
+            });
+        }
+        if committed {
+            *offset = last + 1;
+            self.processed
+                .fetch_add(last - first + 1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(committed)
+    }
+}

@@ -1,0 +1,178 @@
+//! The coordination port: what a store shared by a group's members must do.
+//! Every method documents its guarantee; [`crate::conformance`] checks them
+//! on any implementation. The rules themselves are those of
+//! [`shardcall_core::GroupState`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shardcall_core::{
+    Command, CoordinatorLease, Epoch, Fenced, GroupState, MemberId, Millis, PartitionId, Phase,
+    QuarantinePolicy, StateError,
+};
+
+/// A partition's checkpoint: where to resume and the application's state,
+/// always written together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The next offset to read.
+    pub offset: u64,
+    /// The application's state after every record below `offset`.
+    pub state: Vec<u8>,
+    /// The epoch of the grant that wrote it.
+    pub epoch: Epoch,
+}
+
+/// Why a store call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The caller is fenced out: stop what depends on the grant. Never retry.
+    #[error("fenced: {0}")]
+    Fenced(#[from] Fenced),
+    /// The group changed since the state the request was based on; read again.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The request does not fit the group's state.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The store cannot be reached or answered with an error; retry with backoff.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store holds data this version cannot read; nothing was changed.
+    #[error("unexpected data in the store: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// Whether the caller must stop (as opposed to retrying later).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::Fenced(_))
+    }
+}
+
+impl From<StateError> for StoreError {
+    fn from(e: StateError) -> Self {
+        match e {
+            StateError::Fenced(f) => Self::Fenced(f),
+            StateError::Conflict { .. } => Self::Conflict(e.to_string()),
+            other => Self::Refused(other.to_string()),
+        }
+    }
+}
+
+/// Result of a store call.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A store shared by the members of groups.
+#[async_trait]
+pub trait CoordinationStore: Send + Sync + 'static {
+    /// The store's clock in milliseconds; leases and quarantines run on it.
+    async fn now(&self) -> StoreResult<Millis>;
+
+    /// Sets the group's quarantine rule (members of one group share it).
+    async fn configure(&self, group: &str, policy: QuarantinePolicy) -> StoreResult<()>;
+
+    /// Registers a new member with a lease of `ttl` from the store's now,
+    /// returning when it ends. Refuses an id that is registered.
+    async fn join(
+        &self,
+        group: &str,
+        member: &MemberId,
+        weight: u32,
+        host: &str,
+        ttl: Duration,
+    ) -> StoreResult<Millis>;
+
+    /// Renews a live member's lease. A lease that lapsed is refused with
+    /// [`Fenced::LeaseExpired`]: the member must stop and join anew.
+    async fn renew(&self, group: &str, member: &MemberId, ttl: Duration) -> StoreResult<Millis>;
+
+    /// Removes the member at once; partitions it still holds are quarantined
+    /// from now. Leaving twice is harmless.
+    async fn leave(&self, group: &str, member: &MemberId) -> StoreResult<()>;
+
+    /// Takes or renews the coordinator lock for a live member: a new holder
+    /// gets a larger epoch, the holder keeps its own. `None` while another
+    /// live holder has it.
+    async fn acquire_coordinator(
+        &self,
+        group: &str,
+        member: &MemberId,
+        ttl: Duration,
+    ) -> StoreResult<Option<CoordinatorLease>>;
+
+    /// Gives the lock up if `member` holds it under `epoch`.
+    async fn release_coordinator(
+        &self,
+        group: &str,
+        member: &MemberId,
+        epoch: u64,
+    ) -> StoreResult<()>;
+
+    /// The whole group state, as of one instant.
+    async fn load_group(&self, group: &str) -> StoreResult<GroupState>;
+
+    /// Applies commands atomically (all or none), refusing a stale
+    /// coordinator epoch ([`Fenced::StaleCoordinator`]) or a changed version
+    /// ([`StoreError::Conflict`]). Returns the new version.
+    async fn apply(
+        &self,
+        group: &str,
+        coordinator_epoch: u64,
+        expected_version: u64,
+        commands: &[Command],
+    ) -> StoreResult<u64>;
+
+    /// The partitions `member` holds (owned or draining) with their phases.
+    async fn member_view(
+        &self,
+        group: &str,
+        member: &MemberId,
+    ) -> StoreResult<Vec<(PartitionId, Phase)>>;
+
+    /// The holder gives a partition up after its final checkpoint; it is
+    /// quarantined from now. Refused unless `member` is live and holds it
+    /// under `epoch`.
+    async fn release(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()>;
+
+    /// The old owner reports the backup of a quarantined partition done.
+    async fn backup_done(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()>;
+
+    /// Ends a quarantine early on an operator's word; audited.
+    async fn operator_release(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        actor: &str,
+    ) -> StoreResult<()>;
+
+    /// The partition's last checkpoint, if any.
+    async fn load_checkpoint(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+    ) -> StoreResult<Option<Checkpoint>>;
+
+    /// Writes offset and state together, only if `member` is live and holds
+    /// the partition under `checkpoint.epoch`; a stale epoch is refused with
+    /// [`Fenced`] and nothing is written.
+    async fn save_checkpoint(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        checkpoint: &Checkpoint,
+    ) -> StoreResult<()>;
+}

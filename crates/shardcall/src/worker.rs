@@ -1,0 +1,458 @@
+//! A worker: one member of a group. It keeps its lease, coordinates when it
+//! holds the lock, and runs a task for each partition it is granted,
+//! stopping them on revoke, on a lost lease, and at shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use shardcall_core::{CoordinatorLease, Epoch, MemberId, Millis, PartitionId, Phase, step};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::WorkerConfig;
+use crate::error::WorkerError;
+use crate::handler::{BatchObserver, HandlerFactory, PartitionContext};
+use crate::lease::LocalLease;
+use crate::partition::{PartitionTask, TaskEnd};
+use crate::source::Source;
+use crate::store::{CoordinationStore, StoreError};
+
+/// A rebalance this worker applied as coordinator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RebalanceStat {
+    /// When, on the store's clock.
+    pub at: Millis,
+    /// Partitions whose target changed.
+    pub moves: usize,
+    /// The fewest moves a balanced assignment needed.
+    pub min_moves: usize,
+}
+
+/// What a worker is doing, for displays and tests.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// The current member id.
+    pub member: Mutex<Option<MemberId>>,
+    /// Partitions with a running task, and their epochs.
+    pub running: Mutex<Vec<(PartitionId, Epoch)>>,
+    /// Rebalances applied while coordinator.
+    pub rebalances: Mutex<Vec<RebalanceStat>>,
+    /// Records processed and checkpointed.
+    pub processed: Arc<AtomicU64>,
+    /// Times this worker was fenced out and rejoined.
+    pub rejoins: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Run,
+    Graceful,
+}
+
+/// Controls a running worker.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    stop: watch::Sender<Stop>,
+    task: tokio::task::JoinHandle<Result<(), WorkerError>>,
+    /// Live statistics.
+    pub stats: Arc<WorkerStats>,
+}
+
+impl WorkerHandle {
+    /// Asks for a graceful stop: finish batches, checkpoint, release every
+    /// partition, leave the group. [`WorkerHandle::join`] waits for it.
+    pub fn shutdown(&self) {
+        let _ = self.stop.send(Stop::Graceful);
+    }
+
+    /// Stops dead, as a crash would: no checkpoint, no release, no leave.
+    /// (Handler calls already running on blocking threads finish, but their
+    /// results are dropped.)
+    pub fn kill(&self) {
+        self.task.abort();
+    }
+
+    /// Waits for the worker to end.
+    pub async fn join(self) -> Result<(), WorkerError> {
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) if e.is_cancelled() => Ok(()),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+}
+
+/// Everything a worker runs with.
+pub struct Worker<S, Src, F> {
+    /// Configuration.
+    pub config: WorkerConfig,
+    /// The coordination store.
+    pub store: Arc<S>,
+    /// Where records come from.
+    pub source: Arc<Src>,
+    /// Makes a handler per partition.
+    pub factory: Arc<F>,
+    /// Sees every batch (tests and the demo).
+    pub observer: Option<Arc<dyn BatchObserver>>,
+}
+
+struct Running {
+    epoch: Epoch,
+    revoke: watch::Sender<bool>,
+    abort: tokio::task::AbortHandle,
+}
+
+/// A member id unique to this incarnation: the worker's name and a suffix
+/// from the clock, the process and a counter.
+fn incarnation_id(name: &str) -> MemberId {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mix = nanos ^ (u64::from(std::process::id()) << 40) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    MemberId::new(format!("{name}-{:08x}", (mix ^ (mix >> 29)) as u32))
+}
+
+impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
+    /// Validates the configuration and starts the worker on the current runtime.
+    pub fn spawn(self) -> Result<WorkerHandle, WorkerError> {
+        self.config.validate()?;
+        let (stop, stop_rx) = watch::channel(Stop::Run);
+        let stats = Arc::new(WorkerStats::default());
+        let s = stats.clone();
+        let task = tokio::spawn(async move { self.run(stop_rx, s).await });
+        Ok(WorkerHandle { stop, task, stats })
+    }
+
+    async fn run(
+        self,
+        mut stop: watch::Receiver<Stop>,
+        stats: Arc<WorkerStats>,
+    ) -> Result<(), WorkerError> {
+        let cfg = &self.config;
+        let group = cfg.group.as_str();
+        let timing = &cfg.timing;
+        loop {
+            match self.store.configure(group, timing.quarantine()).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(group, error = %e, "configuring the group; retrying");
+                    tokio::time::sleep(timing.heartbeat_interval).await;
+                }
+            }
+        }
+        // Each pass of this loop is one incarnation: a member id with a lease.
+        loop {
+            let id = incarnation_id(&cfg.name);
+            let sent = Instant::now();
+            match self
+                .store
+                .join(group, &id, cfg.weight, &cfg.host, timing.member_ttl)
+                .await
+            {
+                Ok(_) => {}
+                Err(StoreError::Fenced(_) | StoreError::Refused(_)) => continue,
+                Err(StoreError::Corrupt(e)) => {
+                    return Err(WorkerError::Store(StoreError::Corrupt(e)));
+                }
+                Err(e) => {
+                    tracing::warn!(group, member = %id, error = %e, "joining; retrying");
+                    tokio::time::sleep(timing.heartbeat_interval).await;
+                    continue;
+                }
+            }
+            tracing::info!(group, member = %id, "joined");
+            *stats.member.lock().expect("stats lock") = Some(id.clone());
+            let lease = Arc::new(LocalLease::new(
+                sent,
+                timing.member_ttl,
+                timing.safety_margin,
+            ));
+            let outcome = Incarnation {
+                worker: &self,
+                id: id.clone(),
+                lease,
+                stats: &stats,
+                tasks: JoinSet::new(),
+                running: HashMap::new(),
+                coordinator: None,
+            }
+            .run(&mut stop)
+            .await?;
+            match outcome {
+                Ended::Shutdown => return Ok(()),
+                Ended::Fenced => {
+                    stats.rejoins.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(group, member = %id, "fenced out; rejoining as a new member");
+                }
+            }
+        }
+    }
+}
+
+enum Ended {
+    Shutdown,
+    Fenced,
+}
+
+struct Incarnation<'a, S, Src, F> {
+    worker: &'a Worker<S, Src, F>,
+    id: MemberId,
+    lease: Arc<LocalLease>,
+    stats: &'a WorkerStats,
+    tasks: JoinSet<(PartitionId, Epoch, TaskEnd)>,
+    running: HashMap<PartitionId, Running>,
+    coordinator: Option<CoordinatorLease>,
+}
+
+impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Src, F> {
+    async fn run(mut self, stop: &mut watch::Receiver<Stop>) -> Result<Ended, WorkerError> {
+        let cfg = &self.worker.config;
+        let timing = &cfg.timing;
+        let mut next_heartbeat = Instant::now() + timing.heartbeat_interval;
+        let mut ticker = tokio::time::interval(timing.tick_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() == Stop::Graceful {
+                self.shutdown().await;
+                return Ok(Ended::Shutdown);
+            }
+            if Instant::now() >= next_heartbeat {
+                let sent = Instant::now();
+                match self
+                    .worker
+                    .store
+                    .renew(&cfg.group, &self.id, timing.member_ttl)
+                    .await
+                {
+                    Ok(_) => self.lease.renewed(sent),
+                    Err(StoreError::Fenced(_)) => {
+                        self.stop_all();
+                        return Ok(Ended::Fenced);
+                    }
+                    Err(e) => {
+                        tracing::warn!(group = %cfg.group, member = %self.id, error = %e, "heartbeat failed")
+                    }
+                }
+                next_heartbeat = sent + timing.heartbeat_interval;
+            }
+            if self.lease.expired() {
+                // The lease could lapse before the next renewal lands: stop now.
+                self.stop_all();
+                continue;
+            }
+            self.reap();
+            if let Err(e) = self.coordinate().await {
+                match e {
+                    StoreError::Corrupt(_) => return Err(e.into()),
+                    e => {
+                        tracing::debug!(group = %cfg.group, member = %self.id, error = %e, "coordinator tick")
+                    }
+                }
+            }
+            match self.reconcile().await {
+                Ok(()) => {}
+                Err(StoreError::Corrupt(e)) => return Err(StoreError::Corrupt(e).into()),
+                Err(e) => {
+                    tracing::warn!(group = %cfg.group, member = %self.id, error = %e, "reading the member view")
+                }
+            }
+            self.publish();
+        }
+    }
+
+    async fn coordinate(&mut self) -> Result<(), StoreError> {
+        let w = self.worker;
+        let group = w.config.group.as_str();
+        let lease = w
+            .store
+            .acquire_coordinator(group, &self.id, w.config.timing.coordinator_ttl)
+            .await?;
+        self.coordinator = lease.clone();
+        let Some(lease) = lease else { return Ok(()) };
+        let discovered = w
+            .source
+            .partitions()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("listing partitions: {e}")))?;
+        let state = w.store.load_group(group).await?;
+        let now = w.store.now().await?;
+        let plan = step(&state, now, &discovered);
+        if plan.commands.is_empty() {
+            return Ok(());
+        }
+        w.store
+            .apply(group, lease.epoch, state.version, &plan.commands)
+            .await?;
+        if !plan.moves.is_empty() {
+            for mv in &plan.moves {
+                tracing::info!(group, partition = %mv.partition, from = ?mv.from.as_ref().map(MemberId::as_str),
+                    to = %mv.to, reason = %mv.reason, "assignment moves");
+            }
+            self.stats
+                .rebalances
+                .lock()
+                .expect("stats lock")
+                .push(RebalanceStat {
+                    at: now,
+                    moves: plan.moves.len(),
+                    min_moves: plan.min_moves,
+                });
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&mut self) -> Result<(), StoreError> {
+        let w = self.worker;
+        let group = w.config.group.as_str();
+        let view = w.store.member_view(group, &self.id).await?;
+        let held: HashMap<&PartitionId, &Phase> = view.iter().map(|(p, ph)| (p, ph)).collect();
+        // Tasks whose grant is gone stop at once.
+        let lost: Vec<PartitionId> = self
+            .running
+            .iter()
+            .filter(|(p, r)| {
+                held.get(p)
+                    .and_then(|ph| ph.holder())
+                    .is_none_or(|(_, e)| e != r.epoch)
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in lost {
+            if let Some(r) = self.running.remove(&p) {
+                r.abort.abort();
+            }
+        }
+        for (p, phase) in &view {
+            match phase {
+                Phase::Owned { epoch, .. } if !self.running.contains_key(p) => {
+                    self.start(p.clone(), *epoch)
+                }
+                Phase::Draining { epoch, .. } => match self.running.get(p) {
+                    Some(r) => {
+                        let _ = r.revoke.send(true);
+                    }
+                    None => {
+                        // Nothing runs it here (its task stopped): release at once.
+                        w.store.release(group, &self.id, p, *epoch).await?;
+                    }
+                },
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, p: PartitionId, epoch: Epoch) {
+        let w = self.worker;
+        let ctx = PartitionContext {
+            partition: p.clone(),
+            epoch,
+            member: self.id.clone(),
+        };
+        let (revoke, revoke_rx) = watch::channel(false);
+        let task = PartitionTask {
+            group: w.config.group.clone(),
+            handler: Some(w.factory.create(&ctx)),
+            ctx,
+            store: w.store.clone(),
+            source: w.source.clone(),
+            observer: w.observer.clone(),
+            lease: self.lease.clone(),
+            revoke: revoke_rx,
+            max_batch: w.config.max_batch,
+            fetch_wait: w.config.fetch_wait,
+            processed: self.stats.processed.clone(),
+        };
+        let key = p.clone();
+        let abort = self
+            .tasks
+            .spawn(async move { (key, epoch, task.run().await) });
+        self.running.insert(
+            p,
+            Running {
+                epoch,
+                revoke,
+                abort,
+            },
+        );
+    }
+
+    /// Forgets tasks that ended.
+    fn reap(&mut self) {
+        while let Some(done) = self.tasks.try_join_next() {
+            if let Ok((p, epoch, _end)) = done
+                && self.running.get(&p).is_some_and(|r| r.epoch == epoch)
+            {
+                self.running.remove(&p);
+            }
+        }
+    }
+
+    /// Stops every partition task at once (lease lost or fenced).
+    fn stop_all(&mut self) {
+        self.lease.revoke();
+        for (_, r) in self.running.drain() {
+            r.abort.abort();
+        }
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let mut running: Vec<(PartitionId, Epoch)> = self
+            .running
+            .iter()
+            .map(|(p, r)| (p.clone(), r.epoch))
+            .collect();
+        running.sort();
+        *self.stats.running.lock().expect("stats lock") = running;
+    }
+
+    /// Graceful stop: revoke every task, wait for them (they checkpoint and
+    /// release), give up the coordinator lock, leave.
+    async fn shutdown(mut self) {
+        let w = self.worker;
+        let group = w.config.group.as_str();
+        for r in self.running.values() {
+            let _ = r.revoke.send(true);
+        }
+        let deadline = w.config.timing.member_ttl;
+        let wait_all = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(deadline, wait_all).await.is_err() {
+            tracing::warn!(group, member = %self.id, "partitions did not stop in time; leaving anyway");
+        }
+        self.running.clear();
+        self.publish();
+        if let Some(c) = &self.coordinator {
+            let _ = w.store.release_coordinator(group, &self.id, c.epoch).await;
+        }
+        if let Err(e) = w.store.leave(group, &self.id).await {
+            tracing::warn!(group, member = %self.id, error = %e, "leaving");
+        }
+        tracing::info!(group, member = %self.id, "left");
+    }
+}
+
+/// The time left in a quarantine, for displays.
+pub fn quarantine_left(
+    phase: &Phase,
+    policy: &shardcall_core::QuarantinePolicy,
+    now: Millis,
+) -> Option<Duration> {
+    match phase {
+        Phase::Quarantined {
+            since, backup_done, ..
+        } => {
+            let end = policy.end(*since, *backup_done);
+            Some(Duration::from_millis(end.earliest.saturating_sub(now)))
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,242 @@
+//! Workers end to end on the embedded default (file log + in-process store):
+//! kill, join, graceful stop and new partitions, checked by the oracle.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_coverage, check_ownership};
+use shardcall::{
+    CoordinationStore, FileLogSource, MemoryStore, Worker, WorkerConfig, WorkerHandle,
+};
+use shardcall_core::{GroupConfig, PartitionId, Phase};
+use shardcall_spool::{FileLog, SpoolConfig};
+
+const GROUP: &str = "g";
+const QUARANTINE: Duration = Duration::from_millis(300);
+
+fn timing() -> GroupConfig {
+    GroupConfig {
+        member_ttl: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        safety_margin: Duration::from_millis(500),
+        tick_interval: Duration::from_millis(50),
+        coordinator_ttl: Duration::from_millis(1000),
+        quarantine_min: QUARANTINE,
+        ..GroupConfig::default()
+    }
+}
+
+struct Cluster {
+    log: FileLog,
+    store: Arc<MemoryStore>,
+    source: Arc<FileLogSource>,
+    oracle: Arc<Oracle>,
+    workers: Vec<Option<WorkerHandle>>,
+}
+
+impl Cluster {
+    fn new(dir: &std::path::Path, partitions: u32) -> Self {
+        let log = FileLog::open(dir, SpoolConfig::default()).unwrap();
+        log.ensure_topic("t", partitions).unwrap();
+        Self {
+            source: Arc::new(FileLogSource::new(log.clone(), vec!["t".into()])),
+            log,
+            store: Arc::new(MemoryStore::default()),
+            oracle: Arc::new(Oracle::default()),
+            workers: Vec::new(),
+        }
+    }
+
+    fn produce(&self, n: usize, tag: &str) {
+        let mut p = self.log.producer("t").unwrap();
+        for i in 0..n {
+            let key = format!("k{}", i % 37);
+            p.send(Some(key.as_bytes()), format!("{tag}-{i}").as_bytes(), 0)
+                .unwrap();
+        }
+        p.flush().unwrap();
+    }
+
+    fn add_worker(&mut self) -> usize {
+        let i = self.workers.len();
+        let handle = Worker {
+            config: WorkerConfig {
+                group: GROUP.into(),
+                name: format!("w{i}"),
+                timing: timing(),
+                max_batch: 50,
+                fetch_wait: Duration::from_millis(50),
+                ..WorkerConfig::default()
+            },
+            store: self.store.clone(),
+            source: self.source.clone(),
+            factory: Arc::new(DigestFactory::default()),
+            observer: Some(self.oracle.clone()),
+        }
+        .spawn()
+        .unwrap();
+        self.workers.push(Some(handle));
+        i
+    }
+
+    fn ends(&self) -> BTreeMap<PartitionId, u64> {
+        let n = self.log.partition_count("t").unwrap();
+        (0..n)
+            .map(|p| {
+                let s = self.log.open_partition_read_only("t", p).unwrap();
+                (PartitionId::new("t", p), s.end_offset().unwrap())
+            })
+            .collect()
+    }
+
+    /// Waits until every partition is owned and checkpointed at its end.
+    async fn settle(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ends = self.ends();
+            let g = self.store.load_group(GROUP).await.unwrap();
+            let mut done = g.partitions.len() == ends.len();
+            for (p, end) in &ends {
+                let owned = matches!(
+                    g.partitions.get(p).map(|r| &r.phase),
+                    Some(Phase::Owned { .. })
+                );
+                let at = self
+                    .store
+                    .load_checkpoint(GROUP, p)
+                    .await
+                    .unwrap()
+                    .map_or(0, |c| c.offset);
+                done &= owned && at == *end;
+            }
+            if done {
+                return;
+            }
+            assert!(Instant::now() < deadline, "group did not settle: {g:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every property of DESIGN.md that a run can show.
+    async fn verify(&self) {
+        let batches = self.oracle.batches();
+        let ends = self.ends();
+        let quarantine_us = QUARANTINE.as_micros() as u64;
+        let v = check_ownership(&batches, quarantine_us);
+        assert!(v.is_empty(), "ownership: {v:?}");
+        let mut owners: BTreeMap<&PartitionId, std::collections::BTreeSet<&str>> = BTreeMap::new();
+        for b in &batches {
+            owners
+                .entry(&b.partition)
+                .or_default()
+                .insert(b.member.as_str());
+        }
+        assert!(
+            owners.values().filter(|m| m.len() > 1).count() >= 3,
+            "too few handovers to test anything: {owners:?}"
+        );
+        let v = check_coverage(&batches, &ends);
+        assert!(v.is_empty(), "coverage: {v:?}");
+        for p in ends.keys() {
+            let spool = self.log.open_partition_read_only("t", p.partition).unwrap();
+            let records = spool.read(0, usize::MAX, usize::MAX).unwrap();
+            let state = match self.store.load_checkpoint(GROUP, p).await.unwrap() {
+                Some(cp) => DigestState::from_bytes(&cp.state).unwrap(),
+                None => DigestState::default(), // a partition that never got a record
+            };
+            assert_eq!(
+                state,
+                DigestState::of(&records),
+                "{p}: final state differs from processing each record exactly once"
+            );
+        }
+        for w in self.workers.iter().flatten() {
+            for r in w.stats.rebalances.lock().unwrap().iter() {
+                assert_eq!(
+                    r.moves, r.min_moves,
+                    "a rebalance moved more than the lower bound"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_join_graceful_stop_and_new_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 8);
+    c.produce(800, "a");
+    for _ in 0..3 {
+        c.add_worker();
+    }
+    c.settle(Duration::from_secs(15)).await;
+
+    // kill -9 of one worker while records keep coming.
+    c.workers[0].as_ref().unwrap().kill();
+    c.produce(400, "b");
+    // A new worker joins.
+    c.add_worker();
+    c.settle(Duration::from_secs(20)).await;
+
+    // A graceful stop releases at once and leaves no member behind.
+    let leaving = c.workers[1].take().unwrap();
+    let member = leaving.stats.member.lock().unwrap().clone().unwrap();
+    let asked = Instant::now();
+    leaving.shutdown();
+    leaving.join().await.unwrap();
+    assert!(
+        asked.elapsed() < timing().member_ttl,
+        "shutdown waited for a TTL"
+    );
+    let g = c.store.load_group(GROUP).await.unwrap();
+    assert!(!g.members.contains_key(&member));
+    assert!(g.held_by(&member).is_empty());
+
+    // New partitions are picked up without a restart.
+    c.log.ensure_topic("t", 11).unwrap();
+    c.produce(500, "c");
+    c.settle(Duration::from_secs(20)).await;
+    c.verify().await;
+
+    // Two live workers share 11 partitions as 6 and 5.
+    let g = c.store.load_group(GROUP).await.unwrap();
+    let mut loads: BTreeMap<String, usize> = BTreeMap::new();
+    for r in g.partitions.values() {
+        if let Phase::Owned { member, .. } = &r.phase {
+            *loads.entry(member.to_string()).or_default() += 1;
+        }
+    }
+    let mut counts: Vec<usize> = loads.values().copied().collect();
+    counts.sort_unstable();
+    assert_eq!(counts, vec![5, 6], "{loads:?}");
+
+    for w in c.workers.iter().flatten() {
+        w.shutdown();
+    }
+    for w in c.workers.into_iter().flatten() {
+        w.join().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_config_is_refused_before_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::new(dir.path(), 1);
+    let err = Worker {
+        config: WorkerConfig {
+            timing: GroupConfig {
+                heartbeat_interval: Duration::from_secs(60),
+                ..GroupConfig::default()
+            },
+            ..WorkerConfig::default()
+        },
+        store: c.store.clone(),
+        source: c.source.clone(),
+        factory: Arc::new(DigestFactory::default()),
+        observer: None,
+    }
+    .spawn()
+    .unwrap_err();
+    assert!(err.to_string().contains("heartbeat_interval"), "{err}");
+}
