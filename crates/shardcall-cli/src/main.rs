@@ -1,7 +1,9 @@
 //! `shardcall`: the command-line tool.
 
+mod bench_assign;
 mod bench_spool;
 mod consume;
+mod demo;
 mod produce;
 mod spool_cmd;
 
@@ -21,6 +23,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Owned mode end to end on the embedded default: workers join, one is
+    /// killed, one stops; then the run is checked against the design's properties.
+    Demo(demo::DemoArgs),
     /// Append lines from stdin to a topic of the embedded file log.
     Produce(produce::ProduceArgs),
     /// Print records of a topic of the embedded file log.
@@ -35,6 +40,8 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
+    /// The coordinator's decision time for 10,000 partitions and 1,000 members.
+    Assign(bench_assign::BenchAssignArgs),
     /// Spool append and read-back throughput against `dd` on the same filesystem.
     Spool(bench_spool::BenchSpoolArgs),
 }
@@ -96,10 +103,12 @@ pub type Dir = PathBuf;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => demo::run(&args),
         Command::Produce(args) => produce::run(&args),
         Command::Consume(args) => consume::run(&args),
         Command::Spool(cmd) => spool_cmd::run(&cmd),
         Command::Bench(BenchCommand::Spool(args)) => bench_spool::run(&args),
+        Command::Bench(BenchCommand::Assign(args)) => bench_assign::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -221,3 +221,65 @@ fn invalid_config_is_explained() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("segment_bytes must be between"));
 }
+
+#[test]
+fn demo_runs_the_script_and_passes_every_check() {
+    let out = shardcall(
+        &[
+            "demo",
+            "--seconds",
+            "8",
+            "--ttl-ms",
+            "1200",
+            "--quarantine-ms",
+            "600",
+            "--rate",
+            "1000",
+        ],
+        "",
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    for check in [
+        "processed at least once",
+        "state = exactly once",
+        "no overlapping ownership",
+        "quarantine respected",
+        "moves = lower bound",
+        "balanced at the end",
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(check))
+            .unwrap_or_else(|| panic!("no line for {check}: {stdout}"));
+        assert!(line.contains(" ok "), "{line}");
+    }
+    assert!(
+        stdout.contains("joins")
+            && stdout.contains("killed")
+            && stdout.contains("stops gracefully")
+    );
+    assert!(stdout.trim_end().ends_with("PASS"));
+}
+
+#[test]
+fn bench_assign_reports_against_its_baseline() {
+    let out = shardcall(
+        &[
+            "bench",
+            "assign",
+            "--json",
+            "--partitions",
+            "2000",
+            "--members",
+            "100",
+            "--repeat",
+            "3",
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["baseline"]["sort_partitions_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(doc["cases"].as_array().unwrap().len(), 4);
+}

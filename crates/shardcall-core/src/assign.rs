@@ -9,7 +9,7 @@
 //! least any balanced assignment can achieve. Inputs are sorted first, so the
 //! same inputs in any order give the same output on every coordinator.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::ids::{MemberId, PartitionId};
 
@@ -161,24 +161,63 @@ fn quotas(members: &[MemberSpec], total: usize, current: &[usize]) -> Vec<usize>
     q
 }
 
-/// Current live holdings per member (index into `members`), in partition order.
-fn holdings(
+/// The inputs sorted, with each partition's previous owner as an index into
+/// the sorted members (`None` for none or a member that is gone). Built by
+/// walking the sorted partitions and the sorted `previous` map together, so
+/// it costs one pass, not a lookup per partition.
+struct Indexed<'a> {
+    members: Vec<MemberSpec>,
+    partitions: Vec<PartitionId>,
+    /// Previous owner of each partition, as given.
+    previous: Vec<Option<&'a MemberId>>,
+    /// Index of that owner among the live members.
+    live_owner: Vec<Option<usize>>,
+}
+
+fn index<'a>(
     members: &[MemberSpec],
     partitions: &[PartitionId],
-    previous: &BTreeMap<PartitionId, MemberId>,
-) -> Vec<Vec<PartitionId>> {
-    let index: BTreeMap<&MemberId, usize> = members
+    previous: &'a BTreeMap<PartitionId, MemberId>,
+) -> Indexed<'a> {
+    let members = sorted_members(members);
+    let partitions = sorted_partitions(partitions);
+    let by_name: HashMap<&str, usize> = members
         .iter()
         .enumerate()
-        .map(|(i, m)| (&m.id, i))
+        .map(|(i, m)| (m.id.as_str(), i))
         .collect();
-    let mut held = vec![Vec::new(); members.len()];
-    for p in partitions {
-        if let Some(i) = previous.get(p).and_then(|m| index.get(m)) {
-            held[*i].push(p.clone());
+    let mut prev = Vec::with_capacity(partitions.len());
+    let mut it = previous.iter().peekable();
+    for p in &partitions {
+        while it.peek().is_some_and(|(k, _)| *k < p) {
+            it.next();
         }
+        prev.push(it.peek().filter(|(k, _)| *k == p).map(|(_, m)| *m));
     }
-    held
+    let live_owner = prev
+        .iter()
+        .map(|m| m.and_then(|m| by_name.get(m.as_str()).copied()))
+        .collect();
+    Indexed {
+        members,
+        partitions,
+        previous: prev,
+        live_owner,
+    }
+}
+
+/// Marks which of the sorted `partitions` are in `set`, in one pass.
+fn flags(partitions: &[PartitionId], set: &BTreeSet<PartitionId>) -> Vec<bool> {
+    let mut it = set.iter().peekable();
+    partitions
+        .iter()
+        .map(|p| {
+            while it.peek().is_some_and(|k| *k < p) {
+                it.next();
+            }
+            it.peek().is_some_and(|k| *k == p)
+        })
+        .collect()
 }
 
 /// The fewest partitions any balanced assignment must move from `previous`:
@@ -189,19 +228,18 @@ pub fn min_moves(
     partitions: &[PartitionId],
     previous: &BTreeMap<PartitionId, MemberId>,
 ) -> usize {
-    let members = sorted_members(members);
-    let partitions = sorted_partitions(partitions);
-    if members.is_empty() {
+    let ix = index(members, partitions, previous);
+    if ix.members.is_empty() {
         return 0;
     }
-    let counts: Vec<usize> = holdings(&members, &partitions, previous)
-        .iter()
-        .map(Vec::len)
-        .collect();
+    let mut counts = vec![0usize; ix.members.len()];
+    for o in ix.live_owner.iter().flatten() {
+        counts[*o] += 1;
+    }
     let held: usize = counts.iter().sum();
-    let shares = shares(&members, partitions.len());
+    let shares = shares(&ix.members, ix.partitions.len());
     let floor_sum: usize = shares.iter().map(|s| s.0).sum();
-    let ups = partitions.len() - floor_sum;
+    let ups = ix.partitions.len() - floor_sum;
     let excess_over_floor: usize = counts
         .iter()
         .zip(&shares)
@@ -213,74 +251,85 @@ pub fn min_moves(
         .zip(&shares)
         .filter(|(c, s)| s.1 > 0 && **c > s.0)
         .count();
-    (partitions.len() - held) + excess_over_floor - ups.min(savable)
+    (ix.partitions.len() - held) + excess_over_floor - ups.min(savable)
 }
 
 /// Computes the assignment; see the module documentation.
 pub fn assign(input: AssignInput<'_>) -> Assignment {
-    let members = sorted_members(input.members);
-    let partitions = sorted_partitions(input.partitions);
-    if members.is_empty() {
+    let ix = index(input.members, input.partitions, input.previous);
+    if ix.members.is_empty() {
         return Assignment::default();
     }
-    let held = holdings(&members, &partitions, input.previous);
-    let counts: Vec<usize> = held.iter().map(Vec::len).collect();
-    let quota = quotas(&members, partitions.len(), &counts);
-
-    let mut owners: BTreeMap<PartitionId, MemberId> = BTreeMap::new();
-    let mut kept = vec![0usize; members.len()];
-    // Partitions to hand out, with where they come from and why.
-    let mut pool: Vec<(PartitionId, Option<MemberId>, MoveReason)> = Vec::new();
-    for (i, mine) in held.into_iter().enumerate() {
-        // Keep settled partitions first; give up those in transition first.
-        let (settled, moving): (Vec<_>, Vec<_>) = mine
-            .into_iter()
-            .partition(|p| !input.in_transition.contains(p));
-        for p in settled.into_iter().chain(moving) {
-            if kept[i] < quota[i] {
-                kept[i] += 1;
-                owners.insert(p, members[i].id.clone());
-            } else {
-                pool.push((p, Some(members[i].id.clone()), MoveReason::Overloaded));
+    let moving = flags(&ix.partitions, input.in_transition);
+    let n = ix.members.len();
+    // Each member's partitions: settled ones first, those in transition last.
+    let mut held: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for pass_moving in [false, true] {
+        for (pi, owner) in ix.live_owner.iter().enumerate() {
+            if let Some(o) = owner
+                && moving[pi] == pass_moving
+            {
+                held[*o].push(pi);
             }
         }
     }
-    let pooled: BTreeSet<PartitionId> = pool.iter().map(|(p, _, _)| p.clone()).collect();
-    for p in &partitions {
-        if owners.contains_key(p) || pooled.contains(p) {
-            continue;
-        }
-        match input.previous.get(p) {
-            Some(gone) => pool.push((p.clone(), Some(gone.clone()), MoveReason::MemberLeft)),
-            None => pool.push((p.clone(), None, MoveReason::NewPartition)),
+    let counts: Vec<usize> = held.iter().map(Vec::len).collect();
+    let quota = quotas(&ix.members, ix.partitions.len(), &counts);
+
+    let mut owner: Vec<Option<usize>> = vec![None; ix.partitions.len()];
+    let mut kept = vec![0usize; n];
+    let mut reason: Vec<Option<MoveReason>> = vec![None; ix.partitions.len()];
+    for (i, mine) in held.iter().enumerate() {
+        for &pi in mine {
+            if kept[i] < quota[i] {
+                kept[i] += 1;
+                owner[pi] = Some(i);
+            } else {
+                reason[pi] = Some(MoveReason::Overloaded);
+            }
         }
     }
-    pool.sort_by(|a, b| a.0.cmp(&b.0));
-
-    // Hand the pool out round robin over the members still below quota.
-    let mut room: VecDeque<(usize, usize)> = (0..members.len())
+    // Hand the rest out, in partition order, round robin over the members
+    // still below quota.
+    let mut room: VecDeque<(usize, usize)> = (0..n)
         .map(|i| (i, quota[i] - kept[i]))
         .filter(|r| r.1 > 0)
         .collect();
-    let mut moves = Vec::with_capacity(pool.len());
-    for (p, from, reason) in pool {
+    let mut moves = Vec::new();
+    for pi in 0..ix.partitions.len() {
+        if owner[pi].is_some() {
+            continue;
+        }
+        let why = match (reason[pi], ix.previous[pi]) {
+            (Some(r), _) => r,
+            (None, Some(_)) => MoveReason::MemberLeft,
+            (None, None) => MoveReason::NewPartition,
+        };
         let (i, left) = room.pop_front().expect("quotas add up to the partitions");
         if left > 1 {
             room.push_back((i, left - 1));
         }
-        let to = members[i].id.clone();
-        let reason = match reason {
-            MoveReason::Overloaded if counts[i] == 0 => MoveReason::MemberJoined,
-            r => r,
-        };
-        owners.insert(p.clone(), to.clone());
+        owner[pi] = Some(i);
         moves.push(Move {
-            partition: p,
-            from,
-            to,
-            reason,
+            partition: ix.partitions[pi].clone(),
+            from: ix.previous[pi].cloned(),
+            to: ix.members[i].id.clone(),
+            reason: match why {
+                MoveReason::Overloaded if counts[i] == 0 => MoveReason::MemberJoined,
+                r => r,
+            },
         });
     }
-    moves.sort_by(|a, b| a.partition.cmp(&b.partition));
+    let owners = ix
+        .partitions
+        .iter()
+        .zip(owner)
+        .map(|(p, o)| {
+            (
+                p.clone(),
+                ix.members[o.expect("every partition placed")].id.clone(),
+            )
+        })
+        .collect();
     Assignment { owners, moves }
 }

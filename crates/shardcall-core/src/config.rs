@@ -26,6 +26,9 @@ pub struct GroupConfig {
     pub quarantine_max: Duration,
     /// End a quarantine as soon as the backup is done, even before the minimum.
     pub release_on_backup_done: bool,
+    /// A new group waits this long after its first member joined before the
+    /// first assignment, so members starting together cause one rebalance.
+    pub initial_rebalance_delay: Duration,
 }
 
 impl Default for GroupConfig {
@@ -40,6 +43,7 @@ impl Default for GroupConfig {
             wait_for_backup: false,
             quarantine_max: Duration::from_secs(60),
             release_on_backup_done: false,
+            initial_rebalance_delay: Duration::from_secs(1),
         }
     }
 }
@@ -122,6 +126,13 @@ impl GroupConfig {
             wait_for_backup: self.wait_for_backup,
             max_ms: self.quarantine_max.as_millis() as u64,
             release_on_backup_done: self.release_on_backup_done,
+        }
+    }
+
+    /// The coordinator's options these values describe.
+    pub fn step_options(&self) -> crate::coordinator::StepOptions {
+        crate::coordinator::StepOptions {
+            initial_delay_ms: self.initial_rebalance_delay.as_millis() as u64,
         }
     }
 

@@ -22,78 +22,127 @@ pub struct Plan {
     pub targets: BTreeMap<PartitionId, MemberId>,
 }
 
+/// Options of a coordinator tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepOptions {
+    /// A brand-new group (no partition has a target yet) waits this long
+    /// after its oldest live member joined before the first assignment, so
+    /// members starting together do not trigger a rebalance each (like
+    /// Kafka's `group.initial.rebalance.delay.ms`).
+    pub initial_delay_ms: Millis,
+}
+
+/// Decides the next commands with default options; see [`step_with`].
+pub fn step(state: &GroupState, now: Millis, discovered: &[PartitionId]) -> Plan {
+    step_with(state, now, discovered, &StepOptions::default())
+}
+
 /// Decides the next commands. `discovered` lists the partitions the source
 /// has now (partitions only ever get added).
-pub fn step(state: &GroupState, now: Millis, discovered: &[PartitionId]) -> Plan {
+pub fn step_with(
+    state: &GroupState,
+    now: Millis,
+    discovered: &[PartitionId],
+    options: &StepOptions,
+) -> Plan {
     let mut commands = Vec::new();
-    // What the phases will be once the commands so far are applied.
-    let mut phases: BTreeMap<PartitionId, Phase> = state
-        .partitions
-        .iter()
-        .map(|(p, r)| (p.clone(), r.phase.clone()))
-        .collect();
 
     // 1. Members whose lease ran out: what they held is quarantined from then.
     let mut live: Vec<MemberSpec> = Vec::new();
+    let mut expired: BTreeMap<&MemberId, Millis> = BTreeMap::new();
     for m in state.members.values() {
         if m.is_live(now) {
             live.push(MemberSpec {
                 id: m.id.clone(),
                 weight: m.weight,
             });
-            continue;
-        }
-        commands.push(Command::ExpireMember {
-            member: m.id.clone(),
-        });
-        for phase in phases.values_mut() {
-            if let Some((holder, epoch)) = phase.holder()
-                && holder == &m.id
-            {
-                *phase = Phase::Quarantined {
-                    from: m.id.clone(),
-                    epoch,
-                    since: m.lease_expires_at,
-                    backup_done: false,
-                };
-            }
+        } else {
+            commands.push(Command::ExpireMember {
+                member: m.id.clone(),
+            });
+            expired.insert(&m.id, m.lease_expires_at);
         }
     }
 
-    // 2. New partitions start free.
-    for p in discovered {
-        if !phases.contains_key(p) {
-            commands.push(Command::AddPartition {
-                partition: p.clone(),
+    // 2. Every partition in order, known ones and newly discovered ones.
+    let mut new: Vec<&PartitionId> = discovered
+        .iter()
+        .filter(|p| !state.partitions.contains_key(*p))
+        .collect();
+    new.sort_unstable();
+    new.dedup();
+    for p in &new {
+        commands.push(Command::AddPartition {
+            partition: (*p).clone(),
+        });
+    }
+    let mut all: Vec<PartitionId> = Vec::with_capacity(state.partitions.len() + new.len());
+    let mut projected: Vec<Projected<'_>> = Vec::with_capacity(all.capacity());
+    let mut known = state.partitions.iter().peekable();
+    let mut fresh = new.into_iter().peekable();
+    loop {
+        let take_known = match (known.peek(), fresh.peek()) {
+            (Some((k, _)), Some(f)) => *k < *f,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        if take_known {
+            let (p, rec) = known.next().expect("peeked");
+            all.push(p.clone());
+            projected.push(project(
+                &rec.phase,
+                rec.epoch,
+                rec.target.as_ref(),
+                &expired,
+                state,
+                now,
+            ));
+        } else {
+            all.push(fresh.next().expect("peeked").clone());
+            projected.push(Projected {
+                phase: Projection::Free,
+                last_epoch: 0,
+                target: None,
             });
-            phases.insert(p.clone(), Phase::Free);
         }
     }
 
     // 3. Quarantines that are over end.
-    for (p, phase) in phases.iter_mut() {
-        if let Phase::Quarantined {
-            since, backup_done, ..
-        } = phase
-            && state.policy.is_over(*since, *backup_done, now)
-        {
+    for (p, pr) in all.iter().zip(projected.iter_mut()) {
+        if let Projection::QuarantineOver = pr.phase {
             commands.push(Command::Free {
                 partition: p.clone(),
             });
-            *phase = Phase::Free;
+            pr.phase = Projection::Free;
         }
     }
 
+    // A new group waits for its members to gather before the first assignment.
+    let is_fresh = projected.iter().all(|pr| pr.target.is_none());
+    let oldest = state
+        .members
+        .values()
+        .filter(|m| m.is_live(now))
+        .map(|m| m.joined_at)
+        .min();
+    if is_fresh && oldest.is_some_and(|j| now < j + options.initial_delay_ms) {
+        return Plan {
+            commands,
+            ..Plan::default()
+        };
+    }
+
     // 4. The target assignment, sticky to the previous targets.
-    let all: Vec<PartitionId> = phases.keys().cloned().collect();
-    let previous: BTreeMap<PartitionId, MemberId> = state
-        .partitions
+    let previous: BTreeMap<PartitionId, MemberId> = all
         .iter()
-        .filter_map(|(p, r)| r.target.clone().map(|t| (p.clone(), t)))
+        .zip(&projected)
+        .filter_map(|(p, pr)| pr.target.map(|t| (p.clone(), t.clone())))
         .collect();
-    let in_transition: BTreeSet<PartitionId> = phases
+    let in_transition: BTreeSet<PartitionId> = all
         .iter()
-        .filter(|(_, ph)| matches!(ph, Phase::Draining { .. } | Phase::Quarantined { .. }))
+        .zip(&projected)
+        .filter(|(_, pr)| matches!(pr.phase, Projection::InTransition))
         .map(|(p, _)| p.clone())
         .collect();
     let lower = min_moves(&live, &all, &previous);
@@ -103,38 +152,36 @@ pub fn step(state: &GroupState, now: Millis, discovered: &[PartitionId]) -> Plan
         previous: &previous,
         in_transition: &in_transition,
     });
-    for p in &all {
-        let old = state.partitions.get(p).and_then(|r| r.target.clone());
-        let new = owners.get(p).cloned();
-        if old != new {
+
+    // 5. New targets; revoke what is owned by the wrong member; grant what is free.
+    // `owners` holds every partition, in order, or nothing when no member is live.
+    let targets: Vec<Option<&MemberId>> = if owners.is_empty() {
+        vec![None; all.len()]
+    } else {
+        owners.values().map(Some).collect()
+    };
+    for (i, p) in all.iter().enumerate() {
+        if projected[i].target != targets[i] {
             commands.push(Command::SetTarget {
                 partition: p.clone(),
-                target: new,
+                target: targets[i].cloned(),
             });
         }
     }
-
-    // 5. Revoke what is owned by the wrong member; grant what is free.
-    for (p, phase) in &phases {
-        let target = owners.get(p);
-        match phase {
-            Phase::Owned { member, epoch, .. } if target != Some(member) => {
+    for (i, p) in all.iter().enumerate() {
+        match (&projected[i].phase, targets[i]) {
+            (Projection::Owned { member, epoch }, t) if t != Some(*member) => {
                 commands.push(Command::Revoke {
                     partition: p.clone(),
-                    member: member.clone(),
+                    member: (*member).clone(),
                     epoch: *epoch,
                 });
             }
-            Phase::Free => {
-                if let Some(t) = target {
-                    let last = state.partitions.get(p).map_or(0, |r| r.epoch);
-                    commands.push(Command::Grant {
-                        partition: p.clone(),
-                        member: t.clone(),
-                        epoch: last + 1,
-                    });
-                }
-            }
+            (Projection::Free, Some(t)) => commands.push(Command::Grant {
+                partition: p.clone(),
+                member: t.clone(),
+                epoch: projected[i].last_epoch + 1,
+            }),
             _ => {}
         }
     }
@@ -143,5 +190,62 @@ pub fn step(state: &GroupState, now: Millis, discovered: &[PartitionId]) -> Plan
         moves,
         min_moves: lower,
         targets: owners,
+    }
+}
+
+/// A partition's phase once this tick's expiries and quarantine ends apply.
+enum Projection<'a> {
+    Free,
+    Owned {
+        member: &'a MemberId,
+        epoch: u64,
+    },
+    /// Draining, or quarantined and staying so.
+    InTransition,
+    /// Quarantined, and the quarantine is over.
+    QuarantineOver,
+}
+
+struct Projected<'a> {
+    phase: Projection<'a>,
+    last_epoch: u64,
+    target: Option<&'a MemberId>,
+}
+
+fn project<'a>(
+    phase: &'a Phase,
+    last_epoch: u64,
+    target: Option<&'a MemberId>,
+    expired: &BTreeMap<&MemberId, Millis>,
+    state: &GroupState,
+    now: Millis,
+) -> Projected<'a> {
+    let quarantine = |since: Millis, backup_done: bool| {
+        if state.policy.is_over(since, backup_done, now) {
+            Projection::QuarantineOver
+        } else {
+            Projection::InTransition
+        }
+    };
+    let phase = match phase {
+        Phase::Free => Projection::Free,
+        Phase::Owned { member, .. } | Phase::Draining { member, .. }
+            if expired.contains_key(member) =>
+        {
+            quarantine(expired[member], false)
+        }
+        Phase::Owned { member, epoch, .. } => Projection::Owned {
+            member,
+            epoch: *epoch,
+        },
+        Phase::Draining { .. } => Projection::InTransition,
+        Phase::Quarantined {
+            since, backup_done, ..
+        } => quarantine(*since, *backup_done),
+    };
+    Projected {
+        phase,
+        last_epoch,
+        target,
     }
 }

@@ -21,7 +21,7 @@ pub mod state;
 
 pub use assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
 pub use config::{GroupConfig, GroupConfigError};
-pub use coordinator::{Plan, step};
+pub use coordinator::{Plan, StepOptions, step, step_with};
 pub use ids::{Epoch, MemberId, Millis, PartitionId};
 pub use lifecycle::{Phase, QuarantineEnd, QuarantinePolicy};
 pub use membership::LeaseRule;

@@ -287,3 +287,38 @@ fn wait_for_backup_and_operator_release() {
         Err(StateError::WrongPhase { .. })
     ));
 }
+
+#[test]
+fn a_new_group_waits_for_its_members_before_the_first_assignment() {
+    use shardcall_core::{StepOptions, step_with};
+    let mut g = GroupState::new(policy(0));
+    g.join(&m("a"), 1, "h", 1000, 100_000).unwrap();
+    let opts = StepOptions {
+        initial_delay_ms: 500,
+    };
+    let parts = [p(0), p(1)];
+    let plan = step_with(&g, 1200, &parts, &opts);
+    assert!(
+        plan.commands
+            .iter()
+            .all(|c| matches!(c, Command::AddPartition { .. })),
+        "{plan:?}"
+    );
+    let plan = step_with(&g, 1500, &parts, &opts);
+    assert!(
+        plan.commands
+            .iter()
+            .any(|c| matches!(c, Command::Grant { .. }))
+    );
+    // Once the group has targets, later joins are not delayed.
+    let lease = g.acquire_coordinator(&m("a"), 1500, TTL).unwrap().unwrap();
+    g.apply(lease.epoch, g.version, &plan.commands, 1500)
+        .unwrap();
+    g.join(&m("b"), 1, "h", 1600, 100_000).unwrap();
+    let plan = step_with(&g, 1600, &parts, &opts);
+    assert!(
+        plan.commands
+            .iter()
+            .any(|c| matches!(c, Command::Revoke { .. }))
+    );
+}

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use shardcall_core::{CoordinatorLease, Epoch, MemberId, Millis, PartitionId, Phase, step};
+use shardcall_core::{CoordinatorLease, Epoch, MemberId, Millis, PartitionId, Phase, step_with};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -284,7 +284,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             .map_err(|e| StoreError::Unavailable(format!("listing partitions: {e}")))?;
         let state = w.store.load_group(group).await?;
         let now = w.store.now().await?;
-        let plan = step(&state, now, &discovered);
+        let plan = step_with(&state, now, &discovered, &w.config.timing.step_options());
         if plan.commands.is_empty() {
             return Ok(());
         }

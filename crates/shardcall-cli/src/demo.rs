@@ -1,0 +1,533 @@
+//! `shardcall demo`: owned mode end to end on the embedded default. A file
+//! log and an in-process store; workers join, one is killed, one stops
+//! gracefully, while records keep coming; then the run is checked against
+//! DESIGN.md's properties from what was really processed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_coverage, check_ownership};
+use shardcall::{
+    CoordinationStore, FileLogSource, MemoryStore, Worker, WorkerConfig, WorkerHandle,
+    quarantine_left,
+};
+use shardcall_core::{GroupConfig, MemberId, PartitionId, Phase};
+use shardcall_spool::{FileLog, SpoolConfig};
+
+use crate::Dir;
+
+const GROUP: &str = "demo";
+const TOPIC: &str = "demo";
+
+/// Arguments of `shardcall demo`.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Folder for the file log (default: a temporary folder, removed at the end).
+    #[arg(long)]
+    dir: Option<Dir>,
+    /// Partitions of the demo topic.
+    #[arg(long, default_value_t = 12)]
+    partitions: u32,
+    /// Workers at the start (one more joins during the run).
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Length of the scripted part of the run, in seconds.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Records produced per second while the script runs.
+    #[arg(long, default_value_t = 2000)]
+    rate: u64,
+    /// Minimum quarantine of a revoked partition, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    quarantine_ms: u64,
+    /// Members' lease, in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    ttl_ms: u64,
+}
+
+/// Runs the command.
+pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.partitions > 0, "--partitions must be at least 1");
+    anyhow::ensure!(
+        args.workers >= 2,
+        "--workers must be at least 2 (one is killed, one stops)"
+    );
+    anyhow::ensure!(args.seconds >= 6, "--seconds must be at least 6");
+    anyhow::ensure!(args.ttl_ms >= 600, "--ttl-ms must be at least 600");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()?;
+    runtime.block_on(demo(args))
+}
+
+fn timing(args: &DemoArgs) -> GroupConfig {
+    let ttl = Duration::from_millis(args.ttl_ms);
+    GroupConfig {
+        member_ttl: ttl,
+        heartbeat_interval: ttl / 6,
+        safety_margin: ttl / 3,
+        tick_interval: Duration::from_millis(200).min(ttl / 4),
+        coordinator_ttl: ttl * 2 / 3,
+        quarantine_min: Duration::from_millis(args.quarantine_ms),
+        initial_rebalance_delay: Duration::from_millis(500),
+        ..GroupConfig::default()
+    }
+}
+
+struct Demo {
+    started: Instant,
+    log: FileLog,
+    store: Arc<MemoryStore>,
+    source: Arc<FileLogSource>,
+    oracle: Arc<Oracle>,
+    timing: GroupConfig,
+    workers: Vec<(String, Option<WorkerHandle>)>,
+    /// Statistics of every worker ever started (they outlive the handles).
+    stats: Vec<Arc<shardcall::WorkerStats>>,
+}
+
+impl Demo {
+    fn say(&self, what: impl std::fmt::Display) {
+        println!("[{:>5.1}s] {what}", self.started.elapsed().as_secs_f64());
+    }
+
+    fn add_worker(&mut self) -> anyhow::Result<()> {
+        let name = format!("w{}", self.workers.len());
+        let handle = Worker {
+            config: WorkerConfig {
+                group: GROUP.into(),
+                name: name.clone(),
+                timing: self.timing.clone(),
+                max_batch: 200,
+                fetch_wait: Duration::from_millis(100),
+                ..WorkerConfig::default()
+            },
+            store: self.store.clone(),
+            source: self.source.clone(),
+            factory: Arc::new(DigestFactory {
+                work_per_record: Duration::from_micros(20),
+            }),
+            observer: Some(self.oracle.clone()),
+        }
+        .spawn()?;
+        self.stats.push(handle.stats.clone());
+        self.workers.push((name, Some(handle)));
+        Ok(())
+    }
+
+    fn name_of(&self, member: &MemberId) -> String {
+        self.workers
+            .iter()
+            .find(|(_, h)| {
+                h.as_ref()
+                    .is_some_and(|h| h.stats.member.lock().expect("stats").as_ref() == Some(member))
+            })
+            .map_or_else(|| member.to_string(), |(n, _)| n.clone())
+    }
+
+    fn ends(&self) -> anyhow::Result<BTreeMap<PartitionId, u64>> {
+        let n = self.log.partition_count(TOPIC)?;
+        let mut out = BTreeMap::new();
+        for p in 0..n {
+            let s = self.log.open_partition_read_only(TOPIC, p)?;
+            out.insert(PartitionId::new(TOPIC, p), s.end_offset()?);
+        }
+        Ok(out)
+    }
+
+    /// One status line: rate, lag, who owns what, quarantines with time left.
+    async fn status(&self, last_processed: &mut u64, since: &mut Instant) -> anyhow::Result<bool> {
+        let processed: u64 = self
+            .stats
+            .iter()
+            .map(|s| s.processed.load(Ordering::Relaxed))
+            .sum();
+        let rate =
+            (processed.saturating_sub(*last_processed)) as f64 / since.elapsed().as_secs_f64();
+        *last_processed = processed;
+        *since = Instant::now();
+        let g = self.store.load_group(GROUP).await?;
+        let now = self.store.now().await?;
+        let ends = self.ends()?;
+        let mut lag = 0u64;
+        let mut settled = g.partitions.len() == ends.len();
+        for (p, end) in &ends {
+            let at = self
+                .store
+                .load_checkpoint(GROUP, p)
+                .await?
+                .map_or(0, |c| c.offset);
+            lag += end.saturating_sub(at);
+            settled &= at == *end
+                && matches!(
+                    g.partitions.get(p).map(|r| &r.phase),
+                    Some(Phase::Owned { .. })
+                );
+        }
+        let mut owners: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        let mut waiting = Vec::new();
+        for (p, r) in &g.partitions {
+            match &r.phase {
+                Phase::Owned { member, .. } => owners
+                    .entry(self.name_of(member))
+                    .or_default()
+                    .push(p.partition),
+                Phase::Draining { member, .. } => waiting.push(format!(
+                    "{} draining from {}",
+                    p.partition,
+                    self.name_of(member)
+                )),
+                Phase::Quarantined { .. } => {
+                    let left = quarantine_left(&r.phase, &g.policy, now).unwrap_or_default();
+                    waiting.push(format!(
+                        "{} quarantined {:.1}s",
+                        p.partition,
+                        left.as_secs_f64()
+                    ));
+                }
+                Phase::Free => waiting.push(format!("{} free", p.partition)),
+            }
+        }
+        let owned = owners
+            .iter()
+            .map(|(w, ps)| format!("{w}:{ps:?}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let waiting = if waiting.is_empty() {
+            String::new()
+        } else {
+            format!(" | {}", waiting.join(", "))
+        };
+        self.say(format!(
+            "{rate:>6.0} rec/s  lag {lag:>5} | {owned}{waiting}"
+        ));
+        Ok(settled)
+    }
+}
+
+async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
+    let holder;
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => {
+            holder = tempfile::Builder::new()
+                .prefix("shardcall-demo-")
+                .tempdir()?;
+            holder.path().to_owned()
+        }
+    };
+    let timing = timing(args);
+    timing.validate().context("demo timing")?;
+    let log = FileLog::open(&dir, SpoolConfig::default())?;
+    log.ensure_topic(TOPIC, args.partitions)?;
+    let mut d = Demo {
+        started: Instant::now(),
+        source: Arc::new(FileLogSource::new(log.clone(), vec![TOPIC.into()])),
+        log,
+        store: Arc::new(MemoryStore::default()),
+        oracle: Arc::new(Oracle::default()),
+        timing: timing.clone(),
+        workers: Vec::new(),
+        stats: Vec::new(),
+    };
+    println!(
+        "shardcall demo: {} partitions in a file log at {}, an in-process store, {} workers",
+        args.partitions,
+        dir.display(),
+        args.workers
+    );
+    println!(
+        "lease {} ms, quarantine at least {} ms; the script: a worker joins, one is killed (kill -9), one stops gracefully",
+        args.ttl_ms, args.quarantine_ms
+    );
+
+    // The producer runs until 60% of the script.
+    let stop_producing = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let log = d.log.clone();
+        let stop = stop_producing.clone();
+        let rate = args.rate;
+        tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
+            let mut p = log.producer(TOPIC)?;
+            let mut n = 0u64;
+            let tick = Duration::from_millis(100);
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..(rate / 10).max(1) {
+                    let key = format!("customer-{}", n % 997);
+                    p.send(Some(key.as_bytes()), format!("order {n}").as_bytes(), 0)?;
+                    n += 1;
+                }
+                p.flush()?;
+                std::thread::sleep(tick);
+            }
+            p.sync()?;
+            Ok(n)
+        })
+    };
+    for _ in 0..args.workers {
+        d.add_worker()?;
+    }
+    d.say(format!("{} workers start", args.workers));
+
+    let total = Duration::from_secs(args.seconds);
+    let script = [
+        (total * 15 / 100, "join"),
+        (total * 35 / 100, "kill"),
+        (total * 55 / 100, "stop"),
+        (total * 60 / 100, "end-produce"),
+    ];
+    let mut step = 0;
+    let mut last_processed = 0;
+    let mut since = Instant::now();
+    let deadline = d.started + total + Duration::from_secs(30);
+    let mut interrupted = false;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::signal::ctrl_c() => { interrupted = true; }
+            _ = terminate.recv() => { interrupted = true; }
+        }
+        if interrupted {
+            d.say("interrupted: stopping gracefully");
+            stop_producing.store(true, Ordering::Relaxed);
+            break;
+        }
+        while step < script.len() && d.started.elapsed() >= script[step].0 {
+            match script[step].1 {
+                "join" => {
+                    d.add_worker()?;
+                    d.say(format!("+ {} joins", d.workers.last().expect("added").0));
+                }
+                "kill" => {
+                    let (name, h) = &d.workers[1];
+                    h.as_ref().expect("running").kill();
+                    d.say(format!(
+                        "x {name} killed: no release; its partitions wait for its lease to lapse, then the quarantine"
+                    ));
+                }
+                "stop" => {
+                    let name = d.workers[2].0.clone();
+                    let h = d.workers[2].1.take().expect("running");
+                    d.say(format!(
+                        "- {name} stops gracefully: finishes, checkpoints, releases at once"
+                    ));
+                    h.shutdown();
+                    h.join().await?;
+                    d.say(format!("- {name} has left"));
+                }
+                _ => {
+                    stop_producing.store(true, Ordering::Relaxed);
+                    d.say("producer stops; waiting for the group to catch up");
+                }
+            }
+            step += 1;
+        }
+        let settled = d.status(&mut last_processed, &mut since).await?;
+        if step == script.len() && settled {
+            d.say("every record is processed and every partition owned");
+            break;
+        }
+        if Instant::now() > deadline {
+            d.say("time is up before the group settled");
+            break;
+        }
+    }
+    let produced = producer.await??;
+    let mut rebalances: Vec<_> = d
+        .stats
+        .iter()
+        .flat_map(|s| s.rebalances.lock().expect("stats").clone())
+        .collect();
+    rebalances.sort_by_key(|r| r.at);
+    let live_loads: Vec<usize> = {
+        let g = d.store.load_group(GROUP).await?;
+        let mut loads: BTreeMap<&MemberId, usize> = BTreeMap::new();
+        for r in g.partitions.values() {
+            if let Phase::Owned { member, .. } = &r.phase {
+                *loads.entry(member).or_default() += 1;
+            }
+        }
+        loads.into_values().collect()
+    };
+    // Graceful stop of everyone still running.
+    for (_, h) in d.workers.iter().filter(|(_, h)| h.is_some()) {
+        h.as_ref().expect("some").shutdown();
+    }
+    for (_, h) in d.workers.iter_mut() {
+        if let Some(h) = h.take() {
+            h.join().await?;
+        }
+    }
+    let ok = verify(&d, produced, &rebalances, &live_loads, interrupted).await?;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+async fn verify(
+    d: &Demo,
+    produced: u64,
+    rebalances: &[shardcall::RebalanceStat],
+    live_loads: &[usize],
+    interrupted: bool,
+) -> anyhow::Result<bool> {
+    let batches = d.oracle.batches();
+    let ends = d.ends()?;
+    let total: u64 = ends.values().sum();
+    let mut all_ok = true;
+    let mut line = |name: &str, ok: bool, detail: String| {
+        all_ok &= ok;
+        println!(
+            "  {name:<28} {:<4} {detail}",
+            if ok { "ok" } else { "FAIL" }
+        );
+    };
+    println!();
+    println!("verification ({} batches in the oracle)", batches.len());
+    line(
+        "records in the log",
+        total >= produced,
+        format!(
+            "{total} in {} partitions ({produced} produced during the run)",
+            ends.len()
+        ),
+    );
+    let holes = check_coverage(&batches, &ends);
+    line(
+        "processed at least once",
+        holes.is_empty(),
+        holes.first().map_or_else(
+            || "every offset of every partition is in a committed batch".into(),
+            |v| v.0.clone(),
+        ),
+    );
+    let mut exact = 0;
+    let mut wrong = Vec::new();
+    for p in ends.keys() {
+        let spool = d.log.open_partition_read_only(TOPIC, p.partition)?;
+        let records = spool.read(0, usize::MAX, usize::MAX)?;
+        let state = match d.store.load_checkpoint(GROUP, p).await? {
+            Some(cp) => DigestState::from_bytes(&cp.state),
+            None => Some(DigestState::default()),
+        };
+        if state == Some(DigestState::of(&records)) {
+            exact += 1;
+        } else {
+            wrong.push(p.to_string());
+        }
+    }
+    line(
+        "state = exactly once",
+        wrong.is_empty(),
+        if wrong.is_empty() {
+            format!(
+                "{exact}/{} final checkpoints equal the log folded once, in order",
+                ends.len()
+            )
+        } else {
+            format!("differs in {}", wrong.join(", "))
+        },
+    );
+    let quarantine_us = d.timing.quarantine_min.as_micros() as u64;
+    let violations = check_ownership(&batches, quarantine_us);
+    let overlaps: Vec<_> = violations
+        .iter()
+        .filter(|v| v.0.contains("during"))
+        .collect();
+    let short: Vec<_> = violations
+        .iter()
+        .filter(|v| v.0.contains("quarantine"))
+        .collect();
+    let (handovers, min_gap) = handover_gaps(&batches);
+    line(
+        "no overlapping ownership",
+        overlaps.is_empty(),
+        overlaps.first().map_or_else(
+            || format!("{handovers} handovers between members"),
+            |v| v.0.clone(),
+        ),
+    );
+    line(
+        "quarantine respected",
+        short.is_empty(),
+        short.first().map_or_else(
+            || match min_gap {
+                Some(g) => format!(
+                    "shortest gap between owners {:.2}s >= {:.2}s",
+                    g as f64 / 1e6,
+                    quarantine_us as f64 / 1e6
+                ),
+                None => "no handovers".into(),
+            },
+            |v| v.0.clone(),
+        ),
+    );
+    let bad: Vec<_> = rebalances
+        .iter()
+        .filter(|r| r.moves != r.min_moves)
+        .collect();
+    line(
+        "moves = lower bound",
+        bad.is_empty(),
+        format!(
+            "{} rebalances moved {} (bound {})",
+            rebalances.len(),
+            rebalances
+                .iter()
+                .map(|r| r.moves.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            rebalances
+                .iter()
+                .map(|r| r.min_moves.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    let balanced = live_loads
+        .iter()
+        .max()
+        .zip(live_loads.iter().min())
+        .is_some_and(|(a, b)| a - b <= 1);
+    line(
+        "balanced at the end",
+        balanced && live_loads.iter().sum::<usize>() == ends.len(),
+        format!("{} workers own {:?}", live_loads.len(), live_loads),
+    );
+    if interrupted {
+        println!("  (interrupted: the run was cut short, so the script did not finish)");
+    }
+    println!("{}", if all_ok { "PASS" } else { "FAIL" });
+    Ok(all_ok)
+}
+
+/// How many times a partition passed to another member, and the shortest gap.
+fn handover_gaps(batches: &[shardcall::BatchRecord]) -> (usize, Option<u64>) {
+    let mut by_partition: BTreeMap<&PartitionId, Vec<&shardcall::BatchRecord>> = BTreeMap::new();
+    for b in batches {
+        by_partition.entry(&b.partition).or_default().push(b);
+    }
+    let mut count = 0;
+    let mut min_gap: Option<u64> = None;
+    for list in by_partition.values_mut() {
+        list.sort_by_key(|b| b.started_us);
+        let mut members = BTreeSet::new();
+        for w in list.windows(2) {
+            members.insert(&w[0].member);
+            if w[0].member != w[1].member {
+                count += 1;
+                let gap = w[1].started_us.saturating_sub(w[0].ended_us);
+                min_gap = Some(min_gap.map_or(gap, |m| m.min(gap)));
+            }
+        }
+    }
+    (count, min_gap)
+}
