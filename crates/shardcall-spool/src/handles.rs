@@ -22,6 +22,12 @@ pub struct SegmentHandle {
     file: Mutex<File>,
     index_path: PathBuf,
     index: Mutex<LoadedIndex>,
+    /// The last buffer handed out, to reuse once readers let go of it.
+    last: Mutex<Option<Bytes>>,
+}
+
+fn file_last(m: &Mutex<Option<Bytes>>) -> std::sync::MutexGuard<'_, Option<Bytes>> {
+    m.lock().expect("buffer lock")
 }
 
 #[derive(Debug, Default)]
@@ -37,14 +43,25 @@ impl SegmentHandle {
         Ok(self.file.lock().expect("file lock").metadata()?.len())
     }
 
-    /// Reads up to `len` bytes at `pos` (fewer at the end of the file) into a
-    /// fresh buffer, without zero-filling it first.
+    /// Reads up to `len` bytes at `pos` (fewer at the end of the file),
+    /// without zero-filling the buffer first. The buffer of the previous read
+    /// is reused when every record sliced from it has been dropped, so a
+    /// reader that keeps up allocates nothing.
     pub fn read_at(&self, pos: u64, len: usize) -> std::io::Result<Bytes> {
-        let mut buf = Vec::with_capacity(len);
         let mut file = self.file.lock().expect("file lock");
+        let mut buf = match file_last(&self.last).take().map(Bytes::try_into_mut) {
+            Some(Ok(reused)) if reused.capacity() >= len => {
+                let mut v = Vec::from(reused);
+                v.clear();
+                v
+            }
+            _ => Vec::with_capacity(len),
+        };
         file.seek(SeekFrom::Start(pos))?;
         (&mut *file).take(len as u64).read_to_end(&mut buf)?;
-        Ok(Bytes::from(buf))
+        let bytes = Bytes::from(buf);
+        *file_last(&self.last) = Some(bytes.clone());
+        Ok(bytes)
     }
 
     /// The index entry to start scanning from to find offset `target`,
@@ -106,6 +123,7 @@ impl OpenSegments {
             file: Mutex::new(file),
             index_path: index,
             index: Mutex::new(LoadedIndex::default()),
+            last: Mutex::new(None),
         });
         self.map.insert(base, (handle.clone(), self.clock));
         Ok(handle)

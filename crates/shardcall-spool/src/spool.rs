@@ -23,7 +23,7 @@ use crate::writer::{ResumePoint, Writer};
 /// Bytes read from a segment file at a time (more only for a larger frame).
 /// Small enough that the allocator recycles the buffers instead of mapping
 /// fresh pages for every read.
-const READ_CHUNK: usize = 64 << 10;
+const READ_CHUNK: usize = 256 << 10;
 
 /// What recovery found when the spool was opened for writing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
