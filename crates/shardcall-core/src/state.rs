@@ -291,7 +291,7 @@ impl GroupState {
 
     /// Takes or renews the coordinator lock for a live member. A new holder
     /// gets a larger epoch; the current holder keeps its epoch. `None` if
-    /// another live holder has it.
+    /// another holder has it whose lock and member lease both still run.
     pub fn acquire_coordinator(
         &mut self,
         member: &MemberId,
@@ -299,12 +299,18 @@ impl GroupState {
         ttl: Millis,
     ) -> Result<Option<CoordinatorLease>, Fenced> {
         self.live_member(member, now)?;
+        // A lock whose holder's own lease lapsed is as good as free.
+        let holder_live = |h: &MemberId| self.members.get(h).is_some_and(|m| m.is_live(now));
+        let held_by_live = self
+            .coordinator
+            .as_ref()
+            .is_some_and(|l| now < l.expires_at && holder_live(&l.holder));
         match &mut self.coordinator {
-            Some(lease) if &lease.holder == member && now < lease.expires_at => {
+            Some(lease) if held_by_live && &lease.holder == member => {
                 lease.expires_at = now + ttl;
                 Ok(Some(lease.clone()))
             }
-            Some(lease) if now < lease.expires_at => Ok(None),
+            Some(_) if held_by_live => Ok(None),
             _ => {
                 self.coordinator_epochs += 1;
                 let lease = CoordinatorLease {

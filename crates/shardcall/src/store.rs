@@ -165,9 +165,11 @@ pub trait CoordinationStore: Send + Sync + 'static {
         partition: &PartitionId,
     ) -> StoreResult<Option<Checkpoint>>;
 
-    /// Writes offset and state together, only if `member` is live and holds
-    /// the partition under `checkpoint.epoch`; a stale epoch is refused with
-    /// [`Fenced`] and nothing is written.
+    /// Writes offset and state together, only if `member` holds the partition
+    /// under `checkpoint.epoch`; anything else is refused with [`Fenced`] and
+    /// nothing is written. A member whose lease lapsed is refused at the
+    /// latest once the coordinator expires it (which quarantines what it
+    /// held, so nobody else can be writing meanwhile).
     async fn save_checkpoint(
         &self,
         group: &str,

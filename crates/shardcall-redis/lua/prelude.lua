@@ -1,0 +1,36 @@
+-- Shared helpers, prepended to every script. Time is the server's (TIME), so
+-- every member's lease runs on one clock.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function jget(key, field)
+  local v = redis.call('HGET', key, field)
+  if v then return cjson.decode(v) end
+  return nil
+end
+local function jset(key, field, obj)
+  redis.call('HSET', key, field, cjson.encode(obj))
+end
+local function fail(code, detail)
+  return redis.error_reply(code .. ' ' .. (detail or ''))
+end
+local function live(rec, n)
+  return rec and n < rec.x
+end
+-- A member record's set of held partitions ({} decodes as an empty table).
+local function held_add(rec, p)
+  if type(rec.p) ~= 'table' then rec.p = {} end
+  rec.p[p] = 1
+end
+local function held_del(rec, p)
+  if type(rec.p) == 'table' then rec.p[p] = nil end
+end
+local function holds(e, m, epoch)
+  return e and (e.ph == 'owned' or e.ph == 'draining') and e.m == m and (epoch == nil or e.e == epoch)
+end
+local function quarantine(e, since)
+  e.ph = 'quarantined'
+  e.t = since
+  e.b = false
+end

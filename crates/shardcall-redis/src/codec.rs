@@ -1,0 +1,238 @@
+//! The JSON shapes the Lua scripts keep in Redis, and their conversions.
+
+use serde::Deserialize;
+use shardcall::StoreError;
+use shardcall_core::{Command, MemberId, MemberRecord, PartitionId, PartitionRecord, Phase};
+
+/// The table field of a partition: `topic/partition`.
+pub fn partition_field(p: &PartitionId) -> String {
+    format!("{}/{}", p.topic, p.partition)
+}
+
+/// Reads a table field back.
+pub fn parse_partition_field(s: &str) -> Result<PartitionId, StoreError> {
+    s.rsplit_once('/')
+        .and_then(|(t, p)| p.parse::<u32>().ok().map(|p| PartitionId::new(t, p)))
+        .ok_or_else(|| StoreError::Corrupt(format!("partition field {s:?}")))
+}
+
+fn corrupt(what: &str, raw: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what} {raw:?}: {e}"))
+}
+
+/// A member's record as stored: weight, host, joined, heartbeat, lease end,
+/// and the partitions it holds (a JSON object used as a set).
+#[derive(Debug, Deserialize)]
+struct StoredMember {
+    w: u32,
+    h: String,
+    j: u64,
+    hb: u64,
+    x: u64,
+    #[serde(default)]
+    p: serde_json::Value,
+}
+
+/// Decodes a member record.
+pub fn decode_member(id: &str, raw: &str) -> Result<MemberRecord, StoreError> {
+    let m: StoredMember = serde_json::from_str(raw).map_err(|e| corrupt("member", raw, e))?;
+    Ok(MemberRecord {
+        id: MemberId::new(id),
+        weight: m.w,
+        host: m.h,
+        joined_at: m.j,
+        last_heartbeat: m.hb,
+        lease_expires_at: m.x,
+    })
+}
+
+/// The table fields of the partitions a member record says it holds.
+pub fn held_fields(raw: &str) -> Result<Vec<String>, StoreError> {
+    let m: StoredMember = serde_json::from_str(raw).map_err(|e| corrupt("member", raw, e))?;
+    Ok(match m.p {
+        serde_json::Value::Object(map) => map.keys().cloned().collect(),
+        _ => Vec::new(),
+    })
+}
+
+/// A table entry as stored.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TableEntry {
+    ph: String,
+    #[serde(default)]
+    m: String,
+    #[serde(default)]
+    e: u64,
+    #[serde(default)]
+    t: u64,
+    #[serde(default)]
+    b: bool,
+    #[serde(default)]
+    le: u64,
+    #[serde(default)]
+    tg: String,
+    #[serde(default)]
+    c: u64,
+}
+
+/// Decodes a table entry.
+pub fn decode_entry(raw: &str) -> Result<TableEntry, StoreError> {
+    let e: TableEntry = serde_json::from_str(raw).map_err(|e| corrupt("table entry", raw, e))?;
+    if !matches!(e.ph.as_str(), "free" | "owned" | "draining" | "quarantined") {
+        return Err(corrupt("table entry", raw, "unknown phase"));
+    }
+    Ok(e)
+}
+
+impl TableEntry {
+    /// The phase.
+    pub fn phase(&self) -> Phase {
+        let member = MemberId::new(&self.m);
+        match self.ph.as_str() {
+            "owned" => Phase::Owned {
+                member,
+                epoch: self.e,
+                since: self.t,
+            },
+            "draining" => Phase::Draining {
+                member,
+                epoch: self.e,
+                revoked_at: self.t,
+            },
+            "quarantined" => Phase::Quarantined {
+                from: member,
+                epoch: self.e,
+                since: self.t,
+                backup_done: self.b,
+            },
+            _ => Phase::Free,
+        }
+    }
+
+    /// The whole record.
+    pub fn to_record(&self) -> PartitionRecord {
+        PartitionRecord {
+            phase: self.phase(),
+            epoch: self.le,
+            target: (!self.tg.is_empty()).then(|| MemberId::new(&self.tg)),
+            coordinator_epoch: self.c,
+        }
+    }
+
+    /// Whether `member` holds the partition (owned or draining) under `epoch`.
+    pub fn holds(&self, member: &MemberId, epoch: u64) -> bool {
+        matches!(self.ph.as_str(), "owned" | "draining")
+            && self.m == member.as_str()
+            && self.e == epoch
+    }
+
+    /// The coordinator epoch that last changed it.
+    pub fn coordinator_epoch(&self) -> u64 {
+        self.c
+    }
+}
+
+/// Commands as the apply script reads them.
+pub fn encode_commands(commands: &[Command]) -> String {
+    let v: Vec<serde_json::Value> = commands
+        .iter()
+        .map(|c| match c {
+            Command::ExpireMember { member } => serde_json::json!({"k": "expire", "m": member.as_str()}),
+            Command::AddPartition { partition } => {
+                serde_json::json!({"k": "add", "p": partition_field(partition)})
+            }
+            Command::SetTarget { partition, target } => serde_json::json!({
+                "k": "target", "p": partition_field(partition),
+                "t": target.as_ref().map_or("", MemberId::as_str),
+            }),
+            Command::Revoke {
+                partition,
+                member,
+                epoch,
+            } => serde_json::json!({"k": "revoke", "p": partition_field(partition), "m": member.as_str(), "e": epoch}),
+            Command::Free { partition } => serde_json::json!({"k": "free", "p": partition_field(partition)}),
+            Command::Grant {
+                partition,
+                member,
+                epoch,
+            } => serde_json::json!({"k": "grant", "p": partition_field(partition), "m": member.as_str(), "e": epoch}),
+        })
+        .collect();
+    serde_json::Value::Array(v).to_string()
+}
+
+/// A grant record to bring in line after an apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantSync {
+    /// The partition.
+    pub partition: PartitionId,
+    /// Its holder (or last holder).
+    pub member: String,
+    /// The grant's epoch.
+    pub epoch: u64,
+    /// Whether the holder holds it now.
+    pub held: bool,
+}
+
+fn value_str(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        redis::Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+fn value_u64(v: &redis::Value) -> Option<u64> {
+    match v {
+        redis::Value::Int(i) => u64::try_from(*i).ok(),
+        other => value_str(other).and_then(|s| s.parse().ok()),
+    }
+}
+
+/// Reads the apply script's reply: the new version, then groups of four.
+pub fn decode_apply_reply(out: &[redis::Value]) -> Result<(u64, Vec<GrantSync>), StoreError> {
+    let bad = || StoreError::Corrupt(format!("apply reply {out:?}"));
+    let version = out.first().and_then(value_u64).ok_or_else(bad)?;
+    let mut syncs = Vec::new();
+    for chunk in out[1..].chunks(4) {
+        let [p, m, e, h] = chunk else {
+            return Err(bad());
+        };
+        syncs.push(GrantSync {
+            partition: parse_partition_field(&value_str(p).ok_or_else(bad)?)?,
+            member: value_str(m).ok_or_else(bad)?,
+            epoch: value_u64(e).ok_or_else(bad)?,
+            held: value_u64(h).ok_or_else(bad)? == 1,
+        });
+    }
+    Ok((version, syncs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_fields_round_trip() {
+        let p = PartitionId::new("orders.v2", 17);
+        assert_eq!(parse_partition_field(&partition_field(&p)).unwrap(), p);
+        assert!(parse_partition_field("nope").is_err());
+    }
+
+    #[test]
+    fn unexpected_data_is_a_clear_error() {
+        assert!(matches!(
+            decode_entry("{\"ph\":\"weird\"}"),
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            decode_entry("not json"),
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            decode_member("m", "{}"),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+}

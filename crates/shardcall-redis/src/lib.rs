@@ -1,0 +1,10 @@
+//! The Redis coordination store of shardcall. Every change that depends on a
+//! grant is one Lua script, sent once and called by SHA, that checks its
+//! epoch; leases run on the server's clock (`TIME` inside the scripts).
+
+mod codec;
+mod error;
+mod store;
+pub mod testing;
+
+pub use store::RedisStore;

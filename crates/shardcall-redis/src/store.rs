@@ -1,0 +1,633 @@
+//! [`RedisStore`]: the coordination port on Redis.
+//!
+//! Key layout (every script touches keys of one hash slot only):
+//!
+//! ```text
+//! shardcall:{G}:members       hash  member -> {weight, host, joined, heartbeat, lease end, held partitions}
+//! shardcall:{G}:lock          hash  holder, epoch, lease end of the coordinator lock
+//! shardcall:{G}:lockseq       int   last coordinator epoch handed out (INCR)
+//! shardcall:{G}:version       int   bumped by every change to the table or members
+//! shardcall:{G}:policy        json  the quarantine rule
+//! shardcall:{G}:table         hash  "topic/partition" -> {phase, holder, epoch, since, target, ...}
+//! shardcall:{G}:audit         list  operator actions
+//! shardcall:{G/T/P}:grant     hash  holder, epoch, held?, coordinator epoch (a copy for fencing)
+//! shardcall:{G/T/P}:cp        hash  offset, state, epoch (the checkpoint)
+//! ```
+//!
+//! Group-level keys share the tag `{G}`; a partition's grant record and
+//! checkpoint carry the partition in their tag, so checkpoint traffic spreads
+//! over a cluster. The table is the truth; the grant record is the copy a
+//! checkpoint script checks in its own slot. It is brought in line after
+//! every change of holder, and healed from the table when a checkpoint finds
+//! it behind.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+use shardcall::{Checkpoint, CoordinationStore, StoreError, StoreResult};
+use shardcall_core::{
+    AuditEntry, Command, CoordinatorLease, Epoch, Fenced, GroupState, MemberId, MemberRecord,
+    Millis, PartitionId, Phase, QuarantinePolicy,
+};
+
+use crate::codec::{self, TableEntry};
+use crate::error::map_error;
+
+const PRELUDE: &str = include_str!("../lua/prelude.lua");
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+struct Scripts {
+    join: Script,
+    renew: Script,
+    leave: Script,
+    acquire: Script,
+    release_coordinator: Script,
+    apply: Script,
+    release: Script,
+    backup_done: Script,
+    operator_release: Script,
+    sync_grant: Script,
+    release_grant: Script,
+    checkpoint: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            join: script(include_str!("../lua/join.lua")),
+            renew: script(include_str!("../lua/renew.lua")),
+            leave: script(include_str!("../lua/leave.lua")),
+            acquire: script(include_str!("../lua/acquire.lua")),
+            release_coordinator: script(include_str!("../lua/release_coordinator.lua")),
+            apply: script(include_str!("../lua/apply.lua")),
+            release: script(include_str!("../lua/release.lua")),
+            backup_done: script(include_str!("../lua/backup_done.lua")),
+            operator_release: script(include_str!("../lua/operator_release.lua")),
+            sync_grant: script(include_str!("../lua/sync_grant.lua")),
+            release_grant: script(include_str!("../lua/release_grant.lua")),
+            checkpoint: script(include_str!("../lua/checkpoint.lua")),
+        }
+    }
+}
+
+/// The keys of one group.
+struct GroupKeys {
+    members: String,
+    lock: String,
+    lockseq: String,
+    version: String,
+    policy: String,
+    table: String,
+    audit: String,
+}
+
+fn keys(group: &str) -> GroupKeys {
+    let k = |s: &str| format!("shardcall:{{{group}}}:{s}");
+    GroupKeys {
+        members: k("members"),
+        lock: k("lock"),
+        lockseq: k("lockseq"),
+        version: k("version"),
+        policy: k("policy"),
+        table: k("table"),
+        audit: k("audit"),
+    }
+}
+
+fn grant_key(group: &str, p: &PartitionId) -> String {
+    format!("shardcall:{{{group}/{}/{}}}:grant", p.topic, p.partition)
+}
+
+fn checkpoint_key(group: &str, p: &PartitionId) -> String {
+    format!("shardcall:{{{group}/{}/{}}}:cp", p.topic, p.partition)
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// The coordination store on one Redis server (`redis://` or `rediss://`,
+/// with ACL user and password in the URL). Scripts are sent once and then
+/// called by their SHA; the connection reconnects by itself.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects to the server at `url`. A bad URL, a refused connection or a
+    /// wrong password is a clear error here rather than later.
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        let client = redis::Client::open(url).map_err(|e| map_error(&e))?;
+        let mut conn = ConnectionManager::new(client)
+            .await
+            .map_err(|e| map_error(&e))?;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(Self {
+            conn,
+            scripts: std::sync::Arc::new(Scripts::new()),
+        })
+    }
+
+    async fn sync_grant(
+        &self,
+        group: &str,
+        p: &PartitionId,
+        member: &str,
+        epoch: u64,
+        held: bool,
+        coordinator_epoch: u64,
+    ) -> StoreResult<()> {
+        let mut c = self.conn.clone();
+        let _: i64 = self
+            .scripts
+            .sync_grant
+            .key(grant_key(group, p))
+            .arg(member)
+            .arg(epoch)
+            .arg(u8::from(held))
+            .arg(coordinator_epoch)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(())
+    }
+
+    async fn table_entry(&self, group: &str, p: &PartitionId) -> StoreResult<Option<TableEntry>> {
+        let mut c = self.conn.clone();
+        let raw: Option<String> = c
+            .hget(keys(group).table, codec::partition_field(p))
+            .await
+            .map_err(|e| map_error(&e))?;
+        raw.map(|r| codec::decode_entry(&r)).transpose()
+    }
+
+    async fn try_checkpoint(
+        &self,
+        group: &str,
+        member: &MemberId,
+        p: &PartitionId,
+        cp: &Checkpoint,
+    ) -> Result<(), redis::RedisError> {
+        let mut c = self.conn.clone();
+        let _: i64 = self
+            .scripts
+            .checkpoint
+            .key(grant_key(group, p))
+            .key(checkpoint_key(group, p))
+            .arg(member.as_str())
+            .arg(cp.epoch)
+            .arg(cp.offset)
+            .arg(cp.state.as_slice())
+            .invoke_async(&mut c)
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl CoordinationStore for RedisStore {
+    async fn now(&self) -> StoreResult<Millis> {
+        let mut c = self.conn.clone();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    async fn configure(&self, group: &str, policy: QuarantinePolicy) -> StoreResult<()> {
+        let mut c = self.conn.clone();
+        let json = serde_json::to_string(&policy).expect("policy serialises");
+        let _: () = c
+            .set(keys(group).policy, json)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(())
+    }
+
+    async fn join(
+        &self,
+        group: &str,
+        member: &MemberId,
+        weight: u32,
+        host: &str,
+        ttl: Duration,
+    ) -> StoreResult<Millis> {
+        let k = keys(group);
+        let mut c = self.conn.clone();
+        self.scripts
+            .join
+            .key(k.members)
+            .key(k.version)
+            .arg(member.as_str())
+            .arg(weight.max(1))
+            .arg(host)
+            .arg(ms(ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))
+    }
+
+    async fn renew(&self, group: &str, member: &MemberId, ttl: Duration) -> StoreResult<Millis> {
+        let mut c = self.conn.clone();
+        self.scripts
+            .renew
+            .key(keys(group).members)
+            .arg(member.as_str())
+            .arg(ms(ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))
+    }
+
+    async fn leave(&self, group: &str, member: &MemberId) -> StoreResult<()> {
+        let k = keys(group);
+        let mut c = self.conn.clone();
+        let out: Vec<String> = self
+            .scripts
+            .leave
+            .key(k.members)
+            .key(k.table)
+            .key(k.lock)
+            .key(k.version)
+            .arg(member.as_str())
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        for pair in out.chunks(2) {
+            let p = codec::parse_partition_field(&pair[0])?;
+            let mut c = self.conn.clone();
+            // Best effort: the table already says quarantined, and a grant
+            // record that stays behind is healed from it.
+            let _: Result<i64, _> = self
+                .scripts
+                .release_grant
+                .key(grant_key(group, &p))
+                .arg(member.as_str())
+                .arg(pair.get(1).map_or("0", String::as_str))
+                .invoke_async(&mut c)
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn acquire_coordinator(
+        &self,
+        group: &str,
+        member: &MemberId,
+        ttl: Duration,
+    ) -> StoreResult<Option<CoordinatorLease>> {
+        let k = keys(group);
+        let mut c = self.conn.clone();
+        let out: Vec<u64> = self
+            .scripts
+            .acquire
+            .key(k.members)
+            .key(k.lock)
+            .key(k.lockseq)
+            .arg(member.as_str())
+            .arg(ms(ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(match out.as_slice() {
+            [epoch, expires_at] => Some(CoordinatorLease {
+                holder: member.clone(),
+                epoch: *epoch,
+                expires_at: *expires_at,
+            }),
+            _ => None,
+        })
+    }
+
+    async fn release_coordinator(
+        &self,
+        group: &str,
+        member: &MemberId,
+        epoch: u64,
+    ) -> StoreResult<()> {
+        let mut c = self.conn.clone();
+        let _: i64 = self
+            .scripts
+            .release_coordinator
+            .key(keys(group).lock)
+            .arg(member.as_str())
+            .arg(epoch)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(())
+    }
+
+    async fn load_group(&self, group: &str) -> StoreResult<GroupState> {
+        let k = keys(group);
+        let mut c = self.conn.clone();
+        #[allow(clippy::type_complexity)]
+        let (version, policy, members, table, lock, lockseq, audit): (
+            Option<u64>,
+            Option<String>,
+            BTreeMap<String, String>,
+            BTreeMap<String, String>,
+            BTreeMap<String, String>,
+            Option<u64>,
+            Vec<String>,
+        ) = redis::pipe()
+            .get(&k.version)
+            .get(&k.policy)
+            .hgetall(&k.members)
+            .hgetall(&k.table)
+            .hgetall(&k.lock)
+            .get(&k.lockseq)
+            .lrange(&k.audit, 0, -1)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        let mut state = GroupState {
+            version: version.unwrap_or(0),
+            coordinator_epochs: lockseq.unwrap_or(0),
+            ..GroupState::default()
+        };
+        if let Some(p) = policy {
+            state.policy = serde_json::from_str(&p)
+                .map_err(|e| StoreError::Corrupt(format!("group policy: {e}")))?;
+        }
+        for (id, raw) in members {
+            let rec: MemberRecord = codec::decode_member(&id, &raw)?;
+            state.members.insert(rec.id.clone(), rec);
+        }
+        for (field, raw) in table {
+            let p = codec::parse_partition_field(&field)?;
+            let entry = codec::decode_entry(&raw)?;
+            state.partitions.insert(p, entry.to_record());
+        }
+        if let (Some(holder), Some(epoch), Some(x)) =
+            (lock.get("holder"), lock.get("epoch"), lock.get("x"))
+        {
+            let num = |s: &str| {
+                s.parse::<u64>()
+                    .map_err(|_| StoreError::Corrupt(format!("coordinator lock field {s:?}")))
+            };
+            state.coordinator = Some(CoordinatorLease {
+                holder: MemberId::new(holder),
+                epoch: num(epoch)?,
+                expires_at: num(x)?,
+            });
+        }
+        for raw in audit {
+            let a: AuditEntry = serde_json::from_str(&raw)
+                .map_err(|e| StoreError::Corrupt(format!("audit entry: {e}")))?;
+            state.audit.push(a);
+        }
+        Ok(state)
+    }
+
+    async fn apply(
+        &self,
+        group: &str,
+        coordinator_epoch: u64,
+        expected_version: u64,
+        commands: &[Command],
+    ) -> StoreResult<u64> {
+        let k = keys(group);
+        let encoded = codec::encode_commands(commands);
+        let mut c = self.conn.clone();
+        let out: Vec<redis::Value> = self
+            .scripts
+            .apply
+            .key(k.members)
+            .key(k.table)
+            .key(k.lock)
+            .key(k.version)
+            .key(k.policy)
+            .arg(coordinator_epoch)
+            .arg(expected_version)
+            .arg(encoded)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        let (version, syncs) = codec::decode_apply_reply(&out)?;
+        for s in syncs {
+            self.sync_grant(
+                group,
+                &s.partition,
+                &s.member,
+                s.epoch,
+                s.held,
+                coordinator_epoch,
+            )
+            .await?;
+        }
+        Ok(version)
+    }
+
+    async fn member_view(
+        &self,
+        group: &str,
+        member: &MemberId,
+    ) -> StoreResult<Vec<(PartitionId, Phase)>> {
+        let k = keys(group);
+        let mut c = self.conn.clone();
+        let raw: Option<String> = c
+            .hget(&k.members, member.as_str())
+            .await
+            .map_err(|e| map_error(&e))?;
+        let Some(raw) = raw else {
+            return Ok(Vec::new());
+        };
+        let fields = codec::held_fields(&raw)?;
+        if fields.is_empty() {
+            return Ok(Vec::new());
+        }
+        let entries: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(&k.table)
+            .arg(&fields)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        let mut out = Vec::new();
+        for (field, raw) in fields.iter().zip(entries) {
+            let Some(raw) = raw else { continue };
+            let rec = codec::decode_entry(&raw)?.to_record();
+            if rec.phase.holder().is_some_and(|(m, _)| m == member) {
+                out.push((codec::parse_partition_field(field)?, rec.phase));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    async fn release(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()> {
+        // First the copy in the partition's slot (its checkpoints stop here),
+        // then the table (the quarantine starts).
+        let mut c = self.conn.clone();
+        let copy: Result<i64, _> = self
+            .scripts
+            .release_grant
+            .key(grant_key(group, partition))
+            .arg(member.as_str())
+            .arg(epoch)
+            .invoke_async(&mut c)
+            .await;
+        if let Err(e) = copy {
+            let e = map_error(&e);
+            if !e.is_fenced() {
+                return Err(e);
+            }
+            // A copy behind the table: the table decides below.
+        }
+        let k = keys(group);
+        let _: i64 = self
+            .scripts
+            .release
+            .key(k.members)
+            .key(k.table)
+            .key(k.version)
+            .arg(member.as_str())
+            .arg(codec::partition_field(partition))
+            .arg(epoch)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(())
+    }
+
+    async fn backup_done(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()> {
+        let k = keys(group);
+        let mut c = self.conn.clone();
+        let _: i64 = self
+            .scripts
+            .backup_done
+            .key(k.table)
+            .key(k.version)
+            .arg(member.as_str())
+            .arg(codec::partition_field(partition))
+            .arg(epoch)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(())
+    }
+
+    async fn operator_release(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        actor: &str,
+    ) -> StoreResult<()> {
+        let k = keys(group);
+        let mut c = self.conn.clone();
+        let _: i64 = self
+            .scripts
+            .operator_release
+            .key(k.table)
+            .key(k.version)
+            .key(k.audit)
+            .arg(codec::partition_field(partition))
+            .arg(actor)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(())
+    }
+
+    async fn load_checkpoint(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+    ) -> StoreResult<Option<Checkpoint>> {
+        let mut c = self.conn.clone();
+        let (offset, state, epoch): (Option<u64>, Option<Vec<u8>>, Option<u64>) =
+            redis::cmd("HMGET")
+                .arg(checkpoint_key(group, partition))
+                .arg("offset")
+                .arg("state")
+                .arg("epoch")
+                .query_async(&mut c)
+                .await
+                .map_err(|e| map_error(&e))?;
+        match (offset, state, epoch) {
+            (None, None, None) => Ok(None),
+            (Some(offset), Some(state), Some(epoch)) => Ok(Some(Checkpoint {
+                offset,
+                state,
+                epoch,
+            })),
+            _ => Err(StoreError::Corrupt(format!(
+                "checkpoint of {partition} is missing fields"
+            ))),
+        }
+    }
+
+    async fn save_checkpoint(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        checkpoint: &Checkpoint,
+    ) -> StoreResult<()> {
+        match self
+            .try_checkpoint(group, member, partition, checkpoint)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let err = map_error(&e);
+                if !err.is_fenced() {
+                    return Err(err);
+                }
+                // The copy may be behind the table (a coordinator stopped
+                // between the two): heal it from the table, then try once more.
+                match self.table_entry(group, partition).await? {
+                    Some(t) if t.holds(member, checkpoint.epoch) => {
+                        self.sync_grant(
+                            group,
+                            partition,
+                            member.as_str(),
+                            checkpoint.epoch,
+                            true,
+                            t.coordinator_epoch(),
+                        )
+                        .await?;
+                        self.try_checkpoint(group, member, partition, checkpoint)
+                            .await
+                            .map_err(|e| map_error(&e))
+                    }
+                    _ => Err(StoreError::Fenced(Fenced::NotHolder {
+                        member: member.clone(),
+                        partition: partition.clone(),
+                        epoch: checkpoint.epoch,
+                    })),
+                }
+            }
+        }
+    }
+}

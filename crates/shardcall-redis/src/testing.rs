@@ -1,0 +1,95 @@
+//! Real `redis-server` processes for tests, on free ports, never the
+//! machine's own server: start, kill, pause and restart them.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` child process; killed when dropped.
+#[derive(Debug)]
+pub struct RedisServer {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+    args: Vec<String>,
+}
+
+/// A free TCP port on 127.0.0.1 (closed again before returning).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl RedisServer {
+    /// Starts a server with persistence off (`extra` adds arguments, such
+    /// as `--appendonly yes`) whose files live in `dir`.
+    pub fn start(dir: impl Into<PathBuf>, extra: &[&str]) -> std::io::Result<Self> {
+        let mut s = Self {
+            port: free_port(),
+            child: None,
+            dir: dir.into(),
+            args: extra.iter().map(|a| (*a).to_owned()).collect(),
+        };
+        s.spawn()?;
+        Ok(s)
+    }
+
+    fn spawn(&mut self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&self) -> std::io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(std::io::Error::other(format!(
+            "redis-server on {} did not start",
+            self.port
+        )))
+    }
+
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills and starts it again on the same port with the same files.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        self.kill();
+        self.spawn()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
