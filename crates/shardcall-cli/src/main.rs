@@ -6,6 +6,7 @@ mod consume;
 mod demo;
 mod produce;
 mod spool_cmd;
+mod worker_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,6 +27,8 @@ enum Command {
     /// Owned mode end to end on the embedded default: workers join, one is
     /// killed, one stops; then the run is checked against the design's properties.
     Demo(demo::DemoArgs),
+    /// Run one worker of a group coordinated in Redis, consuming a file log.
+    Worker(worker_cmd::WorkerArgs),
     /// Append lines from stdin to a topic of the embedded file log.
     Produce(produce::ProduceArgs),
     /// Print records of a topic of the embedded file log.
@@ -102,8 +105,18 @@ pub type Dir = PathBuf;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Worker(_)) {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .init();
+    }
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
+        Command::Worker(args) => worker_cmd::run(&args),
         Command::Produce(args) => produce::run(&args),
         Command::Consume(args) => consume::run(&args),
         Command::Spool(cmd) => spool_cmd::run(&cmd),

@@ -1,5 +1,9 @@
--- Partition slot. KEYS: grant, checkpoint   ARGV: member, epoch, offset, state
--- Written only by the holder under its epoch; offset and state together.
+-- Partition slot. KEYS: grant, checkpoint
+-- ARGV: member, epoch, offset, state, lease end (server ms, as the last renewal reported it)
+-- Written only by the holder under its epoch, and only while its lease runs
+-- on this server's clock (the lease itself lives in another slot, so the
+-- member hands in the end the server last gave it); offset and state together.
+if now_ms() >= tonumber(ARGV[5]) then return fail('LEASE', ARGV[1]) end
 local g = redis.call('HMGET', KEYS[1], 'm', 'e', 'h')
 if g[1] ~= ARGV[1] or g[2] ~= ARGV[2] or g[3] ~= '1' then
   return fail('NOTHOLDER', ARGV[1] .. ' ' .. ARGV[2])

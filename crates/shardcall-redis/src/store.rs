@@ -119,6 +119,9 @@ fn ms(d: Duration) -> u64 {
 pub struct RedisStore {
     conn: ConnectionManager,
     scripts: std::sync::Arc<Scripts>,
+    /// The lease end the server last reported to each member using this
+    /// store, handed to checkpoint scripts (which cannot read the lease's slot).
+    leases: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(String, MemberId), Millis>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -142,6 +145,7 @@ impl RedisStore {
         Ok(Self {
             conn,
             scripts: std::sync::Arc::new(Scripts::new()),
+            leases: std::sync::Arc::default(),
         })
     }
 
@@ -178,6 +182,22 @@ impl RedisStore {
         raw.map(|r| codec::decode_entry(&r)).transpose()
     }
 
+    fn note_lease(&self, group: &str, member: &MemberId, end: Millis) {
+        self.leases
+            .lock()
+            .expect("leases lock")
+            .insert((group.to_owned(), member.clone()), end);
+    }
+
+    fn lease_end(&self, group: &str, member: &MemberId) -> Millis {
+        self.leases
+            .lock()
+            .expect("leases lock")
+            .get(&(group.to_owned(), member.clone()))
+            .copied()
+            .unwrap_or(0)
+    }
+
     async fn try_checkpoint(
         &self,
         group: &str,
@@ -195,6 +215,7 @@ impl RedisStore {
             .arg(cp.epoch)
             .arg(cp.offset)
             .arg(cp.state.as_slice())
+            .arg(self.lease_end(group, member))
             .invoke_async(&mut c)
             .await?;
         Ok(())
@@ -232,7 +253,8 @@ impl CoordinationStore for RedisStore {
     ) -> StoreResult<Millis> {
         let k = keys(group);
         let mut c = self.conn.clone();
-        self.scripts
+        let end: Millis = self
+            .scripts
             .join
             .key(k.members)
             .key(k.version)
@@ -242,19 +264,24 @@ impl CoordinationStore for RedisStore {
             .arg(ms(ttl))
             .invoke_async(&mut c)
             .await
-            .map_err(|e| map_error(&e))
+            .map_err(|e| map_error(&e))?;
+        self.note_lease(group, member, end);
+        Ok(end)
     }
 
     async fn renew(&self, group: &str, member: &MemberId, ttl: Duration) -> StoreResult<Millis> {
         let mut c = self.conn.clone();
-        self.scripts
+        let end: Millis = self
+            .scripts
             .renew
             .key(keys(group).members)
             .arg(member.as_str())
             .arg(ms(ttl))
             .invoke_async(&mut c)
             .await
-            .map_err(|e| map_error(&e))
+            .map_err(|e| map_error(&e))?;
+        self.note_lease(group, member, end);
+        Ok(end)
     }
 
     async fn leave(&self, group: &str, member: &MemberId) -> StoreResult<()> {

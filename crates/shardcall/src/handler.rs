@@ -57,7 +57,7 @@ pub trait HandlerFactory: Send + Sync + 'static {
 }
 
 /// One processed and checkpointed batch, as an oracle records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BatchRecord {
     /// The partition.
     pub partition: PartitionId,
@@ -71,6 +71,8 @@ pub struct BatchRecord {
     pub last: u64,
     /// When processing started (microseconds on the observer's clock).
     pub started_us: u64,
+    /// When the handler returned.
+    pub processed_us: u64,
     /// When its checkpoint was written (or refused).
     pub ended_us: u64,
     /// Whether the checkpoint was accepted (a refused one means the worker

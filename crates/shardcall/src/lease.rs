@@ -34,6 +34,14 @@ impl LocalLease {
         *self.until.lock().expect("lease lock") = Instant::now();
     }
 
+    /// How long processing may go on.
+    pub fn remaining(&self) -> Duration {
+        self.until
+            .lock()
+            .expect("lease lock")
+            .saturating_duration_since(Instant::now())
+    }
+
     /// Whether processing must stop now.
     pub fn expired(&self) -> bool {
         Instant::now() >= *self.until.lock().expect("lease lock")

@@ -52,10 +52,23 @@ pub struct Violation(pub String);
 
 /// Property 1 and 3: no two grants process a partition at overlapping times,
 /// and after a partition changes member, at least `quarantine_us` passes
-/// between the old member's last batch and the new member's first.
+/// between the old member's last batch and the new member's first. A batch
+/// spans from the start of processing to its checkpoint, or, when the
+/// checkpoint was refused or given up, to the end of processing.
 pub fn check_ownership(batches: &[BatchRecord], quarantine_us: u64) -> Vec<Violation> {
+    let spans: Vec<BatchRecord> = batches
+        .iter()
+        .map(|b| BatchRecord {
+            ended_us: if b.committed {
+                b.ended_us
+            } else {
+                b.processed_us
+            },
+            ..b.clone()
+        })
+        .collect();
     let mut by_partition: BTreeMap<&PartitionId, Vec<&BatchRecord>> = BTreeMap::new();
-    for b in batches {
+    for b in &spans {
         by_partition.entry(&b.partition).or_default().push(b);
     }
     let mut out = Vec::new();
@@ -275,6 +288,7 @@ mod tests {
             first,
             last,
             started_us: start,
+            processed_us: end,
             ended_us: end,
             committed: true,
         }

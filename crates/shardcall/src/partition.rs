@@ -205,29 +205,33 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         let (h, result) = with_handler(self.take_handler(), move |h| h.process(&ctx, &batch)).await;
         self.handler = Some(h);
         let state = result?;
+        let processed_us = self.observer.as_ref().map_or(0, |o| o.now_us());
         let checkpoint = Checkpoint {
             offset: last + 1,
             state,
             epoch: self.ctx.epoch,
         };
+        // Each attempt is bounded by the lease: a write that cannot land
+        // while the lease runs is given up (and the store refuses it if it
+        // lands later).
         let committed = loop {
-            match self
-                .store
-                .save_checkpoint(
-                    &self.group,
-                    &self.ctx.member,
-                    &self.ctx.partition,
-                    &checkpoint,
-                )
-                .await
-            {
-                Ok(()) => break true,
-                Err(StoreError::Fenced(_)) => break false,
-                Err(e) if !self.lease.expired() => {
+            let left = self.lease.remaining();
+            if left.is_zero() {
+                break false;
+            }
+            let attempt = self.store.save_checkpoint(
+                &self.group,
+                &self.ctx.member,
+                &self.ctx.partition,
+                &checkpoint,
+            );
+            match tokio::time::timeout(left, attempt).await {
+                Ok(Ok(())) => break true,
+                Ok(Err(StoreError::Fenced(_))) | Err(_) => break false,
+                Ok(Err(e)) => {
                     tracing::warn!(partition = %self.ctx.partition, error = %e, "checkpoint failed; retrying");
-                    tokio::time::sleep(RETRY).await;
+                    tokio::time::sleep(RETRY.min(left)).await;
                 }
-                Err(_) => break false,
             }
         };
         if let Some(o) = &self.observer {
@@ -238,6 +242,7 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
                 first,
                 last,
                 started_us,
+                processed_us,
                 ended_us: o.now_us(),
                 committed,
             });

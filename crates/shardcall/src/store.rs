@@ -165,11 +165,10 @@ pub trait CoordinationStore: Send + Sync + 'static {
         partition: &PartitionId,
     ) -> StoreResult<Option<Checkpoint>>;
 
-    /// Writes offset and state together, only if `member` holds the partition
-    /// under `checkpoint.epoch`; anything else is refused with [`Fenced`] and
-    /// nothing is written. A member whose lease lapsed is refused at the
-    /// latest once the coordinator expires it (which quarantines what it
-    /// held, so nobody else can be writing meanwhile).
+    /// Writes offset and state together, only if `member`'s lease runs (on
+    /// the store's clock) and it holds the partition under
+    /// `checkpoint.epoch`; anything else is refused with [`Fenced`] and
+    /// nothing is written, however late the request arrives.
     async fn save_checkpoint(
         &self,
         group: &str,

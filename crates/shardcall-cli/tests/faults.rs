@@ -1,0 +1,323 @@
+//! Fault tests with real processes: `shardcall worker` processes share a file
+//! log through a real redis-server started on a free port. Every batch goes
+//! to an oracle file; after kill -9, SIGSTOP past the lease, and a graceful
+//! stop, the oracle and the final state are checked against DESIGN.md.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use shardcall::BatchRecord;
+use shardcall::CoordinationStore;
+use shardcall::oracle::{DigestState, check_coverage, check_ownership};
+use shardcall_core::{PartitionId, Phase};
+use shardcall_redis::RedisStore;
+use shardcall_redis::testing::RedisServer;
+use shardcall_spool::{FileLog, SpoolConfig};
+
+const GROUP: &str = "faults";
+const TTL_MS: u64 = 1500;
+const QUARANTINE_MS: u64 = 400;
+
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+struct Rig {
+    dir: PathBuf,
+    log: FileLog,
+    redis: RedisServer,
+    procs: Vec<Proc>,
+}
+
+impl Rig {
+    fn new(dir: &Path, partitions: u32) -> Self {
+        let log = FileLog::open(dir.join("log"), SpoolConfig::default()).unwrap();
+        log.ensure_topic("t", partitions).unwrap();
+        Self {
+            dir: dir.to_owned(),
+            log,
+            // appendfsync always: an acknowledged checkpoint or epoch survives kill -9.
+            redis: RedisServer::start(
+                dir.join("redis"),
+                &["--appendonly", "yes", "--appendfsync", "always"],
+            )
+            .unwrap(),
+            procs: Vec::new(),
+        }
+    }
+
+    fn produce(&self, n: usize, tag: &str) {
+        let mut p = self.log.producer("t").unwrap();
+        for i in 0..n {
+            let key = format!("k{}", i % 41);
+            p.send(Some(key.as_bytes()), format!("{tag}-{i}").as_bytes(), 0)
+                .unwrap();
+        }
+        p.sync().unwrap();
+    }
+
+    fn spawn(&mut self, name: &str) {
+        let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+            .args([
+                "worker",
+                "--redis",
+                &self.redis.url(),
+                "--group",
+                GROUP,
+                "--topic",
+                "t",
+            ])
+            .arg("--log")
+            .arg(self.dir.join("log"))
+            .args(["--name", name, "--ttl-ms", &TTL_MS.to_string()])
+            .args([
+                "--heartbeat-ms",
+                "200",
+                "--margin-ms",
+                "500",
+                "--tick-ms",
+                "100",
+            ])
+            .args(["--quarantine-ms", &QUARANTINE_MS.to_string()])
+            .arg("--oracle")
+            .arg(self.dir.join(format!("{name}.oracle")))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        self.procs.push(Proc {
+            name: name.to_owned(),
+            child,
+        });
+    }
+
+    fn signal(&self, name: &str, sig: &str) {
+        let p = self.procs.iter().find(|p| p.name == name).unwrap();
+        let ok = Command::new("kill")
+            .args([sig, &p.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {name}");
+    }
+
+    fn ends(&self) -> BTreeMap<PartitionId, u64> {
+        (0..self.log.partition_count("t").unwrap())
+            .map(|p| {
+                let s = self.log.open_partition_read_only("t", p).unwrap();
+                (PartitionId::new("t", p), s.end_offset().unwrap())
+            })
+            .collect()
+    }
+
+    /// Waits until every partition is owned and checkpointed at its end.
+    async fn settle(&self, store: &RedisStore, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ends = self.ends();
+            let g = store.load_group(GROUP).await.unwrap();
+            let mut done = g.partitions.len() == ends.len();
+            for (p, end) in &ends {
+                let owned = matches!(
+                    g.partitions.get(p).map(|r| &r.phase),
+                    Some(Phase::Owned { .. })
+                );
+                let at = store
+                    .load_checkpoint(GROUP, p)
+                    .await
+                    .unwrap()
+                    .map_or(0, |c| c.offset);
+                done &= owned && at == *end;
+            }
+            if done {
+                return;
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = self
+                    .procs
+                    .iter()
+                    .map(|p| {
+                        std::fs::read_to_string(self.dir.join(format!("{}.log", p.name)))
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                panic!("group did not settle: {g:#?}\n{}", logs.join("\n----\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn oracle(&self) -> Vec<BatchRecord> {
+        let mut out = Vec::new();
+        for p in &self.procs {
+            let text = std::fs::read_to_string(self.dir.join(format!("{}.oracle", p.name)))
+                .unwrap_or_default();
+            for line in text.lines() {
+                // A kill can cut the last line short; it recorded nothing committed.
+                if let Ok(b) = serde_json::from_str::<BatchRecord>(line) {
+                    out.push(b);
+                }
+            }
+        }
+        out
+    }
+
+    async fn verify(&self, store: &RedisStore) {
+        let batches = self.oracle();
+        let ends = self.ends();
+        let v = check_ownership(&batches, QUARANTINE_MS * 1000);
+        assert!(v.is_empty(), "ownership: {v:?}");
+        let v = check_coverage(&batches, &ends);
+        assert!(v.is_empty(), "coverage: {v:?}");
+        let mut owners: BTreeMap<&PartitionId, std::collections::BTreeSet<&str>> = BTreeMap::new();
+        for b in &batches {
+            owners
+                .entry(&b.partition)
+                .or_default()
+                .insert(b.member.as_str());
+        }
+        assert!(
+            owners.values().filter(|m| m.len() > 1).count() >= 3,
+            "too few handovers to test anything: {owners:?}"
+        );
+        for p in ends.keys() {
+            let records = self
+                .log
+                .open_partition_read_only("t", p.partition)
+                .unwrap()
+                .read(0, usize::MAX, usize::MAX)
+                .unwrap();
+            let state = match store.load_checkpoint(GROUP, p).await.unwrap() {
+                Some(cp) => DigestState::from_bytes(&cp.state).unwrap(),
+                None => DigestState::default(),
+            };
+            assert_eq!(
+                state,
+                DigestState::of(&records),
+                "{p}: state is not exactly-once"
+            );
+        }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+}
+
+fn member_of(g: &shardcall_core::GroupState, name: &str) -> Option<String> {
+    g.members
+        .keys()
+        .map(|m| m.to_string())
+        .find(|m| m.starts_with(&format!("{name}-")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_and_sigstop_past_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 6);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    rig.produce(600, "a");
+    for name in ["a", "b", "c"] {
+        rig.spawn(name);
+    }
+    rig.settle(&store, Duration::from_secs(30)).await;
+
+    // kill -9 of a worker while records keep coming.
+    rig.signal("a", "-KILL");
+    rig.produce(300, "b");
+    rig.settle(&store, Duration::from_secs(30)).await;
+    let g = store.load_group(GROUP).await.unwrap();
+    assert!(
+        member_of(&g, "a").is_none(),
+        "the killed worker was expired"
+    );
+
+    // SIGSTOP past the lease: the others take over; on SIGCONT the stopped
+    // worker finds itself fenced and rejoins under a new id.
+    let before = member_of(&g, "b").unwrap();
+    rig.signal("b", "-STOP");
+    tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
+    rig.produce(300, "c");
+    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.signal("b", "-CONT");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let g = store.load_group(GROUP).await.unwrap();
+        if member_of(&g, "b").is_some_and(|m| m != before) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the resumed worker did not rejoin: {g:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    rig.produce(300, "d");
+    rig.settle(&store, Duration::from_secs(30)).await;
+
+    // A graceful stop exits 0 and leaves at once.
+    rig.signal("c", "-TERM");
+    let c = rig.procs.iter_mut().find(|p| p.name == "c").unwrap();
+    let status = c.child.wait().unwrap();
+    assert!(status.success(), "graceful stop: {status}");
+    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.verify(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_with_aof() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 4);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    rig.produce(400, "a");
+    for name in ["a", "b"] {
+        rig.spawn(name);
+    }
+    rig.settle(&store, Duration::from_secs(30)).await;
+    let before: BTreeMap<PartitionId, u64> = {
+        let mut m = BTreeMap::new();
+        for p in rig.ends().keys() {
+            m.insert(
+                p.clone(),
+                store
+                    .load_checkpoint(GROUP, p)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .offset,
+            );
+        }
+        m
+    };
+    // Records arrive while Redis is down for longer than the lease.
+    rig.redis.kill();
+    rig.produce(200, "b");
+    tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
+    rig.redis.restart().unwrap();
+    // The connection comes back by itself (a call or two may fail first).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.now().await.is_err() {
+        assert!(Instant::now() < deadline, "no reconnection");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // No checkpoint was lost.
+    for (p, offset) in &before {
+        let cp = store.load_checkpoint(GROUP, p).await.unwrap().unwrap();
+        assert!(
+            cp.offset >= *offset,
+            "{p}: checkpoint went back from {offset} to {}",
+            cp.offset
+        );
+    }
+    rig.produce(200, "c");
+    rig.settle(&store, Duration::from_secs(40)).await;
+    rig.verify(&store).await;
+}
