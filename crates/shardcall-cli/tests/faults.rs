@@ -13,7 +13,7 @@ use shardcall::CoordinationStore;
 use shardcall::oracle::{DigestState, check_coverage, check_ownership};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_redis::RedisStore;
-use shardcall_redis::testing::RedisServer;
+use shardcall_redis::testing::{RedisServer, TcpProxy};
 use shardcall_spool::{FileLog, SpoolConfig};
 
 const GROUP: &str = "faults";
@@ -60,16 +60,13 @@ impl Rig {
     }
 
     fn spawn(&mut self, name: &str) {
+        let url = self.redis.url();
+        self.spawn_via(name, &url);
+    }
+
+    fn spawn_via(&mut self, name: &str, url: &str) {
         let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-            .args([
-                "worker",
-                "--redis",
-                &self.redis.url(),
-                "--group",
-                GROUP,
-                "--topic",
-                "t",
-            ])
+            .args(["worker", "--redis", url, "--group", GROUP, "--topic", "t"])
             .arg("--log")
             .arg(self.dir.join("log"))
             .args(["--name", name, "--ttl-ms", &TTL_MS.to_string()])
@@ -85,7 +82,13 @@ impl Rig {
             .arg("--oracle")
             .arg(self.dir.join(format!("{name}.oracle")))
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join(format!("{name}.log")))
+                    .unwrap(),
+            )
             .spawn()
             .unwrap();
         self.procs.push(Proc {
@@ -94,8 +97,9 @@ impl Rig {
         });
     }
 
+    /// Sends a signal to the live process called `name`.
     fn signal(&self, name: &str, sig: &str) {
-        let p = self.procs.iter().find(|p| p.name == name).unwrap();
+        let p = self.procs.iter().rev().find(|p| p.name == name).unwrap();
         let ok = Command::new("kill")
             .args([sig, &p.child.id().to_string()])
             .status()
@@ -152,8 +156,11 @@ impl Rig {
 
     fn oracle(&self) -> Vec<BatchRecord> {
         let mut out = Vec::new();
-        for p in &self.procs {
-            let text = std::fs::read_to_string(self.dir.join(format!("{}.oracle", p.name)))
+        // A restarted worker appends to its name's file: read each file once.
+        let names: std::collections::BTreeSet<&str> =
+            self.procs.iter().map(|p| p.name.as_str()).collect();
+        for name in names {
+            let text = std::fs::read_to_string(self.dir.join(format!("{name}.oracle")))
                 .unwrap_or_default();
             for line in text.lines() {
                 // A kill can cut the last line short; it recorded nothing committed.
@@ -165,7 +172,7 @@ impl Rig {
         out
     }
 
-    async fn verify(&self, store: &RedisStore) {
+    async fn verify(&self, store: &RedisStore, min_handovers: usize) {
         let batches = self.oracle();
         let ends = self.ends();
         let v = check_ownership(&batches, QUARANTINE_MS * 1000);
@@ -180,7 +187,7 @@ impl Rig {
                 .insert(b.member.as_str());
         }
         assert!(
-            owners.values().filter(|m| m.len() > 1).count() >= 3,
+            owners.values().filter(|m| m.len() > 1).count() >= min_handovers,
             "too few handovers to test anything: {owners:?}"
         );
         for p in ends.keys() {
@@ -269,7 +276,7 @@ async fn kill_9_and_sigstop_past_the_lease() {
     let status = c.child.wait().unwrap();
     assert!(status.success(), "graceful stop: {status}");
     rig.settle(&store, Duration::from_secs(30)).await;
-    rig.verify(&store).await;
+    rig.verify(&store, 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,5 +326,81 @@ async fn redis_killed_and_restarted_with_aof() {
     }
     rig.produce(200, "c");
     rig.settle(&store, Duration::from_secs(40)).await;
-    rig.verify(&store).await;
+    rig.verify(&store, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_connection_cut_past_its_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 6);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    let proxy = TcpProxy::start(rig.redis.port).unwrap();
+    rig.produce(600, "a");
+    rig.spawn_via("a", &proxy.url());
+    rig.spawn("b");
+    rig.spawn("c");
+    rig.settle(&store, Duration::from_secs(30)).await;
+    let before = member_of(&store.load_group(GROUP).await.unwrap(), "a").unwrap();
+    // a loses Redis for longer than its lease: it stops its partitions on its
+    // own, the others take them over after the quarantine.
+    proxy.cut();
+    rig.produce(300, "b");
+    tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
+    rig.settle(&store, Duration::from_secs(30)).await;
+    // Back on the network, a finds itself fenced and rejoins under a new id.
+    proxy.restore();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let g = store.load_group(GROUP).await.unwrap();
+        if member_of(&g, "a").is_some_and(|m| m != before) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a did not rejoin after the cut: {g:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    rig.produce(300, "c");
+    rig.settle(&store, Duration::from_secs(30)).await;
+    // a's two partitions went to the others when it was cut off.
+    rig.verify(&store, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restart_and_the_coordinator_killed_mid_rebalance() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 6);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    rig.produce(600, "a");
+    for name in ["a", "b", "c"] {
+        rig.spawn(name);
+    }
+    rig.settle(&store, Duration::from_secs(30)).await;
+    // Rolling restart: each worker stops gracefully and comes back.
+    for name in ["a", "b", "c"] {
+        rig.signal(name, "-TERM");
+        let p = rig.procs.iter_mut().rev().find(|p| p.name == name).unwrap();
+        assert!(p.child.wait().unwrap().success());
+        rig.produce(100, name);
+        rig.spawn(name);
+        rig.settle(&store, Duration::from_secs(30)).await;
+    }
+    // A worker joins, and the coordinator is killed while it rebalances.
+    let g = store.load_group(GROUP).await.unwrap();
+    let holder = g.coordinator.expect("a coordinator").holder.to_string();
+    let coordinator = holder.split('-').next().unwrap().to_owned();
+    rig.spawn("d");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    rig.signal(&coordinator, "-KILL");
+    rig.produce(300, "e");
+    rig.settle(&store, Duration::from_secs(40)).await;
+    let g = store.load_group(GROUP).await.unwrap();
+    let new_holder = g
+        .coordinator
+        .expect("a coordinator again")
+        .holder
+        .to_string();
+    assert_ne!(new_holder, holder);
+    rig.verify(&store, 3).await;
 }

@@ -25,9 +25,11 @@ pub fn map_error(e: &redis::RedisError) -> StoreError {
         "WRONGPASS" | "NOAUTH" | "NOPERM" => {
             StoreError::Unavailable(format!("Redis refused the credentials or the command: {e}"))
         }
-        _ if e.kind() == redis::ErrorKind::AuthenticationFailed => StoreError::Unavailable(format!(
-            "Redis refused the user name or password (check user:password in the URL): {e}"
-        )),
+        _ if e.kind() == redis::ErrorKind::AuthenticationFailed => {
+            StoreError::Unavailable(format!(
+                "Redis refused the user name or password (check user:password in the URL): {e}"
+            ))
+        }
         _ if e.is_io_error()
             || e.is_connection_refusal()
             || e.is_timeout()

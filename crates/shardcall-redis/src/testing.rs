@@ -93,3 +93,90 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
+
+/// A TCP proxy in front of a server, whose connections a test can cut (and
+/// refuse) to simulate a network partition between one client and Redis.
+#[derive(Debug)]
+pub struct TcpProxy {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    state: std::sync::Arc<ProxyState>,
+}
+
+#[derive(Debug, Default)]
+struct ProxyState {
+    cut: std::sync::atomic::AtomicBool,
+    stopped: std::sync::atomic::AtomicBool,
+    live: std::sync::Mutex<Vec<std::net::TcpStream>>,
+}
+
+impl TcpProxy {
+    /// Starts forwarding 127.0.0.1:`port` to 127.0.0.1:`upstream`.
+    pub fn start(upstream: u16) -> std::io::Result<Self> {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let state = std::sync::Arc::new(ProxyState::default());
+        let s = state.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if s.stopped.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                if s.cut.load(Ordering::Acquire) {
+                    continue; // dropped: the connection is refused at once
+                }
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let pipe = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                if let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) {
+                    let mut live = s.live.lock().expect("proxy lock");
+                    live.push(c2.try_clone().expect("clone"));
+                    live.push(s2.try_clone().expect("clone"));
+                    pipe(client, s2);
+                    pipe(server, c2);
+                }
+            }
+        });
+        Ok(Self { port, state })
+    }
+
+    /// `redis://127.0.0.1:PORT/` through the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Cuts every connection and refuses new ones until [`TcpProxy::restore`].
+    pub fn cut(&self) {
+        self.state
+            .cut
+            .store(true, std::sync::atomic::Ordering::Release);
+        for s in self.state.live.lock().expect("proxy lock").drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Lets connections through again.
+    pub fn restore(&self) {
+        self.state
+            .cut
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.state
+            .stopped
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.cut();
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}

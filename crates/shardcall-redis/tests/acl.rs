@@ -11,7 +11,10 @@ fn acl(server: &RedisServer, args: &[&str]) {
         .args(args)
         .output()
         .unwrap();
-    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("OK"), "{out:?}");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("OK"),
+        "{out:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -19,7 +22,17 @@ async fn user_restricted_to_the_group_keys_works() {
     let dir = tempfile::tempdir().unwrap();
     let server = RedisServer::start(dir.path(), &[]).unwrap();
     // Keys of groups named acl*: the group tag and every partition tag.
-    acl(&server, &["sc", "on", ">s3cret", "resetkeys", "~shardcall:{acl*", "+@all"]);
+    acl(
+        &server,
+        &[
+            "sc",
+            "on",
+            ">s3cret",
+            "resetkeys",
+            "~shardcall:{acl*",
+            "+@all",
+        ],
+    );
     let url = format!("redis://sc:s3cret@127.0.0.1:{}/", server.port);
     let store = RedisStore::connect(&url).await.unwrap();
     conformance::run_all(&store, "acl").await;
@@ -27,10 +40,19 @@ async fn user_restricted_to_the_group_keys_works() {
     // The same user cannot touch another group's keys: refused, not silently.
     use shardcall::CoordinationStore;
     let err = store
-        .join("other", &shardcall_core::MemberId::new("m"), 1, "h", std::time::Duration::from_secs(5))
+        .join(
+            "other",
+            &shardcall_core::MemberId::new("m"),
+            1,
+            "h",
+            std::time::Duration::from_secs(5),
+        )
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("NOPERM") || err.to_string().contains("permission"), "{err}");
+    assert!(
+        err.to_string().contains("NOPERM") || err.to_string().contains("permission"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
