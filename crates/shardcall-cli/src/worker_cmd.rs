@@ -20,8 +20,12 @@ use crate::Dir;
 #[derive(Debug, clap::Args)]
 pub struct WorkerArgs {
     /// Redis URL: redis://[user:password@]host:port/ or rediss:// for TLS.
+    /// Several, comma separated, are the seed nodes of a Redis Cluster.
+    #[arg(long, value_delimiter = ',', required = true)]
+    redis: Vec<String>,
+    /// Treat a single `--redis` URL as a Redis Cluster seed node.
     #[arg(long)]
-    redis: String,
+    redis_cluster: bool,
     /// The group to join.
     #[arg(long)]
     group: String,
@@ -114,7 +118,12 @@ async fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
     // An unreachable server is retried with backoff, not a crash.
     let mut backoff = Duration::from_millis(100);
     let store = loop {
-        match RedisStore::connect(&args.redis).await {
+        let connected = if args.redis_cluster || args.redis.len() > 1 {
+            RedisStore::connect_cluster(&args.redis).await
+        } else {
+            RedisStore::connect(&args.redis[0]).await
+        };
+        match connected {
             Ok(s) => break s,
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "connecting to Redis");

@@ -117,7 +117,7 @@ fn ms(d: Duration) -> u64 {
 /// called by their SHA; the connection reconnects by itself.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     scripts: std::sync::Arc<Scripts>,
     /// The lease end the server last reported to each member using this
     /// store, handed to checkpoint scripts (which cannot read the lease's slot).
@@ -130,14 +130,69 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// One server (reconnecting by itself) or a Redis Cluster.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 impl RedisStore {
     /// Connects to the server at `url`. A bad URL, a refused connection or a
     /// wrong password is a clear error here rather than later.
     pub async fn connect(url: &str) -> StoreResult<Self> {
         let client = redis::Client::open(url).map_err(|e| map_error(&e))?;
-        let mut conn = ConnectionManager::new(client)
+        let conn = ConnectionManager::new(client)
             .await
             .map_err(|e| map_error(&e))?;
+        Self::ready(Conn::Single(conn)).await
+    }
+
+    /// Connects to a Redis Cluster through any of its `nodes` (URLs). Every
+    /// script touches one slot, so the group spreads over the cluster: its
+    /// own keys on one node, each partition's checkpoint wherever its slot is.
+    pub async fn connect_cluster(nodes: &[String]) -> StoreResult<Self> {
+        let client =
+            redis::cluster::ClusterClient::new(nodes.to_vec()).map_err(|e| map_error(&e))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| map_error(&e))?;
+        Self::ready(Conn::Cluster(conn)).await
+    }
+
+    async fn ready(mut conn: Conn) -> StoreResult<Self> {
         let _: String = redis::cmd("PING")
             .query_async(&mut conn)
             .await

@@ -180,3 +180,70 @@ impl Drop for TcpProxy {
         let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
     }
 }
+
+/// A local Redis Cluster of `masters` servers without replicas.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The servers.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts the servers in folders under `dir` and joins them with
+    /// `redis-cli --cluster create`, waiting until the cluster is ok.
+    pub fn start(dir: impl Into<PathBuf>, masters: usize) -> std::io::Result<Self> {
+        let dir = dir.into();
+        let mut nodes = Vec::new();
+        for i in 0..masters {
+            nodes.push(RedisServer::start(
+                dir.join(format!("node{i}")),
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ],
+            )?);
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!(
+                "redis-cli --cluster create: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )));
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = nodes.iter().all(|n| {
+                Command::new("redis-cli")
+                    .args(["-p", &n.port.to_string(), "cluster", "info"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
+                    .unwrap_or(false)
+            });
+            if ok {
+                return Ok(Self { nodes });
+            }
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other("the cluster did not become ok"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The nodes' URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
