@@ -55,6 +55,26 @@ pub fn held_fields(raw: &str) -> Result<Vec<String>, StoreError> {
     })
 }
 
+/// Decodes the coordinator lock hash (empty: no lock).
+pub fn decode_lock(
+    lock: &std::collections::BTreeMap<String, String>,
+) -> Result<Option<shardcall_core::CoordinatorLease>, StoreError> {
+    let (Some(holder), Some(epoch), Some(x)) =
+        (lock.get("holder"), lock.get("epoch"), lock.get("x"))
+    else {
+        return Ok(None);
+    };
+    let num = |s: &str| {
+        s.parse::<u64>()
+            .map_err(|_| StoreError::Corrupt(format!("coordinator lock field {s:?}")))
+    };
+    Ok(Some(shardcall_core::CoordinatorLease {
+        holder: MemberId::new(holder),
+        epoch: num(epoch)?,
+        expires_at: num(x)?,
+    }))
+}
+
 /// A table entry as stored.
 #[derive(Debug, Clone, Deserialize)]
 pub struct TableEntry {

@@ -100,6 +100,10 @@ fn keys(group: &str) -> GroupKeys {
     }
 }
 
+fn changes_channel(group: &str) -> String {
+    format!("shardcall:{{{group}}}:changes")
+}
+
 fn grant_key(group: &str, p: &PartitionId) -> String {
     format!("shardcall:{{{group}/{}/{}}}:grant", p.topic, p.partition)
 }
@@ -118,6 +122,8 @@ fn ms(d: Duration) -> u64 {
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
+    /// A server to subscribe to change hints on (the first seed for a cluster).
+    pubsub_url: String,
     scripts: std::sync::Arc<Scripts>,
     /// The lease end the server last reported to each member using this
     /// store, handed to checkpoint scripts (which cannot read the lease's slot).
@@ -176,7 +182,7 @@ impl RedisStore {
         let conn = ConnectionManager::new(client)
             .await
             .map_err(|e| map_error(&e))?;
-        Self::ready(Conn::Single(conn)).await
+        Self::ready(Conn::Single(conn), url).await
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (URLs). Every
@@ -189,16 +195,18 @@ impl RedisStore {
             .get_async_connection()
             .await
             .map_err(|e| map_error(&e))?;
-        Self::ready(Conn::Cluster(conn)).await
+        let first = nodes.first().cloned().unwrap_or_default();
+        Self::ready(Conn::Cluster(conn), &first).await
     }
 
-    async fn ready(mut conn: Conn) -> StoreResult<Self> {
+    async fn ready(mut conn: Conn, pubsub_url: &str) -> StoreResult<Self> {
         let _: String = redis::cmd("PING")
             .query_async(&mut conn)
             .await
             .map_err(|e| map_error(&e))?;
         Ok(Self {
             conn,
+            pubsub_url: pubsub_url.to_owned(),
             scripts: std::sync::Arc::new(Scripts::new()),
             leases: std::sync::Arc::default(),
         })
@@ -235,6 +243,16 @@ impl RedisStore {
             .await
             .map_err(|e| map_error(&e))?;
         raw.map(|r| codec::decode_entry(&r)).transpose()
+    }
+
+    /// Tells subscribers the group changed (a hint: errors are ignored).
+    async fn announce(&self, group: &str) {
+        let mut c = self.conn.clone();
+        let _: Result<i64, _> = redis::cmd("PUBLISH")
+            .arg(changes_channel(group))
+            .arg(1)
+            .query_async(&mut c)
+            .await;
     }
 
     fn note_lease(&self, group: &str, member: &MemberId, end: Millis) {
@@ -321,6 +339,7 @@ impl CoordinationStore for RedisStore {
             .await
             .map_err(|e| map_error(&e))?;
         self.note_lease(group, member, end);
+        self.announce(group).await;
         Ok(end)
     }
 
@@ -367,6 +386,7 @@ impl CoordinationStore for RedisStore {
                 .invoke_async(&mut c)
                 .await;
         }
+        self.announce(group).await;
         Ok(())
     }
 
@@ -478,6 +498,75 @@ impl CoordinationStore for RedisStore {
             state.audit.push(a);
         }
         Ok(state)
+    }
+
+    async fn refresh_group(
+        &self,
+        group: &str,
+        cached: Option<GroupState>,
+    ) -> StoreResult<GroupState> {
+        let Some(mut cached) = cached else {
+            return self.load_group(group).await;
+        };
+        let k = keys(group);
+        let mut c = self.conn.clone();
+        let (version, members, lock, lockseq): (
+            Option<u64>,
+            BTreeMap<String, String>,
+            BTreeMap<String, String>,
+            Option<u64>,
+        ) = redis::pipe()
+            .get(&k.version)
+            .hgetall(&k.members)
+            .hgetall(&k.lock)
+            .get(&k.lockseq)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        if version.unwrap_or(0) != cached.version {
+            return self.load_group(group).await;
+        }
+        // Same version: partitions unchanged; members' leases move anyway.
+        cached.members.clear();
+        for (id, raw) in members {
+            let rec = codec::decode_member(&id, &raw)?;
+            cached.members.insert(rec.id.clone(), rec);
+        }
+        cached.coordinator = codec::decode_lock(&lock)?;
+        cached.coordinator_epochs = lockseq.unwrap_or(0);
+        Ok(cached)
+    }
+
+    async fn changes(&self, group: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let (tx, rx) = tokio::sync::watch::channel(0u64);
+        let url = self.pubsub_url.clone();
+        let channel = changes_channel(group);
+        tokio::spawn(async move {
+            use futures_util::StreamExt;
+            let mut seen = 0u64;
+            while !tx.is_closed() {
+                let sub = async {
+                    let client = redis::Client::open(url.as_str())?;
+                    let mut ps = client.get_async_pubsub().await?;
+                    ps.subscribe(&channel).await?;
+                    Ok::<_, redis::RedisError>(ps)
+                };
+                match sub.await {
+                    Ok(ps) => {
+                        let mut stream = ps.into_on_message();
+                        while stream.next().await.is_some() {
+                            seen += 1;
+                            if tx.send(seen).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "change hints unavailable; polling only"),
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        Some(rx)
     }
 
     async fn apply(
@@ -593,6 +682,7 @@ impl CoordinationStore for RedisStore {
             .invoke_async(&mut c)
             .await
             .map_err(|e| map_error(&e))?;
+        self.announce(group).await;
         Ok(())
     }
 

@@ -22,3 +22,50 @@ async fn unreachable_server_is_a_clear_error() {
     assert!(!err.is_fenced());
     assert!(err.to_string().contains("Redis"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_hear_of_changes_at_once() {
+    use shardcall::CoordinationStore;
+    use shardcall_core::MemberId;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path(), &[]).unwrap();
+    let watcher = RedisStore::connect(&server.url()).await.unwrap();
+    let actor = RedisStore::connect(&server.url()).await.unwrap();
+    let mut hints = watcher.changes("g").await.expect("a change feed");
+    tokio::time::sleep(Duration::from_millis(200)).await; // subscribed
+    actor
+        .join("g", &MemberId::new("m"), 1, "h", Duration::from_secs(5))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(2), hints.changed())
+        .await
+        .expect("a hint within 2 s")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_reads_members_but_not_an_unchanged_table() {
+    use shardcall::CoordinationStore;
+    use shardcall_core::MemberId;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path(), &[]).unwrap();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let m = MemberId::new("m");
+    store
+        .join("g", &m, 1, "h", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let first = store.refresh_group("g", None).await.unwrap();
+    // A renewal moves the lease without bumping the version...
+    store.renew("g", &m, Duration::from_secs(60)).await.unwrap();
+    let second = store.refresh_group("g", Some(first.clone())).await.unwrap();
+    assert_eq!(second.version, first.version);
+    assert!(second.members[&m].lease_expires_at > first.members[&m].lease_expires_at);
+    // ...and a change of version reads everything again.
+    store.leave("g", &m).await.unwrap();
+    let third = store.refresh_group("g", Some(second)).await.unwrap();
+    assert!(third.version > first.version);
+    assert!(third.members.is_empty());
+}

@@ -35,6 +35,7 @@ impl Clock for SystemClock {
 struct Inner {
     groups: HashMap<String, GroupState>,
     checkpoints: HashMap<(String, PartitionId), Checkpoint>,
+    feeds: HashMap<String, tokio::sync::watch::Sender<u64>>,
 }
 
 /// The in-process store.
@@ -72,7 +73,15 @@ impl MemoryStore {
         let now = self.clock.now_ms();
         let mut inner = self.inner.lock().expect("store lock");
         let g = inner.groups.entry(group.to_owned()).or_default();
-        f(g, now)
+        let before = g.version;
+        let out = f(g, now);
+        let after = g.version;
+        if after != before
+            && let Some(feed) = inner.feeds.get(group)
+        {
+            feed.send_replace(after);
+        }
+        out
     }
 }
 
@@ -131,6 +140,18 @@ impl CoordinationStore for MemoryStore {
 
     async fn load_group(&self, group: &str) -> StoreResult<GroupState> {
         Ok(self.with_group(group, |g, _| g.clone()))
+    }
+
+    async fn changes(&self, group: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let mut inner = self.inner.lock().expect("store lock");
+        let version = inner.groups.get(group).map_or(0, |g| g.version);
+        Some(
+            inner
+                .feeds
+                .entry(group.to_owned())
+                .or_insert_with(|| tokio::sync::watch::channel(version).0)
+                .subscribe(),
+        )
     }
 
     async fn apply(

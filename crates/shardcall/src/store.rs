@@ -112,6 +112,27 @@ pub trait CoordinationStore: Send + Sync + 'static {
     /// The whole group state, as of one instant.
     async fn load_group(&self, group: &str) -> StoreResult<GroupState>;
 
+    /// The group state for a coordinator tick, given the state it read last
+    /// time: members and the lock are always read afresh; a store may reuse
+    /// `cached`'s partitions when the version has not moved, so a tick costs
+    /// O(members), not O(partitions). The default reads everything.
+    async fn refresh_group(
+        &self,
+        group: &str,
+        cached: Option<GroupState>,
+    ) -> StoreResult<GroupState> {
+        let _ = cached;
+        self.load_group(group).await
+    }
+
+    /// A hint that the group changed: the receiver sees a new value after a
+    /// change (not necessarily every one). Members still poll, so a lost
+    /// hint costs only latency. `None` when the store has no such feed.
+    async fn changes(&self, group: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let _ = group;
+        None
+    }
+
     /// Applies commands atomically (all or none), refusing a stale
     /// coordinator epoch ([`Fenced::StaleCoordinator`]) or a changed version
     /// ([`StoreError::Conflict`]). Returns the new version.

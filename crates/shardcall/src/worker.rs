@@ -179,6 +179,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 tasks: JoinSet::new(),
                 running: HashMap::new(),
                 coordinator: None,
+                cached: None,
             }
             .run(&mut stop)
             .await?;
@@ -206,6 +207,8 @@ struct Incarnation<'a, S, Src, F> {
     tasks: JoinSet<(PartitionId, Epoch, TaskEnd)>,
     running: HashMap<PartitionId, Running>,
     coordinator: Option<CoordinatorLease>,
+    /// The group state the coordinator read last (reused while unchanged).
+    cached: Option<shardcall_core::GroupState>,
 }
 
 impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Src, F> {
@@ -215,10 +218,23 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         let mut next_heartbeat = Instant::now() + timing.heartbeat_interval;
         let mut ticker = tokio::time::interval(timing.tick_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Change hints wake the loop early; the tick is the fallback.
+        let mut hints = self.worker.store.changes(&cfg.group).await;
         loop {
+            let hint = async {
+                let woke = match hints.as_mut() {
+                    Some(h) => h.changed().await.is_ok(),
+                    None => false,
+                };
+                if !woke {
+                    // No feed (or it closed): only the tick wakes the loop.
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = stop.changed() => {}
+                _ = hint => {}
             }
             if *stop.borrow() == Stop::Graceful {
                 self.shutdown().await;
@@ -282,10 +298,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             .partitions()
             .await
             .map_err(|e| StoreError::Unavailable(format!("listing partitions: {e}")))?;
-        let state = w.store.load_group(group).await?;
+        let state = w.store.refresh_group(group, self.cached.take()).await?;
         let now = w.store.now().await?;
         let plan = step_with(&state, now, &discovered, &w.config.timing.step_options());
         if plan.commands.is_empty() {
+            self.cached = Some(state);
             return Ok(());
         }
         w.store
