@@ -1,6 +1,7 @@
 //! `shardcall`: the command-line tool.
 
 mod bench_assign;
+mod bench_rebalance;
 mod bench_spool;
 mod consume;
 mod demo;
@@ -43,6 +44,8 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
+    /// Failover and join times, Redis round trips, checkpoint rate (starts its own redis-server).
+    Rebalance(bench_rebalance::BenchRebalanceArgs),
     /// The coordinator's decision time for 10,000 partitions and 1,000 members.
     Assign(bench_assign::BenchAssignArgs),
     /// Spool append and read-back throughput against `dd` on the same filesystem.
@@ -122,6 +125,7 @@ fn main() -> ExitCode {
         Command::Spool(cmd) => spool_cmd::run(&cmd),
         Command::Bench(BenchCommand::Spool(args)) => bench_spool::run(&args),
         Command::Bench(BenchCommand::Assign(args)) => bench_assign::run(&args),
+        Command::Bench(BenchCommand::Rebalance(args)) => bench_rebalance::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -283,3 +283,45 @@ fn bench_assign_reports_against_its_baseline() {
     assert!(doc["baseline"]["sort_partitions_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(doc["cases"].as_array().unwrap().len(), 4);
 }
+
+#[test]
+fn bench_rebalance_json_has_failover_round_trips_and_rates() {
+    let out = shardcall(
+        &[
+            "bench",
+            "rebalance",
+            "--json",
+            "--partitions",
+            "8",
+            "--workers",
+            "2",
+            "--rate-seconds",
+            "1",
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f = &doc["failover"];
+    assert!(f["kill_to_all_processed_ms"].as_f64().unwrap() > 0.0);
+    assert!(f["bound_ms"].as_f64().unwrap() > 0.0);
+    let trips: std::collections::BTreeMap<String, u64> = doc["round_trips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pair| {
+            (
+                pair[0].as_str().unwrap().to_owned(),
+                pair[1].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(trips["heartbeat"], 1);
+    assert_eq!(trips["checkpoint"], 1);
+    assert_eq!(
+        trips["idle coordinator tick, 1000 partitions"],
+        trips["idle coordinator tick, 10000 partitions"],
+        "an idle tick must not grow with the partitions"
+    );
+    assert!(doc["checkpoints"]["per_s_one_node"].as_f64().unwrap() > 0.0);
+}

@@ -136,11 +136,32 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// One server (reconnecting by itself) or a Redis Cluster.
+/// One server (reconnecting by itself) or a Redis Cluster, counting the
+/// requests it sends (a pipeline is one).
 #[derive(Clone)]
-enum Conn {
+struct Conn {
+    kind: ConnKind,
+    requests: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[derive(Clone)]
+enum ConnKind {
     Single(ConnectionManager),
     Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn {
+    fn new(kind: ConnKind) -> Self {
+        Self {
+            kind,
+            requests: std::sync::Arc::default(),
+        }
+    }
+
+    fn count(&self) {
+        self.requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl redis::aio::ConnectionLike for Conn {
@@ -148,9 +169,10 @@ impl redis::aio::ConnectionLike for Conn {
         &'a mut self,
         cmd: &'a redis::Cmd,
     ) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
-            Self::Single(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => c.req_packed_command(cmd),
+        self.count();
+        match &mut self.kind {
+            ConnKind::Single(c) => c.req_packed_command(cmd),
+            ConnKind::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -160,16 +182,17 @@ impl redis::aio::ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        match self {
-            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        self.count();
+        match &mut self.kind {
+            ConnKind::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            ConnKind::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Self::Single(c) => c.get_db(),
-            Self::Cluster(c) => c.get_db(),
+        match &self.kind {
+            ConnKind::Single(c) => c.get_db(),
+            ConnKind::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -182,7 +205,7 @@ impl RedisStore {
         let conn = ConnectionManager::new(client)
             .await
             .map_err(|e| map_error(&e))?;
-        Self::ready(Conn::Single(conn), url).await
+        Self::ready(Conn::new(ConnKind::Single(conn)), url).await
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (URLs). Every
@@ -196,7 +219,7 @@ impl RedisStore {
             .await
             .map_err(|e| map_error(&e))?;
         let first = nodes.first().cloned().unwrap_or_default();
-        Self::ready(Conn::Cluster(conn), &first).await
+        Self::ready(Conn::new(ConnKind::Cluster(conn)), &first).await
     }
 
     async fn ready(mut conn: Conn, pubsub_url: &str) -> StoreResult<Self> {
@@ -243,6 +266,15 @@ impl RedisStore {
             .await
             .map_err(|e| map_error(&e))?;
         raw.map(|r| codec::decode_entry(&r)).transpose()
+    }
+
+    /// Requests sent to Redis so far by this store and its clones (a
+    /// pipeline or a script call is one; a script that Redis had forgotten
+    /// costs one more to send it again).
+    pub fn round_trips(&self) -> u64 {
+        self.conn
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Tells subscribers the group changed (a hint: errors are ignored).
@@ -604,6 +636,9 @@ impl CoordinationStore for RedisStore {
                 coordinator_epoch,
             )
             .await?;
+        }
+        if !commands.is_empty() {
+            self.announce(group).await;
         }
         Ok(version)
     }
