@@ -9,11 +9,14 @@ say() { printf '\n== %s\n' "$*"; }
 
 # --- what the tests need -----------------------------------------------------
 # Debian packages: dd (coreutils) for the spool benchmark's smoke test;
-# redis-server for the Redis store's tests (they start their own servers on
-# free ports and never touch one that is already running).
+# redis-server (and redis-cli, in the same package) for the Redis store's
+# tests (they start their own servers on free ports, clusters included, and
+# never touch one that is already running).
 missing=()
 command -v dd >/dev/null 2>&1 || missing+=(coreutils)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# openssl makes a private CA and certificate for the rediss:// test.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]} from Debian's packages"
   apt-get update -qq

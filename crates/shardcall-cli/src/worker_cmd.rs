@@ -26,6 +26,10 @@ pub struct WorkerArgs {
     /// Treat a single `--redis` URL as a Redis Cluster seed node.
     #[arg(long)]
     redis_cluster: bool,
+    /// PEM file of the CA that signed the server's certificate (rediss://
+    /// with a private CA; default: the system's trust store).
+    #[arg(long)]
+    redis_ca: Option<PathBuf>,
     /// The group to join.
     #[arg(long)]
     group: String,
@@ -115,11 +119,20 @@ async fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
     let log = FileLog::open(&args.log, SpoolConfig::default())
         .with_context(|| format!("opening file log {}", args.log.display()))?;
     let source = Arc::new(FileLogSource::new(log, args.topic.clone()));
+    let ca = match &args.redis_ca {
+        Some(path) => Some(
+            std::fs::read(path)
+                .with_context(|| format!("reading CA certificate {}", path.display()))?,
+        ),
+        None => None,
+    };
     // An unreachable server is retried with backoff, not a crash.
     let mut backoff = Duration::from_millis(100);
     let store = loop {
         let connected = if args.redis_cluster || args.redis.len() > 1 {
             RedisStore::connect_cluster(&args.redis).await
+        } else if let Some(ca) = &ca {
+            RedisStore::connect_tls(&args.redis[0], ca).await
         } else {
             RedisStore::connect(&args.redis[0]).await
         };

@@ -404,3 +404,22 @@ async fn rolling_restart_and_the_coordinator_killed_mid_rebalance() {
     assert_ne!(new_holder, holder);
     rig.verify(&store, 3).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_on_a_three_master_redis_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 8);
+    let cluster =
+        shardcall_redis::testing::RedisCluster::start(dir.path().join("cluster"), 3).unwrap();
+    let store = RedisStore::connect_cluster(&cluster.urls()).await.unwrap();
+    let seeds = cluster.urls().join(",");
+    rig.produce(800, "a");
+    for name in ["a", "b", "c"] {
+        rig.spawn_via(name, &seeds);
+    }
+    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.signal("a", "-KILL");
+    rig.produce(400, "b");
+    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.verify(&store, 2).await;
+}

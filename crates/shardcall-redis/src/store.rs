@@ -208,6 +208,23 @@ impl RedisStore {
         Self::ready(Conn::new(ConnKind::Single(conn)), url).await
     }
 
+    /// Connects over TLS (`rediss://`) trusting the CA certificate(s) in
+    /// `ca_pem` instead of the system's store (for a private CA).
+    pub async fn connect_tls(url: &str, ca_pem: &[u8]) -> StoreResult<Self> {
+        let client = redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca_pem.to_vec()),
+            },
+        )
+        .map_err(|e| map_error(&e))?;
+        let conn = ConnectionManager::new(client)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Self::ready(Conn::new(ConnKind::Single(conn)), url).await
+    }
+
     /// Connects to a Redis Cluster through any of its `nodes` (URLs). Every
     /// script touches one slot, so the group spreads over the cluster: its
     /// own keys on one node, each partition's checkpoint wherever its slot is.

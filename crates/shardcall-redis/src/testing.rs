@@ -68,6 +68,36 @@ impl RedisServer {
         )))
     }
 
+    /// Starts a server that speaks only TLS on its port, with the given
+    /// certificate and key (clients are not asked for certificates).
+    pub fn start_tls(
+        dir: impl Into<PathBuf>,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> std::io::Result<Self> {
+        let port = free_port();
+        let args = [
+            "--port".to_owned(),
+            "0".to_owned(),
+            "--tls-port".to_owned(),
+            port.to_string(),
+            "--tls-cert-file".to_owned(),
+            cert.display().to_string(),
+            "--tls-key-file".to_owned(),
+            key.display().to_string(),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+        ];
+        let mut s = Self {
+            port,
+            child: None,
+            dir: dir.into(),
+            args: args.to_vec(),
+        };
+        s.spawn()?;
+        Ok(s)
+    }
+
     /// `redis://127.0.0.1:PORT/`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
