@@ -28,7 +28,34 @@ pub struct BenchAssignArgs {
     repeat: usize,
 }
 
-fn median_ms(mut f: impl FnMut(), repeat: usize) -> f64 {
+/// A group of `members` that settled over `partitions`, after which one more
+/// member joined: the state a coordinator tick then decides on.
+pub fn settled_group_with_a_late_join(
+    members: &[MemberSpec],
+    partitions: &[PartitionId],
+) -> GroupState {
+    let mut state = GroupState::new(QuarantinePolicy::default());
+    for m in members {
+        state
+            .join(&m.id, 1, "bench", 0, u64::MAX / 2)
+            .expect("fresh ids");
+    }
+    let lease = state
+        .acquire_coordinator(&members[0].id, 0, u64::MAX / 2)
+        .expect("live")
+        .expect("free");
+    let first = step(&state, 1, partitions);
+    state
+        .apply(lease.epoch, state.version, &first.commands, 1)
+        .expect("first plan applies");
+    state
+        .join(&MemberId::new("member-late"), 1, "bench", 2, u64::MAX / 2)
+        .expect("fresh id");
+    state
+}
+
+/// The median time of `f` over `repeat` runs, in milliseconds.
+pub fn median_ms(mut f: impl FnMut(), repeat: usize) -> f64 {
     let mut times: Vec<f64> = (0..repeat.max(1))
         .map(|_| {
             let t = Instant::now();
@@ -110,23 +137,7 @@ pub fn run(args: &BenchAssignArgs) -> anyhow::Result<ExitCode> {
         args.repeat,
     );
     // A whole coordinator tick on a settled group in which one member joined.
-    let mut state = GroupState::new(QuarantinePolicy::default());
-    for m in &joined {
-        state
-            .join(&m.id, 1, "bench", 0, u64::MAX / 2)
-            .expect("fresh ids");
-    }
-    let lease = state
-        .acquire_coordinator(&members[0].id, 0, u64::MAX / 2)
-        .expect("live")
-        .expect("free");
-    let first = step(&state, 1, &partitions);
-    state
-        .apply(lease.epoch, state.version, &first.commands, 1)
-        .expect("first plan applies");
-    state
-        .join(&MemberId::new("member-late"), 1, "bench", 2, u64::MAX / 2)
-        .expect("fresh id");
+    let state = settled_group_with_a_late_join(&joined, &partitions);
     let tick = median_ms(
         || {
             std::hint::black_box(step(&state, 3, &partitions));

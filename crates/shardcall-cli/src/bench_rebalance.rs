@@ -416,32 +416,16 @@ async fn measure_failover(
 
 fn measure_step() -> f64 {
     let parts = PartitionId::range("t", 10_000);
-    let mut state = GroupState::default();
-    for i in 0..1_000 {
-        state
-            .join(&MemberId::new(format!("m{i:04}")), 1, "b", 0, u64::MAX / 2)
-            .expect("fresh");
-    }
-    let lease = state
-        .acquire_coordinator(&MemberId::new("m0000"), 0, u64::MAX / 2)
-        .expect("live")
-        .expect("free");
-    let plan = step(&state, 1, &parts);
-    state
-        .apply(lease.epoch, state.version, &plan.commands, 1)
-        .expect("applies");
-    state
-        .join(&MemberId::new("late"), 1, "b", 2, u64::MAX / 2)
-        .expect("fresh");
-    let mut times: Vec<f64> = (0..9)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(step(&state, 3, &parts));
-            t.elapsed().as_secs_f64() * 1e3
-        })
+    let members: Vec<shardcall_core::MemberSpec> = (0..1_000)
+        .map(|i| shardcall_core::MemberSpec::new(MemberId::new(format!("m{i:04}"))))
         .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    let state = crate::bench_assign::settled_group_with_a_late_join(&members, &parts);
+    crate::bench_assign::median_ms(
+        || {
+            std::hint::black_box(step(&state, 3, &parts));
+        },
+        9,
+    )
 }
 
 /// Checkpoints per second with 32 concurrent writers on distinct partitions,
