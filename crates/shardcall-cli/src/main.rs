@@ -5,7 +5,9 @@ mod bench_rebalance;
 mod bench_spool;
 mod consume;
 mod demo;
+mod group_cmd;
 mod produce;
+mod redis_opts;
 mod spool_cmd;
 mod worker_cmd;
 
@@ -30,6 +32,13 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run one worker of a group coordinated in Redis, consuming a file log.
     Worker(worker_cmd::WorkerArgs),
+    /// Show a group: members, and each partition's phase, owner, epoch,
+    /// offset, lag and quarantine time left.
+    Status(group_cmd::StatusArgs),
+    /// Dry run of the coordinator's next decisions, with the reason for each move.
+    Plan(group_cmd::PlanArgs),
+    /// End a partition's quarantine early (recorded in the group's audit log).
+    Release(group_cmd::ReleaseArgs),
     /// Append lines from stdin to a topic of the embedded file log.
     Produce(produce::ProduceArgs),
     /// Print records of a topic of the embedded file log.
@@ -120,6 +129,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Worker(args) => worker_cmd::run(&args),
+        Command::Status(args) => group_cmd::status(&args),
+        Command::Plan(args) => group_cmd::plan(&args),
+        Command::Release(args) => group_cmd::release(&args),
         Command::Produce(args) => produce::run(&args),
         Command::Consume(args) => consume::run(&args),
         Command::Spool(cmd) => spool_cmd::run(&cmd),

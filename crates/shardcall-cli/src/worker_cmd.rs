@@ -11,7 +11,6 @@ use anyhow::Context;
 use shardcall::oracle::DigestFactory;
 use shardcall::{BatchObserver, BatchRecord, FileLogSource, Worker, WorkerConfig};
 use shardcall_core::GroupConfig;
-use shardcall_redis::RedisStore;
 use shardcall_spool::{FileLog, SpoolConfig};
 
 use crate::Dir;
@@ -19,17 +18,8 @@ use crate::Dir;
 /// Arguments of `shardcall worker`.
 #[derive(Debug, clap::Args)]
 pub struct WorkerArgs {
-    /// Redis URL: redis://[user:password@]host:port/ or rediss:// for TLS.
-    /// Several, comma separated, are the seed nodes of a Redis Cluster.
-    #[arg(long, value_delimiter = ',', required = true)]
-    redis: Vec<String>,
-    /// Treat a single `--redis` URL as a Redis Cluster seed node.
-    #[arg(long)]
-    redis_cluster: bool,
-    /// PEM file of the CA that signed the server's certificate (rediss://
-    /// with a private CA; default: the system's trust store).
-    #[arg(long)]
-    redis_ca: Option<PathBuf>,
+    #[command(flatten)]
+    redis: crate::redis_opts::RedisOpts,
     /// The group to join.
     #[arg(long)]
     group: String,
@@ -119,24 +109,11 @@ async fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
     let log = FileLog::open(&args.log, SpoolConfig::default())
         .with_context(|| format!("opening file log {}", args.log.display()))?;
     let source = Arc::new(FileLogSource::new(log, args.topic.clone()));
-    let ca = match &args.redis_ca {
-        Some(path) => Some(
-            std::fs::read(path)
-                .with_context(|| format!("reading CA certificate {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let ca = args.redis.ca()?;
     // An unreachable server is retried with backoff, not a crash.
     let mut backoff = Duration::from_millis(100);
     let store = loop {
-        let connected = if args.redis_cluster || args.redis.len() > 1 {
-            RedisStore::connect_cluster(&args.redis).await
-        } else if let Some(ca) = &ca {
-            RedisStore::connect_tls(&args.redis[0], ca).await
-        } else {
-            RedisStore::connect(&args.redis[0]).await
-        };
-        match connected {
+        match args.redis.connect_with(ca.as_deref()).await {
             Ok(s) => break s,
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "connecting to Redis");

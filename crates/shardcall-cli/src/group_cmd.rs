@@ -1,0 +1,347 @@
+//! Operator commands on a group in Redis: `status`, `plan`, `release`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::json;
+use shardcall::{CoordinationStore, quarantine_left};
+use shardcall_core::{Command, GroupState, Millis, PartitionId, Phase, step};
+use shardcall_spool::{FileLog, SpoolConfig};
+
+use crate::redis_opts::RedisOpts;
+
+/// Arguments of `shardcall status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    redis: RedisOpts,
+    /// The group.
+    #[arg(long)]
+    group: String,
+    /// The file log the group consumes, for log ends and lag.
+    #[arg(long)]
+    log: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Print again every this many seconds, until interrupted.
+    #[arg(long)]
+    watch: Option<f64>,
+}
+
+/// Arguments of `shardcall plan`.
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    redis: RedisOpts,
+    /// The group.
+    #[arg(long)]
+    group: String,
+    /// The file log the group consumes, to include partitions added to it.
+    #[arg(long)]
+    log: Option<PathBuf>,
+    /// Topics of that log the group consumes (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    topic: Vec<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `shardcall release`.
+#[derive(Debug, clap::Args)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    redis: RedisOpts,
+    /// The group.
+    #[arg(long)]
+    group: String,
+    /// The quarantined partition to release, as TOPIC/PARTITION.
+    partition: String,
+    /// Who releases it, for the audit log (default: $USER).
+    #[arg(long)]
+    actor: Option<String>,
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn ago(now: Millis, t: Millis) -> String {
+    format!("{:.1}s", now.saturating_sub(t) as f64 / 1000.0)
+}
+
+fn left(now: Millis, t: Millis) -> String {
+    if t > now {
+        format!("{:.1}s", (t - now) as f64 / 1000.0)
+    } else {
+        "lapsed".into()
+    }
+}
+
+fn log_ends(
+    log: Option<&PathBuf>,
+    parts: &[PartitionId],
+) -> anyhow::Result<BTreeMap<PartitionId, u64>> {
+    let mut out = BTreeMap::new();
+    let Some(dir) = log else { return Ok(out) };
+    let log = FileLog::open(dir, SpoolConfig::default())?;
+    for p in parts {
+        if let Ok(spool) = log.open_partition_read_only(&p.topic, p.partition) {
+            out.insert(p.clone(), spool.end_offset()?);
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `shardcall status`.
+pub fn status(args: &StatusArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let store = args.redis.connect().await?;
+        loop {
+            let text = status_once(args, &store).await?;
+            if args.watch.is_some() {
+                print!("\x1b[2J\x1b[H");
+            }
+            print!("{text}");
+            match args.watch {
+                Some(secs) => tokio::time::sleep(Duration::from_secs_f64(secs.max(0.2))).await,
+                None => return Ok(ExitCode::SUCCESS),
+            }
+        }
+    })
+}
+
+async fn status_once(
+    args: &StatusArgs,
+    store: &shardcall_redis::RedisStore,
+) -> anyhow::Result<String> {
+    use std::fmt::Write;
+    let g: GroupState = store.load_group(&args.group).await?;
+    let now = store.now().await?;
+    let parts: Vec<PartitionId> = g.partitions.keys().cloned().collect();
+    let ends = log_ends(args.log.as_ref(), &parts)?;
+    let mut rows = Vec::new();
+    for (p, r) in &g.partitions {
+        let cp = store.load_checkpoint(&args.group, p).await?;
+        let (holder, epoch) = match &r.phase {
+            Phase::Owned { member, epoch, .. } | Phase::Draining { member, epoch, .. } => {
+                (Some(member.to_string()), Some(*epoch))
+            }
+            Phase::Quarantined { from, epoch, .. } => (Some(from.to_string()), Some(*epoch)),
+            Phase::Free => (None, None),
+        };
+        let offset = cp.as_ref().map(|c| c.offset);
+        let end = ends.get(p).copied();
+        rows.push(json!({
+            "partition": p.to_string(),
+            "phase": r.phase.name(),
+            "holder": holder,
+            "epoch": epoch,
+            "offset": offset,
+            "log_end": end,
+            "lag": end.map(|e| e.saturating_sub(offset.unwrap_or(0))),
+            "quarantine_left_ms": quarantine_left(&r.phase, &g.policy, now).map(|d| d.as_millis() as u64),
+            "backup_done": matches!(r.phase, Phase::Quarantined { backup_done: true, .. }),
+            "state_bytes": cp.as_ref().map(|c| c.state.len()),
+            "target": r.target.as_ref().map(ToString::to_string),
+        }));
+    }
+    let members: Vec<_> = g
+        .members
+        .values()
+        .map(|m| {
+            json!({
+                "member": m.id.to_string(), "host": m.host, "weight": m.weight,
+                "partitions": g.held_by(&m.id).len(),
+                "last_heartbeat_ms_ago": now.saturating_sub(m.last_heartbeat),
+                "lease_left_ms": m.lease_expires_at.saturating_sub(now),
+                "live": m.is_live(now),
+            })
+        })
+        .collect();
+    if args.json {
+        let doc = json!({
+            "group": args.group, "version": g.version, "now_ms": now,
+            "coordinator": g.coordinator.as_ref().map(|c| json!({
+                "member": c.holder.to_string(), "epoch": c.epoch,
+                "lease_left_ms": c.expires_at.saturating_sub(now)})),
+            "quarantine": g.policy,
+            "members": members,
+            "partitions": rows,
+        });
+        return Ok(format!("{}\n", serde_json::to_string_pretty(&doc)?));
+    }
+    let mut out = String::new();
+    let coord = g.coordinator.as_ref().map_or("none".to_string(), |c| {
+        format!(
+            "{} (epoch {}, {} left)",
+            c.holder,
+            c.epoch,
+            left(now, c.expires_at)
+        )
+    });
+    writeln!(
+        out,
+        "GROUP {}  version {}  coordinator {}  quarantine >= {} ms{}",
+        args.group,
+        g.version,
+        coord,
+        g.policy.min_ms,
+        if g.policy.wait_for_backup {
+            " and until backup done"
+        } else {
+            ""
+        }
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<24} {:<14} {:>6} {:>10} {:>10} {:>10}",
+        "MEMBER", "HOST", "WEIGHT", "PARTITIONS", "HEARTBEAT", "LEASE LEFT"
+    )?;
+    for m in g.members.values() {
+        writeln!(
+            out,
+            "{:<24} {:<14} {:>6} {:>10} {:>10} {:>10}",
+            m.id.to_string(),
+            m.host,
+            m.weight,
+            g.held_by(&m.id).len(),
+            format!("{} ago", ago(now, m.last_heartbeat)),
+            left(now, m.lease_expires_at)
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<12} {:<12} {:<24} {:>6} {:>9} {:>9} {:>7} {:>11} {:>7}",
+        "PARTITION", "PHASE", "OWNER", "EPOCH", "OFFSET", "LOG END", "LAG", "QUARANTINE", "STATE"
+    )?;
+    for r in &rows {
+        let s = |k: &str| match &r[k] {
+            serde_json::Value::Null => "-".to_string(),
+            serde_json::Value::String(s) => s.clone(),
+            v => v.to_string(),
+        };
+        let q = match r["quarantine_left_ms"].as_u64() {
+            Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
+            None => "-".into(),
+        };
+        let state = r["state_bytes"]
+            .as_u64()
+            .map_or("-".into(), |b| format!("{b} B"));
+        writeln!(
+            out,
+            "{:<12} {:<12} {:<24} {:>6} {:>9} {:>9} {:>7} {:>11} {:>7}",
+            s("partition"),
+            s("phase"),
+            s("holder"),
+            s("epoch"),
+            s("offset"),
+            s("log_end"),
+            s("lag"),
+            q,
+            state
+        )?;
+    }
+    Ok(out)
+}
+
+/// Runs `shardcall plan`: what the coordinator would do now, and why.
+pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let store = args.redis.connect().await?;
+        let g = store.load_group(&args.group).await?;
+        let now = store.now().await?;
+        let mut discovered: Vec<PartitionId> = g.partitions.keys().cloned().collect();
+        if let Some(dir) = &args.log {
+            anyhow::ensure!(!args.topic.is_empty(), "--log needs --topic");
+            let log = FileLog::open(dir, SpoolConfig::default())?;
+            for t in &args.topic {
+                discovered.extend(PartitionId::range(t, log.partition_count(t)?));
+            }
+        }
+        let plan = step(&g, now, &discovered);
+        let moves: BTreeMap<&PartitionId, &shardcall_core::Move> =
+            plan.moves.iter().map(|m| (&m.partition, m)).collect();
+        let lines: Vec<String> = plan
+            .commands
+            .iter()
+            .map(|c| match c {
+                Command::ExpireMember { member } => {
+                    format!("expire member {member}: its lease lapsed; what it held is quarantined from then")
+                }
+                Command::AddPartition { partition } => format!("add {partition}: new in the source"),
+                Command::SetTarget { partition, target } => match (moves.get(partition), target) {
+                    (Some(m), Some(t)) => format!(
+                        "move {partition}: {} -> {t} ({})",
+                        m.from.as_ref().map_or("nobody".into(), ToString::to_string),
+                        m.reason
+                    ),
+                    (_, t) => format!(
+                        "target {partition} -> {}",
+                        t.as_ref().map_or("nobody".into(), ToString::to_string)
+                    ),
+                },
+                Command::Revoke { partition, member, epoch } => {
+                    format!("revoke {partition} from {member} (epoch {epoch}): it drains, then its quarantine starts")
+                }
+                Command::Free { partition } => format!("free {partition}: its quarantine is over"),
+                Command::Grant { partition, member, epoch } => {
+                    format!("grant {partition} to {member} under epoch {epoch}")
+                }
+            })
+            .collect();
+        if args.json {
+            let doc = json!({
+                "group": args.group, "version": g.version, "now_ms": now,
+                "commands": plan.commands, "moves": plan.moves, "min_moves": plan.min_moves,
+                "explained": lines,
+            });
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        } else if lines.is_empty() {
+            println!("nothing to do: the group is balanced and no quarantine ends now");
+        } else {
+            println!("the coordinator would, now (a dry run; nothing is changed):");
+            for l in &lines {
+                println!("  {l}");
+            }
+            println!("moves: {} (the lower bound is {})", plan.moves.len(), plan.min_moves);
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Runs `shardcall release`: ends a quarantine early, audited.
+pub fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
+    let (topic, number) = args
+        .partition
+        .rsplit_once('/')
+        .context("the partition is TOPIC/PARTITION, e.g. orders/3")?;
+    let partition = PartitionId::new(
+        topic,
+        number
+            .parse()
+            .with_context(|| format!("partition number {number:?}"))?,
+    );
+    let actor = args
+        .actor
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "operator".into());
+    runtime()?.block_on(async {
+        let store = args.redis.connect().await?;
+        store
+            .operator_release(&args.group, &partition, &actor)
+            .await
+            .with_context(|| format!("releasing {partition}"))?;
+        println!("released {partition} from quarantine (audited as {actor})");
+        Ok(ExitCode::SUCCESS)
+    })
+}

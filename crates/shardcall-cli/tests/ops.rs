@@ -1,0 +1,194 @@
+//! Operator commands against a real redis-server and real worker processes:
+//! `status` (table and JSON), `plan` (dry run with reasons) and `release`
+//! (an audited early end of a quarantine).
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use shardcall_redis::testing::RedisServer;
+use shardcall_spool::{FileLog, SpoolConfig};
+
+fn shardcall(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+struct Killer(Vec<Child>);
+impl Drop for Killer {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn status_json(url: &str, log: &str) -> serde_json::Value {
+    let out = shardcall(&[
+        "status", "--redis", url, "--group", "ops", "--log", log, "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn status_plan_and_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let url = redis.url();
+    let log_dir = dir.path().join("log");
+    let log_arg = log_dir.display().to_string();
+    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
+    log.ensure_topic("t", 4).unwrap();
+    let mut p = log.producer("t").unwrap();
+    for i in 0..400u32 {
+        p.send(None, i.to_string().as_bytes(), 0).unwrap();
+    }
+    p.sync().unwrap();
+    let spawn = |name: &str| {
+        Command::new(env!("CARGO_BIN_EXE_shardcall"))
+            .args([
+                "worker", "--redis", &url, "--group", "ops", "--log", &log_arg, "--topic", "t",
+            ])
+            .args([
+                "--name",
+                name,
+                "--ttl-ms",
+                "1000",
+                "--heartbeat-ms",
+                "150",
+                "--margin-ms",
+                "300",
+            ])
+            .args(["--tick-ms", "100", "--quarantine-ms", "60000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut procs = Killer(vec![spawn("a"), spawn("b")]);
+
+    // Settled: two members, four owned partitions, no lag.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let settled = loop {
+        let doc = status_json(&url, &log_arg);
+        let parts = doc["partitions"].as_array().unwrap();
+        let done = parts.len() == 4 && parts.iter().all(|p| p["phase"] == "owned" && p["lag"] == 0);
+        if done && doc["members"].as_array().unwrap().len() == 2 {
+            break doc;
+        }
+        assert!(Instant::now() < deadline, "never settled: {doc:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(settled["coordinator"]["epoch"].as_u64().unwrap() >= 1);
+    let table = shardcall(&[
+        "status", "--redis", &url, "--group", "ops", "--log", &log_arg,
+    ]);
+    let table = text(&table.stdout);
+    assert!(
+        table.contains("PARTITION") && table.contains("LAG") && table.contains("t/3"),
+        "{table}"
+    );
+
+    // kill -9 of one worker: its partitions are quarantined for a minute.
+    procs.0[0].kill().unwrap();
+    procs.0[0].wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let quarantined = loop {
+        let doc = status_json(&url, &log_arg);
+        let q: Vec<String> = doc["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["phase"] == "quarantined")
+            .map(|p| p["partition"].as_str().unwrap().to_owned())
+            .collect();
+        if q.len() == 2 {
+            let left = doc["partitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["phase"] == "quarantined")
+                .unwrap()["quarantine_left_ms"]
+                .as_u64()
+                .unwrap();
+            assert!(left > 30_000 && left <= 60_000, "time left {left}");
+            break q;
+        }
+        assert!(Instant::now() < deadline, "no quarantine: {doc:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    // The dry run says nothing will move yet (the quarantine holds them).
+    let out = shardcall(&["plan", "--redis", &url, "--group", "ops", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        plan["commands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c.get("Grant").is_none()),
+        "{plan:#}"
+    );
+
+    // An operator ends one quarantine early; it is audited, then granted.
+    let out = shardcall(&[
+        "release",
+        "--redis",
+        &url,
+        "--group",
+        "ops",
+        &quarantined[0],
+        "--actor",
+        "alice",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("audited as alice"));
+    let out = shardcall(&["plan", "--redis", &url, "--group", "ops"]);
+    let said = text(&out.stdout);
+    assert!(
+        said.contains(&format!("grant {}", quarantined[0])) || said.contains("nothing to do"),
+        "{said}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let doc = status_json(&url, &log_arg);
+        let p = doc["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["partition"] == quarantined[0].as_str())
+            .unwrap()
+            .clone();
+        if p["phase"] == "owned" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "released partition not granted: {p:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Releasing a partition that is not quarantined is a clear error.
+    let out = shardcall(&[
+        "release",
+        "--redis",
+        &url,
+        "--group",
+        "ops",
+        &quarantined[0],
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("not quarantined") || text(&out.stderr).contains("wrong phase"),
+        "{}",
+        text(&out.stderr)
+    );
+}
