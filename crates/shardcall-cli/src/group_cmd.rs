@@ -66,6 +66,74 @@ pub struct ReleaseArgs {
     actor: Option<String>,
 }
 
+/// Arguments of `shardcall drain`.
+#[derive(Debug, clap::Args)]
+pub struct DrainArgs {
+    #[command(flatten)]
+    redis: RedisOpts,
+    /// The group.
+    #[arg(long)]
+    group: String,
+    /// The member: its id, or the worker name it was started with.
+    member: String,
+    /// Who drains it, for the audit log (default: $USER).
+    #[arg(long)]
+    actor: Option<String>,
+    /// Wait until it holds no partition (then it may be stopped).
+    #[arg(long)]
+    wait: bool,
+}
+
+fn actor(given: &Option<String>) -> String {
+    given
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "operator".into())
+}
+
+/// Runs `shardcall drain`: moves a member's partitions away gracefully.
+pub fn drain(args: &DrainArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let store = args.redis.connect().await?;
+        let g = store.load_group(&args.group).await?;
+        let prefix = format!("{}-", args.member);
+        let matches: Vec<&shardcall_core::MemberId> = g
+            .members
+            .keys()
+            .filter(|m| m.as_str() == args.member || m.as_str().starts_with(&prefix))
+            .collect();
+        let member = match matches.as_slice() {
+            [one] => (*one).clone(),
+            [] => anyhow::bail!("no member {} in group {}", args.member, args.group),
+            many => anyhow::bail!(
+                "{} names several members: {}",
+                args.member,
+                many.iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let who = actor(&args.actor);
+        store.drain(&args.group, &member, &who).await?;
+        println!(
+            "draining {member} (audited as {who}): its partitions move away after their quarantine"
+        );
+        if args.wait {
+            loop {
+                let g = store.load_group(&args.group).await?;
+                let held = g.held_by(&member).len();
+                if held == 0 {
+                    println!("{member} holds no partition; it may be stopped");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -162,6 +230,7 @@ async fn status_once(
                 "last_heartbeat_ms_ago": now.saturating_sub(m.last_heartbeat),
                 "lease_left_ms": m.lease_expires_at.saturating_sub(now),
                 "live": m.is_live(now),
+                "draining": m.draining,
             })
         })
         .collect();
@@ -209,7 +278,11 @@ async fn status_once(
         writeln!(
             out,
             "{:<24} {:<14} {:>6} {:>10} {:>10} {:>10}",
-            m.id.to_string(),
+            if m.draining {
+                format!("{} (draining)", m.id)
+            } else {
+                m.id.to_string()
+            },
             m.host,
             m.weight,
             g.held_by(&m.id).len(),
@@ -330,11 +403,7 @@ pub fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
             .parse()
             .with_context(|| format!("partition number {number:?}"))?,
     );
-    let actor = args
-        .actor
-        .clone()
-        .or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "operator".into());
+    let actor = actor(&args.actor);
     runtime()?.block_on(async {
         let store = args.redis.connect().await?;
         store

@@ -39,6 +39,8 @@ enum Command {
     Plan(group_cmd::PlanArgs),
     /// End a partition's quarantine early (recorded in the group's audit log).
     Release(group_cmd::ReleaseArgs),
+    /// Move a member's partitions away gracefully, so it can be stopped.
+    Drain(group_cmd::DrainArgs),
     /// Append lines from stdin to a topic of the embedded file log.
     Produce(produce::ProduceArgs),
     /// Print records of a topic of the embedded file log.
@@ -132,6 +134,7 @@ fn main() -> ExitCode {
         Command::Status(args) => group_cmd::status(&args),
         Command::Plan(args) => group_cmd::plan(&args),
         Command::Release(args) => group_cmd::release(&args),
+        Command::Drain(args) => group_cmd::drain(&args),
         Command::Produce(args) => produce::run(&args),
         Command::Consume(args) => consume::run(&args),
         Command::Spool(cmd) => spool_cmd::run(&cmd),

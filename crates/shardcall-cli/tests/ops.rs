@@ -192,3 +192,87 @@ fn status_plan_and_release() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn drain_moves_a_members_partitions_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let url = redis.url();
+    let log_dir = dir.path().join("log");
+    let log_arg = log_dir.display().to_string();
+    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
+    log.ensure_topic("t", 4).unwrap();
+    let spawn = |name: &str| {
+        Command::new(env!("CARGO_BIN_EXE_shardcall"))
+            .args([
+                "worker", "--redis", &url, "--group", "ops", "--log", &log_arg, "--topic", "t",
+            ])
+            .args([
+                "--name",
+                name,
+                "--ttl-ms",
+                "1000",
+                "--heartbeat-ms",
+                "150",
+                "--margin-ms",
+                "300",
+            ])
+            .args(["--tick-ms", "100", "--quarantine-ms", "300"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let _procs = Killer(vec![spawn("a"), spawn("b")]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let doc = status_json(&url, &log_arg);
+        let owners: std::collections::BTreeSet<String> = doc["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["phase"] == "owned")
+            .map(|p| p["holder"].as_str().unwrap().to_owned())
+            .collect();
+        if owners.len() == 2 && doc["partitions"].as_array().unwrap().len() == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never settled: {doc:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = shardcall(&[
+        "drain", "--redis", &url, "--group", "ops", "a", "--wait", "--actor", "bob",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("holds no partition"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Everything ends with b; a is still a member, marked draining.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let doc = status_json(&url, &log_arg);
+        let parts = doc["partitions"].as_array().unwrap();
+        let all_b = parts
+            .iter()
+            .all(|p| p["phase"] == "owned" && p["holder"].as_str().unwrap().starts_with("b-"));
+        if all_b {
+            let a = doc["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["member"].as_str().unwrap().starts_with("a-"))
+                .expect("a is still a member")
+                .clone();
+            assert_eq!(a["draining"], true);
+            assert_eq!(a["partitions"], 0);
+            break;
+        }
+        assert!(Instant::now() < deadline, "not all with b: {doc:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = shardcall(&["drain", "--redis", &url, "--group", "ops", "nobody"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("no member nobody"));
+}

@@ -52,10 +52,13 @@ pub fn step_with(
     let mut expired: BTreeMap<&MemberId, Millis> = BTreeMap::new();
     for m in state.members.values() {
         if m.is_live(now) {
-            live.push(MemberSpec {
-                id: m.id.clone(),
-                weight: m.weight,
-            });
+            // A draining member keeps its lease but gets no partitions.
+            if !m.draining {
+                live.push(MemberSpec {
+                    id: m.id.clone(),
+                    weight: m.weight,
+                });
+            }
         } else {
             commands.push(Command::ExpireMember {
                 member: m.id.clone(),

@@ -23,6 +23,10 @@ pub struct MemberRecord {
     pub last_heartbeat: Millis,
     /// Its lease ends here unless renewed.
     pub lease_expires_at: Millis,
+    /// An operator asked for its partitions to move away (it stays a live
+    /// member, gets nothing new, and may stop once it holds nothing).
+    #[serde(default)]
+    pub draining: bool,
 }
 
 impl MemberRecord {
@@ -240,6 +244,7 @@ impl GroupState {
                 joined_at: now,
                 last_heartbeat: now,
                 lease_expires_at: now + ttl,
+                draining: false,
             },
         );
         self.version += 1;
@@ -256,6 +261,23 @@ impl GroupState {
         m.last_heartbeat = now;
         m.lease_expires_at = now + ttl;
         Ok(m.lease_expires_at)
+    }
+
+    /// Marks a member as draining: the coordinator moves its partitions away
+    /// gracefully (revoke, release, quarantine) and gives it nothing new.
+    pub fn drain(&mut self, member: &MemberId, now: Millis, actor: &str) -> Result<(), StateError> {
+        let m = self
+            .members
+            .get_mut(member)
+            .ok_or_else(|| StateError::Fenced(Fenced::LeaseExpired(member.clone())))?;
+        m.draining = true;
+        self.version += 1;
+        self.audit.push(AuditEntry {
+            at: now,
+            actor: actor.to_owned(),
+            action: format!("drained member {member}"),
+        });
+        Ok(())
     }
 
     /// Removes a member at once. Partitions it still holds are quarantined

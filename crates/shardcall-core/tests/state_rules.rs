@@ -322,3 +322,35 @@ fn a_new_group_waits_for_its_members_before_the_first_assignment() {
             .any(|c| matches!(c, Command::Revoke { .. }))
     );
 }
+
+#[test]
+fn a_drained_member_gives_its_partitions_away_gracefully() {
+    let mut g = GroupState::new(policy(100));
+    g.join(&m("a"), 1, "h", 0, 100_000).unwrap();
+    g.join(&m("b"), 1, "h", 0, 100_000).unwrap();
+    settle(&mut g, &m("a"), 0, &[p(0), p(1), p(2), p(3)]);
+    assert_eq!(g.held_by(&m("b")).len(), 2);
+    g.drain(&m("b"), 10, "ops").unwrap();
+    assert!(g.audit.last().unwrap().action.contains("drained"));
+    settle(&mut g, &m("a"), 20, &[p(0), p(1), p(2), p(3)]);
+    // Revoked, not taken: b drains and releases each itself.
+    let draining: Vec<_> = g
+        .held_by(&m("b"))
+        .into_iter()
+        .map(|(p, ph)| {
+            assert!(matches!(ph, Phase::Draining { .. }), "{ph:?}");
+            (p, ph.holder().unwrap().1)
+        })
+        .collect();
+    assert_eq!(draining.len(), 2);
+    for (part, epoch) in draining {
+        g.release(&m("b"), &part, epoch, 30).unwrap();
+    }
+    settle(&mut g, &m("a"), 130, &[p(0), p(1), p(2), p(3)]);
+    assert_eq!(g.held_by(&m("a")).len(), 4);
+    assert!(g.held_by(&m("b")).is_empty());
+    assert!(
+        g.members[&m("b")].is_live(130),
+        "a drained member stays a member"
+    );
+}

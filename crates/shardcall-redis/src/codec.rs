@@ -31,6 +31,8 @@ struct StoredMember {
     x: u64,
     #[serde(default)]
     p: serde_json::Value,
+    #[serde(default)]
+    d: bool,
 }
 
 /// Decodes a member record.
@@ -43,6 +45,7 @@ pub fn decode_member(id: &str, raw: &str) -> Result<MemberRecord, StoreError> {
         joined_at: m.j,
         last_heartbeat: m.hb,
         lease_expires_at: m.x,
+        draining: m.d,
     })
 }
 

@@ -52,6 +52,7 @@ struct Scripts {
     release: Script,
     backup_done: Script,
     operator_release: Script,
+    drain: Script,
     sync_grant: Script,
     release_grant: Script,
     checkpoint: Script,
@@ -69,6 +70,7 @@ impl Scripts {
             release: script(include_str!("../lua/release.lua")),
             backup_done: script(include_str!("../lua/backup_done.lua")),
             operator_release: script(include_str!("../lua/operator_release.lua")),
+            drain: script(include_str!("../lua/drain.lua")),
             sync_grant: script(include_str!("../lua/sync_grant.lua")),
             release_grant: script(include_str!("../lua/release_grant.lua")),
             checkpoint: script(include_str!("../lua/checkpoint.lua")),
@@ -758,6 +760,24 @@ impl CoordinationStore for RedisStore {
             .invoke_async(&mut c)
             .await
             .map_err(|e| map_error(&e))?;
+        Ok(())
+    }
+
+    async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()> {
+        let k = keys(group);
+        let mut c = self.conn.clone();
+        let _: i64 = self
+            .scripts
+            .drain
+            .key(k.members)
+            .key(k.version)
+            .key(k.audit)
+            .arg(member.as_str())
+            .arg(actor)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        self.announce(group).await;
         Ok(())
     }
 

@@ -24,6 +24,30 @@ pub async fn run_all<S: CoordinationStore>(store: &S, prefix: &str) {
     quarantine_and_release(store, &format!("{prefix}-quarantine")).await;
     leave_quarantines_held(store, &format!("{prefix}-leave")).await;
     checkpoint_bytes_round_trip(store, &format!("{prefix}-bytes")).await;
+    drain_is_recorded(store, &format!("{prefix}-drain")).await;
+}
+
+/// Draining marks the member (it stays live) and is audited; an unknown
+/// member cannot be drained.
+pub async fn drain_is_recorded<S: CoordinationStore>(store: &S, group: &str) {
+    let a = m("a");
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    let v = store.load_group(group).await.unwrap().version;
+    store.drain(group, &a, "ops").await.unwrap();
+    let g = store.load_group(group).await.unwrap();
+    assert!(g.members[&a].draining);
+    assert!(g.version > v);
+    assert!(
+        g.audit
+            .iter()
+            .any(|e| e.actor == "ops" && e.action.contains("drained"))
+    );
+    store.renew(group, &a, LONG).await.unwrap();
+    assert!(
+        store.load_group(group).await.unwrap().members[&a].draining,
+        "renewal keeps the mark"
+    );
+    assert!(store.drain(group, &m("ghost"), "ops").await.is_err());
 }
 
 fn m(name: &str) -> MemberId {

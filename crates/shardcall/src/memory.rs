@@ -197,6 +197,11 @@ impl CoordinationStore for MemoryStore {
             .map_err(StoreError::from)
     }
 
+    async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()> {
+        self.with_group(group, |g, now| g.drain(member, now, actor))
+            .map_err(StoreError::from)
+    }
+
     async fn operator_release(
         &self,
         group: &str,

@@ -171,6 +171,10 @@ pub trait CoordinationStore: Send + Sync + 'static {
         epoch: Epoch,
     ) -> StoreResult<()>;
 
+    /// Marks a member as draining on an operator's word (audited): its
+    /// partitions move away gracefully and it gets nothing new.
+    async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()>;
+
     /// Ends a quarantine early on an operator's word; audited.
     async fn operator_release(
         &self,
