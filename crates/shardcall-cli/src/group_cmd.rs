@@ -134,6 +134,132 @@ pub fn drain(args: &DrainArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Arguments of `shardcall reset-offsets`.
+#[derive(Debug, clap::Args)]
+pub struct ResetArgs {
+    #[command(flatten)]
+    redis: RedisOpts,
+    /// The group.
+    #[arg(long)]
+    group: String,
+    /// The file log the group consumes (to find earliest, latest and times).
+    #[arg(long)]
+    log: PathBuf,
+    /// The topic.
+    #[arg(long)]
+    topic: String,
+    /// Only this partition (default: every partition of the topic).
+    #[arg(long)]
+    partition: Option<u32>,
+    /// Where to: earliest, latest, an offset, or @MILLIS for the first
+    /// record stamped at or after that time (ms since the Unix epoch).
+    #[arg(long)]
+    to: String,
+    /// Also reset partitions a member holds (it keeps its own position
+    /// until the partition next moves; drain it first to avoid that).
+    #[arg(long)]
+    force: bool,
+    /// Show what would change without changing it.
+    #[arg(long)]
+    dry_run: bool,
+    /// Who resets, for the audit log (default: $USER).
+    #[arg(long)]
+    actor: Option<String>,
+}
+
+/// Where `--to` points in one partition.
+fn target_offset(spool: &shardcall_spool::Spool, to: &str) -> anyhow::Result<u64> {
+    let (start, end) = (spool.start_offset(), spool.end_offset()?);
+    Ok(match to {
+        "earliest" => start,
+        "latest" => end,
+        t if t.starts_with('@') => {
+            let at: i64 = t[1..]
+                .parse()
+                .with_context(|| format!("--to {t}: a time is @MILLIS"))?;
+            let mut offset = start;
+            loop {
+                let batch = spool.read(offset, 10_000, 4 << 20)?;
+                if batch.is_empty() {
+                    break end;
+                }
+                if let Some(r) = batch.iter().find(|r| r.timestamp_ms >= at) {
+                    break r.offset;
+                }
+                offset = batch.last().map_or(end, |r| r.offset + 1);
+            }
+        }
+        n => {
+            let o: u64 = n
+                .parse()
+                .with_context(|| format!("--to {n}: use earliest, latest, an offset or @MILLIS"))?;
+            anyhow::ensure!(
+                (start..=end).contains(&o),
+                "offset {o} is outside the partition's records {start}..{end}"
+            );
+            o
+        }
+    })
+}
+
+/// Runs `shardcall reset-offsets`.
+pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
+    let log = FileLog::open(&args.log, SpoolConfig::default())?;
+    let count = log.partition_count(&args.topic)?;
+    anyhow::ensure!(
+        count > 0,
+        "topic {} has no partitions in {}",
+        args.topic,
+        args.log.display()
+    );
+    let parts: Vec<u32> = match args.partition {
+        Some(p) => {
+            anyhow::ensure!(p < count, "topic {} has {count} partitions", args.topic);
+            vec![p]
+        }
+        None => (0..count).collect(),
+    };
+    let who = actor(&args.actor);
+    runtime()?.block_on(async {
+        let store = args.redis.connect().await?;
+        let mut refused = 0;
+        for p in parts {
+            let spool = log.open_partition_read_only(&args.topic, p)?;
+            let offset = target_offset(&spool, &args.to)?;
+            let id = PartitionId::new(&args.topic, p);
+            if args.dry_run {
+                let now = store
+                    .load_checkpoint(&args.group, &id)
+                    .await?
+                    .map(|c| c.offset);
+                println!(
+                    "{id}: {} -> {offset} (dry run)",
+                    now.map_or("none".into(), |o| o.to_string())
+                );
+                continue;
+            }
+            match store
+                .reset_offset(&args.group, &id, offset, args.force, &who)
+                .await
+            {
+                Ok(prev) => println!(
+                    "{id}: {} -> {offset}",
+                    prev.map_or("none".into(), |o| o.to_string())
+                ),
+                Err(e) => {
+                    refused += 1;
+                    println!("{id}: not reset: {e}");
+                }
+            }
+        }
+        Ok(if refused == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
+    })
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()

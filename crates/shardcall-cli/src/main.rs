@@ -41,6 +41,9 @@ enum Command {
     Release(group_cmd::ReleaseArgs),
     /// Move a member's partitions away gracefully, so it can be stopped.
     Drain(group_cmd::DrainArgs),
+    /// Set where a group resumes in a topic (refused while a member holds a
+    /// partition, unless forced); audited.
+    ResetOffsets(group_cmd::ResetArgs),
     /// Append lines from stdin to a topic of the embedded file log.
     Produce(produce::ProduceArgs),
     /// Print records of a topic of the embedded file log.
@@ -135,6 +138,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => group_cmd::plan(&args),
         Command::Release(args) => group_cmd::release(&args),
         Command::Drain(args) => group_cmd::drain(&args),
+        Command::ResetOffsets(args) => group_cmd::reset(&args),
         Command::Produce(args) => produce::run(&args),
         Command::Consume(args) => consume::run(&args),
         Command::Spool(cmd) => spool_cmd::run(&cmd),

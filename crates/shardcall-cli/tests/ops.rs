@@ -125,6 +125,111 @@ fn status_plan_and_release() {
         std::thread::sleep(Duration::from_millis(100));
     };
 
+    // Offsets: a quarantined partition resets; an owned one only with --force.
+    let (topic_q, num_q) = quarantined[1].split_once('/').unwrap();
+    let out = shardcall(&[
+        "reset-offsets",
+        "--redis",
+        &url,
+        "--group",
+        "ops",
+        "--log",
+        &log_arg,
+        "--topic",
+        topic_q,
+        "--partition",
+        num_q,
+        "--to",
+        "@0",
+        "--dry-run",
+    ]);
+    assert!(
+        text(&out.stdout).contains("-> 0 (dry run)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = shardcall(&[
+        "reset-offsets",
+        "--redis",
+        &url,
+        "--group",
+        "ops",
+        "--log",
+        &log_arg,
+        "--topic",
+        topic_q,
+        "--partition",
+        num_q,
+        "--to",
+        "earliest",
+        "--actor",
+        "carol",
+    ]);
+    assert!(
+        out.status.success(),
+        "{} {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let doc = status_json(&url, &log_arg);
+    let row = doc["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["partition"] == quarantined[1].as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(row["offset"], 0, "{row:#}");
+    let owned = doc["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == "owned")
+        .unwrap()["partition"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (topic_o, num_o) = owned.split_once('/').unwrap();
+    let out = shardcall(&[
+        "reset-offsets",
+        "--redis",
+        &url,
+        "--group",
+        "ops",
+        "--log",
+        &log_arg,
+        "--topic",
+        topic_o,
+        "--partition",
+        num_o,
+        "--to",
+        "latest",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("not reset"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = shardcall(&[
+        "reset-offsets",
+        "--redis",
+        &url,
+        "--group",
+        "ops",
+        "--log",
+        &log_arg,
+        "--topic",
+        "t",
+        "--to",
+        "999999",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an offset beyond the records is refused"
+    );
+
     // The dry run says nothing will move yet (the quarantine holds them).
     let out = shardcall(&["plan", "--redis", &url, "--group", "ops", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));

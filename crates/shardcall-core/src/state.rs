@@ -280,6 +280,34 @@ impl GroupState {
         Ok(())
     }
 
+    /// Whether an operator may set `partition`'s offset: not while a member
+    /// holds it (owned or draining) unless `force`. Audited when allowed.
+    pub fn allow_reset(
+        &mut self,
+        partition: &PartitionId,
+        force: bool,
+        actor: &str,
+        what: &str,
+        now: Millis,
+    ) -> Result<(), StateError> {
+        let phase = self.partitions.get(partition).map(|r| &r.phase);
+        if let Some(ph @ (Phase::Owned { .. } | Phase::Draining { .. })) = phase
+            && !force
+        {
+            return Err(StateError::WrongPhase {
+                partition: partition.clone(),
+                phase: ph.name().to_owned(),
+                wanted: "free or quarantined (drain its owner first, or force)",
+            });
+        }
+        self.audit.push(AuditEntry {
+            at: now,
+            actor: actor.to_owned(),
+            action: what.to_owned(),
+        });
+        Ok(())
+    }
+
     /// Removes a member at once. Partitions it still holds are quarantined
     /// from `now` (a graceful leave releases them first).
     pub fn leave(&mut self, member: &MemberId, now: Millis) {

@@ -53,6 +53,7 @@ struct Scripts {
     backup_done: Script,
     operator_release: Script,
     drain: Script,
+    reset: Script,
     sync_grant: Script,
     release_grant: Script,
     checkpoint: Script,
@@ -71,6 +72,7 @@ impl Scripts {
             backup_done: script(include_str!("../lua/backup_done.lua")),
             operator_release: script(include_str!("../lua/operator_release.lua")),
             drain: script(include_str!("../lua/drain.lua")),
+            reset: script(include_str!("../lua/reset.lua")),
             sync_grant: script(include_str!("../lua/sync_grant.lua")),
             release_grant: script(include_str!("../lua/release_grant.lua")),
             checkpoint: script(include_str!("../lua/checkpoint.lua")),
@@ -779,6 +781,52 @@ impl CoordinationStore for RedisStore {
             .map_err(|e| map_error(&e))?;
         self.announce(group).await;
         Ok(())
+    }
+
+    async fn reset_offset(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        offset: u64,
+        force: bool,
+        actor: &str,
+    ) -> StoreResult<Option<u64>> {
+        // The table decides first; the partition's copy is checked again in
+        // its own slot as the offset is written.
+        if !force
+            && let Some(e) = self.table_entry(group, partition).await?
+            && matches!(e.phase(), Phase::Owned { .. } | Phase::Draining { .. })
+        {
+            return Err(StoreError::Refused(format!(
+                "wrong phase: {partition} is {} (drain its owner first, or force)",
+                e.phase().name()
+            )));
+        }
+        let mut c = self.conn.clone();
+        let prev: i64 = self
+            .scripts
+            .reset
+            .key(grant_key(group, partition))
+            .key(checkpoint_key(group, partition))
+            .arg(offset)
+            .arg(u8::from(force))
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        let previous = u64::try_from(prev).ok();
+        let entry = serde_json::json!({
+            "at": self.now().await?,
+            "actor": actor,
+            "action": format!(
+                "reset {partition} from {} to {offset}",
+                previous.map_or("none".to_string(), |o| o.to_string())
+            ),
+        });
+        let _: i64 = c
+            .rpush(keys(group).audit, entry.to_string())
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(previous)
     }
 
     async fn operator_release(

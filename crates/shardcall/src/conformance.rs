@@ -25,6 +25,72 @@ pub async fn run_all<S: CoordinationStore>(store: &S, prefix: &str) {
     leave_quarantines_held(store, &format!("{prefix}-leave")).await;
     checkpoint_bytes_round_trip(store, &format!("{prefix}-bytes")).await;
     drain_is_recorded(store, &format!("{prefix}-drain")).await;
+    reset_offsets(store, &format!("{prefix}-reset")).await;
+}
+
+/// An operator reset moves only the offset, is refused while the partition
+/// is held unless forced, and is audited.
+pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
+    let a = m("a");
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    let (_, epochs) = grant_all(store, group, &a, 2).await;
+    let cp = Checkpoint {
+        offset: 50,
+        state: b"kept".to_vec(),
+        epoch: epochs[0],
+    };
+    store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
+    assert!(matches!(
+        store.reset_offset(group, &p(0), 10, false, "ops").await,
+        Err(StoreError::Refused(_))
+    ));
+    assert_eq!(
+        store
+            .load_checkpoint(group, &p(0))
+            .await
+            .unwrap()
+            .unwrap()
+            .offset,
+        50
+    );
+    assert_eq!(
+        store
+            .reset_offset(group, &p(0), 10, true, "ops")
+            .await
+            .unwrap(),
+        Some(50)
+    );
+    let after = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
+    assert_eq!(
+        (after.offset, after.state.as_slice(), after.epoch),
+        (10, &b"kept"[..], epochs[0])
+    );
+    // The holder's next checkpoint still passes (its epoch is kept).
+    store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
+    // A released (quarantined) partition resets without force; no checkpoint yet is fine.
+    store.release(group, &a, &p(1), epochs[1]).await.unwrap();
+    assert_eq!(
+        store
+            .reset_offset(group, &p(1), 7, false, "ops")
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .load_checkpoint(group, &p(1))
+            .await
+            .unwrap()
+            .unwrap()
+            .offset,
+        7
+    );
+    let g = store.load_group(group).await.unwrap();
+    assert!(
+        g.audit
+            .iter()
+            .any(|e| e.actor == "ops" && e.action.contains("topic/1"))
+    );
 }
 
 /// Draining marks the member (it stays live) and is audited; an unknown

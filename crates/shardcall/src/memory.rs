@@ -202,6 +202,36 @@ impl CoordinationStore for MemoryStore {
             .map_err(StoreError::from)
     }
 
+    async fn reset_offset(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        offset: u64,
+        force: bool,
+        actor: &str,
+    ) -> StoreResult<Option<u64>> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        let key = (group.to_owned(), partition.clone());
+        let previous = inner.checkpoints.get(&key).map(|c| c.offset);
+        let what = format!(
+            "reset {partition} from {} to {offset}",
+            previous.map_or("none".to_string(), |o| o.to_string())
+        );
+        inner
+            .groups
+            .entry(group.to_owned())
+            .or_default()
+            .allow_reset(partition, force, actor, &what, now)?;
+        let cp = inner.checkpoints.entry(key).or_insert(Checkpoint {
+            offset,
+            state: Vec::new(),
+            epoch: 0,
+        });
+        cp.offset = offset;
+        Ok(previous)
+    }
+
     async fn operator_release(
         &self,
         group: &str,

@@ -175,6 +175,20 @@ pub trait CoordinationStore: Send + Sync + 'static {
     /// partitions move away gracefully and it gets nothing new.
     async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()>;
 
+    /// Sets a partition's checkpointed offset on an operator's word, keeping
+    /// its state bytes (like Kafka, only the position moves); audited.
+    /// Refused while a member holds the partition unless `force` (the holder
+    /// then keeps its own position until the partition next moves). Returns
+    /// the previous offset, if there was a checkpoint.
+    async fn reset_offset(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        offset: u64,
+        force: bool,
+        actor: &str,
+    ) -> StoreResult<Option<u64>>;
+
     /// Ends a quarantine early on an operator's word; audited.
     async fn operator_release(
         &self,
