@@ -122,14 +122,8 @@ pub type Dir = PathBuf;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Worker(_)) {
-        tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-            )
-            .init();
+    if let Command::Worker(args) = &cli.command {
+        worker_cmd::init_logs(args.log_format);
     }
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),

@@ -53,6 +53,31 @@ pub struct WorkerArgs {
     /// Append every processed batch as a JSON line to this file (an oracle for tests).
     #[arg(long)]
     oracle: Option<PathBuf>,
+    /// Log lines on stderr as text or as one JSON object each (the level comes from RUST_LOG).
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, with the group, member, partition and epoch as fields.
+    Json,
+}
+
+/// Sends `tracing` output to stderr in the chosen format.
+pub fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
 }
 
 /// Writes each batch as a JSON line, with wall-clock microseconds so files

@@ -381,3 +381,51 @@ fn drain_moves_a_members_partitions_away() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("no member nobody"));
 }
+
+#[test]
+fn json_logs_name_the_group_member_partition_and_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log_dir = dir.path().join("log");
+    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
+    log.ensure_topic("t", 2).unwrap();
+    let err_path = dir.path().join("w.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args([
+            "worker",
+            "--redis",
+            &redis.url(),
+            "--group",
+            "logs",
+            "--topic",
+            "t",
+        ])
+        .arg("--log")
+        .arg(&log_dir)
+        .args(["--name", "w", "--tick-ms", "100", "--log-format", "json"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let _k = Killer(vec![child]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&err_path).unwrap_or_default();
+        let started: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("every line is JSON"))
+            .filter(|v| v["message"] == "partition started")
+            .collect();
+        if started.len() == 2 {
+            for v in started {
+                assert_eq!(v["group"], "logs");
+                assert!(v["member"].as_str().unwrap().starts_with("w-"));
+                assert!(v["partition"].as_str().unwrap().starts_with("t/"));
+                assert_eq!(v["epoch"], 1);
+            }
+            break;
+        }
+        assert!(Instant::now() < deadline, "no partition log lines: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
