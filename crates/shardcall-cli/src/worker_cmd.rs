@@ -53,6 +53,10 @@ pub struct WorkerArgs {
     /// Append every processed batch as a JSON line to this file (an oracle for tests).
     #[arg(long)]
     oracle: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off unless given;
+    /// e.g. 127.0.0.1:9464 keeps them on this machine).
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Log lines on stderr as text or as one JSON object each (the level comes from RUST_LOG).
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -131,6 +135,13 @@ async fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
         ..WorkerConfig::default()
     };
     config.validate().context("worker configuration")?;
+    if let Some(addr) = args.metrics_addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .with_context(|| format!("serving metrics on {addr}"))?;
+        tracing::info!(%addr, "metrics at /metrics");
+    }
     let log = FileLog::open(&args.log, SpoolConfig::default())
         .with_context(|| format!("opening file log {}", args.log.display()))?;
     let source = Arc::new(FileLogSource::new(log, args.topic.clone()));

@@ -429,3 +429,75 @@ fn json_logs_name_the_group_member_partition_and_epoch() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn prometheus_metrics_on_an_opt_in_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log_dir = dir.path().join("log");
+    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
+    log.ensure_topic("t", 3).unwrap();
+    let mut p = log.producer("t").unwrap();
+    for i in 0..300u32 {
+        p.send(None, i.to_string().as_bytes(), 0).unwrap();
+    }
+    p.sync().unwrap();
+    let port = shardcall_redis::testing::free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args([
+            "worker",
+            "--redis",
+            &redis.url(),
+            "--group",
+            "m",
+            "--topic",
+            "t",
+        ])
+        .arg("--log")
+        .arg(&log_dir)
+        .args(["--name", "w", "--tick-ms", "100"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _k = Killer(vec![child]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(body) = http_get(port, "/metrics")
+            && metric(&body, "shardcall_records_processed_total") >= 300.0
+        {
+            assert_eq!(metric(&body, "shardcall_owned_partitions"), 3.0, "{body}");
+            assert!(metric(&body, "shardcall_rebalances_total") >= 1.0, "{body}");
+            assert!(body.contains("shardcall_batch_seconds"), "{body}");
+            assert!(body.contains("shardcall_store_seconds"), "{body}");
+            assert!(body.contains("shardcall_lag_records"), "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never showed the records"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -16,6 +16,7 @@ pub mod oracle;
 mod partition;
 mod source;
 mod store;
+pub mod telemetry;
 mod worker;
 
 pub use config::{WorkerConfig, WorkerConfigError};

@@ -147,6 +147,9 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             if self.lease.expired() {
                 return self.lost("lease ran short");
             }
+            if let Ok(end) = self.source.end_offset(&p).await {
+                crate::telemetry::lag(&self.group, &p, end.saturating_sub(offset));
+            }
             match self.process(batch, &mut offset).await {
                 Ok(true) => attempt = 0,
                 Ok(false) => return self.lost("checkpoint refused: fenced out"),
@@ -200,6 +203,7 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
     ) -> Result<bool, HandlerError> {
         let first = batch[0].offset;
         let last = batch[batch.len() - 1].offset;
+        let began = std::time::Instant::now();
         let started_us = self.observer.as_ref().map_or(0, |o| o.now_us());
         let ctx = self.ctx.clone();
         let (h, result) = with_handler(self.take_handler(), move |h| h.process(&ctx, &batch)).await;
@@ -225,9 +229,16 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
                 &self.ctx.partition,
                 &checkpoint,
             );
-            match tokio::time::timeout(left, attempt).await {
+            let sent = std::time::Instant::now();
+            let result = tokio::time::timeout(left, attempt).await;
+            crate::telemetry::store_seconds("checkpoint", sent.elapsed());
+            match result {
                 Ok(Ok(())) => break true,
-                Ok(Err(StoreError::Fenced(_))) | Err(_) => break false,
+                Ok(Err(StoreError::Fenced(_))) => {
+                    crate::telemetry::fenced(&self.group);
+                    break false;
+                }
+                Err(_) => break false,
                 Ok(Err(e)) => {
                     tracing::warn!(partition = %self.ctx.partition, error = %e, "checkpoint failed; retrying");
                     tokio::time::sleep(RETRY.min(left)).await;
@@ -248,6 +259,8 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             });
         }
         if committed {
+            crate::telemetry::batch_seconds(&self.group, began.elapsed());
+            crate::telemetry::processed(&self.group, &self.ctx.partition, last - first + 1);
             *offset = last + 1;
             self.processed
                 .fetch_add(last - first + 1, std::sync::atomic::Ordering::Relaxed);

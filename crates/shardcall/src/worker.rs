@@ -308,7 +308,19 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         w.store
             .apply(group, lease.epoch, state.version, &plan.commands)
             .await?;
+        for c in &plan.commands {
+            if let shardcall_core::Command::Free { partition } = c
+                && let Some(Phase::Quarantined { since, .. }) =
+                    state.partitions.get(partition).map(|r| &r.phase)
+            {
+                crate::telemetry::quarantine_seconds(
+                    group,
+                    Duration::from_millis(now.saturating_sub(*since)),
+                );
+            }
+        }
         if !plan.moves.is_empty() {
+            crate::telemetry::rebalance(group, plan.moves.len());
             for mv in &plan.moves {
                 tracing::info!(group, partition = %mv.partition, from = ?mv.from.as_ref().map(MemberId::as_str),
                     to = %mv.to, reason = %mv.reason, "assignment moves");
@@ -429,6 +441,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             .map(|(p, r)| (p.clone(), r.epoch))
             .collect();
         running.sort();
+        crate::telemetry::owned(&self.worker.config.group, running.len());
         *self.stats.running.lock().expect("stats lock") = running;
     }
 
