@@ -17,6 +17,8 @@ command -v dd >/dev/null 2>&1 || missing+=(coreutils)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 # openssl makes a private CA and certificate for the rediss:// test.
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# python3 runs the example handler of the --exec protocol test.
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]} from Debian's packages"
   apt-get update -qq

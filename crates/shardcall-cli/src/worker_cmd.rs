@@ -53,6 +53,11 @@ pub struct WorkerArgs {
     /// Append every processed batch as a JSON line to this file (an oracle for tests).
     #[arg(long)]
     oracle: Option<PathBuf>,
+    /// Run this command (with `sh -c`) as the handler, one process per
+    /// partition, speaking line-delimited JSON (see the README); without it
+    /// the built-in reference digest handler runs.
+    #[arg(long)]
+    exec: Option<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics (off unless given;
     /// e.g. 127.0.0.1:9464 keeps them on this machine).
     #[arg(long)]
@@ -170,14 +175,27 @@ async fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
         })),
         None => None,
     };
-    let handle = Worker {
-        config,
-        store: Arc::new(store),
-        source,
-        factory: Arc::new(DigestFactory::default()),
-        observer,
-    }
-    .spawn()?;
+    let store = Arc::new(store);
+    let handle = match &args.exec {
+        Some(command) => Worker {
+            config,
+            store,
+            source,
+            factory: Arc::new(shardcall::exec::ExecFactory {
+                command: command.clone(),
+            }),
+            observer,
+        }
+        .spawn()?,
+        None => Worker {
+            config,
+            store,
+            source,
+            factory: Arc::new(DigestFactory::default()),
+            observer,
+        }
+        .spawn()?,
+    };
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

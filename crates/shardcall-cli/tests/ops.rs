@@ -501,3 +501,96 @@ fn prometheus_metrics_on_an_opt_in_address() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn a_python_handler_over_exec_survives_its_own_crash() {
+    use shardcall::oracle::DigestState;
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log_dir = dir.path().join("log");
+    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
+    log.ensure_topic("t", 3).unwrap();
+    let mut p = log.producer("t").unwrap();
+    for i in 0..600u32 {
+        p.send(
+            Some(format!("k{}", i % 13).as_bytes()),
+            format!("value {i} ü").as_bytes(),
+            0,
+        )
+        .unwrap();
+    }
+    p.sync().unwrap();
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/handlers/digest.py");
+    let marker = dir.path().join("crashed");
+    let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args([
+            "worker",
+            "--redis",
+            &redis.url(),
+            "--group",
+            "py",
+            "--topic",
+            "t",
+        ])
+        .arg("--log")
+        .arg(&log_dir)
+        .args(["--name", "w", "--tick-ms", "100"])
+        .arg("--exec")
+        .arg(format!("python3 {}", script.display()))
+        .env("CRASH_AT_OFFSET", "50")
+        .env("CRASH_MARKER", &marker)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _k = Killer(vec![child]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use shardcall::CoordinationStore;
+        let store = shardcall_redis::RedisStore::connect(&redis.url())
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        'wait: loop {
+            assert!(
+                Instant::now() < deadline,
+                "the Python handler never caught up"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for n in 0..3 {
+                let spool = log.open_partition_read_only("t", n).unwrap();
+                let end = spool.end_offset().unwrap();
+                let id = shardcall_core::PartitionId::new("t", n);
+                let Some(cp) = store.load_checkpoint("py", &id).await.unwrap() else {
+                    continue 'wait;
+                };
+                if cp.offset != end {
+                    continue 'wait;
+                }
+            }
+            break;
+        }
+        for n in 0..3 {
+            let records = log
+                .open_partition_read_only("t", n)
+                .unwrap()
+                .read(0, usize::MAX, usize::MAX)
+                .unwrap();
+            let id = shardcall_core::PartitionId::new("t", n);
+            let cp = store.load_checkpoint("py", &id).await.unwrap().unwrap();
+            assert_eq!(
+                DigestState::from_bytes(&cp.state),
+                Some(DigestState::of(&records)),
+                "t/{n}: the Python handler's state is not exactly-once"
+            );
+        }
+    });
+    assert!(
+        marker.exists(),
+        "the handler never crashed, so the restart was not tested"
+    );
+}

@@ -9,6 +9,7 @@
 mod config;
 pub mod conformance;
 mod error;
+pub mod exec;
 mod handler;
 mod lease;
 mod memory;
