@@ -8,6 +8,7 @@ mod demo;
 mod group_cmd;
 mod produce;
 mod redis_opts;
+mod settings;
 mod spool_cmd;
 mod worker_cmd;
 
@@ -39,6 +40,9 @@ enum Command {
     Plan(group_cmd::PlanArgs),
     /// End a partition's quarantine early (recorded in the group's audit log).
     Release(group_cmd::ReleaseArgs),
+    /// Check a configuration file, or print an example of one.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Move a member's partitions away gracefully, so it can be stopped.
     Drain(group_cmd::DrainArgs),
     /// Set where a group resumes in a topic (refused while a member holds a
@@ -54,6 +58,21 @@ enum Command {
     /// Measure performance against a baseline in the same run.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate a worker configuration (with the environment's SHARDCALL_*
+    /// overrides and any --set) and explain every problem.
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+        /// Override one key: PATH=VALUE.
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        sets: Vec<String>,
+    },
+    /// Print a complete, commented example configuration.
+    Example,
 }
 
 #[derive(Debug, Subcommand)]
@@ -120,11 +139,34 @@ pub fn durability(arg: FsyncArg, interval_ms: u64) -> Durability {
 /// A folder argument.
 pub type Dir = PathBuf;
 
+fn config_check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitCode> {
+    match settings::load(Some(file), std::env::vars(), sets).and_then(|s| s.resolve()) {
+        Ok(r) => {
+            println!(
+                "{}: ok: group {}, worker {}, {} topic(s) from {}, Redis {}, handler {}",
+                file.display(),
+                r.worker.group,
+                r.worker.name,
+                r.topics.len(),
+                r.log.display(),
+                r.redis.join(","),
+                r.exec.as_deref().unwrap_or("built-in digest")
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            println!("{}: {} problem(s):", file.display(), errors.len());
+            for e in errors {
+                println!("  - {e}");
+            }
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Worker(args) = &cli.command {
-        worker_cmd::init_logs(args.log_format);
-    }
+
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Worker(args) => worker_cmd::run(&args),
@@ -132,6 +174,11 @@ fn main() -> ExitCode {
         Command::Plan(args) => group_cmd::plan(&args),
         Command::Release(args) => group_cmd::release(&args),
         Command::Drain(args) => group_cmd::drain(&args),
+        Command::Config(ConfigCommand::Example) => {
+            print!("{}", settings::EXAMPLE);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config(ConfigCommand::Check { file, sets }) => config_check(&file, &sets),
         Command::ResetOffsets(args) => group_cmd::reset(&args),
         Command::Produce(args) => produce::run(&args),
         Command::Consume(args) => consume::run(&args),

@@ -9,47 +9,62 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use shardcall::oracle::DigestFactory;
-use shardcall::{BatchObserver, BatchRecord, FileLogSource, Worker, WorkerConfig};
-use shardcall_core::GroupConfig;
-use shardcall_spool::{FileLog, SpoolConfig};
+use shardcall::{BatchObserver, BatchRecord, FileLogSource, Worker};
+use shardcall_spool::FileLog;
 
 use crate::Dir;
+use crate::settings::{self, Resolved, Settings};
 
-/// Arguments of `shardcall worker`.
+/// Arguments of `shardcall worker`. Everything can also come from a TOML
+/// file (`--config`), environment variables and `--set`; flags win.
 #[derive(Debug, clap::Args)]
 pub struct WorkerArgs {
-    #[command(flatten)]
-    redis: crate::redis_opts::RedisOpts,
+    /// A TOML configuration file (see `shardcall config example`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override one key of the configuration: PATH=VALUE, e.g. timing.quarantine_ms=0.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    sets: Vec<String>,
+    /// Redis URL: redis://[user:password@]host:port/ or rediss:// for TLS.
+    /// Several, comma separated, are the seed nodes of a Redis Cluster.
+    #[arg(long, value_delimiter = ',')]
+    redis: Vec<String>,
+    /// Treat a single `--redis` URL as a Redis Cluster seed node.
+    #[arg(long)]
+    redis_cluster: bool,
+    /// PEM file of the CA that signed the server's certificate.
+    #[arg(long)]
+    redis_ca: Option<PathBuf>,
     /// The group to join.
     #[arg(long)]
-    group: String,
+    group: Option<String>,
     /// Folder of the file log to consume.
     #[arg(long)]
-    log: Dir,
+    log: Option<Dir>,
     /// Topics to consume (comma separated).
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',')]
     topic: Vec<String>,
     /// This worker's name (the member id adds a unique suffix).
-    #[arg(long, default_value = "worker")]
-    name: String,
+    #[arg(long)]
+    name: Option<String>,
     /// Relative capacity.
-    #[arg(long, default_value_t = 1)]
-    weight: u32,
-    /// Member lease, in milliseconds.
-    #[arg(long, default_value_t = 10_000)]
-    ttl_ms: u64,
-    /// Heartbeat interval, in milliseconds.
-    #[arg(long, default_value_t = 2_000)]
-    heartbeat_ms: u64,
-    /// Stop partitions this long before the lease could lapse, in milliseconds.
-    #[arg(long, default_value_t = 3_000)]
-    margin_ms: u64,
-    /// Coordinator tick, in milliseconds.
-    #[arg(long, default_value_t = 500)]
-    tick_ms: u64,
-    /// Minimum quarantine of a revoked partition, in milliseconds.
-    #[arg(long, default_value_t = 5_000)]
-    quarantine_ms: u64,
+    #[arg(long)]
+    weight: Option<u32>,
+    /// Member lease, in milliseconds (default 10000).
+    #[arg(long)]
+    ttl_ms: Option<u64>,
+    /// Heartbeat interval, in milliseconds (default 2000).
+    #[arg(long)]
+    heartbeat_ms: Option<u64>,
+    /// Stop partitions this long before the lease could lapse, in ms (default 3000).
+    #[arg(long)]
+    margin_ms: Option<u64>,
+    /// Coordinator tick, in milliseconds (default 500).
+    #[arg(long)]
+    tick_ms: Option<u64>,
+    /// Minimum quarantine of a revoked partition, in milliseconds (default 5000).
+    #[arg(long)]
+    quarantine_ms: Option<u64>,
     /// Append every processed batch as a JSON line to this file (an oracle for tests).
     #[arg(long)]
     oracle: Option<PathBuf>,
@@ -63,8 +78,75 @@ pub struct WorkerArgs {
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Log lines on stderr as text or as one JSON object each (the level comes from RUST_LOG).
-    #[arg(long, value_enum, default_value = "text")]
-    pub log_format: LogFormat,
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+}
+
+impl WorkerArgs {
+    /// The configuration: defaults, the file, the environment, `--set`, then flags.
+    fn settings(&self) -> Result<Settings, Vec<String>> {
+        let mut s = settings::load(self.config.as_deref(), std::env::vars(), &self.sets)?;
+        if !self.redis.is_empty() {
+            s.redis.urls = self.redis.clone();
+        }
+        s.redis.cluster |= self.redis_cluster;
+        if let Some(ca) = &self.redis_ca {
+            s.redis.ca = Some(ca.clone());
+        }
+        if let Some(g) = &self.group {
+            s.group = g.clone();
+        }
+        if let Some(l) = &self.log {
+            s.source.log = Some(l.clone());
+        }
+        if !self.topic.is_empty() {
+            s.topics = self
+                .topic
+                .iter()
+                .map(|t| settings::TopicSettings {
+                    name: t.clone(),
+                    mode: "owned".into(),
+                })
+                .collect();
+        }
+        if let Some(n) = &self.name {
+            s.name = n.clone();
+        }
+        if let Some(w) = self.weight {
+            s.weight = w;
+        }
+        let t = &mut s.timing;
+        if let Some(v) = self.ttl_ms {
+            t.member_ttl_ms = v;
+            t.coordinator_ttl_ms = v;
+        }
+        if let Some(v) = self.heartbeat_ms {
+            t.heartbeat_ms = v;
+        }
+        if let Some(v) = self.margin_ms {
+            t.margin_ms = v;
+            s.batch.fetch_wait_ms = s.batch.fetch_wait_ms.min(v / 2).max(1);
+        }
+        if let Some(v) = self.tick_ms {
+            s.timing.tick_ms = v;
+        }
+        if let Some(v) = self.quarantine_ms {
+            s.timing.quarantine_ms = v;
+        }
+        if let Some(e) = &self.exec {
+            s.handler.exec = Some(e.clone());
+        }
+        if let Some(a) = self.metrics_addr {
+            s.metrics.addr = Some(a.to_string());
+        }
+        if let Some(f) = self.log_format {
+            s.log.format = match f {
+                LogFormat::Text => "text".into(),
+                LogFormat::Json => "json".into(),
+            };
+        }
+        Ok(s)
+    }
 }
 
 /// How log lines are written.
@@ -113,48 +195,49 @@ impl BatchObserver for FileOracle {
 
 /// Runs the command until SIGTERM or Ctrl-C (graceful stop).
 pub fn run(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
+    let resolved = match args.settings().and_then(|s| s.resolve()) {
+        Ok(r) => r,
+        Err(errors) => {
+            eprintln!("error: the configuration cannot work:");
+            for e in errors {
+                eprintln!("  - {e}");
+            }
+            return Ok(ExitCode::from(2));
+        }
+    };
+    init_logs(if resolved.json_logs {
+        LogFormat::Json
+    } else {
+        LogFormat::Text
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(worker(args))
+    runtime.block_on(worker(args, resolved))
 }
 
-async fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
-    let config = WorkerConfig {
-        group: args.group.clone(),
-        name: args.name.clone(),
-        host: hostname(),
-        weight: args.weight,
-        timing: GroupConfig {
-            member_ttl: Duration::from_millis(args.ttl_ms),
-            heartbeat_interval: Duration::from_millis(args.heartbeat_ms),
-            safety_margin: Duration::from_millis(args.margin_ms),
-            tick_interval: Duration::from_millis(args.tick_ms),
-            coordinator_ttl: Duration::from_millis(args.ttl_ms),
-            quarantine_min: Duration::from_millis(args.quarantine_ms),
-            ..GroupConfig::default()
-        },
-        fetch_wait: Duration::from_millis(args.margin_ms.min(100) / 2)
-            .max(Duration::from_millis(1)),
-        ..WorkerConfig::default()
-    };
-    config.validate().context("worker configuration")?;
-    if let Some(addr) = args.metrics_addr {
+async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
+    if let Some(addr) = r.metrics {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
             .install()
             .with_context(|| format!("serving metrics on {addr}"))?;
         tracing::info!(%addr, "metrics at /metrics");
     }
-    let log = FileLog::open(&args.log, SpoolConfig::default())
-        .with_context(|| format!("opening file log {}", args.log.display()))?;
-    let source = Arc::new(FileLogSource::new(log, args.topic.clone()));
-    let ca = args.redis.ca()?;
+    let log = FileLog::open(&r.log, r.spool.clone())
+        .with_context(|| format!("opening file log {}", r.log.display()))?;
+    let source = Arc::new(FileLogSource::new(log, r.topics.clone()));
+    let redis = crate::redis_opts::RedisOpts {
+        redis: r.redis.clone(),
+        redis_cluster: r.cluster,
+        redis_ca: r.ca.clone(),
+    };
+    let ca = redis.ca()?;
     // An unreachable server is retried with backoff, not a crash.
     let mut backoff = Duration::from_millis(100);
     let store = loop {
-        match args.redis.connect_with(ca.as_deref()).await {
+        match redis.connect_with(ca.as_deref()).await {
             Ok(s) => break s,
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "connecting to Redis");
@@ -176,7 +259,8 @@ async fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let store = Arc::new(store);
-    let handle = match &args.exec {
+    let config = r.worker.clone();
+    let handle = match &r.exec {
         Some(command) => Worker {
             config,
             store,
@@ -205,10 +289,4 @@ async fn worker(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
     handle.shutdown();
     handle.join().await?;
     Ok(ExitCode::SUCCESS)
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".into())
 }

@@ -325,3 +325,59 @@ fn bench_rebalance_json_has_failover_round_trips_and_rates() {
     );
     assert!(doc["checkpoints"]["per_s_one_node"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn config_example_checks_and_errors_are_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = shardcall(&["config", "example"], "");
+    assert!(out.status.success());
+    let path = dir.path().join("worker.toml");
+    std::fs::write(&path, &out.stdout).unwrap();
+    let out = shardcall(&["config", "check", &path.display().to_string()], "");
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("ok: group billing"));
+    // --set overrides, and each problem is named with its path.
+    let out = shardcall(
+        &[
+            "config",
+            "check",
+            &path.display().to_string(),
+            "--set",
+            "timing.heartbeat_ms=60000",
+            "--set",
+            "topics=[{name = \"t\", mode = \"ticket\"}]",
+            "--set",
+            "spool.fsync=\"often\"",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stdout);
+    assert!(said.contains("3 problem(s)"), "{said}");
+    assert!(
+        said.contains("heartbeat_interval")
+            && said.contains("topics[0].mode")
+            && said.contains("spool.fsync"),
+        "{said}"
+    );
+    // A misspelt key is refused by name.
+    std::fs::write(&path, "group = \"g\"\n[timing]\nmember_ttl = 5\n").unwrap();
+    let out = shardcall(&["config", "check", &path.display().to_string()], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("member_ttl"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn worker_refuses_a_configuration_that_cannot_work() {
+    let out = shardcall(&["worker", "--group", "g", "--ttl-ms", "1000"], "");
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("redis.urls") && err.contains("source.log") && err.contains("topics"),
+        "{err}"
+    );
+}

@@ -594,3 +594,52 @@ fn a_python_handler_over_exec_survives_its_own_crash() {
         "the handler never crashed, so the restart was not tested"
     );
 }
+
+#[test]
+fn a_worker_runs_from_a_config_file_with_env_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log_dir = dir.path().join("log");
+    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
+    log.ensure_topic("t", 2).unwrap();
+    let config = dir.path().join("w.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "group = \"cfg\"\nname = \"from-file\"\n[redis]\nurls = [\"{}\"]\n[source]\nlog = \"{}\"\n[[topics]]\nname = \"t\"\n[timing]\ntick_ms = 100\n",
+            redis.url(),
+            log_dir.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args(["worker", "--config"])
+        .arg(&config)
+        .env("SHARDCALL_NAME", "from-env")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _k = Killer(vec![child]);
+    let url = redis.url();
+    let log_arg = log_dir.display().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = shardcall(&[
+            "status", "--redis", &url, "--group", "cfg", "--log", &log_arg, "--json",
+        ]);
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let members = doc["members"].as_array().cloned().unwrap_or_default();
+        if members
+            .iter()
+            .any(|m| m["member"].as_str().unwrap().starts_with("from-env-"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no member named from the environment: {doc:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,601 @@
+//! One TOML file for a worker's whole configuration, overridable by
+//! environment variables (`SHARDCALL_` + the path in capitals, `__` between
+//! levels: `SHARDCALL_TIMING__MEMBER_TTL_MS=5000`) and by flags
+//! (`--set timing.member_ttl_ms=5000`, or the worker's own flags), in that
+//! order. `shardcall config check FILE` explains every error at once.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shardcall::WorkerConfig;
+use shardcall_core::GroupConfig;
+use shardcall_spool::{Durability, SpoolConfig};
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// The group to join.
+    pub group: String,
+    /// This worker's name (member ids add a unique suffix).
+    pub name: String,
+    /// Relative capacity.
+    pub weight: u32,
+    /// Where Redis is.
+    pub redis: RedisSettings,
+    /// Where records come from.
+    pub source: SourceSettings,
+    /// The topics consumed, and how.
+    pub topics: Vec<TopicSettings>,
+    /// Leases, ticks and quarantine.
+    pub timing: TimingSettings,
+    /// Batching.
+    pub batch: BatchSettings,
+    /// The local spool (the file log's partitions).
+    pub spool: SpoolSettings,
+    /// The handler.
+    pub handler: HandlerSettings,
+    /// Prometheus metrics.
+    pub metrics: MetricsSettings,
+    /// Logging.
+    pub log: LogSettings,
+}
+
+/// `[redis]`
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSettings {
+    /// URLs (`redis://`, `rediss://`); several are a cluster's seed nodes.
+    pub urls: Vec<String>,
+    /// Treat a single URL as a cluster seed node.
+    pub cluster: bool,
+    /// PEM file of a private CA for `rediss://`.
+    pub ca: Option<PathBuf>,
+}
+
+/// `[source]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SourceSettings {
+    /// `file` (the embedded file log).
+    pub kind: String,
+    /// The file log's folder.
+    pub log: Option<PathBuf>,
+}
+
+/// `[[topics]]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicSettings {
+    /// The topic.
+    pub name: String,
+    /// `owned`.
+    #[serde(default = "owned")]
+    pub mode: String,
+}
+
+fn owned() -> String {
+    "owned".into()
+}
+
+/// `[timing]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimingSettings {
+    /// Member lease.
+    pub member_ttl_ms: u64,
+    /// Heartbeat interval.
+    pub heartbeat_ms: u64,
+    /// Stop partitions this long before the lease could lapse.
+    pub margin_ms: u64,
+    /// Coordinator tick.
+    pub tick_ms: u64,
+    /// Coordinator lock lease.
+    pub coordinator_ttl_ms: u64,
+    /// Minimum quarantine.
+    pub quarantine_ms: u64,
+    /// Also wait for the old owner's backup.
+    pub wait_for_backup: bool,
+    /// Longest wait for a backup.
+    pub quarantine_max_ms: u64,
+    /// End a quarantine as soon as the backup is done.
+    pub release_on_backup_done: bool,
+    /// A new group waits this long for its members.
+    pub initial_rebalance_delay_ms: u64,
+}
+
+/// `[batch]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchSettings {
+    /// Most records a batch.
+    pub max_records: usize,
+    /// How long a fetch waits for records.
+    pub fetch_wait_ms: u64,
+}
+
+/// `[spool]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpoolSettings {
+    /// Largest record.
+    pub max_record_bytes: usize,
+    /// Segment size.
+    pub segment_bytes: u64,
+    /// `batch`, `interval` or `os`.
+    pub fsync: String,
+    /// Interval of `fsync = "interval"`.
+    pub fsync_interval_ms: u64,
+}
+
+/// `[handler]`
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HandlerSettings {
+    /// A command speaking the line-delimited JSON protocol; none: the built-in digest handler.
+    pub exec: Option<String>,
+}
+
+/// `[metrics]`
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSettings {
+    /// Address to serve `/metrics` on; none: off.
+    pub addr: Option<String>,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    /// `text` or `json`.
+    pub format: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            group: String::new(),
+            name: "worker".into(),
+            weight: 1,
+            redis: RedisSettings::default(),
+            source: SourceSettings::default(),
+            topics: Vec::new(),
+            timing: TimingSettings::default(),
+            batch: BatchSettings::default(),
+            spool: SpoolSettings::default(),
+            handler: HandlerSettings::default(),
+            metrics: MetricsSettings::default(),
+            log: LogSettings::default(),
+        }
+    }
+}
+
+impl Default for SourceSettings {
+    fn default() -> Self {
+        Self {
+            kind: "file".into(),
+            log: None,
+        }
+    }
+}
+
+impl Default for TimingSettings {
+    fn default() -> Self {
+        let g = GroupConfig::default();
+        let ms = |d: Duration| d.as_millis() as u64;
+        Self {
+            member_ttl_ms: ms(g.member_ttl),
+            heartbeat_ms: ms(g.heartbeat_interval),
+            margin_ms: ms(g.safety_margin),
+            tick_ms: ms(g.tick_interval),
+            coordinator_ttl_ms: ms(g.coordinator_ttl),
+            quarantine_ms: ms(g.quarantine_min),
+            wait_for_backup: g.wait_for_backup,
+            quarantine_max_ms: ms(g.quarantine_max),
+            release_on_backup_done: g.release_on_backup_done,
+            initial_rebalance_delay_ms: ms(g.initial_rebalance_delay),
+        }
+    }
+}
+
+impl Default for BatchSettings {
+    fn default() -> Self {
+        let w = WorkerConfig::default();
+        Self {
+            max_records: w.max_batch,
+            fetch_wait_ms: w.fetch_wait.as_millis() as u64,
+        }
+    }
+}
+
+impl Default for SpoolSettings {
+    fn default() -> Self {
+        let s = SpoolConfig::default();
+        Self {
+            max_record_bytes: s.max_record_bytes,
+            segment_bytes: s.segment_bytes,
+            fsync: "interval".into(),
+            fsync_interval_ms: 100,
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: "text".into(),
+        }
+    }
+}
+
+/// A value given as text: TOML syntax when it parses (numbers, booleans,
+/// arrays, quoted strings), else the text itself.
+fn parse_value(raw: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_owned()))
+}
+
+/// Sets `path` (dotted keys) in `table` to `value`, creating tables on the way.
+fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), String> {
+    let (last, parents) = path.split_last().ok_or("an empty key")?;
+    let mut at = table;
+    for key in parents {
+        let entry = at
+            .entry(key.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        at = entry
+            .as_table_mut()
+            .ok_or_else(|| format!("{key} is not a table"))?;
+    }
+    at.insert(last.clone(), value);
+    Ok(())
+}
+
+/// Reads `file` (if any), then applies `SHARDCALL_*` variables from `env`,
+/// then `sets` (`path=value`). Errors say where they come from.
+pub fn load(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    sets: &[String],
+) -> Result<Settings, Vec<String>> {
+    let mut table = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| vec![format!("{}: {e}", path.display())])?;
+            toml::from_str::<toml::Table>(&text)
+                .map_err(|e| vec![format!("{}: not valid TOML: {e}", path.display())])?
+        }
+        None => toml::Table::new(),
+    };
+    let mut errors = Vec::new();
+    let mut vars: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("SHARDCALL_") && k != "SHARDCALL_LOG")
+        .collect();
+    vars.sort();
+    for (k, v) in vars {
+        let path: Vec<String> = k["SHARDCALL_".len()..]
+            .split("__")
+            .map(str::to_lowercase)
+            .collect();
+        if let Err(e) = set_path(&mut table, &path, parse_value(&v)) {
+            errors.push(format!("environment variable {k}: {e}"));
+        }
+    }
+    for s in sets {
+        match s.split_once('=') {
+            Some((path, v)) => {
+                let path: Vec<String> = path.trim().split('.').map(str::to_owned).collect();
+                if let Err(e) = set_path(&mut table, &path, parse_value(v.trim())) {
+                    errors.push(format!("--set {s}: {e}"));
+                }
+            }
+            None => errors.push(format!(
+                "--set {s}: use PATH=VALUE, e.g. timing.member_ttl_ms=5000"
+            )),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Settings::deserialize(toml::Value::Table(table)).map_err(|e| vec![e.to_string()])
+}
+
+/// What a worker runs with, checked.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The worker's configuration.
+    pub worker: WorkerConfig,
+    /// Redis URLs.
+    pub redis: Vec<String>,
+    /// Cluster?
+    pub cluster: bool,
+    /// Private CA.
+    pub ca: Option<PathBuf>,
+    /// The file log.
+    pub log: PathBuf,
+    /// Its spool configuration.
+    pub spool: SpoolConfig,
+    /// The topics.
+    pub topics: Vec<String>,
+    /// The handler command, if any.
+    pub exec: Option<String>,
+    /// Metrics address, if any.
+    pub metrics: Option<SocketAddr>,
+    /// JSON logs?
+    pub json_logs: bool,
+}
+
+impl Settings {
+    /// Checks everything, explaining each problem with its path.
+    pub fn resolve(&self) -> Result<Resolved, Vec<String>> {
+        let mut errors = Vec::new();
+        if self.group.is_empty() {
+            errors.push("group: required (the group this worker joins)".into());
+        }
+        if self.redis.urls.is_empty() {
+            errors.push("redis.urls: required (e.g. [\"redis://127.0.0.1:6379/\"])".into());
+        }
+        for (i, u) in self.redis.urls.iter().enumerate() {
+            if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+                errors.push(format!(
+                    "redis.urls[{i}]: {u:?} is not a redis:// or rediss:// URL"
+                ));
+            }
+        }
+        if self.source.kind != "file" {
+            errors.push(format!(
+                "source.kind: {:?} is not available; \"file\" (the embedded file log) is (Kafka is still to come)",
+                self.source.kind
+            ));
+        }
+        if self.source.log.is_none() {
+            errors.push("source.log: required (the file log's folder)".into());
+        }
+        if self.topics.is_empty() {
+            errors.push("topics: at least one [[topics]] with a name".into());
+        }
+        for (i, t) in self.topics.iter().enumerate() {
+            if t.mode != "owned" {
+                errors.push(format!(
+                    "topics[{i}].mode: {:?} is not available; \"owned\" is (ticket mode is still to come)",
+                    t.mode
+                ));
+            }
+        }
+        let t = &self.timing;
+        let timing = GroupConfig {
+            member_ttl: Duration::from_millis(t.member_ttl_ms),
+            heartbeat_interval: Duration::from_millis(t.heartbeat_ms),
+            safety_margin: Duration::from_millis(t.margin_ms),
+            tick_interval: Duration::from_millis(t.tick_ms),
+            coordinator_ttl: Duration::from_millis(t.coordinator_ttl_ms),
+            quarantine_min: Duration::from_millis(t.quarantine_ms),
+            wait_for_backup: t.wait_for_backup,
+            quarantine_max: Duration::from_millis(t.quarantine_max_ms),
+            release_on_backup_done: t.release_on_backup_done,
+            initial_rebalance_delay: Duration::from_millis(t.initial_rebalance_delay_ms),
+        };
+        let worker = WorkerConfig {
+            group: self.group.clone(),
+            name: self.name.clone(),
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_else(|_| "unknown".into()),
+            weight: self.weight,
+            timing,
+            max_batch: self.batch.max_records,
+            fetch_wait: Duration::from_millis(self.batch.fetch_wait_ms),
+        };
+        if !self.group.is_empty()
+            && let Err(e) = worker.validate()
+        {
+            errors.push(format!("timing/batch: {e}"));
+        }
+        let durability = match self.spool.fsync.as_str() {
+            "batch" => Some(Durability::EveryBatch),
+            "interval" => Some(Durability::Interval(Duration::from_millis(
+                self.spool.fsync_interval_ms,
+            ))),
+            "os" => Some(Durability::Os),
+            other => {
+                errors.push(format!(
+                    "spool.fsync: {other:?} must be \"batch\", \"interval\" or \"os\""
+                ));
+                None
+            }
+        };
+        let spool = SpoolConfig {
+            max_record_bytes: self.spool.max_record_bytes,
+            segment_bytes: self.spool.segment_bytes,
+            durability: durability.unwrap_or(Durability::Os),
+            ..SpoolConfig::default()
+        };
+        if let Err(e) = spool.validate() {
+            errors.push(format!("spool: {e}"));
+        }
+        let metrics = match &self.metrics.addr {
+            None => None,
+            Some(a) => match a.parse::<SocketAddr>() {
+                Ok(addr) => Some(addr),
+                Err(_) => {
+                    errors.push(format!(
+                        "metrics.addr: {a:?} is not an address like 127.0.0.1:9464"
+                    ));
+                    None
+                }
+            },
+        };
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            errors.push(format!(
+                "log.format: {:?} must be \"text\" or \"json\"",
+                self.log.format
+            ));
+        }
+        if let Some(ca) = &self.redis.ca
+            && !ca.is_file()
+        {
+            errors.push(format!("redis.ca: {} is not a readable file", ca.display()));
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(Resolved {
+            worker,
+            redis: self.redis.urls.clone(),
+            cluster: self.redis.cluster,
+            ca: self.redis.ca.clone(),
+            log: self.source.log.clone().expect("checked"),
+            spool,
+            topics: self.topics.iter().map(|t| t.name.clone()).collect(),
+            exec: self.handler.exec.clone(),
+            metrics,
+            json_logs: self.log.format == "json",
+        })
+    }
+}
+
+/// A complete, commented example file.
+pub const EXAMPLE: &str = r#"# shardcall worker configuration. Every key has a default but group,
+# redis.urls, source.log and topics. Environment variables override keys
+# (SHARDCALL_GROUP, SHARDCALL_TIMING__MEMBER_TTL_MS, ...), and flags
+# override both (--set timing.member_ttl_ms=5000, or the worker's flags).
+
+group = "billing"          # the group to join
+name = "worker-1"          # member ids add a unique suffix per incarnation
+weight = 1                 # relative capacity
+
+[redis]
+urls = ["redis://127.0.0.1:6379/"]   # several = a Redis Cluster's seed nodes
+cluster = false                      # true: treat a single URL as a cluster seed
+# ca = "/etc/shardcall/ca.pem"       # private CA for rediss://
+
+[source]
+kind = "file"                        # the embedded file log
+log = "/var/lib/shardcall/log"
+
+[[topics]]
+name = "orders"
+mode = "owned"
+
+[timing]
+member_ttl_ms = 10000
+heartbeat_ms = 2000                  # heartbeat + margin must stay below the lease
+margin_ms = 3000
+tick_ms = 500
+coordinator_ttl_ms = 10000
+quarantine_ms = 5000                 # a revoked partition rests at least this long
+wait_for_backup = false              # also wait for the old owner's backup...
+quarantine_max_ms = 60000            # ...at most this long
+release_on_backup_done = false       # end early once the backup is done
+initial_rebalance_delay_ms = 1000
+
+[batch]
+max_records = 500
+fetch_wait_ms = 100
+
+[spool]
+max_record_bytes = 1048576
+segment_bytes = 67108864
+fsync = "interval"                   # batch | interval | os
+fsync_interval_ms = 100
+
+[handler]
+# exec = "python3 examples/handlers/digest.py"   # none: the built-in digest handler
+
+[metrics]
+# addr = "127.0.0.1:9464"
+
+[log]
+format = "text"                      # text | json
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn none() -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    #[test]
+    fn the_example_is_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, EXAMPLE).unwrap();
+        let s = load(Some(&path), none(), &[]).unwrap();
+        let r = s.resolve().unwrap();
+        assert_eq!(r.worker.group, "billing");
+        assert_eq!(r.topics, vec!["orders"]);
+    }
+
+    #[test]
+    fn env_then_flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, EXAMPLE).unwrap();
+        let env = vec![
+            (
+                "SHARDCALL_TIMING__MEMBER_TTL_MS".to_string(),
+                "20000".to_string(),
+            ),
+            ("SHARDCALL_GROUP".to_string(), "from-env".to_string()),
+            ("OTHER".to_string(), "ignored".to_string()),
+        ];
+        let s = load(Some(&path), env.clone(), &[]).unwrap();
+        assert_eq!(
+            (s.group.as_str(), s.timing.member_ttl_ms),
+            ("from-env", 20000)
+        );
+        let s = load(
+            Some(&path),
+            env,
+            &[
+                "group=from-flag".into(),
+                "redis.urls=[\"redis://h:1/\"]".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.group, "from-flag");
+        assert_eq!(s.redis.urls, vec!["redis://h:1/"]);
+    }
+
+    #[test]
+    fn every_error_is_explained_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "group = \"g\"\n[source]\nkind = \"kafka\"\n[[topics]]\nname = \"t\"\nmode = \"ticket\"\n[timing]\nheartbeat_ms = 9000\n[spool]\nfsync = \"sometimes\"\n",
+        )
+        .unwrap();
+        let errors = load(Some(&path), none(), &[])
+            .unwrap()
+            .resolve()
+            .unwrap_err();
+        let all = errors.join("\n");
+        for needle in [
+            "redis.urls",
+            "source.kind",
+            "source.log",
+            "topics[0].mode",
+            "heartbeat_interval",
+            "spool.fsync",
+        ] {
+            assert!(all.contains(needle), "{needle} missing from:\n{all}");
+        }
+        // Unknown keys are refused by name, not ignored.
+        std::fs::write(&path, "group = \"g\"\n[timing]\nmembr_ttl_ms = 1\n").unwrap();
+        let e = load(Some(&path), none(), &[]).unwrap_err().join("\n");
+        assert!(e.contains("membr_ttl_ms"), "{e}");
+        // Broken TOML says where.
+        std::fs::write(&path, "group = \n").unwrap();
+        let e = load(Some(&path), none(), &[]).unwrap_err().join("\n");
+        assert!(e.contains("not valid TOML"), "{e}");
+    }
+}
