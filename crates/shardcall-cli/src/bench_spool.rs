@@ -148,6 +148,7 @@ fn append_case(
     let pool: Vec<u8> = (0..(1u64 << 16) + size as u64)
         .map(|i| (i.wrapping_mul(0x9e37_79b9) >> 7) as u8)
         .collect();
+    let progress = crate::progress::bar(Some(records), &format!("{size} B {policy}"));
     let start = Instant::now();
     let mut done = 0u64;
     let mut buf: Vec<NewRecord<'_>> = Vec::with_capacity(batch);
@@ -160,7 +161,11 @@ fn append_case(
         }
         spool.append(&buf)?;
         done += n;
+        if done.is_multiple_of(batch as u64 * 64) {
+            progress.set_position(done);
+        }
     }
+    progress.finish_and_clear();
     spool.sync()?;
     let append_s = start.elapsed().as_secs_f64();
     Ok(Case {

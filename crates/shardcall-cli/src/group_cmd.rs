@@ -223,7 +223,9 @@ pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let store = args.redis.connect().await?;
         let mut refused = 0;
+        let progress = crate::progress::bar(Some(parts.len() as u64), "partitions");
         for p in parts {
+            progress.inc(1);
             let spool = log.open_partition_read_only(&args.topic, p)?;
             let offset = target_offset(&spool, &args.to)?;
             let id = PartitionId::new(&args.topic, p);

@@ -7,6 +7,7 @@ mod consume;
 mod demo;
 mod group_cmd;
 mod produce;
+mod progress;
 mod redis_opts;
 mod settings;
 mod spool_cmd;

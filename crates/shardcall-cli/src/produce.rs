@@ -57,6 +57,7 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<ExitCode> {
     let mut producer = log.producer(&args.topic)?;
     let mut per_partition = vec![0u64; partitions as usize];
     let mut produced = 0u64;
+    let progress = crate::progress::bar(None, "records produced");
     let stdin = std::io::stdin().lock();
     for (n, line) in stdin.lines().enumerate() {
         let line_no = n + 1;
@@ -96,8 +97,12 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<ExitCode> {
         };
         per_partition[partition as usize] += 1;
         produced += 1;
+        if produced.is_multiple_of(1024) {
+            progress.set_position(produced);
+        }
     }
     producer.sync()?;
+    progress.finish_and_clear();
     println!(
         "produced {produced} records to {}/{} ({} partitions):",
         args.log.display(),

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use shardcall_core::{CoordinatorLease, Epoch, MemberId, Millis, PartitionId, Phase, step_with};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::config::WorkerConfig;
 use crate::error::WorkerError;
@@ -403,7 +404,15 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         let key = p.clone();
         let abort = self
             .tasks
-            .spawn(async move { (key, epoch, task.run().await) });
+            .spawn(
+                async move { (key, epoch, task.run().await) }.instrument(tracing::info_span!(
+                    "partition",
+                    group = %w.config.group,
+                    member = %self.id,
+                    partition = %p,
+                    epoch
+                )),
+            );
         self.running.insert(
             p,
             Running {
