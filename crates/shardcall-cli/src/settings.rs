@@ -421,11 +421,11 @@ impl Settings {
         }
         let metrics = match &self.metrics.addr {
             None => None,
-            Some(a) => match a.parse::<SocketAddr>() {
-                Ok(addr) => Some(addr),
-                Err(_) => {
+            Some(a) => match metrics_addr(a) {
+                Some(addr) => Some(addr),
+                None => {
                     errors.push(format!(
-                        "metrics.addr: {a:?} is not an address like 127.0.0.1:9464"
+                        "metrics.addr: {a:?} is not a port (bound to 127.0.0.1) or an address like 0.0.0.0:9464"
                     ));
                     None
                 }
@@ -457,6 +457,14 @@ impl Settings {
             metrics,
             json_logs: self.log.format == "json",
         })
+    }
+}
+
+/// A metrics address: a bare port binds to loopback; an address is taken as given.
+pub fn metrics_addr(text: &str) -> Option<SocketAddr> {
+    match text.parse::<u16>() {
+        Ok(port) => Some(SocketAddr::from(([127, 0, 0, 1], port))),
+        Err(_) => text.parse().ok(),
     }
 }
 
@@ -509,7 +517,7 @@ fsync_interval_ms = 100
 # exec = "python3 examples/handlers/digest.py"   # none: the built-in digest handler
 
 [metrics]
-# addr = "127.0.0.1:9464"
+# addr = "9464"                     # a bare port binds to 127.0.0.1
 
 [log]
 format = "text"                      # text | json
@@ -521,6 +529,19 @@ mod tests {
 
     fn none() -> Vec<(String, String)> {
         Vec::new()
+    }
+
+    #[test]
+    fn a_bare_metrics_port_binds_to_loopback() {
+        assert_eq!(
+            metrics_addr("9464"),
+            Some(SocketAddr::from(([127, 0, 0, 1], 9464)))
+        );
+        assert_eq!(
+            metrics_addr("0.0.0.0:1"),
+            Some(SocketAddr::from(([0, 0, 0, 0], 1)))
+        );
+        assert_eq!(metrics_addr("nope"), None);
     }
 
     #[test]

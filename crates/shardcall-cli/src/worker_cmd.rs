@@ -74,9 +74,9 @@ pub struct WorkerArgs {
     #[arg(long)]
     exec: Option<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics (off unless given;
-    /// e.g. 127.0.0.1:9464 keeps them on this machine).
+    /// a bare port such as 9464 binds to 127.0.0.1).
     #[arg(long)]
-    metrics_addr: Option<std::net::SocketAddr>,
+    metrics_addr: Option<String>,
     /// Log lines on stderr as text or as one JSON object each (the level comes from RUST_LOG).
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
@@ -136,8 +136,8 @@ impl WorkerArgs {
         if let Some(e) = &self.exec {
             s.handler.exec = Some(e.clone());
         }
-        if let Some(a) = self.metrics_addr {
-            s.metrics.addr = Some(a.to_string());
+        if let Some(a) = &self.metrics_addr {
+            s.metrics.addr = Some(a.clone());
         }
         if let Some(f) = self.log_format {
             s.log.format = match f {

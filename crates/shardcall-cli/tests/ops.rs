@@ -476,7 +476,7 @@ fn prometheus_metrics_on_an_opt_in_address() {
         .arg("--log")
         .arg(&log_dir)
         .args(["--name", "w", "--tick-ms", "100"])
-        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-addr", &port.to_string()]) // a bare port: loopback
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

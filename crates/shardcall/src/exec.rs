@@ -229,3 +229,80 @@ impl PartitionHandler for ExecHandler {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use shardcall_core::{MemberId, PartitionId};
+
+    fn ctx() -> PartitionContext {
+        PartitionContext {
+            partition: PartitionId::new("t", 0),
+            epoch: 1,
+            member: MemberId::new("m"),
+        }
+    }
+
+    fn batch() -> Vec<Record> {
+        vec![Record {
+            offset: 0,
+            timestamp_ms: 0,
+            key: None,
+            payload: Bytes::from_static(b"x"),
+        }]
+    }
+
+    #[test]
+    fn a_misbehaving_child_fails_the_batch_clearly() {
+        // Answers the initialize, then garbage.
+        let script = r#"read l; echo '{"action":"ok"}'; while read l; do echo 'not json'; done"#;
+        let mut h = ExecFactory {
+            command: script.into(),
+        }
+        .create(&ctx());
+        h.assigned(&ctx(), None).unwrap();
+        let err = h.process(&ctx(), &batch()).unwrap_err();
+        assert!(err.0.contains("not JSON"), "{}", err.0);
+        // A handler that reports an error is an error too, with its message.
+        let script = r#"read l; echo '{"action":"ok"}'; while read l; do echo '{"action":"error","message":"boom"}'; done"#;
+        let mut h = ExecFactory {
+            command: script.into(),
+        }
+        .create(&ctx());
+        h.assigned(&ctx(), None).unwrap();
+        assert!(h.process(&ctx(), &batch()).unwrap_err().0.contains("boom"));
+        // One that exits at once is reported, not waited for.
+        let mut h = ExecFactory {
+            command: "exit 7".into(),
+        }
+        .create(&ctx());
+        let err = h.assigned(&ctx(), None).unwrap_err();
+        assert!(
+            err.0.contains("exited") || err.0.contains("writing"),
+            "{}",
+            err.0
+        );
+    }
+
+    #[test]
+    fn a_restarted_child_starts_from_the_last_state() {
+        // Echoes the state it was initialized with as its new state, so what
+        // a restarted child returns shows what the restart restored.
+        let script = r#"
+            while read l; do
+              case "$l" in
+                *initialize*) s=$(echo "$l" | sed -n 's/.*"state":"\([^"]*\)".*/\1/p'); echo '{"action":"ok"}';;
+                *process*) echo "{\"action\":\"processed\",\"state\":\"$s\"}";;
+              esac
+            done"#;
+        let mut h = ExecFactory {
+            command: script.into(),
+        }
+        .create(&ctx());
+        h.assigned(&ctx(), Some(b"restored")).unwrap();
+        assert_eq!(h.process(&ctx(), &batch()).unwrap(), b"restored");
+        h.stop(); // as if it had crashed
+        assert_eq!(h.process(&ctx(), &batch()).unwrap(), b"restored");
+    }
+}
