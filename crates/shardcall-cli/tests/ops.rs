@@ -15,6 +15,28 @@ fn shardcall(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `shardcall worker` for `group` over topic `t` of the file log in `log`,
+/// with short leases and ticks and the given quarantine; the caller adds
+/// anything else and spawns it.
+fn worker(url: &str, group: &str, log: &str, name: &str, quarantine_ms: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_shardcall"));
+    c.args([
+        "worker", "--redis", url, "--group", group, "--log", log, "--topic", "t",
+    ])
+    .args(["--name", name, "--ttl-ms", "1000", "--heartbeat-ms", "150"])
+    .args([
+        "--margin-ms",
+        "300",
+        "--tick-ms",
+        "100",
+        "--quarantine-ms",
+        quarantine_ms,
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    c
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -52,23 +74,7 @@ fn status_plan_and_release() {
     }
     p.sync().unwrap();
     let spawn = |name: &str| {
-        Command::new(env!("CARGO_BIN_EXE_shardcall"))
-            .args([
-                "worker", "--redis", &url, "--group", "ops", "--log", &log_arg, "--topic", "t",
-            ])
-            .args([
-                "--name",
-                name,
-                "--ttl-ms",
-                "1000",
-                "--heartbeat-ms",
-                "150",
-                "--margin-ms",
-                "300",
-            ])
-            .args(["--tick-ms", "100", "--quarantine-ms", "60000"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        worker(&url, "ops", &log_arg, name, "60000")
             .spawn()
             .unwrap()
     };
@@ -307,27 +313,7 @@ fn drain_moves_a_members_partitions_away() {
     let log_arg = log_dir.display().to_string();
     let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
     log.ensure_topic("t", 4).unwrap();
-    let spawn = |name: &str| {
-        Command::new(env!("CARGO_BIN_EXE_shardcall"))
-            .args([
-                "worker", "--redis", &url, "--group", "ops", "--log", &log_arg, "--topic", "t",
-            ])
-            .args([
-                "--name",
-                name,
-                "--ttl-ms",
-                "1000",
-                "--heartbeat-ms",
-                "150",
-                "--margin-ms",
-                "300",
-            ])
-            .args(["--tick-ms", "100", "--quarantine-ms", "300"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let spawn = |name: &str| worker(&url, "ops", &log_arg, name, "300").spawn().unwrap();
     let _procs = Killer(vec![spawn("a"), spawn("b")]);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
