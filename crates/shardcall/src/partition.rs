@@ -50,6 +50,8 @@ pub struct PartitionTask<S, Src, H> {
 }
 
 const RETRY: Duration = Duration::from_millis(100);
+/// How often the lag gauge is refreshed.
+const LAG_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs `f` on a blocking thread with the handler, giving it back.
 async fn with_handler<H: PartitionHandler, T: Send + 'static>(
@@ -124,6 +126,7 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
 
         // Process.
         let mut attempt = 0u32;
+        let mut lag_checked = std::time::Instant::now() - LAG_EVERY;
         loop {
             if *self.revoke.borrow() {
                 break;
@@ -147,8 +150,13 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             if self.lease.expired() {
                 return self.lost("lease ran short");
             }
-            if let Ok(end) = self.source.end_offset(&p).await {
-                crate::telemetry::lag(&self.group, &p, end.saturating_sub(offset));
+            // The lag gauge costs a look at the source's end: once a second
+            // is plenty, and keeps that I/O off most batches.
+            if lag_checked.elapsed() >= LAG_EVERY {
+                lag_checked = std::time::Instant::now();
+                if let Ok(end) = self.source.end_offset(&p).await {
+                    crate::telemetry::lag(&self.group, &p, end.saturating_sub(offset));
+                }
             }
             match self.process(batch, &mut offset).await {
                 Ok(true) => attempt = 0,
