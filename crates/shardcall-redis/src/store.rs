@@ -265,18 +265,17 @@ impl RedisStore {
         held: bool,
         coordinator_epoch: u64,
     ) -> StoreResult<()> {
-        let mut c = self.conn.clone();
         let _: i64 = self
-            .scripts
-            .sync_grant
-            .key(grant_key(group, p))
-            .arg(member)
-            .arg(epoch)
-            .arg(u8::from(held))
-            .arg(coordinator_epoch)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .sync_grant
+                    .key(grant_key(group, p))
+                    .arg(member)
+                    .arg(epoch)
+                    .arg(u8::from(held))
+                    .arg(coordinator_epoch),
+            )
+            .await?;
         Ok(())
     }
 
@@ -287,6 +286,15 @@ impl RedisStore {
             .await
             .map_err(|e| map_error(&e))?;
         raw.map(|r| codec::decode_entry(&r)).transpose()
+    }
+
+    /// Runs a script invocation on this store's connection.
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        call: &mut redis::ScriptInvocation<'_>,
+    ) -> StoreResult<T> {
+        let mut c = self.conn.clone();
+        call.invoke_async(&mut c).await.map_err(|e| map_error(&e))
     }
 
     /// Requests sent to Redis so far by this store and its clones (a
@@ -378,53 +386,50 @@ impl CoordinationStore for RedisStore {
         ttl: Duration,
     ) -> StoreResult<Millis> {
         let k = keys(group);
-        let mut c = self.conn.clone();
         let end: Millis = self
-            .scripts
-            .join
-            .key(k.members)
-            .key(k.version)
-            .arg(member.as_str())
-            .arg(weight.max(1))
-            .arg(host)
-            .arg(ms(ttl))
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .join
+                    .key(k.members)
+                    .key(k.version)
+                    .arg(member.as_str())
+                    .arg(weight.max(1))
+                    .arg(host)
+                    .arg(ms(ttl)),
+            )
+            .await?;
         self.note_lease(group, member, end);
         self.announce(group).await;
         Ok(end)
     }
 
     async fn renew(&self, group: &str, member: &MemberId, ttl: Duration) -> StoreResult<Millis> {
-        let mut c = self.conn.clone();
         let end: Millis = self
-            .scripts
-            .renew
-            .key(keys(group).members)
-            .arg(member.as_str())
-            .arg(ms(ttl))
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .renew
+                    .key(keys(group).members)
+                    .arg(member.as_str())
+                    .arg(ms(ttl)),
+            )
+            .await?;
         self.note_lease(group, member, end);
         Ok(end)
     }
 
     async fn leave(&self, group: &str, member: &MemberId) -> StoreResult<()> {
         let k = keys(group);
-        let mut c = self.conn.clone();
         let out: Vec<String> = self
-            .scripts
-            .leave
-            .key(k.members)
-            .key(k.table)
-            .key(k.lock)
-            .key(k.version)
-            .arg(member.as_str())
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .leave
+                    .key(k.members)
+                    .key(k.table)
+                    .key(k.lock)
+                    .key(k.version)
+                    .arg(member.as_str()),
+            )
+            .await?;
         for pair in out.chunks(2) {
             let p = codec::parse_partition_field(&pair[0])?;
             let mut c = self.conn.clone();
@@ -450,18 +455,17 @@ impl CoordinationStore for RedisStore {
         ttl: Duration,
     ) -> StoreResult<Option<CoordinatorLease>> {
         let k = keys(group);
-        let mut c = self.conn.clone();
         let out: Vec<u64> = self
-            .scripts
-            .acquire
-            .key(k.members)
-            .key(k.lock)
-            .key(k.lockseq)
-            .arg(member.as_str())
-            .arg(ms(ttl))
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .acquire
+                    .key(k.members)
+                    .key(k.lock)
+                    .key(k.lockseq)
+                    .arg(member.as_str())
+                    .arg(ms(ttl)),
+            )
+            .await?;
         Ok(match out.as_slice() {
             [epoch, expires_at] => Some(CoordinatorLease {
                 holder: member.clone(),
@@ -478,16 +482,15 @@ impl CoordinationStore for RedisStore {
         member: &MemberId,
         epoch: u64,
     ) -> StoreResult<()> {
-        let mut c = self.conn.clone();
         let _: i64 = self
-            .scripts
-            .release_coordinator
-            .key(keys(group).lock)
-            .arg(member.as_str())
-            .arg(epoch)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .release_coordinator
+                    .key(keys(group).lock)
+                    .arg(member.as_str())
+                    .arg(epoch),
+            )
+            .await?;
         Ok(())
     }
 
@@ -631,21 +634,20 @@ impl CoordinationStore for RedisStore {
     ) -> StoreResult<u64> {
         let k = keys(group);
         let encoded = codec::encode_commands(commands);
-        let mut c = self.conn.clone();
         let out: Vec<redis::Value> = self
-            .scripts
-            .apply
-            .key(k.members)
-            .key(k.table)
-            .key(k.lock)
-            .key(k.version)
-            .key(k.policy)
-            .arg(coordinator_epoch)
-            .arg(expected_version)
-            .arg(encoded)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .apply
+                    .key(k.members)
+                    .key(k.table)
+                    .key(k.lock)
+                    .key(k.version)
+                    .key(k.policy)
+                    .arg(coordinator_epoch)
+                    .arg(expected_version)
+                    .arg(encoded),
+            )
+            .await?;
         let (version, syncs) = codec::decode_apply_reply(&out)?;
         for s in syncs {
             self.sync_grant(
@@ -750,35 +752,33 @@ impl CoordinationStore for RedisStore {
         epoch: Epoch,
     ) -> StoreResult<()> {
         let k = keys(group);
-        let mut c = self.conn.clone();
         let _: i64 = self
-            .scripts
-            .backup_done
-            .key(k.table)
-            .key(k.version)
-            .arg(member.as_str())
-            .arg(codec::partition_field(partition))
-            .arg(epoch)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .backup_done
+                    .key(k.table)
+                    .key(k.version)
+                    .arg(member.as_str())
+                    .arg(codec::partition_field(partition))
+                    .arg(epoch),
+            )
+            .await?;
         Ok(())
     }
 
     async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()> {
         let k = keys(group);
-        let mut c = self.conn.clone();
         let _: i64 = self
-            .scripts
-            .drain
-            .key(k.members)
-            .key(k.version)
-            .key(k.audit)
-            .arg(member.as_str())
-            .arg(actor)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .drain
+                    .key(k.members)
+                    .key(k.version)
+                    .key(k.audit)
+                    .arg(member.as_str())
+                    .arg(actor),
+            )
+            .await?;
         self.announce(group).await;
         Ok(())
     }
@@ -802,17 +802,16 @@ impl CoordinationStore for RedisStore {
                 e.phase().name()
             )));
         }
-        let mut c = self.conn.clone();
         let prev: i64 = self
-            .scripts
-            .reset
-            .key(grant_key(group, partition))
-            .key(checkpoint_key(group, partition))
-            .arg(offset)
-            .arg(u8::from(force))
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .reset
+                    .key(grant_key(group, partition))
+                    .key(checkpoint_key(group, partition))
+                    .arg(offset)
+                    .arg(u8::from(force)),
+            )
+            .await?;
         let previous = u64::try_from(prev).ok();
         let entry = serde_json::json!({
             "at": self.now().await?,
@@ -822,6 +821,7 @@ impl CoordinationStore for RedisStore {
                 previous.map_or("none".to_string(), |o| o.to_string())
             ),
         });
+        let mut c = self.conn.clone();
         let _: i64 = c
             .rpush(keys(group).audit, entry.to_string())
             .await
@@ -836,18 +836,17 @@ impl CoordinationStore for RedisStore {
         actor: &str,
     ) -> StoreResult<()> {
         let k = keys(group);
-        let mut c = self.conn.clone();
         let _: i64 = self
-            .scripts
-            .operator_release
-            .key(k.table)
-            .key(k.version)
-            .key(k.audit)
-            .arg(codec::partition_field(partition))
-            .arg(actor)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+            .invoke(
+                self.scripts
+                    .operator_release
+                    .key(k.table)
+                    .key(k.version)
+                    .key(k.audit)
+                    .arg(codec::partition_field(partition))
+                    .arg(actor),
+            )
+            .await?;
         Ok(())
     }
 
