@@ -37,6 +37,21 @@ fn worker(url: &str, group: &str, log: &str, name: &str, quarantine_ms: &str) ->
     c
 }
 
+/// `shardcall reset-offsets` on group `ops` over the file log in `log`.
+fn reset(url: &str, log: &str, rest: &[&str]) -> Output {
+    let mut args = vec![
+        "reset-offsets",
+        "--redis",
+        url,
+        "--group",
+        "ops",
+        "--log",
+        log,
+    ];
+    args.extend_from_slice(rest);
+    shardcall(&args)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -133,44 +148,38 @@ fn status_plan_and_release() {
 
     // Offsets: a quarantined partition resets; an owned one only with --force.
     let (topic_q, num_q) = quarantined[1].split_once('/').unwrap();
-    let out = shardcall(&[
-        "reset-offsets",
-        "--redis",
+    let out = reset(
         &url,
-        "--group",
-        "ops",
-        "--log",
         &log_arg,
-        "--topic",
-        topic_q,
-        "--partition",
-        num_q,
-        "--to",
-        "@0",
-        "--dry-run",
-    ]);
+        &[
+            "--topic",
+            topic_q,
+            "--partition",
+            num_q,
+            "--to",
+            "@0",
+            "--dry-run",
+        ],
+    );
     assert!(
         text(&out.stdout).contains("-> 0 (dry run)"),
         "{}",
         text(&out.stdout)
     );
-    let out = shardcall(&[
-        "reset-offsets",
-        "--redis",
+    let out = reset(
         &url,
-        "--group",
-        "ops",
-        "--log",
         &log_arg,
-        "--topic",
-        topic_q,
-        "--partition",
-        num_q,
-        "--to",
-        "earliest",
-        "--actor",
-        "carol",
-    ]);
+        &[
+            "--topic",
+            topic_q,
+            "--partition",
+            num_q,
+            "--to",
+            "earliest",
+            "--actor",
+            "carol",
+        ],
+    );
     assert!(
         out.status.success(),
         "{} {}",
@@ -196,40 +205,18 @@ fn status_plan_and_release() {
         .unwrap()
         .to_owned();
     let (topic_o, num_o) = owned.split_once('/').unwrap();
-    let out = shardcall(&[
-        "reset-offsets",
-        "--redis",
+    let out = reset(
         &url,
-        "--group",
-        "ops",
-        "--log",
         &log_arg,
-        "--topic",
-        topic_o,
-        "--partition",
-        num_o,
-        "--to",
-        "latest",
-    ]);
+        &["--topic", topic_o, "--partition", num_o, "--to", "latest"],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stdout).contains("not reset"),
         "{}",
         text(&out.stdout)
     );
-    let out = shardcall(&[
-        "reset-offsets",
-        "--redis",
-        &url,
-        "--group",
-        "ops",
-        "--log",
-        &log_arg,
-        "--topic",
-        "t",
-        "--to",
-        "999999",
-    ]);
+    let out = reset(&url, &log_arg, &["--topic", "t", "--to", "999999"]);
     assert_eq!(
         out.status.code(),
         Some(2),
