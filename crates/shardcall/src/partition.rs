@@ -81,8 +81,17 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         TaskEnd::Lost(why)
     }
 
-    /// Runs until revoked (released) or lost.
-    pub async fn run(mut self) -> TaskEnd {
+    /// Runs until revoked (released) or lost; either way the source is told
+    /// this worker stopped reading the partition.
+    pub async fn run(self) -> TaskEnd {
+        let source = self.source.clone();
+        let p = self.ctx.partition.clone();
+        let end = self.serve().await;
+        source.release(&p).await;
+        end
+    }
+
+    async fn serve(mut self) -> TaskEnd {
         let p = self.ctx.partition.clone();
         // Restore.
         let restored = loop {
@@ -270,6 +279,7 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             crate::telemetry::batch_seconds(&self.group, began.elapsed());
             crate::telemetry::processed(&self.group, &self.ctx.partition, last - first + 1);
             *offset = last + 1;
+            self.source.committed(&self.ctx.partition, last + 1).await;
             self.processed
                 .fetch_add(last - first + 1, std::sync::atomic::Ordering::Relaxed);
         }

@@ -43,6 +43,15 @@ pub trait Source: Send + Sync + 'static {
 
     /// The offset after the partition's last record (for lag).
     async fn end_offset(&self, partition: &PartitionId) -> Result<u64, SourceError>;
+
+    /// Told after each checkpoint of `partition` up to `next_offset` (a
+    /// source may mirror it, as the Kafka source commits it to its group).
+    /// Informational: the checkpoint in the coordination store stays the truth.
+    async fn committed(&self, _partition: &PartitionId, _next_offset: u64) {}
+
+    /// Told when this worker stops reading `partition` (revoked or lost), so
+    /// the source stops fetching ahead for it.
+    async fn release(&self, _partition: &PartitionId) {}
 }
 
 /// The embedded file log as a source; other processes may write it.

@@ -145,6 +145,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 }
             }
         }
+        let (_discovery, discovered) = discover(self.source.clone(), timing.tick_interval);
         // Each pass of this loop is one incarnation: a member id with a lease.
         loop {
             let id = incarnation_id(&cfg.name);
@@ -181,6 +182,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 running: HashMap::new(),
                 coordinator: None,
                 cached: None,
+                discovered: discovered.clone(),
             }
             .run(&mut stop)
             .await?;
@@ -210,6 +212,44 @@ struct Incarnation<'a, S, Src, F> {
     coordinator: Option<CoordinatorLease>,
     /// The group state the coordinator read last (reused while unchanged).
     cached: Option<shardcall_core::GroupState>,
+    /// The source's partitions as last discovered.
+    discovered: watch::Receiver<Option<Arc<Vec<PartitionId>>>>,
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Lists the source's partitions every `every`, apart from the heartbeat
+/// loop: a slow or unreachable source never delays a lease renewal.
+fn discover<Src: Source>(
+    source: Arc<Src>,
+    every: Duration,
+) -> (AbortOnDrop, watch::Receiver<Option<Arc<Vec<PartitionId>>>>) {
+    let (tx, rx) = watch::channel(None);
+    let task = tokio::spawn(async move {
+        loop {
+            match source.partitions().await {
+                Ok(list) => {
+                    tx.send_if_modified(|old| {
+                        let changed = old.as_deref() != Some(&list);
+                        if changed {
+                            *old = Some(Arc::new(list));
+                        }
+                        changed
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, "listing the source's partitions; retrying"),
+            }
+            tokio::time::sleep(every).await;
+        }
+    });
+    (AbortOnDrop(task), rx)
 }
 
 impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Src, F> {
@@ -294,11 +334,10 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             .await?;
         self.coordinator = lease.clone();
         let Some(lease) = lease else { return Ok(()) };
-        let discovered = w
-            .source
-            .partitions()
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("listing partitions: {e}")))?;
+        // Until the source has been listed once there is nothing to assign.
+        let Some(discovered) = self.discovered.borrow().clone() else {
+            return Ok(());
+        };
         let state = w.store.refresh_group(group, self.cached.take()).await?;
         let now = w.store.now().await?;
         let plan = step_with(&state, now, &discovered, &w.config.timing.step_options());

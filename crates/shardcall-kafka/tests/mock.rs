@@ -1,0 +1,320 @@
+//! The Kafka source against librdkafka's mock cluster, which can inject
+//! broker faults: reading from any offset, lost offsets, flow control, and
+//! workers riding out a broker that is down, slow or answering errors.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::mocking::MockCluster;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_coverage, check_ownership};
+use shardcall::{CoordinationStore, MemoryStore, Source, Worker, WorkerConfig};
+use shardcall_core::{GroupConfig, PartitionId};
+use shardcall_kafka::testing::{produce, read_partition};
+use shardcall_kafka::{KafkaConfig, KafkaSource, StartPosition};
+
+fn config(brokers: &str, topic: &str) -> KafkaConfig {
+    KafkaConfig {
+        brokers: brokers.into(),
+        topics: vec![topic.into()],
+        group_id: "g".into(),
+        metadata_refresh: Duration::from_millis(200),
+        commit_interval: Duration::from_millis(200),
+        // Reconnect soon after the broker comes back.
+        properties: [("reconnect.backoff.max.ms".to_string(), "500".to_string())].into(),
+        ..KafkaConfig::default()
+    }
+}
+
+/// Reads `n` records of `p` from `offset` on, as a partition task would.
+async fn read_n(src: &KafkaSource, p: &PartitionId, mut offset: u64, n: usize) -> Vec<u64> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} records",
+            got.len()
+        );
+        let batch = src
+            .fetch(p, offset, 100, Duration::from_millis(100))
+            .await
+            .unwrap();
+        if let Some(last) = batch.last() {
+            offset = last.offset + 1;
+        }
+        got.extend(batch.iter().map(|r| r.offset));
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_any_offset_in_order_and_discovers_partitions() {
+    let mock = MockCluster::new(1).unwrap();
+    let bs = mock.bootstrap_servers();
+    mock.create_topic("t", 2, 1).unwrap();
+    produce(
+        &bs,
+        "t",
+        (0..200).map(|i| (0, format!("r{i}").into_bytes())),
+    )
+    .unwrap();
+    let src = KafkaSource::new(config(&bs, "t")).unwrap();
+    let p0 = PartitionId::new("t", 0);
+    assert_eq!(
+        src.partitions().await.unwrap(),
+        vec![p0.clone(), PartitionId::new("t", 1)]
+    );
+    assert_eq!(src.initial_offset(&p0).await.unwrap(), 0);
+    assert_eq!(src.end_offset(&p0).await.unwrap(), 200);
+
+    let first = src.fetch(&p0, 50, 5, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(first[0].offset, 50);
+    assert_eq!(&first[0].payload[..], b"r50");
+    let rest = read_n(
+        &src,
+        &p0,
+        first.last().unwrap().offset + 1,
+        150 - first.len(),
+    )
+    .await;
+    let all: Vec<u64> = first.iter().map(|r| r.offset).chain(rest).collect();
+    assert_eq!(
+        all,
+        (50..200).collect::<Vec<_>>(),
+        "in order, none missing or repeated"
+    );
+
+    // A reader that starts over elsewhere (a new owner's checkpoint) gets
+    // exactly what it asks for.
+    let again = src.fetch(&p0, 10, 3, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        again.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        vec![10, 11, 12]
+    );
+
+    // Partitions of a topic created later are found on the next refresh.
+    let src2 = KafkaSource::new(KafkaConfig {
+        topics: vec!["later".into()],
+        ..config(&bs, "later")
+    })
+    .unwrap();
+    assert!(src2.partitions().await.unwrap().is_empty());
+    mock.create_topic("later", 3, 1).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(src2.partitions().await.unwrap().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offset_outside_the_log_is_reset_to_the_configured_start() {
+    let mock = MockCluster::new(1).unwrap();
+    let bs = mock.bootstrap_servers();
+    mock.create_topic("t", 1, 1).unwrap();
+    produce(&bs, "t", (0..20).map(|i| (0, format!("r{i}").into_bytes()))).unwrap();
+    let p = PartitionId::new("t", 0);
+
+    // Earliest: a checkpoint past the end (the topic was recreated) restarts at 0.
+    let src = KafkaSource::new(config(&bs, "t")).unwrap();
+    let got = read_n(&src, &p, 5_000, 20).await;
+    assert_eq!(got, (0..20).collect::<Vec<_>>());
+    drop(src);
+
+    // Latest: it waits at the end and gets only new records.
+    let src = KafkaSource::new(KafkaConfig {
+        start: StartPosition::Latest,
+        ..config(&bs, "t")
+    })
+    .unwrap();
+    let none = src
+        .fetch(&p, 5_000, 10, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "{none:?}");
+    produce(&bs, "t", (0..3).map(|i| (0, format!("n{i}").into_bytes()))).unwrap();
+    let got = read_n(&src, &p, 5_000, 3).await;
+    assert_eq!(got, vec![20, 21, 22]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_pauses_fetching_and_loses_nothing() {
+    let mock = MockCluster::new(1).unwrap();
+    let bs = mock.bootstrap_servers();
+    mock.create_topic("t", 1, 1).unwrap();
+    const N: usize = 3_000;
+    produce(&bs, "t", (0..N).map(|i| (0, vec![i as u8; 1024]))).unwrap();
+    let limit = 64 << 10;
+    let src = KafkaSource::new(KafkaConfig {
+        max_buffered_bytes: limit,
+        ..config(&bs, "t")
+    })
+    .unwrap();
+    let p = PartitionId::new("t", 0);
+    let (mut offset, mut seen, mut most, mut paused) = (0u64, Vec::new(), 0usize, false);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < N {
+        assert!(Instant::now() < deadline, "only {} of {N}", seen.len());
+        let batch = src
+            .fetch(&p, offset, 20, Duration::from_millis(200))
+            .await
+            .unwrap();
+        if let Some((bytes, is_paused)) = src.buffered(&p) {
+            most = most.max(bytes);
+            paused |= is_paused;
+        }
+        for r in &batch {
+            assert_eq!(r.payload.len(), 1024);
+            assert_eq!(r.payload[0], r.offset as u8);
+        }
+        if let Some(last) = batch.last() {
+            offset = last.offset + 1;
+        }
+        seen.extend(batch.iter().map(|r| r.offset));
+        // The handler is slower than the broker.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(seen, (0..N as u64).collect::<Vec<_>>());
+    assert!(paused, "a full buffer must pause fetching");
+    // Records already on their way when the pause is asked for still land,
+    // but the buffer stays within a small multiple of its limit, far from
+    // the 3 MB the partition holds.
+    assert!(
+        most <= 3 * limit,
+        "buffered {most} bytes with a limit of {limit}"
+    );
+}
+
+const GROUP: &str = "g";
+
+fn timing() -> GroupConfig {
+    GroupConfig {
+        member_ttl: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        safety_margin: Duration::from_millis(500),
+        tick_interval: Duration::from_millis(50),
+        coordinator_ttl: Duration::from_millis(1000),
+        quarantine_min: Duration::from_millis(300),
+        ..GroupConfig::default()
+    }
+}
+
+async fn settle(store: &MemoryStore, expected: &BTreeMap<PartitionId, u64>, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut done = true;
+        for (p, end) in expected {
+            let at = store
+                .load_checkpoint(GROUP, p)
+                .await
+                .unwrap()
+                .map_or(0, |c| c.offset);
+            done &= at == *end;
+        }
+        if done {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "records were not all processed in {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_ride_out_a_broker_that_is_down_slow_or_failing() {
+    let mock = MockCluster::new(3).unwrap();
+    let bs = mock.bootstrap_servers();
+    mock.create_topic("t", 4, 1).unwrap();
+    let mut expected: BTreeMap<PartitionId, u64> =
+        (0..4).map(|p| (PartitionId::new("t", p), 0)).collect();
+    let send = |expected: &mut BTreeMap<PartitionId, u64>, n: usize, tag: &str| {
+        let recs: Vec<(i32, Vec<u8>)> = (0..n)
+            .map(|i| ((i % 4) as i32, format!("{tag}-{i}").into_bytes()))
+            .collect();
+        for (p, _) in &recs {
+            *expected.get_mut(&PartitionId::new("t", *p as u32)).unwrap() += 1;
+        }
+        produce(&bs, "t", recs).unwrap();
+    };
+    send(&mut expected, 400, "a");
+
+    let store = Arc::new(MemoryStore::default());
+    let oracle = Arc::new(Oracle::default());
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            Worker {
+                config: WorkerConfig {
+                    group: GROUP.into(),
+                    name: format!("w{i}"),
+                    timing: timing(),
+                    max_batch: 20,
+                    fetch_wait: Duration::from_millis(50),
+                    ..WorkerConfig::default()
+                },
+                store: store.clone(),
+                source: Arc::new(KafkaSource::new(config(&bs, "t")).unwrap()),
+                factory: Arc::new(DigestFactory::default()),
+                observer: Some(oracle.clone()),
+            }
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    settle(&store, &expected, Duration::from_secs(20)).await;
+
+    // Slow: every broker answers after 300 ms.
+    mock.broker_round_trip_time(-1, Duration::from_millis(300))
+        .unwrap();
+    send(&mut expected, 200, "slow");
+    settle(&store, &expected, Duration::from_secs(30)).await;
+    mock.broker_round_trip_time(-1, Duration::ZERO).unwrap();
+
+    // Failing: fetches answer errors for a while.
+    mock.request_errors(
+        RDKafkaApiKey::Fetch,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 10],
+    );
+    mock.request_errors(
+        RDKafkaApiKey::ListOffsets,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 5],
+    );
+    send(&mut expected, 200, "errors");
+    settle(&store, &expected, Duration::from_secs(30)).await;
+
+    // Down: every broker refuses connections for three seconds, twice the
+    // member lease, while the coordination store stays up.
+    mock.broker_down(-1).unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    mock.broker_up(-1).unwrap();
+    send(&mut expected, 200, "after");
+    settle(&store, &expected, Duration::from_secs(30)).await;
+
+    for w in &workers {
+        assert_eq!(
+            w.stats.rejoins.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "a broker fault must not cost a worker its lease"
+        );
+    }
+    let batches = oracle.batches();
+    let v = check_ownership(&batches, timing().quarantine_min.as_micros() as u64);
+    assert!(v.is_empty(), "ownership: {v:?}");
+    let v = check_coverage(&batches, &expected);
+    assert!(v.is_empty(), "coverage: {v:?}");
+    for (p, n) in &expected {
+        let records = read_partition(&bs, "t", p.partition as i32, *n as usize).unwrap();
+        let cp = store.load_checkpoint(GROUP, p).await.unwrap().unwrap();
+        assert_eq!(
+            DigestState::from_bytes(&cp.state).unwrap(),
+            DigestState::of(&records),
+            "{p}: state differs from processing each record exactly once"
+        );
+    }
+    for w in &workers {
+        w.shutdown();
+    }
+    for w in workers {
+        w.join().await.unwrap();
+    }
+}
