@@ -17,8 +17,16 @@ command -v dd >/dev/null 2>&1 || missing+=(coreutils)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 # openssl makes a private CA and certificate for the rediss:// test.
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
-# python3 runs the example handler of the --exec protocol test.
-command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# python3 runs the example handler of the --exec protocol test, and (in a
+# virtualenv) the independent Kafka client of the Kafka tests.
+command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-venv)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# librdkafka (bundled in the rdkafka crate) is compiled here and links the
+# system's OpenSSL and zlib.
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+[ -e /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
+[ -e /usr/include/zlib.h ] || missing+=(zlib1g-dev)
+command -v make >/dev/null 2>&1 || missing+=(make)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]} from Debian's packages"
   apt-get update -qq
@@ -29,6 +37,24 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   say "installing cargo-nextest (cached in ~/.cargo/bin)"
   cargo install --locked cargo-nextest || echo "cargo-nextest unavailable; falling back to cargo test"
 fi
+
+# tansu, a Kafka-protocol broker written in Rust, for the Kafka tests (they
+# start their own on free ports). Its memory engine needs the dynostore
+# feature. The build takes a quarter of an hour; the binary is cached.
+if ! command -v tansu >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/tansu" ]; then
+  say "installing the tansu broker (cached in ~/.cargo/bin; slow the first time)"
+  cargo install --locked tansu --features dynostore
+fi
+# The independent Kafka client (kafka-python, from PyPI), in a virtualenv
+# cached outside the repository.
+venv="$HOME/.cache/shardcall/kafka-venv"
+if ! "$venv/bin/python" -c 'import kafka' >/dev/null 2>&1; then
+  say "installing kafka-python into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet kafka-python
+fi
+export KAFKA_PEER_PYTHON="$venv/bin/python"
 
 # --- checks ------------------------------------------------------------------
 say "cargo fmt --check"

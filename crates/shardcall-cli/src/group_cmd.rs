@@ -1,7 +1,6 @@
 //! Operator commands on a group in Redis: `status`, `plan`, `release`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -9,8 +8,8 @@ use anyhow::Context;
 use serde_json::json;
 use shardcall::{CoordinationStore, quarantine_left};
 use shardcall_core::{Command, GroupState, Millis, PartitionId, Phase, step};
-use shardcall_spool::{FileLog, SpoolConfig};
 
+use crate::log_opts::LogOpts;
 use crate::redis_opts::RedisOpts;
 
 /// Arguments of `shardcall status`.
@@ -21,9 +20,9 @@ pub struct StatusArgs {
     /// The group.
     #[arg(long)]
     group: String,
-    /// The file log the group consumes, for log ends and lag.
-    #[arg(long)]
-    log: Option<PathBuf>,
+    /// The log the group consumes, for log ends and lag.
+    #[command(flatten)]
+    log: LogOpts,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -40,9 +39,9 @@ pub struct PlanArgs {
     /// The group.
     #[arg(long)]
     group: String,
-    /// The file log the group consumes, to include partitions added to it.
-    #[arg(long)]
-    log: Option<PathBuf>,
+    /// The log the group consumes, to include partitions added to it.
+    #[command(flatten)]
+    log: LogOpts,
     /// Topics of that log the group consumes (comma separated).
     #[arg(long, value_delimiter = ',')]
     topic: Vec<String>,
@@ -142,9 +141,9 @@ pub struct ResetArgs {
     /// The group.
     #[arg(long)]
     group: String,
-    /// The file log the group consumes (to find earliest, latest and times).
-    #[arg(long)]
-    log: PathBuf,
+    /// The log the group consumes (to find earliest, latest and times).
+    #[command(flatten)]
+    log: LogOpts,
     /// The topic.
     #[arg(long)]
     topic: String,
@@ -167,68 +166,32 @@ pub struct ResetArgs {
     actor: Option<String>,
 }
 
-/// Where `--to` points in one partition.
-fn target_offset(spool: &shardcall_spool::Spool, to: &str) -> anyhow::Result<u64> {
-    let (start, end) = (spool.start_offset(), spool.end_offset()?);
-    Ok(match to {
-        "earliest" => start,
-        "latest" => end,
-        t if t.starts_with('@') => {
-            let at: i64 = t[1..]
-                .parse()
-                .with_context(|| format!("--to {t}: a time is @MILLIS"))?;
-            let mut offset = start;
-            loop {
-                let batch = spool.read(offset, 10_000, 4 << 20)?;
-                if batch.is_empty() {
-                    break end;
-                }
-                if let Some(r) = batch.iter().find(|r| r.timestamp_ms >= at) {
-                    break r.offset;
-                }
-                offset = batch.last().map_or(end, |r| r.offset + 1);
-            }
-        }
-        n => {
-            let o: u64 = n
-                .parse()
-                .with_context(|| format!("--to {n}: use earliest, latest, an offset or @MILLIS"))?;
-            anyhow::ensure!(
-                (start..=end).contains(&o),
-                "offset {o} is outside the partition's records {start}..{end}"
-            );
-            o
-        }
-    })
-}
-
 /// Runs `shardcall reset-offsets`.
 pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
-    let log = FileLog::open(&args.log, SpoolConfig::default())?;
-    let count = log.partition_count(&args.topic)?;
     anyhow::ensure!(
-        count > 0,
-        "topic {} has no partitions in {}",
-        args.topic,
-        args.log.display()
+        args.log.given(),
+        "give the log the group consumes: --log DIR or --kafka BROKERS"
     );
-    let parts: Vec<u32> = match args.partition {
-        Some(p) => {
-            anyhow::ensure!(p < count, "topic {} has {count} partitions", args.topic);
-            vec![p]
-        }
-        None => (0..count).collect(),
-    };
     let who = actor(&args.actor);
     runtime()?.block_on(async {
+        let topics = vec![args.topic.clone()];
+        let log = args.log.open(&topics)?;
+        let count = log.partitions(&topics).await?.len() as u32;
+        anyhow::ensure!(count > 0, "topic {} has no partitions", args.topic);
+        let parts: Vec<u32> = match args.partition {
+            Some(p) => {
+                anyhow::ensure!(p < count, "topic {} has {count} partitions", args.topic);
+                vec![p]
+            }
+            None => (0..count).collect(),
+        };
         let store = args.redis.connect().await?;
         let mut refused = 0;
         let progress = crate::progress::bar(Some(parts.len() as u64), "partitions");
         for p in parts {
             progress.inc(1);
-            let spool = log.open_partition_read_only(&args.topic, p)?;
-            let offset = target_offset(&spool, &args.to)?;
             let id = PartitionId::new(&args.topic, p);
+            let offset = log.target(&id, &args.to).await?;
             if args.dry_run {
                 let now = store
                     .load_checkpoint(&args.group, &id)
@@ -280,21 +243,6 @@ fn left(now: Millis, t: Millis) -> String {
     }
 }
 
-fn log_ends(
-    log: Option<&PathBuf>,
-    parts: &[PartitionId],
-) -> anyhow::Result<BTreeMap<PartitionId, u64>> {
-    let mut out = BTreeMap::new();
-    let Some(dir) = log else { return Ok(out) };
-    let log = FileLog::open(dir, SpoolConfig::default())?;
-    for p in parts {
-        if let Ok(spool) = log.open_partition_read_only(&p.topic, p.partition) {
-            out.insert(p.clone(), spool.end_offset()?);
-        }
-    }
-    Ok(out)
-}
-
 /// Runs `shardcall status`.
 pub fn status(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
@@ -321,7 +269,9 @@ async fn status_once(
     let g: GroupState = store.load_group(&args.group).await?;
     let now = store.now().await?;
     let parts: Vec<PartitionId> = g.partitions.keys().cloned().collect();
-    let ends = log_ends(args.log.as_ref(), &parts)?;
+    let mut topics: Vec<String> = parts.iter().map(|p| p.topic.to_string()).collect();
+    topics.dedup();
+    let ends = args.log.open(&topics)?.ends(&parts).await?;
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {
         let cp = store.load_checkpoint(&args.group, p).await?;
@@ -461,12 +411,10 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         let g = store.load_group(&args.group).await?;
         let now = store.now().await?;
         let mut discovered: Vec<PartitionId> = g.partitions.keys().cloned().collect();
-        if let Some(dir) = &args.log {
-            anyhow::ensure!(!args.topic.is_empty(), "--log needs --topic");
-            let log = FileLog::open(dir, SpoolConfig::default())?;
-            for t in &args.topic {
-                discovered.extend(PartitionId::range(t, log.partition_count(t)?));
-            }
+        if args.log.given() {
+            anyhow::ensure!(!args.topic.is_empty(), "--log and --kafka need --topic");
+            let log = args.log.open(&args.topic)?;
+            discovered.extend(log.partitions(&args.topic).await?);
         }
         let plan = step(&g, now, &discovered);
         let moves: BTreeMap<&PartitionId, &shardcall_core::Move> =

@@ -1,11 +1,13 @@
 //! `shardcall`: the command-line tool.
 
 mod bench_assign;
+mod bench_kafka;
 mod bench_rebalance;
 mod bench_spool;
 mod consume;
 mod demo;
 mod group_cmd;
+mod log_opts;
 mod produce;
 mod progress;
 mod redis_opts;
@@ -84,6 +86,8 @@ enum BenchCommand {
     Assign(bench_assign::BenchAssignArgs),
     /// Spool append and read-back throughput against `dd` on the same filesystem.
     Spool(bench_spool::BenchSpoolArgs),
+    /// Records/s through shardcall from Kafka next to a plain rdkafka consumer.
+    Kafka(bench_kafka::BenchKafkaArgs),
 }
 
 /// When appended records are forced to disk (command-line form).
@@ -149,7 +153,10 @@ fn config_check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitC
                 r.worker.group,
                 r.worker.name,
                 r.topics.len(),
-                r.log.display(),
+                match &r.source {
+                    settings::SourceChoice::File(dir) => format!("file log {}", dir.display()),
+                    settings::SourceChoice::Kafka(k) => format!("Kafka {}", k.brokers),
+                },
                 r.redis.join(","),
                 r.exec.as_deref().unwrap_or("built-in digest")
             );
@@ -185,6 +192,7 @@ fn main() -> ExitCode {
         Command::Consume(args) => consume::run(&args),
         Command::Spool(cmd) => spool_cmd::run(&cmd),
         Command::Bench(BenchCommand::Spool(args)) => bench_spool::run(&args),
+        Command::Bench(BenchCommand::Kafka(args)) => bench_kafka::run(&args),
         Command::Bench(BenchCommand::Assign(args)) => bench_assign::run(&args),
         Command::Bench(BenchCommand::Rebalance(args)) => bench_rebalance::run(&args),
     };

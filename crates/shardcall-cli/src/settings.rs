@@ -4,6 +4,7 @@
 //! (`--set timing.member_ttl_ms=5000`, or the worker's own flags), in that
 //! order. `shardcall config check FILE` explains every error at once.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use shardcall::WorkerConfig;
 use shardcall_core::GroupConfig;
+use shardcall_kafka::{KafkaConfig, KafkaConfigError};
 use shardcall_spool::{Durability, SpoolConfig};
 
 /// The whole file.
@@ -27,6 +29,10 @@ pub struct Settings {
     pub redis: RedisSettings,
     /// Where records come from.
     pub source: SourceSettings,
+    /// librdkafka client properties for `source.kind = "kafka"`, passed
+    /// unchanged (`_` in a key stands for `.`, so environment variables such
+    /// as `SHARDCALL_KAFKA__SASL_PASSWORD` can set them).
+    pub kafka: toml::Table,
     /// The topics consumed, and how.
     pub topics: Vec<TopicSettings>,
     /// Leases, ticks and quarantine.
@@ -59,10 +65,26 @@ pub struct RedisSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SourceSettings {
-    /// `file` (the embedded file log).
+    /// `file` (the embedded file log) or `kafka`.
     pub kind: String,
-    /// The file log's folder.
+    /// The file log's folder (`file`).
     pub log: Option<PathBuf>,
+    /// Bootstrap brokers, `host:port` separated by commas (`kafka`).
+    pub brokers: Option<String>,
+    /// Where a partition with no checkpoint starts, and where one whose
+    /// offset left the log restarts: `earliest` or `latest` (`kafka`).
+    pub start: String,
+    /// The Kafka group checkpointed offsets are committed to; default: the
+    /// shardcall group's name (`kafka`).
+    pub group_id: Option<String>,
+    /// Commit checkpointed offsets to the Kafka group (`kafka`).
+    pub commit_offsets: bool,
+    /// How often commits are sent (`kafka`).
+    pub commit_interval_ms: u64,
+    /// How often new partitions are looked for (`kafka`).
+    pub metadata_refresh_ms: u64,
+    /// Bytes fetched ahead per partition before fetching pauses (`kafka`).
+    pub max_buffered_bytes: usize,
 }
 
 /// `[[topics]]`
@@ -162,6 +184,7 @@ impl Default for Settings {
             weight: 1,
             redis: RedisSettings::default(),
             source: SourceSettings::default(),
+            kafka: toml::Table::new(),
             topics: Vec::new(),
             timing: TimingSettings::default(),
             batch: BatchSettings::default(),
@@ -175,9 +198,43 @@ impl Default for Settings {
 
 impl Default for SourceSettings {
     fn default() -> Self {
+        let k = KafkaConfig::default();
         Self {
             kind: "file".into(),
             log: None,
+            brokers: None,
+            start: k.start.to_string(),
+            group_id: None,
+            commit_offsets: k.commit_offsets,
+            commit_interval_ms: k.commit_interval.as_millis() as u64,
+            metadata_refresh_ms: k.metadata_refresh.as_millis() as u64,
+            max_buffered_bytes: k.max_buffered_bytes,
+        }
+    }
+}
+
+/// Flattens the `[kafka]` table into librdkafka properties: nested tables
+/// (dotted TOML keys) join with `.`, and `_` stands for `.`.
+fn kafka_properties(
+    table: &toml::Table,
+    prefix: &str,
+    out: &mut BTreeMap<String, String>,
+    errors: &mut Vec<String>,
+) {
+    for (k, v) in table {
+        let key = format!("{prefix}{}", k.replace('_', "."));
+        match v {
+            toml::Value::Table(t) => kafka_properties(t, &format!("{key}."), out, errors),
+            toml::Value::String(s) => {
+                out.insert(key, s.clone());
+            }
+            toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
+                out.insert(key, v.to_string());
+            }
+            other => errors.push(format!(
+                "kafka.{key}: {} is not a string, number or boolean",
+                other.type_str()
+            )),
         }
     }
 }
@@ -306,6 +363,15 @@ pub fn load(
     Settings::deserialize(toml::Value::Table(table)).map_err(|e| vec![e.to_string()])
 }
 
+/// The source a worker reads.
+#[derive(Debug, Clone)]
+pub enum SourceChoice {
+    /// The embedded file log in this folder.
+    File(PathBuf),
+    /// Kafka.
+    Kafka(KafkaConfig),
+}
+
 /// What a worker runs with, checked.
 #[derive(Debug, Clone)]
 pub struct Resolved {
@@ -317,9 +383,9 @@ pub struct Resolved {
     pub cluster: bool,
     /// Private CA.
     pub ca: Option<PathBuf>,
-    /// The file log.
-    pub log: PathBuf,
-    /// Its spool configuration.
+    /// Where records come from.
+    pub source: SourceChoice,
+    /// The spool configuration (of the file log).
     pub spool: SpoolConfig,
     /// The topics.
     pub topics: Vec<String>,
@@ -332,6 +398,44 @@ pub struct Resolved {
 }
 
 impl Settings {
+    /// The Kafka source's configuration, explaining each problem.
+    fn kafka_config(&self, errors: &mut Vec<String>) -> Option<KafkaConfig> {
+        let before = errors.len();
+        let s = &self.source;
+        let Some(brokers) = s.brokers.clone() else {
+            errors.push("source.brokers: required with kind = \"kafka\" (host:port,...)".into());
+            return None;
+        };
+        let start = s
+            .start
+            .parse()
+            .map_err(|e| errors.push(format!("source.start: {e}")))
+            .unwrap_or_default();
+        let mut properties = BTreeMap::new();
+        kafka_properties(&self.kafka, "", &mut properties, errors);
+        let config = KafkaConfig {
+            brokers,
+            topics: self.topics.iter().map(|t| t.name.clone()).collect(),
+            group_id: s.group_id.clone().unwrap_or_else(|| self.group.clone()),
+            start,
+            commit_offsets: s.commit_offsets,
+            commit_interval: Duration::from_millis(s.commit_interval_ms),
+            metadata_refresh: Duration::from_millis(s.metadata_refresh_ms),
+            max_buffered_bytes: s.max_buffered_bytes,
+            properties,
+            ..KafkaConfig::default()
+        };
+        for p in config.problems() {
+            match p {
+                // Reported with their own paths elsewhere.
+                KafkaConfigError::NoTopics | KafkaConfigError::NoGroupId => {}
+                KafkaConfigError::OwnedProperty { .. } => errors.push(format!("kafka: {p}")),
+                p => errors.push(format!("source: {p}")),
+            }
+        }
+        (errors.len() == before).then_some(config)
+    }
+
     /// Checks everything, explaining each problem with its path.
     pub fn resolve(&self) -> Result<Resolved, Vec<String>> {
         let mut errors = Vec::new();
@@ -348,18 +452,25 @@ impl Settings {
                 ));
             }
         }
-        if self.source.kind != "file" {
-            errors.push(format!(
-                "source.kind: {:?} is not available; \"file\" (the embedded file log) is (Kafka is still to come)",
-                self.source.kind
-            ));
-        }
-        if self.source.log.is_none() {
-            errors.push("source.log: required (the file log's folder)".into());
-        }
         if self.topics.is_empty() {
             errors.push("topics: at least one [[topics]] with a name".into());
         }
+        let source = match self.source.kind.as_str() {
+            "file" => match &self.source.log {
+                Some(dir) => Some(SourceChoice::File(dir.clone())),
+                None => {
+                    errors.push("source.log: required (the file log's folder)".into());
+                    None
+                }
+            },
+            "kafka" => self.kafka_config(&mut errors).map(SourceChoice::Kafka),
+            other => {
+                errors.push(format!(
+                    "source.kind: {other:?} must be \"file\" (the embedded file log) or \"kafka\""
+                ));
+                None
+            }
+        };
         for (i, t) in self.topics.iter().enumerate() {
             if t.mode != "owned" {
                 errors.push(format!(
@@ -450,7 +561,7 @@ impl Settings {
             redis: self.redis.urls.clone(),
             cluster: self.redis.cluster,
             ca: self.redis.ca.clone(),
-            log: self.source.log.clone().expect("checked"),
+            source: source.expect("checked"),
             spool,
             topics: self.topics.iter().map(|t| t.name.clone()).collect(),
             exec: self.handler.exec.clone(),
@@ -484,8 +595,22 @@ cluster = false                      # true: treat a single URL as a cluster see
 # ca = "/etc/shardcall/ca.pem"       # private CA for rediss://
 
 [source]
-kind = "file"                        # the embedded file log
+kind = "file"                        # the embedded file log...
 log = "/var/lib/shardcall/log"
+# kind = "kafka"                     # ...or Kafka (and Kafka-protocol logs)
+# brokers = "kafka-1:9092,kafka-2:9092"
+# start = "earliest"                 # no checkpoint / offset gone: earliest | latest
+# group_id = "billing"               # Kafka group offsets are committed to (default: group)
+# commit_offsets = true              # so kafka-consumer-groups shows the lag
+# commit_interval_ms = 5000
+# metadata_refresh_ms = 10000        # how soon new partitions are picked up
+# max_buffered_bytes = 4194304       # fetched ahead per partition, then fetching pauses
+
+# [kafka]                            # librdkafka properties, passed unchanged
+# "security.protocol" = "SASL_SSL"
+# "sasl.mechanism" = "SCRAM-SHA-512"
+# "sasl.username" = "billing"
+# sasl_password = "..."              # `_` stands for `.`: SHARDCALL_KAFKA__SASL_PASSWORD
 
 [[topics]]
 name = "orders"
@@ -587,6 +712,62 @@ mod tests {
     }
 
     #[test]
+    fn kafka_settings_become_a_kafka_config() {
+        let s = load(
+            None,
+            vec![(
+                "SHARDCALL_KAFKA__SASL_PASSWORD".to_string(),
+                "secret".to_string(),
+            )],
+            &[
+                "group=g".into(),
+                "redis.urls=[\"redis://h:1/\"]".into(),
+                "source.kind=kafka".into(),
+                "source.brokers=k1:9092,k2:9092".into(),
+                "source.start=latest".into(),
+                "kafka.security.protocol=SASL_SSL".into(),
+                "kafka.fetch.wait.max.ms=50".into(),
+                "topics=[{name = \"orders\"}]".into(),
+            ],
+        )
+        .unwrap();
+        let r = s.resolve().unwrap();
+        let SourceChoice::Kafka(k) = r.source else {
+            panic!("not kafka")
+        };
+        assert_eq!(k.brokers, "k1:9092,k2:9092");
+        assert_eq!(
+            k.group_id, "g",
+            "the Kafka group defaults to the shardcall group"
+        );
+        assert_eq!(k.start, shardcall_kafka::StartPosition::Latest);
+        assert_eq!(k.topics, vec!["orders"]);
+        let props: Vec<(&str, &str)> = k
+            .properties
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        assert_eq!(
+            props,
+            vec![
+                ("fetch.wait.max.ms", "50"),
+                ("sasl.password", "secret"),
+                ("security.protocol", "SASL_SSL"),
+            ]
+        );
+        let mut bad = s.clone();
+        bad.kafka
+            .insert("enable.auto.commit".into(), toml::Value::Boolean(true));
+        bad.source.start = "beginning".into();
+        let all = bad.resolve().unwrap_err().join("\n");
+        assert!(
+            all.contains("kafka: kafka property \"enable.auto.commit\""),
+            "{all}"
+        );
+        assert!(all.contains("source.start"), "{all}");
+    }
+
+    #[test]
     fn every_error_is_explained_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
@@ -602,8 +783,7 @@ mod tests {
         let all = errors.join("\n");
         for needle in [
             "redis.urls",
-            "source.kind",
-            "source.log",
+            "source.brokers",
             "topics[0].mode",
             "heartbeat_interval",
             "spool.fsync",

@@ -9,11 +9,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use shardcall::oracle::DigestFactory;
-use shardcall::{BatchObserver, BatchRecord, FileLogSource, Worker};
+use shardcall::{BatchObserver, BatchRecord, FileLogSource, Source, Worker, WorkerHandle};
+use shardcall_kafka::KafkaSource;
 use shardcall_spool::FileLog;
 
 use crate::Dir;
-use crate::settings::{self, Resolved, Settings};
+use crate::settings::{self, Resolved, Settings, SourceChoice};
 
 /// Arguments of `shardcall worker`. Everything can also come from a TOML
 /// file (`--config`), environment variables and `--set`; flags win.
@@ -39,8 +40,15 @@ pub struct WorkerArgs {
     #[arg(long)]
     group: Option<String>,
     /// Folder of the file log to consume.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "kafka")]
     log: Option<Dir>,
+    /// Consume Kafka: the bootstrap brokers (host:port, comma separated).
+    #[arg(long)]
+    kafka: Option<String>,
+    /// A librdkafka client property, KEY=VALUE (repeatable), e.g.
+    /// security.protocol=SASL_SSL; same as `kafka.KEY` in the config file.
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE", requires = "kafka")]
+    kafka_properties: Vec<String>,
     /// Topics to consume (comma separated).
     #[arg(long, value_delimiter = ',')]
     topic: Vec<String>,
@@ -97,7 +105,23 @@ impl WorkerArgs {
             s.group = g.clone();
         }
         if let Some(l) = &self.log {
+            s.source.kind = "file".into();
             s.source.log = Some(l.clone());
+        }
+        if let Some(b) = &self.kafka {
+            s.source.kind = "kafka".into();
+            s.source.brokers = Some(b.clone());
+        }
+        for p in &self.kafka_properties {
+            match p.split_once('=') {
+                Some((k, v)) => {
+                    s.kafka.insert(
+                        k.trim().to_owned(),
+                        toml::Value::String(v.trim().to_owned()),
+                    );
+                }
+                None => return Err(vec![format!("--kafka-property {p}: use KEY=VALUE")]),
+            }
         }
         if !self.topic.is_empty() {
             s.topics = self
@@ -193,6 +217,37 @@ impl BatchObserver for FileOracle {
     }
 }
 
+/// Starts the worker with the configured handler.
+fn spawn<Src: Source>(
+    r: &Resolved,
+    store: Arc<shardcall_redis::RedisStore>,
+    source: Src,
+    observer: Option<Arc<dyn BatchObserver>>,
+) -> anyhow::Result<WorkerHandle> {
+    let config = r.worker.clone();
+    let source = Arc::new(source);
+    Ok(match &r.exec {
+        Some(command) => Worker {
+            config,
+            store,
+            source,
+            factory: Arc::new(shardcall::exec::ExecFactory {
+                command: command.clone(),
+            }),
+            observer,
+        }
+        .spawn()?,
+        None => Worker {
+            config,
+            store,
+            source,
+            factory: Arc::new(DigestFactory::default()),
+            observer,
+        }
+        .spawn()?,
+    })
+}
+
 /// Runs the command until SIGTERM or Ctrl-C (graceful stop).
 pub fn run(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
     let resolved = match args.settings().and_then(|s| s.resolve()) {
@@ -225,9 +280,6 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("serving metrics on {addr}"))?;
         tracing::info!(%addr, "metrics at /metrics");
     }
-    let log = FileLog::open(&r.log, r.spool.clone())
-        .with_context(|| format!("opening file log {}", r.log.display()))?;
-    let source = Arc::new(FileLogSource::new(log, r.topics.clone()));
     let redis = crate::redis_opts::RedisOpts {
         redis: r.redis.clone(),
         redis_cluster: r.cluster,
@@ -259,26 +311,22 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let store = Arc::new(store);
-    let config = r.worker.clone();
-    let handle = match &r.exec {
-        Some(command) => Worker {
-            config,
-            store,
-            source,
-            factory: Arc::new(shardcall::exec::ExecFactory {
-                command: command.clone(),
-            }),
-            observer,
+    let handle = match &r.source {
+        SourceChoice::File(dir) => {
+            let log = FileLog::open(dir, r.spool.clone())
+                .with_context(|| format!("opening file log {}", dir.display()))?;
+            spawn(
+                &r,
+                store,
+                FileLogSource::new(log, r.topics.clone()),
+                observer,
+            )?
         }
-        .spawn()?,
-        None => Worker {
-            config,
-            store,
-            source,
-            factory: Arc::new(DigestFactory::default()),
-            observer,
+        SourceChoice::Kafka(k) => {
+            let source = KafkaSource::new(k.clone()).context("setting up the Kafka client")?;
+            tracing::info!(brokers = %k.brokers, topics = ?k.topics, kafka_group = %k.group_id, "consuming Kafka");
+            spawn(&r, store, source, observer)?
         }
-        .spawn()?,
     };
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

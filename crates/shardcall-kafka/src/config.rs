@@ -190,17 +190,16 @@ impl KafkaConfig {
         let mut c = ClientConfig::new();
         // Fetch ahead modestly by default; users tune it with kafka.* keys.
         c.set("queued.max.messages.kbytes", "16384");
+        c.set("fetch.queue.backoff.ms", "10");
         for (k, v) in &self.properties {
             c.set(k, v);
         }
         c.set("bootstrap.servers", &self.brokers)
             .set("group.id", &self.group_id)
             .set("enable.auto.offset.store", "false")
-            .set("enable.auto.commit", self.commit_offsets.to_string())
-            .set(
-                "auto.commit.interval.ms",
-                self.commit_interval.as_millis().to_string(),
-            )
+            // Commits are sent by the source itself, so that closing never
+            // waits on a final commit to a broker that is gone.
+            .set("enable.auto.commit", "false")
             // A lost offset must be seen, never silently skipped.
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false");

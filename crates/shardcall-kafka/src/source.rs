@@ -22,9 +22,12 @@ use tokio::sync::Notify;
 use crate::buffer::{Admitted, PartitionBuffer, Taken};
 use crate::config::{KafkaConfig, KafkaConfigError, StartPosition};
 
-/// Routes librdkafka's own reports to `tracing`.
+/// Routes librdkafka's own reports to `tracing`, and counts commits
+/// still waiting for the broker's answer.
 #[derive(Debug, Default)]
-pub struct Reporter;
+pub struct Reporter {
+    pending_commits: std::sync::atomic::AtomicI64,
+}
 
 impl ClientContext for Reporter {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
@@ -45,6 +48,7 @@ impl ClientContext for Reporter {
 
 impl ConsumerContext for Reporter {
     fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, _: &TopicPartitionList) {
+        self.pending_commits.fetch_sub(1, Ordering::Relaxed);
         if let Err(e) = result {
             tracing::warn!(error = %e, "committing offsets to the kafka group failed");
         }
@@ -56,8 +60,10 @@ type KafkaConsumer = BaseConsumer<Reporter>;
 struct Slot {
     buffer: PartitionBuffer,
     notify: Arc<Notify>,
-    /// The last checkpointed offset, stored for the Kafka group.
+    /// The last checkpointed offset, for the Kafka group.
     checkpointed: Option<u64>,
+    /// The last offset sent to the Kafka group.
+    sent: Option<u64>,
 }
 
 #[derive(Default)]
@@ -69,7 +75,10 @@ struct Known {
 
 struct Inner {
     config: KafkaConfig,
-    consumer: KafkaConsumer,
+    /// Always set until dropped.
+    consumer: Option<KafkaConsumer>,
+    /// Drop the client without closing it (its broker is unreachable).
+    abandon: AtomicBool,
     slots: Mutex<HashMap<PartitionId, Slot>>,
     known: Mutex<Known>,
     stop: AtomicBool,
@@ -119,11 +128,12 @@ impl KafkaSource {
         config.validate()?;
         let consumer: KafkaConsumer = config
             .client_config()
-            .create_with_context(Reporter)
+            .create_with_context(Reporter::default())
             .map_err(|e| KafkaConfigError::Client(e.to_string()))?;
         let inner = Arc::new(Inner {
             config,
-            consumer,
+            consumer: Some(consumer),
+            abandon: AtomicBool::new(false),
             slots: Mutex::default(),
             known: Mutex::default(),
             stop: AtomicBool::new(false),
@@ -153,6 +163,34 @@ impl KafkaSource {
             .map(|s| (s.buffer.bytes(), s.buffer.paused()))
     }
 
+    /// The first offset of `partition` stamped at or after `millis` (ms since
+    /// the Unix epoch), or the log end when no record is that recent.
+    pub async fn offset_for_time(
+        &self,
+        partition: &PartitionId,
+        millis: i64,
+    ) -> Result<u64, SourceError> {
+        let inner = self.inner.clone();
+        let p = partition.clone();
+        blocking(move || {
+            let mut t = TopicPartitionList::new();
+            t.add_partition_offset(&p.topic, p.partition as i32, Offset::Offset(millis))
+                .map_err(|e| other("offsets for times", Some(&p), e))?;
+            let found = inner
+                .c()
+                .offsets_for_times(t, inner.config.request_timeout)
+                .map_err(|e| other("offsets for times", Some(&p), e))?;
+            match found
+                .find_partition(&p.topic, p.partition as i32)
+                .map(|e| e.offset())
+            {
+                Some(Offset::Offset(o)) if o >= 0 => Ok(o as u64),
+                _ => Ok(inner.watermarks(&p)?.1),
+            }
+        })
+        .await
+    }
+
     /// The low and high watermarks of a partition, from the broker.
     pub async fn watermarks(&self, partition: &PartitionId) -> Result<(u64, u64), SourceError> {
         let inner = self.inner.clone();
@@ -162,21 +200,53 @@ impl KafkaSource {
 }
 
 impl Drop for KafkaSource {
+    /// Sends the last checkpointed offsets and waits (at most the request
+    /// timeout) for the broker to take them. librdkafka's close waits for
+    /// every commit in flight, so when the broker cannot be reached the
+    /// client is abandoned instead of closed: a process never hangs on exit.
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.poller.take() {
             let _ = t.join();
         }
         if self.inner.config.commit_offsets {
-            let _ = self.inner.commit_checkpointed(None, CommitMode::Sync);
+            let _ = self.inner.commit_checkpointed(None);
+        }
+        let pending = &self.inner.c().context().pending_commits;
+        let deadline = Instant::now() + self.inner.config.request_timeout;
+        while pending.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            // Serves the commit callbacks; records polled now are not read.
+            let _ = self.inner.c().poll(Duration::from_millis(50));
+        }
+        if pending.load(Ordering::Relaxed) > 0 {
+            tracing::warn!(brokers = %self.inner.config.brokers,
+                "the kafka group did not confirm the last offsets (broker unreachable); closing without waiting (the checkpoints in the coordination store are unaffected)");
+            self.inner.abandon.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.abandon.load(Ordering::Relaxed)
+            && let Some(c) = self.consumer.take()
+        {
+            // Closing would wait for the unreachable broker forever.
+            std::mem::forget(c);
         }
     }
 }
 
 impl Inner {
+    fn c(&self) -> &KafkaConsumer {
+        self.consumer
+            .as_ref()
+            .expect("the consumer lives as long as the source")
+    }
+
     fn watermarks(&self, p: &PartitionId) -> Result<(u64, u64), SourceError> {
         let (low, high) = self
-            .consumer
+            .c()
             .fetch_watermarks(&p.topic, p.partition as i32, self.config.request_timeout)
             .map_err(|e| other("watermarks", Some(p), e))?;
         Ok((low.max(0) as u64, high.max(0) as u64))
@@ -190,77 +260,67 @@ impl Inner {
         })
     }
 
-    /// Commits the checkpointed offsets of `only` (or of every partition).
-    fn commit_checkpointed(
-        &self,
-        only: Option<&PartitionId>,
-        mode: CommitMode,
-    ) -> Result<(), SourceError> {
+    /// Sends the checkpointed offsets not sent yet, of `only` (or of every
+    /// partition), to the Kafka group, without waiting for the answer.
+    fn commit_checkpointed(&self, only: Option<&PartitionId>) -> Result<(), SourceError> {
         let mut t = TopicPartitionList::new();
         {
-            let slots = self.slots.lock().expect("slots lock");
-            for (p, s) in slots.iter() {
-                if only.is_some_and(|o| o != p) {
+            let mut slots = self.slots.lock().expect("slots lock");
+            for (p, s) in slots.iter_mut() {
+                if only.is_some_and(|o| o != p) || s.checkpointed == s.sent {
                     continue;
                 }
                 if let Some(o) = s.checkpointed {
                     t.add_partition_offset(&p.topic, p.partition as i32, Offset::Offset(o as i64))
                         .map_err(|e| other("commit", Some(p), e))?;
+                    s.sent = Some(o);
                 }
             }
         }
         if t.count() == 0 {
             return Ok(());
         }
-        self.consumer
-            .commit(&t, mode)
-            .map_err(|e| other("commit", only, e))
+        let pending = &self.c().context().pending_commits;
+        pending.fetch_add(1, Ordering::Relaxed);
+        self.c().commit(&t, CommitMode::Async).map_err(|e| {
+            pending.fetch_sub(1, Ordering::Relaxed);
+            other("commit", only, e)
+        })
     }
 
     /// Points the consumer at `offset` of `p`: a fresh buffer, then an
-    /// assignment from there. An offset the log no longer holds is reported
-    /// and replaced by the configured start.
+    /// assignment from there. An offset the log no longer holds makes the
+    /// broker answer "out of range", which [`Inner::recover_out_of_range`]
+    /// reports and replaces by the configured start.
     fn reposition(&self, p: &PartitionId, offset: u64) -> Result<(), SourceError> {
-        let (low, high) = self.watermarks(p)?;
-        let mut from = offset;
-        if offset < low {
-            from = match self.config.start {
-                StartPosition::Earliest => low,
-                StartPosition::Latest => high,
-            };
-            tracing::warn!(partition = %p, offset, log_start = low, reset_to = from, start = %self.config.start,
-                "the checkpointed offset is no longer in the log (retention removed it); records in between are lost to this group; continuing from the configured start");
-        }
+        tracing::debug!(partition = %p, offset, "assigning the partition from this offset");
         let was_assigned = self.slots.lock().expect("slots lock").remove(p).is_some();
         if was_assigned {
-            self.consumer
+            self.c()
                 .incremental_unassign(&tpl(p, None))
                 .map_err(|e| other("unassign", Some(p), e))?;
-        }
-        let mut buffer = PartitionBuffer::new(offset, self.config.max_buffered_bytes);
-        if from != offset {
-            buffer.reset_to(from);
         }
         self.slots.lock().expect("slots lock").insert(
             p.clone(),
             Slot {
-                buffer,
+                buffer: PartitionBuffer::new(offset, self.config.max_buffered_bytes),
                 notify: Arc::new(Notify::new()),
                 checkpointed: None,
+                sent: None,
             },
         );
-        self.consumer
-            .incremental_assign(&tpl(p, Some(from)))
+        self.c()
+            .incremental_assign(&tpl(p, Some(offset)))
             .map_err(|e| other("assign", Some(p), e))
     }
 
     fn release(&self, p: &PartitionId) -> Result<(), SourceError> {
         if self.config.commit_offsets {
-            self.commit_checkpointed(Some(p), CommitMode::Async)?;
+            self.commit_checkpointed(Some(p))?;
         }
         let had = self.slots.lock().expect("slots lock").remove(p).is_some();
         if had {
-            self.consumer
+            self.c()
                 .incremental_unassign(&tpl(p, None))
                 .map_err(|e| other("unassign", Some(p), e))?;
         }
@@ -268,42 +328,82 @@ impl Inner {
     }
 
     fn poll_loop(&self) {
+        let mut committed_at = Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
-            match self.consumer.poll(Duration::from_millis(100)) {
-                None => {}
-                Some(Ok(m)) => {
-                    let p = PartitionId::new(m.topic(), m.partition() as u32);
-                    let record = Record {
-                        offset: m.offset() as u64,
-                        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
-                        key: m.key().map(Bytes::copy_from_slice),
-                        payload: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
-                    };
-                    drop(m);
-                    self.route(&p, record);
+            if self.config.commit_offsets && committed_at.elapsed() >= self.config.commit_interval {
+                committed_at = Instant::now();
+                if let Err(e) = self.commit_checkpointed(None) {
+                    tracing::warn!(error = %e, "committing offsets to the kafka group");
                 }
-                Some(Err(KafkaError::MessageConsumption(
-                    RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
-                ))) => self.recover_out_of_range(),
-                Some(Err(e)) => tracing::warn!(error = %e, "kafka fetch error; librdkafka retries"),
             }
+            // Wait for one record, then take what else is already there,
+            // and file them all under one lock.
+            let mut wait = Duration::from_millis(100);
+            let mut batch: Vec<(PartitionId, Record)> = Vec::new();
+            while batch.len() < 4096 {
+                match self.c().poll(wait) {
+                    None => break,
+                    Some(Ok(m)) => {
+                        let same = batch.last().map(|(p, _)| p).filter(|p| {
+                            *p.topic == *m.topic() && p.partition == m.partition() as u32
+                        });
+                        let p = match same {
+                            Some(p) => p.clone(),
+                            None => PartitionId::new(m.topic(), m.partition() as u32),
+                        };
+                        let record = Record {
+                            offset: m.offset() as u64,
+                            timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+                            key: m.key().map(Bytes::copy_from_slice),
+                            payload: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
+                        };
+                        batch.push((p, record));
+                    }
+                    Some(Err(KafkaError::MessageConsumption(
+                        RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
+                    ))) => {
+                        self.route(std::mem::take(&mut batch));
+                        self.recover_out_of_range();
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "kafka fetch error; librdkafka retries")
+                    }
+                }
+                wait = Duration::ZERO;
+            }
+            self.route(batch);
         }
     }
 
-    fn route(&self, p: &PartitionId, record: Record) {
-        let mut slots = self.slots.lock().expect("slots lock");
-        // A record of a partition released meanwhile is dropped: its next
-        // owner reads it again from its checkpoint.
-        let Some(slot) = slots.get_mut(p) else { return };
-        let admitted = slot.buffer.admit(record);
-        if admitted != Admitted::Stale {
-            slot.notify.notify_one();
+    fn route(&self, batch: Vec<(PartitionId, Record)>) {
+        if batch.is_empty() {
+            return;
         }
-        drop(slots);
-        if admitted == Admitted::KeptPause
-            && let Err(e) = self.consumer.pause(&tpl(p, None))
+        let mut pause = Vec::new();
+        let mut woken: Vec<PartitionId> = Vec::new();
         {
-            tracing::warn!(partition = %p, error = %e, "pausing a full partition failed");
+            let mut slots = self.slots.lock().expect("slots lock");
+            for (p, record) in batch {
+                // A record of a partition released meanwhile is dropped: its
+                // next owner reads it again from its checkpoint.
+                let Some(slot) = slots.get_mut(&p) else {
+                    continue;
+                };
+                match slot.buffer.admit(record) {
+                    Admitted::Stale => {}
+                    Admitted::Kept => {}
+                    Admitted::KeptPause => pause.push(p.clone()),
+                }
+                if woken.last() != Some(&p) {
+                    slot.notify.notify_one();
+                    woken.push(p);
+                }
+            }
+        }
+        for p in pause {
+            if let Err(e) = self.c().pause(&tpl(&p, None)) {
+                tracing::warn!(partition = %p, error = %e, "pausing a full partition failed");
+            }
         }
     }
 
@@ -331,7 +431,7 @@ impl Inner {
                 StartPosition::Latest => high,
             };
             tracing::warn!(partition = %p, offset = at, log_start = low, log_end = high, reset_to = to, start = %self.config.start,
-                "the offset is not in the log (removed by retention, or the topic was recreated); continuing from the configured start");
+                "the offset is not in the log (removed by retention, or the topic was recreated): records in between are not processed by this group; continuing from the configured start");
             {
                 let mut slots = self.slots.lock().expect("slots lock");
                 match slots.get_mut(&p) {
@@ -339,8 +439,8 @@ impl Inner {
                     _ => continue,
                 }
             }
-            let _ = self.consumer.incremental_unassign(&tpl(&p, None));
-            if let Err(e) = self.consumer.incremental_assign(&tpl(&p, Some(to))) {
+            let _ = self.c().incremental_unassign(&tpl(&p, None));
+            if let Err(e) = self.c().incremental_assign(&tpl(&p, Some(to))) {
                 tracing::warn!(partition = %p, error = %e, "reassigning after an offset reset failed");
             }
         }
@@ -351,7 +451,7 @@ impl Inner {
         let mut missing = BTreeSet::new();
         for topic in &self.config.topics {
             let md = self
-                .consumer
+                .c()
                 .fetch_metadata(Some(topic), self.config.request_timeout)
                 .map_err(|e| other("metadata", None, e))?;
             for t in md.topics() {
@@ -419,7 +519,7 @@ impl Source for KafkaSource {
             };
             match taken {
                 Some((Taken::Records { records, resume }, notify)) => {
-                    if resume && let Err(e) = self.inner.consumer.resume(&tpl(partition, None)) {
+                    if resume && let Err(e) = self.inner.c().resume(&tpl(partition, None)) {
                         tracing::warn!(partition = %partition, error = %e, "resuming fetching failed");
                     }
                     if !records.is_empty() {
@@ -449,24 +549,9 @@ impl Source for KafkaSource {
         if !self.inner.config.commit_offsets {
             return;
         }
-        let stored = {
-            let mut slots = self.inner.slots.lock().expect("slots lock");
-            match slots.get_mut(partition) {
-                Some(s) => {
-                    s.checkpointed = Some(next_offset);
-                    true
-                }
-                None => false,
-            }
-        };
-        if stored
-            && let Err(e) = self.inner.consumer.store_offset(
-                &partition.topic,
-                partition.partition as i32,
-                next_offset as i64,
-            )
-        {
-            tracing::debug!(partition = %partition, error = %e, "storing the offset for the kafka group");
+        let mut slots = self.inner.slots.lock().expect("slots lock");
+        if let Some(s) = slots.get_mut(partition) {
+            s.checkpointed = Some(next_offset);
         }
     }
 

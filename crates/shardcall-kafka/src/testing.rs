@@ -179,10 +179,39 @@ pub fn produce(
     topic: &str,
     records: impl IntoIterator<Item = (i32, Vec<u8>)>,
 ) -> Result<usize, BrokerError> {
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("linger.ms", "5")
-        .set("acks", "all")
+    produce_with(brokers, topic, records, &[("linger.ms", "5")])
+}
+
+/// Produces each record as a batch of its own. tansu 0.6 serves a fetch from
+/// the first batch that *starts* at or after the offset asked for (a fetch
+/// from the middle of a batch skips the rest of that batch) and reports
+/// the last batch's first offset + 1 as the high watermark; with one record
+/// per batch every offset starts a batch and both are right.
+pub fn produce_one_per_batch(
+    brokers: &str,
+    topic: &str,
+    records: impl IntoIterator<Item = (i32, Vec<u8>)>,
+) -> Result<usize, BrokerError> {
+    produce_with(
+        brokers,
+        topic,
+        records,
+        &[("linger.ms", "0"), ("batch.num.messages", "1")],
+    )
+}
+
+fn produce_with(
+    brokers: &str,
+    topic: &str,
+    records: impl IntoIterator<Item = (i32, Vec<u8>)>,
+    settings: &[(&str, &str)],
+) -> Result<usize, BrokerError> {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers).set("acks", "all");
+    for (k, v) in settings {
+        config.set(*k, *v);
+    }
+    let producer: ThreadedProducer<DefaultProducerContext> = config
         .create()
         .map_err(|e| BrokerError::Kafka(e.to_string()))?;
     let mut n = 0;

@@ -318,3 +318,21 @@ async fn workers_ride_out_a_broker_that_is_down_slow_or_failing() {
         w.join().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_with_the_broker_down_does_not_hang() {
+    let mock = MockCluster::new(1).unwrap();
+    let bs = mock.bootstrap_servers();
+    mock.create_topic("t", 1, 1).unwrap();
+    produce(&bs, "t", (0..10).map(|i| (0, vec![i as u8]))).unwrap();
+    let src = KafkaSource::new(config(&bs, "t")).unwrap();
+    let p = PartitionId::new("t", 0);
+    assert_eq!(read_n(&src, &p, 0, 10).await.len(), 10);
+    src.committed(&p, 10).await;
+    mock.broker_down(-1).unwrap();
+    let closed = tokio::task::spawn_blocking(move || drop(src));
+    tokio::time::timeout(Duration::from_secs(20), closed)
+        .await
+        .expect("closing the source waited on a broker that is down")
+        .unwrap();
+}

@@ -1,0 +1,381 @@
+//! `shardcall bench kafka`: records per second through shardcall (owned
+//! mode, a no-op handler, a checkpoint in Redis after every batch) next to a
+//! plain librdkafka consumer reading the same topic in the same run.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::mocking::MockCluster;
+use serde_json::json;
+use shardcall::{
+    CoordinationStore, HandlerError, HandlerFactory, PartitionContext, PartitionHandler, Worker,
+    WorkerConfig,
+};
+use shardcall_core::{GroupConfig, PartitionId};
+use shardcall_kafka::testing::{
+    TansuBroker, create_topic, produce, produce_one_per_batch, tansu_binary,
+};
+use shardcall_kafka::{KafkaConfig, KafkaSource};
+use shardcall_redis::RedisStore;
+use shardcall_redis::testing::RedisServer;
+use shardcall_spool::Record;
+
+/// Which broker the benchmark reads from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BrokerKind {
+    /// librdkafka's mock cluster, in this process (it keeps about 46,000
+    /// records per partition).
+    Mock,
+    /// A tansu broker started for the run, serving from memory. Records are
+    /// produced one per batch and fetches wait at most 20 ms, around two
+    /// tansu 0.6 quirks (see the README).
+    Tansu,
+}
+
+/// Arguments of `shardcall bench kafka`.
+#[derive(Debug, clap::Args)]
+pub struct BenchKafkaArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Use these brokers instead of starting one (a topic is created there).
+    #[arg(long)]
+    brokers: Option<String>,
+    /// The broker to start when --brokers is not given.
+    #[arg(long, value_enum, default_value_t = BrokerKind::Mock)]
+    broker: BrokerKind,
+    /// Records produced.
+    #[arg(long, default_value_t = 300_000)]
+    records: usize,
+    /// Bytes per record.
+    #[arg(long, default_value_t = 100)]
+    record_bytes: usize,
+    /// Partitions of the topic.
+    #[arg(long, default_value_t = 8)]
+    partitions: u32,
+    /// Measured rounds of each side (alternating); the best of each is compared.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Bytes shardcall fetches ahead per partition before pausing it.
+    #[arg(long, default_value_t = KafkaConfig::default().max_buffered_bytes)]
+    max_buffered_bytes: usize,
+    /// A librdkafka property given to both consumers, KEY=VALUE (repeatable).
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
+    kafka_properties: Vec<String>,
+}
+
+/// A handler that does nothing (the state is empty).
+struct Noop;
+
+impl PartitionHandler for Noop {
+    fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    fn process(&mut self, _: &PartitionContext, _: &[Record]) -> Result<Vec<u8>, HandlerError> {
+        Ok(Vec::new())
+    }
+}
+
+struct NoopFactory;
+
+impl HandlerFactory for NoopFactory {
+    type Handler = Noop;
+    fn create(&self, _: &PartitionContext) -> Noop {
+        Noop
+    }
+}
+
+/// Reads every record of `topic` with a plain consumer; seconds taken.
+fn plain_consumer(
+    brokers: &str,
+    topic: &str,
+    partitions: u32,
+    records: usize,
+    properties: &BTreeMap<String, String>,
+) -> anyhow::Result<f64> {
+    // The same client settings the shardcall source uses, where they apply
+    // to a plain consumer.
+    let mut config = KafkaConfig {
+        brokers: brokers.into(),
+        topics: vec![topic.into()],
+        group_id: "shardcall-bench-plain".into(),
+        properties: properties.clone(),
+        ..KafkaConfig::default()
+    }
+    .client_config();
+    config.set("auto.offset.reset", "earliest");
+    let consumer: BaseConsumer = config.create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p as i32, rdkafka::Offset::Beginning)?;
+    }
+    // Connected and warmed up as the shardcall side is (it reads the
+    // watermarks before its clock starts).
+    for p in 0..partitions {
+        consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(10))?;
+    }
+    let began = Instant::now();
+    consumer.assign(&tpl)?;
+    let (mut n, mut bytes) = (0usize, 0usize);
+    while n < records {
+        anyhow::ensure!(
+            began.elapsed() < Duration::from_secs(300),
+            "the plain consumer read only {n} of {records} records"
+        );
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m?;
+            bytes += m.payload().map_or(0, <[u8]>::len);
+            n += 1;
+        }
+    }
+    std::hint::black_box(bytes);
+    Ok(began.elapsed().as_secs_f64())
+}
+
+/// Reads every record through a shardcall worker; seconds taken.
+async fn through_shardcall(
+    brokers: &str,
+    topic: &str,
+    redis: &str,
+    round: usize,
+    expected: &[u64],
+    properties: &BTreeMap<String, String>,
+    max_buffered_bytes: usize,
+) -> anyhow::Result<f64> {
+    let records = expected.iter().sum::<u64>() as usize;
+    let group = format!("bench-kafka-{round}-{}", std::process::id());
+    let store = Arc::new(RedisStore::connect(redis).await?);
+    let source = KafkaSource::new(KafkaConfig {
+        brokers: brokers.into(),
+        topics: vec![topic.into()],
+        group_id: group.clone(),
+        properties: properties.clone(),
+        max_buffered_bytes,
+        ..KafkaConfig::default()
+    })?;
+    let config = WorkerConfig {
+        group: group.clone(),
+        name: "bench".into(),
+        timing: GroupConfig {
+            initial_rebalance_delay: Duration::ZERO,
+            tick_interval: Duration::from_millis(20),
+            ..GroupConfig::default()
+        },
+        ..WorkerConfig::default()
+    };
+    // Connected before the clock starts, as the plain consumer is.
+    for p in 0..expected.len() as u32 {
+        source.watermarks(&PartitionId::new(topic, p)).await?;
+    }
+    let began = Instant::now();
+    let handle = Worker {
+        config,
+        store: store.clone(),
+        source: Arc::new(source),
+        factory: Arc::new(NoopFactory),
+        observer: None,
+    }
+    .spawn()?;
+    let processed = handle.stats.processed.clone();
+    while (processed.load(std::sync::atomic::Ordering::Relaxed) as usize) < records {
+        anyhow::ensure!(
+            began.elapsed() < Duration::from_secs(300),
+            "shardcall processed only {} of {records} records",
+            processed.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let secs = began.elapsed().as_secs_f64();
+    // Every processed record was checkpointed: check the store agrees.
+    for (p, end) in expected.iter().enumerate() {
+        let id = PartitionId::new(topic, p as u32);
+        let at = store
+            .load_checkpoint(&group, &id)
+            .await?
+            .map_or(0, |c| c.offset);
+        anyhow::ensure!(at == *end, "{id}: checkpoint {at}, records produced {end}");
+    }
+    handle.shutdown();
+    handle.join().await?;
+    Ok(secs)
+}
+
+/// Runs the command.
+pub fn run(args: &BenchKafkaArgs) -> anyhow::Result<ExitCode> {
+    if std::env::var_os("RUST_LOG").is_some() {
+        crate::worker_cmd::init_logs(crate::worker_cmd::LogFormat::Text);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: &BenchKafkaArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.rounds >= 1 && args.records >= 1,
+        "--rounds and --records must be at least 1"
+    );
+    let mut properties = crate::log_opts::properties(&args.kafka_properties)?;
+    if args.brokers.is_none() && args.broker == BrokerKind::Tansu {
+        // tansu holds every fetch for the whole wait, data or not.
+        properties
+            .entry("fetch.wait.max.ms".into())
+            .or_insert_with(|| "20".into());
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("shardcall-bench-")
+        .tempdir()?;
+    let redis = RedisServer::start(dir.path().join("redis"), &[])
+        .context("starting redis-server (install it: apt-get install redis-server)")?;
+    let mut _tansu = None;
+    let mut _mock = None;
+    let (brokers, broker_name) = match (&args.brokers, args.broker) {
+        (Some(b), _) => (b.clone(), "given".to_string()),
+        (None, BrokerKind::Tansu) => {
+            anyhow::ensure!(
+                tansu_binary().is_some(),
+                "tansu is not installed (cargo install tansu --features dynostore)"
+            );
+            let t = TansuBroker::start(dir.path().join("tansu"))?;
+            let b = t.brokers();
+            _tansu = Some(t);
+            (b, "tansu (memory)".to_string())
+        }
+        (None, BrokerKind::Mock) => {
+            let m = MockCluster::new(1)?;
+            let b = m.bootstrap_servers();
+            _mock = Some(m);
+            (b, "librdkafka mock cluster".to_string())
+        }
+    };
+    let topic = format!("bench-{}", std::process::id());
+    match &_mock {
+        Some(m) => m.create_topic(&topic, args.partitions as i32, 1)?,
+        None => create_topic(&brokers, &topic, args.partitions as i32).await?,
+    }
+    let progress = crate::progress::bar(None, "producing");
+    let payload = vec![b'x'; args.record_bytes];
+    let parts = args.partitions as i32;
+    let (b2, t2, n) = (brokers.clone(), topic.clone(), args.records);
+    let one_per_batch = args.brokers.is_none() && args.broker == BrokerKind::Tansu;
+    let produced = tokio::task::spawn_blocking(move || {
+        let records = (0..n).map(|i| ((i as i32) % parts, payload.clone()));
+        if one_per_batch {
+            produce_one_per_batch(&b2, &t2, records)
+        } else {
+            produce(&b2, &t2, records)
+        }
+    })
+    .await??;
+    progress.finish_and_clear();
+    // Every record must still be in the log (a broker may keep fewer).
+    let expected: Vec<u64> = (0..args.partitions)
+        .map(|p| {
+            (0..produced)
+                .filter(|i| (*i as u32) % args.partitions == p)
+                .count() as u64
+        })
+        .collect();
+    let mut watermark_quirk = false;
+    {
+        let probe = KafkaSource::new(KafkaConfig {
+            brokers: brokers.clone(),
+            topics: vec![topic.clone()],
+            commit_offsets: false,
+            ..KafkaConfig::default()
+        })?;
+        for (p, want) in expected.iter().enumerate() {
+            let (low, high) = probe
+                .watermarks(&PartitionId::new(&topic, p as u32))
+                .await?;
+            anyhow::ensure!(
+                low == 0,
+                "the broker dropped the first {low} records of partition {p} (the mock cluster keeps a bounded log): use fewer --records"
+            );
+            watermark_quirk |= high != *want;
+        }
+    }
+    let mut plain = Vec::new();
+    let mut ours = Vec::new();
+    for round in 0..args.rounds {
+        let (b, t, p, props) = (
+            brokers.clone(),
+            topic.clone(),
+            args.partitions,
+            properties.clone(),
+        );
+        plain.push(
+            tokio::task::spawn_blocking(move || plain_consumer(&b, &t, p, produced, &props))
+                .await??,
+        );
+        ours.push(
+            through_shardcall(
+                &brokers,
+                &topic,
+                &redis.url(),
+                round,
+                &expected,
+                &properties,
+                args.max_buffered_bytes,
+            )
+            .await?,
+        );
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let rate = |secs: f64| produced as f64 / secs;
+    let (plain_rate, our_rate) = (rate(best(&plain)), rate(best(&ours)));
+    let ratio = our_rate / plain_rate;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "bench": "kafka",
+                "inputs": {
+                    "broker": broker_name, "records": produced, "record_bytes": args.record_bytes,
+                    "partitions": args.partitions, "rounds": args.rounds,
+                    "handler": "no-op", "checkpoints": "redis, after every batch",
+                },
+                "broker_high_watermark_wrong": watermark_quirk,
+                "baseline": {"name": "plain rdkafka consumer", "seconds": plain, "best_records_per_s": plain_rate},
+                "measured": {"name": "shardcall worker", "seconds": ours, "best_records_per_s": our_rate},
+                "ratios": {"shardcall_vs_plain": ratio},
+                "target": {"shardcall_vs_plain_at_least": 0.9},
+            }))?
+        );
+    } else {
+        println!(
+            "bench kafka: {produced} records of {} B in {} partitions, broker: {broker_name}",
+            args.record_bytes, args.partitions
+        );
+        println!(
+            "  rounds (s)         plain {:?}",
+            plain.iter().map(|s| format!("{s:.3}")).collect::<Vec<_>>()
+        );
+        println!(
+            "                     shardcall {:?}",
+            ours.iter().map(|s| format!("{s:.3}")).collect::<Vec<_>>()
+        );
+        println!(
+            "  plain rdkafka consumer        {:>12.0} records/s",
+            plain_rate
+        );
+        println!(
+            "  shardcall (no-op, checkpoints) {:>11.0} records/s",
+            our_rate
+        );
+        println!("  ratio                          {ratio:>11.2}  (target >= 0.90)");
+        if watermark_quirk {
+            println!(
+                "  note: the broker's high watermarks are not the log ends (a known tansu quirk); counts come from what was produced"
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
