@@ -122,18 +122,26 @@ impl Rig {
         let deadline = Instant::now() + within;
         loop {
             let ends = self.ends();
-            let g = store.load_group(GROUP).await.unwrap();
+            // The test's own connection may still be reconnecting after a
+            // Redis restart: a failed look is just not settled yet.
+            let Ok(g) = store.load_group(GROUP).await else {
+                assert!(
+                    Instant::now() < deadline,
+                    "Redis unreachable until the deadline"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
             let mut done = g.partitions.len() == ends.len();
             for (p, end) in &ends {
                 let owned = matches!(
                     g.partitions.get(p).map(|r| &r.phase),
                     Some(Phase::Owned { .. })
                 );
-                let at = store
-                    .load_checkpoint(GROUP, p)
-                    .await
-                    .unwrap()
-                    .map_or(0, |c| c.offset);
+                let at = match store.load_checkpoint(GROUP, p).await {
+                    Ok(cp) => cp.map_or(0, |c| c.offset),
+                    Err(_) => u64::MAX,
+                };
                 done &= owned && at == *end;
             }
             if done {

@@ -336,11 +336,13 @@ impl Inner {
                     tracing::warn!(error = %e, "committing offsets to the kafka group");
                 }
             }
-            // Wait for one record, then take what else is already there,
+            // Wait for one record, then take what else is already there (up
+            // to half a partition's buffer, so a pause still comes in time),
             // and file them all under one lock.
             let mut wait = Duration::from_millis(100);
             let mut batch: Vec<(PartitionId, Record)> = Vec::new();
-            while batch.len() < 4096 {
+            let mut bytes = 0;
+            while batch.len() < 4096 && bytes < self.config.max_buffered_bytes / 2 {
                 match self.c().poll(wait) {
                     None => break,
                     Some(Ok(m)) => {
@@ -357,6 +359,7 @@ impl Inner {
                             key: m.key().map(Bytes::copy_from_slice),
                             payload: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
                         };
+                        bytes += record.payload.len();
                         batch.push((p, record));
                     }
                     Some(Err(KafkaError::MessageConsumption(

@@ -22,7 +22,11 @@ fn config(brokers: &str, topic: &str) -> KafkaConfig {
         metadata_refresh: Duration::from_millis(200),
         commit_interval: Duration::from_millis(200),
         // Reconnect soon after the broker comes back.
-        properties: [("reconnect.backoff.max.ms".to_string(), "500".to_string())].into(),
+        properties: [
+            ("reconnect.backoff.max.ms".to_string(), "500".to_string()),
+            ("fetch.wait.max.ms".to_string(), "50".to_string()),
+        ]
+        .into(),
         ..KafkaConfig::default()
     }
 }
