@@ -295,17 +295,11 @@ async fn workers_consume_kafka_through_a_kill_a_join_and_new_partitions() {
     }
 
     // status --kafka: every partition's log end and lag.
-    let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-        .args(["status", "--redis", &rig.redis.url(), "--group", GROUP])
-        .args(["--kafka", &rig.kafka.brokers(), "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (url, brokers) = (rig.redis.url(), rig.kafka.brokers());
+    let doc: serde_json::Value = serde_json::from_str(&shardcall(&[
+        "status", "--redis", &url, "--group", GROUP, "--kafka", &brokers, "--json",
+    ]))
+    .unwrap();
     let rows = doc["partitions"].as_array().unwrap();
     assert_eq!(rows.len(), rig.produced.len());
     for row in rows {
@@ -320,7 +314,8 @@ async fn workers_consume_kafka_through_a_kill_a_join_and_new_partitions() {
     }
 }
 
-fn shardcall(args: &[&str]) -> serde_json::Value {
+/// Runs the binary, which must succeed; its standard output.
+fn shardcall(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
         .args(args)
         .output()
@@ -330,10 +325,12 @@ fn shardcall(args: &[&str]) -> serde_json::Value {
         "shardcall {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+    String::from_utf8(out.stdout).unwrap()
 }
 
-fn lag_table(doc: &serde_json::Value) -> Vec<(String, u64, u64, u64)> {
+/// (partition, offset, log end, lag) of each row of `status --json`.
+fn lag_table(status_json: &str) -> Vec<(String, u64, u64, u64)> {
+    let doc: serde_json::Value = serde_json::from_str(status_json).unwrap();
     doc["partitions"]
         .as_array()
         .unwrap()
@@ -419,15 +416,7 @@ async fn status_shows_kafka_lag_and_reset_offsets_uses_the_broker() {
             to,
         ];
         args.extend_from_slice(extra);
-        let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        shardcall(&args);
     };
     reset("earliest", &[]);
     reset("12", &["--partition", "1"]);
