@@ -155,7 +155,14 @@ fn config_check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitC
                 r.topics.len(),
                 match &r.source {
                     settings::SourceChoice::File(dir) => format!("file log {}", dir.display()),
-                    settings::SourceChoice::Kafka(k) => format!("Kafka {}", k.brokers),
+                    settings::SourceChoice::Kafka(k, spool) => format!(
+                        "Kafka {}{}",
+                        k.brokers,
+                        spool.as_ref().map_or(String::new(), |(d, _)| format!(
+                            " through spool {}",
+                            d.display()
+                        ))
+                    ),
                 },
                 r.redis.join(","),
                 r.exec.as_deref().unwrap_or("built-in digest")

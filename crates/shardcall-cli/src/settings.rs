@@ -85,6 +85,12 @@ pub struct SourceSettings {
     pub metadata_refresh_ms: u64,
     /// Bytes fetched ahead per partition before fetching pauses (`kafka`).
     pub max_buffered_bytes: usize,
+    /// A folder to spool fetched records to before processing; none: the
+    /// handler reads from memory (`kafka`).
+    pub spool: Option<PathBuf>,
+    /// Most spooled records per partition not yet checkpointed; the
+    /// fetching waits above it (`kafka` with `spool`).
+    pub spool_backlog: u64,
 }
 
 /// `[[topics]]`
@@ -209,6 +215,8 @@ impl Default for SourceSettings {
             commit_interval_ms: k.commit_interval.as_millis() as u64,
             metadata_refresh_ms: k.metadata_refresh.as_millis() as u64,
             max_buffered_bytes: k.max_buffered_bytes,
+            spool: None,
+            spool_backlog: 100_000,
         }
     }
 }
@@ -368,8 +376,9 @@ pub fn load(
 pub enum SourceChoice {
     /// The embedded file log in this folder.
     File(PathBuf),
-    /// Kafka.
-    Kafka(KafkaConfig),
+    /// Kafka, straight from memory or through a spool folder (with its
+    /// backlog limit).
+    Kafka(KafkaConfig, Option<(PathBuf, u64)>),
 }
 
 /// What a worker runs with, checked.
@@ -456,6 +465,13 @@ impl Settings {
             errors.push("topics: at least one [[topics]] with a name".into());
         }
         let source = match self.source.kind.as_str() {
+            "file" if self.source.spool.is_some() => {
+                errors.push(
+                    "source.spool: only with kind = \"kafka\" (the file log is already on disk)"
+                        .into(),
+                );
+                None
+            }
             "file" => match &self.source.log {
                 Some(dir) => Some(SourceChoice::File(dir.clone())),
                 None => {
@@ -463,7 +479,15 @@ impl Settings {
                     None
                 }
             },
-            "kafka" => self.kafka_config(&mut errors).map(SourceChoice::Kafka),
+            "kafka" => self.kafka_config(&mut errors).map(|k| {
+                SourceChoice::Kafka(
+                    k,
+                    self.source
+                        .spool
+                        .clone()
+                        .map(|d| (d, self.source.spool_backlog)),
+                )
+            }),
             other => {
                 errors.push(format!(
                     "source.kind: {other:?} must be \"file\" (the embedded file log) or \"kafka\""
@@ -605,6 +629,8 @@ log = "/var/lib/shardcall/log"
 # commit_interval_ms = 5000
 # metadata_refresh_ms = 10000        # how soon new partitions are picked up
 # max_buffered_bytes = 4194304       # fetched ahead per partition, then fetching pauses
+# spool = "/var/lib/shardcall/spool" # spool fetched records to disk, process from there
+# spool_backlog = 100000             # spooled records not yet checkpointed, per partition
 
 # [kafka]                            # librdkafka properties, passed unchanged
 # "security.protocol" = "SASL_SSL"
@@ -732,7 +758,7 @@ mod tests {
         )
         .unwrap();
         let r = s.resolve().unwrap();
-        let SourceChoice::Kafka(k) = r.source else {
+        let SourceChoice::Kafka(k, None) = r.source else {
             panic!("not kafka")
         };
         assert_eq!(k.brokers, "k1:9092,k2:9092");

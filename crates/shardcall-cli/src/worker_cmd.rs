@@ -9,7 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use shardcall::oracle::DigestFactory;
-use shardcall::{BatchObserver, BatchRecord, FileLogSource, Source, Worker, WorkerHandle};
+use shardcall::{
+    BatchObserver, BatchRecord, FileLogSource, Source, SpooledSource, Worker, WorkerHandle,
+};
 use shardcall_kafka::KafkaSource;
 use shardcall_spool::FileLog;
 
@@ -322,10 +324,17 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
                 observer,
             )?
         }
-        SourceChoice::Kafka(k) => {
+        SourceChoice::Kafka(k, spool) => {
             let source = KafkaSource::new(k.clone()).context("setting up the Kafka client")?;
             tracing::info!(brokers = %k.brokers, topics = ?k.topics, kafka_group = %k.group_id, "consuming Kafka");
-            spawn(&r, store, source, observer)?
+            match spool {
+                None => spawn(&r, store, source, observer)?,
+                Some((dir, backlog)) => {
+                    tracing::info!(spool = %dir.display(), backlog, "records pass through the local spool");
+                    let spooled = SpooledSource::new(source, dir, r.spool.clone(), *backlog);
+                    spawn(&r, store, spooled, observer)?
+                }
+            }
         }
     };
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -100,6 +100,10 @@ impl Rig {
     }
 
     fn spawn(&mut self, name: &str) {
+        self.spawn_with(name, &[]);
+    }
+
+    fn spawn_with(&mut self, name: &str, extra: &[&str]) {
         let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
             .args(["worker", "--redis", &self.redis.url(), "--group", GROUP])
             .args([
@@ -122,6 +126,7 @@ impl Rig {
             .args(["--set", "source.commit_interval_ms=300"])
             .args(["--set", "batch.max_records=50"])
             .args(["--kafka-property", "reconnect.backoff.max.ms=500"])
+            .args(extra)
             .arg("--oracle")
             .arg(self.dir.join(format!("{name}.oracle")))
             .stdout(Stdio::null())
@@ -255,10 +260,12 @@ async fn workers_consume_kafka_through_a_kill_a_join_and_new_partitions() {
     }
     rig.settle(&store, Duration::from_secs(40)).await;
 
-    // kill -9 while records keep coming, then a new worker joins.
+    // kill -9 while records keep coming, then a new worker joins; it
+    // passes what it fetches through a local spool with a small backlog.
     rig.kill_9("a");
     rig.produce(TOPIC, 200, "b");
-    rig.spawn("d");
+    let spool = format!("source.spool=\"{}\"", dir.path().join("spool-d").display());
+    rig.spawn_with("d", &["--set", &spool, "--set", "source.spool_backlog=20"]);
     rig.settle(&store, Duration::from_secs(40)).await;
 
     // Partitions that appear while the workers run are picked up: a topic
@@ -270,6 +277,12 @@ async fn workers_consume_kafka_through_a_kill_a_join_and_new_partitions() {
     rig.produce(TOPIC, 100, "d");
     rig.settle(&store, Duration::from_secs(40)).await;
     rig.verify(&store).await;
+    let spooled = rig
+        .oracle()
+        .iter()
+        .filter(|b| b.member.as_str().starts_with("d-") && b.committed)
+        .count();
+    assert!(spooled > 0, "the spooling worker processed nothing");
 
     // The independent client sees the offsets committed to the Kafka group.
     for topic in [TOPIC, LATER] {
