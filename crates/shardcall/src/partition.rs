@@ -136,6 +136,7 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         // Process.
         let mut attempt = 0u32;
         let mut lag_checked = std::time::Instant::now() - LAG_EVERY;
+        let lag_in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
         loop {
             if *self.revoke.borrow() {
                 break;
@@ -159,13 +160,22 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             if self.lease.expired() {
                 return self.lost("lease ran short");
             }
-            // The lag gauge costs a look at the source's end: once a second
-            // is plenty, and keeps that I/O off most batches.
-            if lag_checked.elapsed() >= LAG_EVERY {
+            // The lag gauge costs a look at the source's end (a network round
+            // trip for Kafka): at most once a second, on its own task, so it
+            // never holds up a batch.
+            if lag_checked.elapsed() >= LAG_EVERY
+                && !lag_in_flight.swap(true, std::sync::atomic::Ordering::AcqRel)
+            {
                 lag_checked = std::time::Instant::now();
-                if let Ok(end) = self.source.end_offset(&p).await {
-                    crate::telemetry::lag(&self.group, &p, end.saturating_sub(offset));
-                }
+                let (source, group, p, at) =
+                    (self.source.clone(), self.group.clone(), p.clone(), offset);
+                let in_flight = lag_in_flight.clone();
+                tokio::spawn(async move {
+                    if let Ok(end) = source.end_offset(&p).await {
+                        crate::telemetry::lag(&group, &p, end.saturating_sub(at));
+                    }
+                    in_flight.store(false, std::sync::atomic::Ordering::Release);
+                });
             }
             match self.process(batch, &mut offset).await {
                 Ok(true) => attempt = 0,
