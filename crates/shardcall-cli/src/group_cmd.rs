@@ -9,7 +9,7 @@ use serde_json::json;
 use shardcall::{CoordinationStore, quarantine_left};
 use shardcall_core::{Command, GroupState, Millis, PartitionId, Phase, step};
 
-use crate::log_opts::LogOpts;
+use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
 
 /// Arguments of `shardcall status`.
@@ -247,8 +247,11 @@ fn left(now: Millis, t: Millis) -> String {
 pub fn status(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let store = args.redis.connect().await?;
+        // The log stays open across --watch refreshes; it is opened again
+        // only when the group's topics change.
+        let mut log: Option<(Vec<String>, Log)> = None;
         loop {
-            let text = status_once(args, &store).await?;
+            let text = status_once(args, &store, &mut log).await?;
             if args.watch.is_some() {
                 print!("\x1b[2J\x1b[H");
             }
@@ -264,6 +267,7 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<ExitCode> {
 async fn status_once(
     args: &StatusArgs,
     store: &shardcall_redis::RedisStore,
+    log: &mut Option<(Vec<String>, Log)>,
 ) -> anyhow::Result<String> {
     use std::fmt::Write;
     let g: GroupState = store.load_group(&args.group).await?;
@@ -271,7 +275,10 @@ async fn status_once(
     let parts: Vec<PartitionId> = g.partitions.keys().cloned().collect();
     let mut topics: Vec<String> = parts.iter().map(|p| p.topic.to_string()).collect();
     topics.dedup();
-    let ends = args.log.open(&topics)?.ends(&parts).await?;
+    if log.as_ref().is_none_or(|(t, _)| *t != topics) {
+        *log = Some((topics.clone(), args.log.open(&topics)?));
+    }
+    let ends = log.as_ref().expect("opened above").1.ends(&parts).await?;
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {
         let cp = store.load_checkpoint(&args.group, p).await?;

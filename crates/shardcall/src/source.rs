@@ -83,6 +83,21 @@ impl FileLogSource {
     }
 }
 
+/// Up to `max` records of `spool` from `offset`, waiting up to `wait` for
+/// the first one (blocking: call it off the async threads).
+pub(crate) fn read_or_wait(
+    spool: &Spool,
+    offset: u64,
+    max: usize,
+    wait: Duration,
+) -> Result<Vec<Record>, SourceError> {
+    let got = spool.read(offset, max, 4 << 20)?;
+    if !got.is_empty() || wait.is_zero() || !spool.wait_for(offset, wait)? {
+        return Ok(got);
+    }
+    Ok(spool.read(offset, max, 4 << 20)?)
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, SourceError> + Send + 'static,
 ) -> Result<T, SourceError> {
@@ -113,18 +128,7 @@ impl Source for FileLogSource {
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError> {
         let spool = self.reader(partition)?;
-        blocking(move || {
-            let got = spool.read(offset, max, 4 << 20)?;
-            if !got.is_empty() || wait.is_zero() {
-                return Ok(got);
-            }
-            if spool.wait_for(offset, wait)? {
-                Ok(spool.read(offset, max, 4 << 20)?)
-            } else {
-                Ok(Vec::new())
-            }
-        })
-        .await
+        blocking(move || read_or_wait(&spool, offset, max, wait)).await
     }
 
     async fn end_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use shardcall_core::PartitionId;
 use shardcall_spool::{NewRecord, Record, Retention, Spool, SpoolConfig};
 
-use crate::source::{Source, SourceError};
+use crate::source::{Source, SourceError, read_or_wait};
 
 /// Most records a pump asks the inner source for at once.
 const PUMP_BATCH: usize = 1000;
@@ -275,15 +275,9 @@ impl<S: Source> Source for SpooledSource<S> {
         }
         let at = pump.reader.lock().expect("reader lock").spool_next;
         let spool = pump.spool.clone();
-        let got = tokio::task::spawn_blocking(move || {
-            let got = spool.read(at, max, 4 << 20)?;
-            if !got.is_empty() || wait.is_zero() || !spool.wait_for(at, wait)? {
-                return Ok::<_, SourceError>(got);
-            }
-            Ok(spool.read(at, max, 4 << 20)?)
-        })
-        .await
-        .map_err(|e| SourceError::Other(format!("spool read task: {e}")))??;
+        let got = tokio::task::spawn_blocking(move || read_or_wait(&spool, at, max, wait))
+            .await
+            .map_err(|e| SourceError::Other(format!("spool read task: {e}")))??;
         let n = got.len() as u64;
         let records = got.into_iter().map(decode).collect::<Result<Vec<_>, _>>()?;
         if let Some(last) = records.last() {
