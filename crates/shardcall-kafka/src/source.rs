@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
@@ -22,12 +22,9 @@ use tokio::sync::Notify;
 use crate::buffer::{Admitted, PartitionBuffer, Taken};
 use crate::config::{KafkaConfig, KafkaConfigError, StartPosition};
 
-/// Routes librdkafka's own reports to `tracing`, and counts commits
-/// still waiting for the broker's answer.
+/// Routes librdkafka's own reports to `tracing`.
 #[derive(Debug, Default)]
-pub struct Reporter {
-    pending_commits: std::sync::atomic::AtomicI64,
-}
+pub struct Reporter;
 
 impl ClientContext for Reporter {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
@@ -46,14 +43,10 @@ impl ClientContext for Reporter {
     }
 }
 
-impl ConsumerContext for Reporter {
-    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, _: &TopicPartitionList) {
-        self.pending_commits.fetch_sub(1, Ordering::Relaxed);
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "committing offsets to the kafka group failed");
-        }
-    }
-}
+// librdkafka reports the outcome of an asynchronous commit only through an
+// offset-commit callback, which the event interface does not set: commits
+// are sent without waiting, and the last one on close waits synchronously.
+impl ConsumerContext for Reporter {}
 
 type KafkaConsumer = BaseConsumer<Reporter>;
 
@@ -114,6 +107,21 @@ fn other(what: &str, p: Option<&PartitionId>, e: impl std::fmt::Display) -> Sour
     }
 }
 
+/// Bytes a chunk for copied keys and payloads starts with.
+const ARENA_CHUNK: usize = 256 * 1024;
+
+/// `bytes` copied to the end of `arena` (a new chunk when it has no room).
+fn copy_into(arena: &mut BytesMut, bytes: &[u8]) -> Bytes {
+    if bytes.is_empty() {
+        return Bytes::new();
+    }
+    if arena.capacity() - arena.len() < bytes.len() {
+        *arena = BytesMut::with_capacity(ARENA_CHUNK.max(bytes.len()));
+    }
+    arena.extend_from_slice(bytes);
+    arena.split().freeze()
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, SourceError> + Send + 'static,
 ) -> Result<T, SourceError> {
@@ -128,7 +136,7 @@ impl KafkaSource {
         config.validate()?;
         let consumer: KafkaConsumer = config
             .client_config()
-            .create_with_context(Reporter::default())
+            .create_with_context(Reporter)
             .map_err(|e| KafkaConfigError::Client(e.to_string()))?;
         let inner = Arc::new(Inner {
             config,
@@ -200,28 +208,48 @@ impl KafkaSource {
 }
 
 impl Drop for KafkaSource {
-    /// Sends the last checkpointed offsets and waits (at most the request
-    /// timeout) for the broker to take them. librdkafka's close waits for
-    /// every commit in flight, so when the broker cannot be reached the
-    /// client is abandoned instead of closed: a process never hangs on exit.
+    /// Commits the last checkpointed offsets and waits (at most the request
+    /// timeout) for the broker to take them. librdkafka's commit and close
+    /// wait for an unreachable broker forever, so the commit runs on a
+    /// thread of its own and, past the timeout, the client is abandoned
+    /// instead of closed: a process never hangs on exit.
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.poller.take() {
             let _ = t.join();
         }
-        if self.inner.config.commit_offsets {
-            let _ = self.inner.commit_checkpointed(None);
+        if !self.inner.config.commit_offsets {
+            return;
         }
-        let pending = &self.inner.c().context().pending_commits;
-        let deadline = Instant::now() + self.inner.config.request_timeout;
-        while pending.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
-            // Serves the commit callbacks; records polled now are not read.
-            let _ = self.inner.c().poll(Duration::from_millis(50));
-        }
-        if pending.load(Ordering::Relaxed) > 0 {
-            tracing::warn!(brokers = %self.inner.config.brokers,
-                "the kafka group did not confirm the last offsets (broker unreachable); closing without waiting (the checkpoints in the coordination store are unaffected)");
+        let offsets = match self.inner.unsent_checkpoints(None) {
+            Ok(t) if t.count() > 0 => t,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "committing the last offsets to the kafka group");
+                return;
+            }
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let inner = self.inner.clone();
+        let committer = std::thread::Builder::new()
+            .name("shardcall-kafka-commit".into())
+            .spawn(move || {
+                let _ = tx.send(inner.c().commit(&offsets, CommitMode::Sync));
+            });
+        if committer.is_err() {
             self.inner.abandon.store(true, Ordering::Relaxed);
+            return;
+        }
+        match rx.recv_timeout(self.inner.config.request_timeout) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "committing the last offsets to the kafka group failed (the checkpoints in the coordination store are unaffected)")
+            }
+            Err(_) => {
+                tracing::warn!(brokers = %self.inner.config.brokers,
+                    "the kafka group did not confirm the last offsets (broker unreachable); closing without waiting (the checkpoints in the coordination store are unaffected)");
+                self.inner.abandon.store(true, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -263,6 +291,21 @@ impl Inner {
     /// Sends the checkpointed offsets not sent yet, of `only` (or of every
     /// partition), to the Kafka group, without waiting for the answer.
     fn commit_checkpointed(&self, only: Option<&PartitionId>) -> Result<(), SourceError> {
+        let t = self.unsent_checkpoints(only)?;
+        if t.count() == 0 {
+            return Ok(());
+        }
+        self.c()
+            .commit(&t, CommitMode::Async)
+            .map_err(|e| other("commit", only, e))
+    }
+
+    /// The checkpointed offsets not sent to the Kafka group yet, of `only`
+    /// (or of every partition), from now on counted as sent.
+    fn unsent_checkpoints(
+        &self,
+        only: Option<&PartitionId>,
+    ) -> Result<TopicPartitionList, SourceError> {
         let mut t = TopicPartitionList::new();
         {
             let mut slots = self.slots.lock().expect("slots lock");
@@ -277,15 +320,7 @@ impl Inner {
                 }
             }
         }
-        if t.count() == 0 {
-            return Ok(());
-        }
-        let pending = &self.c().context().pending_commits;
-        pending.fetch_add(1, Ordering::Relaxed);
-        self.c().commit(&t, CommitMode::Async).map_err(|e| {
-            pending.fetch_sub(1, Ordering::Relaxed);
-            other("commit", only, e)
-        })
+        Ok(t)
     }
 
     /// Points the consumer at `offset` of `p`: a fresh buffer, then an
@@ -340,27 +375,32 @@ impl Inner {
             // to half a partition's buffer, so a pause still comes in time),
             // and file them all under one lock.
             let mut wait = Duration::from_millis(100);
-            let mut batch: Vec<(PartitionId, Record)> = Vec::new();
-            let mut bytes = 0;
-            while batch.len() < 4096 && bytes < self.config.max_buffered_bytes / 2 {
+            // Runs of records of one partition, as the fetches return them.
+            let mut batch: Vec<(PartitionId, Vec<Record>)> = Vec::new();
+            let (mut bytes, mut count) = (0, 0);
+            // Keys and payloads are copied into shared chunks, not one
+            // allocation each: a chunk is freed with its last record.
+            let mut arena = BytesMut::new();
+            while count < 4096 && bytes < self.config.max_buffered_bytes / 2 {
                 match self.c().poll(wait) {
                     None => break,
                     Some(Ok(m)) => {
-                        let same = batch.last().map(|(p, _)| p).filter(|p| {
-                            *p.topic == *m.topic() && p.partition == m.partition() as u32
+                        let same = batch.last().is_some_and(|(p, _)| {
+                            p.partition == m.partition() as u32 && *p.topic == *m.topic()
                         });
-                        let p = match same {
-                            Some(p) => p.clone(),
-                            None => PartitionId::new(m.topic(), m.partition() as u32),
-                        };
+                        if !same {
+                            let p = PartitionId::new(m.topic(), m.partition() as u32);
+                            batch.push((p, Vec::new()));
+                        }
                         let record = Record {
                             offset: m.offset() as u64,
                             timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
-                            key: m.key().map(Bytes::copy_from_slice),
-                            payload: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
+                            key: m.key().map(|k| copy_into(&mut arena, k)),
+                            payload: copy_into(&mut arena, m.payload().unwrap_or_default()),
                         };
                         bytes += record.payload.len();
-                        batch.push((p, record));
+                        count += 1;
+                        batch.last_mut().expect("a run").1.push(record);
                     }
                     Some(Err(KafkaError::MessageConsumption(
                         RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
@@ -378,28 +418,26 @@ impl Inner {
         }
     }
 
-    fn route(&self, batch: Vec<(PartitionId, Record)>) {
+    fn route(&self, batch: Vec<(PartitionId, Vec<Record>)>) {
         if batch.is_empty() {
             return;
         }
         let mut pause = Vec::new();
-        let mut woken: Vec<PartitionId> = Vec::new();
         {
             let mut slots = self.slots.lock().expect("slots lock");
-            for (p, record) in batch {
-                // A record of a partition released meanwhile is dropped: its
-                // next owner reads it again from its checkpoint.
+            for (p, records) in batch {
+                // Records of a partition released meanwhile are dropped: its
+                // next owner reads them again from its checkpoint.
                 let Some(slot) = slots.get_mut(&p) else {
                     continue;
                 };
-                match slot.buffer.admit(record) {
-                    Admitted::Stale => {}
-                    Admitted::Kept => {}
-                    Admitted::KeptPause => pause.push(p.clone()),
+                let mut full = false;
+                for record in records {
+                    full |= slot.buffer.admit(record) == Admitted::KeptPause;
                 }
-                if woken.last() != Some(&p) {
-                    slot.notify.notify_one();
-                    woken.push(p);
+                slot.notify.notify_one();
+                if full {
+                    pause.push(p);
                 }
             }
         }

@@ -86,12 +86,19 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
     pub async fn run(self) -> TaskEnd {
         let source = self.source.clone();
         let p = self.ctx.partition.clone();
-        let end = self.serve().await;
+        let mut lag_task = None;
+        let end = self.serve(&mut lag_task).await;
+        // Nothing of this task outlives it (a lag look-up holds the source).
+        if let Some(t) = lag_task {
+            t.abort();
+            let _ = t.await;
+        }
         source.release(&p).await;
         end
     }
 
-    async fn serve(mut self) -> TaskEnd {
+    /// `lag_task`: the lag gauge's look-up in flight, if any.
+    async fn serve(mut self, lag_task: &mut Option<tokio::task::JoinHandle<()>>) -> TaskEnd {
         let p = self.ctx.partition.clone();
         // Restore.
         let restored = loop {
@@ -136,7 +143,6 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         // Process.
         let mut attempt = 0u32;
         let mut lag_checked = std::time::Instant::now() - LAG_EVERY;
-        let lag_in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
         loop {
             if *self.revoke.borrow() {
                 break;
@@ -164,18 +170,16 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             // trip for Kafka): at most once a second, on its own task, so it
             // never holds up a batch.
             if lag_checked.elapsed() >= LAG_EVERY
-                && !lag_in_flight.swap(true, std::sync::atomic::Ordering::AcqRel)
+                && lag_task.as_ref().is_none_or(|t| t.is_finished())
             {
                 lag_checked = std::time::Instant::now();
                 let (source, group, p, at) =
                     (self.source.clone(), self.group.clone(), p.clone(), offset);
-                let in_flight = lag_in_flight.clone();
-                tokio::spawn(async move {
+                *lag_task = Some(tokio::spawn(async move {
                     if let Ok(end) = source.end_offset(&p).await {
                         crate::telemetry::lag(&group, &p, end.saturating_sub(at));
                     }
-                    in_flight.store(false, std::sync::atomic::Ordering::Release);
-                });
+                }));
             }
             match self.process(batch, &mut offset).await {
                 Ok(true) => attempt = 0,

@@ -145,8 +145,24 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 }
             }
         }
-        let (_discovery, discovered) = discover(self.source.clone(), timing.tick_interval);
-        // Each pass of this loop is one incarnation: a member id with a lease.
+        let (discovery, discovered) = discover(self.source.clone(), timing.tick_interval);
+        let ended = self.incarnations(&mut stop, &stats, discovered).await;
+        // The worker is done when nothing it started still holds the source.
+        discovery.stop().await;
+        ended
+    }
+
+    /// Joins as a new member (one incarnation) each time the last was fenced
+    /// out, until shut down.
+    async fn incarnations(
+        &self,
+        stop: &mut watch::Receiver<Stop>,
+        stats: &WorkerStats,
+        discovered: watch::Receiver<Option<Arc<Vec<PartitionId>>>>,
+    ) -> Result<(), WorkerError> {
+        let cfg = &self.config;
+        let group = cfg.group.as_str();
+        let timing = &cfg.timing;
         loop {
             let id = incarnation_id(&cfg.name);
             let sent = Instant::now();
@@ -174,17 +190,17 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 timing.safety_margin,
             ));
             let outcome = Incarnation {
-                worker: &self,
+                worker: self,
                 id: id.clone(),
                 lease,
-                stats: &stats,
+                stats,
                 tasks: JoinSet::new(),
                 running: HashMap::new(),
                 coordinator: None,
                 cached: None,
                 discovered: discovered.clone(),
             }
-            .run(&mut stop)
+            .run(stop)
             .await?;
             match outcome {
                 Ended::Shutdown => return Ok(()),
@@ -216,12 +232,24 @@ struct Incarnation<'a, S, Src, F> {
     discovered: watch::Receiver<Option<Arc<Vec<PartitionId>>>>,
 }
 
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// A background task, aborted when dropped.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl AbortOnDrop {
+    /// Aborts the task and waits until it is gone, with what it held.
+    async fn stop(mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        self.0.abort();
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -249,7 +277,7 @@ fn discover<Src: Source>(
             tokio::time::sleep(every).await;
         }
     });
-    (AbortOnDrop(task), rx)
+    (AbortOnDrop(Some(task)), rx)
 }
 
 impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Src, F> {
@@ -272,10 +300,18 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                     std::future::pending::<()>().await;
                 }
             };
+            // Newly discovered partitions wake it too (the coordinator
+            // assigns them now, not a tick later).
+            let found = async {
+                if self.discovered.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = stop.changed() => {}
                 _ = hint => {}
+                _ = found => {}
             }
             if *stop.borrow() == Stop::Graceful {
                 self.shutdown().await;
@@ -335,7 +371,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         self.coordinator = lease.clone();
         let Some(lease) = lease else { return Ok(()) };
         // Until the source has been listed once there is nothing to assign.
-        let Some(discovered) = self.discovered.borrow().clone() else {
+        let Some(discovered) = self.discovered.borrow_and_update().clone() else {
             return Ok(());
         };
         let state = w.store.refresh_group(group, self.cached.take()).await?;
