@@ -10,6 +10,7 @@
 //! - [`coordinator`]: one tick's decisions.
 //! - [`membership`]: when a member must stop its own partitions.
 //! - [`config`]: a group's timing, validated.
+//! - [`tickets`]: ticket mode's pool of partition tickets.
 
 pub mod assign;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod ids;
 pub mod lifecycle;
 pub mod membership;
 pub mod state;
+pub mod tickets;
 
 pub use assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
 pub use config::{GroupConfig, GroupConfigError};
@@ -29,3 +31,4 @@ pub use state::{
     AuditEntry, Command, CoordinatorLease, Fenced, GroupState, MemberRecord, PartitionRecord,
     StateError,
 };
+pub use tickets::{ClaimOutcome, TicketClaim, TicketPool};

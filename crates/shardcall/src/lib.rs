@@ -8,17 +8,20 @@
 
 mod config;
 pub mod conformance;
+pub mod conformance_tickets;
 mod error;
 pub mod exec;
 mod handler;
 mod lease;
 mod memory;
+mod memory_tickets;
 pub mod oracle;
 mod partition;
 mod source;
 mod spooled;
 mod store;
 pub mod telemetry;
+mod ticket_store;
 mod worker;
 
 pub use config::{WorkerConfig, WorkerConfigError};
@@ -32,4 +35,5 @@ pub use partition::TaskEnd;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
 pub use store::{Checkpoint, CoordinationStore, StoreError, StoreResult};
+pub use ticket_store::{TicketStore, TicketView};
 pub use worker::{RebalanceStat, Worker, WorkerHandle, WorkerStats, quarantine_left};

@@ -32,16 +32,22 @@ impl Clock for SystemClock {
 }
 
 #[derive(Debug, Default)]
-struct Inner {
+pub(crate) struct Inner {
     groups: HashMap<String, GroupState>,
-    checkpoints: HashMap<(String, PartitionId), Checkpoint>,
+    pub(crate) checkpoints: HashMap<(String, PartitionId), Checkpoint>,
     feeds: HashMap<String, tokio::sync::watch::Sender<u64>>,
+    /// Ticket mode: each group's pool.
+    pub(crate) tickets: HashMap<String, shardcall_core::TicketPool>,
+    /// Ticket mode: the newest claim epoch restored per partition.
+    pub(crate) ticket_fences: HashMap<(String, PartitionId), Epoch>,
+    /// Ticket mode: rung when a ticket becomes due at once.
+    pub(crate) ticket_bells: HashMap<String, Arc<tokio::sync::Notify>>,
 }
 
 /// The in-process store.
 pub struct MemoryStore {
-    clock: Arc<dyn Clock>,
-    inner: Mutex<Inner>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) inner: Mutex<Inner>,
 }
 
 impl std::fmt::Debug for MemoryStore {

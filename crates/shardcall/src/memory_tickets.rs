@@ -1,0 +1,204 @@
+//! Ticket mode in the in-process store: [`shardcall_core::TicketPool`]
+//! behind the store's lock, a bell per group for waiting claimers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shardcall_core::{ClaimOutcome, Fenced, MemberId, Millis, PartitionId, TicketClaim};
+use tokio::sync::Notify;
+
+use crate::memory::{Inner, MemoryStore};
+use crate::store::{Checkpoint, StoreError, StoreResult};
+use crate::ticket_store::{TicketStore, TicketView};
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+impl MemoryStore {
+    fn bell(&self, group: &str) -> Arc<Notify> {
+        let mut inner = self.inner.lock().expect("store lock");
+        inner
+            .ticket_bells
+            .entry(group.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    fn ring(&self, group: &str) {
+        self.bell(group).notify_waiters();
+    }
+}
+
+/// Fenced unless `claim` is current, runs at `now`, and no newer claim of
+/// the partition restored.
+fn check_claim(inner: &Inner, group: &str, claim: &TicketClaim, now: Millis) -> Result<(), Fenced> {
+    {
+        let fence = inner
+            .ticket_fences
+            .get(&(group.to_owned(), claim.partition.clone()))
+            .copied()
+            .unwrap_or(0);
+        if fence > claim.epoch {
+            return Err(Fenced::NotHolder {
+                member: claim.holder.clone(),
+                partition: claim.partition.clone(),
+                epoch: claim.epoch,
+            });
+        }
+        match inner.tickets.get(group) {
+            Some(pool) => pool.check(claim, now),
+            None => Err(Fenced::LeaseExpired(claim.holder.clone())),
+        }
+    }
+}
+
+#[async_trait]
+impl TicketStore for MemoryStore {
+    async fn seed_tickets(&self, group: &str, partitions: &[PartitionId]) -> StoreResult<usize> {
+        let now = self.clock.now_ms();
+        let added = {
+            let mut inner = self.inner.lock().expect("store lock");
+            inner
+                .tickets
+                .entry(group.to_owned())
+                .or_default()
+                .seed(partitions, now)
+        };
+        if added > 0 {
+            self.ring(group);
+        }
+        Ok(added)
+    }
+
+    async fn claim_ticket(
+        &self,
+        group: &str,
+        holder: &MemberId,
+        ttl: Duration,
+        wait: Duration,
+    ) -> StoreResult<Option<TicketClaim>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let bell = self.bell(group);
+        loop {
+            // Listen before looking, so a ring in between is not missed.
+            let rung = bell.notified();
+            tokio::pin!(rung);
+            rung.as_mut().enable();
+            let now = self.clock.now_ms();
+            let outcome = {
+                let mut inner = self.inner.lock().expect("store lock");
+                inner
+                    .tickets
+                    .entry(group.to_owned())
+                    .or_default()
+                    .claim(holder, now, ms(ttl))
+            };
+            let until = match outcome {
+                ClaimOutcome::Claimed(c) => return Ok(Some(c)),
+                ClaimOutcome::Wait { next_due: None } => deadline,
+                ClaimOutcome::Wait {
+                    next_due: Some(due),
+                } => deadline.min(
+                    tokio::time::Instant::now() + Duration::from_millis(due.saturating_sub(now)),
+                ),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            let _ = tokio::time::timeout_at(until, rung).await;
+        }
+    }
+
+    async fn renew_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        ttl: Duration,
+    ) -> StoreResult<TicketClaim> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        check_claim(&inner, group, claim, now)?;
+        let pool = inner.tickets.entry(group.to_owned()).or_default();
+        pool.renew(claim, now, ms(ttl)).map_err(StoreError::from)
+    }
+
+    async fn return_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        ready_in: Duration,
+    ) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        {
+            let mut inner = self.inner.lock().expect("store lock");
+            let pool = inner.tickets.entry(group.to_owned()).or_default();
+            pool.give_back(claim, now, ms(ready_in))?;
+        }
+        if ready_in.is_zero() {
+            self.ring(group);
+        }
+        Ok(())
+    }
+
+    async fn wake_ticket(&self, group: &str, partition: &PartitionId) -> StoreResult<bool> {
+        let now = self.clock.now_ms();
+        let moved = {
+            let mut inner = self.inner.lock().expect("store lock");
+            inner
+                .tickets
+                .get_mut(group)
+                .is_some_and(|pool| pool.wake(partition, now))
+        };
+        if moved {
+            self.ring(group);
+        }
+        Ok(moved)
+    }
+
+    async fn restore_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+    ) -> StoreResult<Option<Checkpoint>> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        check_claim(&inner, group, claim, now)?;
+        let key = (group.to_owned(), claim.partition.clone());
+        let fence = inner.ticket_fences.entry(key.clone()).or_default();
+        *fence = (*fence).max(claim.epoch);
+        Ok(inner.checkpoints.get(&key).cloned())
+    }
+
+    async fn save_ticket_checkpoint(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        checkpoint: &Checkpoint,
+    ) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        check_claim(&inner, group, claim, now)?;
+        inner.checkpoints.insert(
+            (group.to_owned(), claim.partition.clone()),
+            Checkpoint {
+                epoch: claim.epoch,
+                ..checkpoint.clone()
+            },
+        );
+        Ok(())
+    }
+
+    async fn ticket_view(&self, group: &str) -> StoreResult<TicketView> {
+        let inner = self.inner.lock().expect("store lock");
+        Ok(inner
+            .tickets
+            .get(group)
+            .map(|pool| TicketView {
+                queued: pool.queued(),
+                claimed: pool.claims(),
+            })
+            .unwrap_or_default())
+    }
+}

@@ -1,0 +1,105 @@
+//! The ticket port: what a store must do for ticket mode. The rules are
+//! those of [`shardcall_core::TicketPool`]; each store runs every call as
+//! one atomic step, and [`crate::conformance::tickets`] checks them.
+//! Checkpoints are the same records owned mode writes (same
+//! [`CoordinationStore::load_checkpoint`]), fenced by the ticket's claim.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shardcall_core::{MemberId, Millis, PartitionId, TicketClaim};
+
+use crate::store::{Checkpoint, CoordinationStore, StoreResult};
+
+/// The tickets of a group as of one instant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TicketView {
+    /// Queued tickets in claim order, with when each is due (store ms).
+    pub queued: Vec<(PartitionId, Millis)>,
+    /// Held claims.
+    pub claimed: Vec<TicketClaim>,
+}
+
+impl TicketView {
+    /// Every partition with a ticket, each once if the pool is sound.
+    pub fn partitions(&self) -> Vec<PartitionId> {
+        let mut all: Vec<PartitionId> = self
+            .queued
+            .iter()
+            .map(|(p, _)| p.clone())
+            .chain(self.claimed.iter().map(|c| c.partition.clone()))
+            .collect();
+        all.sort();
+        all
+    }
+}
+
+/// A store that keeps ticket pools.
+#[async_trait]
+pub trait TicketStore: CoordinationStore {
+    /// Adds a ticket, due now, for each partition the group's pool holds no
+    /// ticket for (queued or claimed); never a second ticket for one
+    /// partition, whoever seeds and however often. Returns how many were
+    /// added.
+    async fn seed_tickets(&self, group: &str, partitions: &[PartitionId]) -> StoreResult<usize>;
+
+    /// Claims the front ticket once it is due, for `holder`, under the
+    /// partition's next epoch and a lease of `ttl` on the store's clock;
+    /// claims whose lease lapsed go back to the queue first. Waits up to
+    /// `wait` for a ticket without polling the store busily (it wakes on a
+    /// returned ticket or when the first queued one falls due); `None` when
+    /// none came.
+    async fn claim_ticket(
+        &self,
+        group: &str,
+        holder: &MemberId,
+        ttl: Duration,
+        wait: Duration,
+    ) -> StoreResult<Option<TicketClaim>>;
+
+    /// Extends a claim to `ttl` from the store's now. Refused with
+    /// [`shardcall_core::Fenced`] unless it is the partition's current claim
+    /// and its lease still runs.
+    async fn renew_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        ttl: Duration,
+    ) -> StoreResult<TicketClaim>;
+
+    /// Puts the ticket back at the end of the queue, due after `ready_in`.
+    /// Refused with [`shardcall_core::Fenced`] as [`Self::renew_ticket`] is;
+    /// the ticket then went back by itself.
+    async fn return_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        ready_in: Duration,
+    ) -> StoreResult<()>;
+
+    /// Makes a queued ticket that is not due yet due now. Returns whether it
+    /// moved (false: claimed, already due, or unknown).
+    async fn wake_ticket(&self, group: &str, partition: &PartitionId) -> StoreResult<bool>;
+
+    /// The partition's checkpoint for a new claim; from now on writes under
+    /// any older epoch of the partition are refused.
+    async fn restore_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+    ) -> StoreResult<Option<Checkpoint>>;
+
+    /// Writes offset and state together, only while `claim`'s lease runs on
+    /// the store's clock and no newer claim of the partition restored;
+    /// anything else is refused with [`shardcall_core::Fenced`] and nothing
+    /// is written. `checkpoint.epoch` is the claim's epoch.
+    async fn save_ticket_checkpoint(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        checkpoint: &Checkpoint,
+    ) -> StoreResult<()>;
+
+    /// The group's tickets.
+    async fn ticket_view(&self, group: &str) -> StoreResult<TicketView>;
+}
