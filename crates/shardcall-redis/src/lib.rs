@@ -6,5 +6,6 @@ mod codec;
 mod error;
 mod store;
 pub mod testing;
+mod tickets;
 
 pub use store::RedisStore;

@@ -37,12 +37,17 @@ use crate::codec::{self, TableEntry};
 use crate::error::map_error;
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
+const TICKET_PRELUDE: &str = include_str!("../lua/ticket_prelude.lua");
 
 fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
 }
 
-struct Scripts {
+fn ticket_script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{TICKET_PRELUDE}\n{body}"))
+}
+
+pub(crate) struct Scripts {
     join: Script,
     renew: Script,
     leave: Script,
@@ -57,6 +62,13 @@ struct Scripts {
     sync_grant: Script,
     release_grant: Script,
     checkpoint: Script,
+    pub(crate) ticket_seed: Script,
+    pub(crate) ticket_claim: Script,
+    pub(crate) ticket_renew: Script,
+    pub(crate) ticket_return: Script,
+    pub(crate) ticket_wake: Script,
+    pub(crate) ticket_restore: Script,
+    pub(crate) ticket_checkpoint: Script,
 }
 
 impl Scripts {
@@ -76,6 +88,13 @@ impl Scripts {
             sync_grant: script(include_str!("../lua/sync_grant.lua")),
             release_grant: script(include_str!("../lua/release_grant.lua")),
             checkpoint: script(include_str!("../lua/checkpoint.lua")),
+            ticket_seed: ticket_script(include_str!("../lua/ticket_seed.lua")),
+            ticket_claim: ticket_script(include_str!("../lua/ticket_claim.lua")),
+            ticket_renew: ticket_script(include_str!("../lua/ticket_renew.lua")),
+            ticket_return: ticket_script(include_str!("../lua/ticket_return.lua")),
+            ticket_wake: ticket_script(include_str!("../lua/ticket_wake.lua")),
+            ticket_restore: script(include_str!("../lua/ticket_restore.lua")),
+            ticket_checkpoint: script(include_str!("../lua/ticket_checkpoint.lua")),
         }
     }
 }
@@ -125,10 +144,14 @@ fn ms(d: Duration) -> u64 {
 /// called by their SHA; the connection reconnects by itself.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: Conn,
+    pub(crate) conn: Conn,
     /// A server to subscribe to change hints on (the first seed for a cluster).
     pubsub_url: String,
-    scripts: std::sync::Arc<Scripts>,
+    pub(crate) scripts: std::sync::Arc<Scripts>,
+    /// Ticket mode: one subscription per group to "a ticket is due" hints.
+    pub(crate) bells: std::sync::Arc<
+        std::sync::Mutex<std::collections::HashMap<String, tokio::sync::watch::Receiver<u64>>>,
+    >,
     /// The lease end the server last reported to each member using this
     /// store, handed to checkpoint scripts (which cannot read the lease's slot).
     leases: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(String, MemberId), Millis>>>,
@@ -143,7 +166,7 @@ impl std::fmt::Debug for RedisStore {
 /// One server (reconnecting by itself) or a Redis Cluster, counting the
 /// requests it sends (a pipeline is one).
 #[derive(Clone)]
-struct Conn {
+pub(crate) struct Conn {
     kind: ConnKind,
     requests: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
@@ -252,6 +275,7 @@ impl RedisStore {
             conn,
             pubsub_url: pubsub_url.to_owned(),
             scripts: std::sync::Arc::new(Scripts::new()),
+            bells: std::sync::Arc::default(),
             leases: std::sync::Arc::default(),
         })
     }
@@ -286,6 +310,39 @@ impl RedisStore {
             .await
             .map_err(|e| map_error(&e))?;
         raw.map(|r| codec::decode_entry(&r)).transpose()
+    }
+
+    /// A value that changes when something is published on `channel` (a
+    /// hint: a dropped subscription is made again after a second).
+    pub(crate) fn hints(&self, channel: String) -> tokio::sync::watch::Receiver<u64> {
+        let (tx, rx) = tokio::sync::watch::channel(0u64);
+        let url = self.pubsub_url.clone();
+        tokio::spawn(async move {
+            use futures_util::StreamExt;
+            let mut seen = 0u64;
+            while !tx.is_closed() {
+                let sub = async {
+                    let client = redis::Client::open(url.as_str())?;
+                    let mut ps = client.get_async_pubsub().await?;
+                    ps.subscribe(&channel).await?;
+                    Ok::<_, redis::RedisError>(ps)
+                };
+                match sub.await {
+                    Ok(ps) => {
+                        let mut stream = ps.into_on_message();
+                        while stream.next().await.is_some() {
+                            seen += 1;
+                            if tx.send(seen).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "change hints unavailable; polling only"),
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        rx
     }
 
     /// Runs a script invocation on this store's connection.
@@ -594,35 +651,7 @@ impl CoordinationStore for RedisStore {
     }
 
     async fn changes(&self, group: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
-        let (tx, rx) = tokio::sync::watch::channel(0u64);
-        let url = self.pubsub_url.clone();
-        let channel = changes_channel(group);
-        tokio::spawn(async move {
-            use futures_util::StreamExt;
-            let mut seen = 0u64;
-            while !tx.is_closed() {
-                let sub = async {
-                    let client = redis::Client::open(url.as_str())?;
-                    let mut ps = client.get_async_pubsub().await?;
-                    ps.subscribe(&channel).await?;
-                    Ok::<_, redis::RedisError>(ps)
-                };
-                match sub.await {
-                    Ok(ps) => {
-                        let mut stream = ps.into_on_message();
-                        while stream.next().await.is_some() {
-                            seen += 1;
-                            if tx.send(seen).is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    Err(e) => tracing::debug!(error = %e, "change hints unavailable; polling only"),
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
-        Some(rx)
+        Some(self.hints(changes_channel(group)))
     }
 
     async fn apply(

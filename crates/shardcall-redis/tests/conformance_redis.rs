@@ -69,3 +69,37 @@ async fn a_tick_reads_members_but_not_an_unchanged_table() {
     assert!(third.version > first.version);
     assert!(third.members.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_keeps_tickets_as_every_store_must() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path(), &[]).unwrap();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    shardcall::conformance_tickets::run_all(&store, "redis").await;
+}
+
+/// A claim that waits for a ticket does not ask Redis again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_does_not_poll_redis() {
+    use shardcall::TicketStore;
+    use shardcall_core::MemberId;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path(), &[]).unwrap();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let before = store.round_trips();
+    let got = store
+        .claim_ticket(
+            "g",
+            &MemberId::new("a"),
+            Duration::from_secs(5),
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap();
+    assert!(got.is_none());
+    let asked = store.round_trips() - before;
+    // The first claim (and sending its script), one look every 2 s in case a
+    // hint was lost, one at the end: a busy loop would ask thousands of times.
+    assert!(asked <= 6, "a 3 s wait asked Redis {asked} times");
+}

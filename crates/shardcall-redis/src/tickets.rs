@@ -1,0 +1,316 @@
+//! Ticket mode on Redis: the pool of a group lives in its slot (a sorted
+//! set by due time, claims in a hash, lease ends in a sorted set), one Lua
+//! script per call; each partition's checkpoint slot keeps a fence, the
+//! newest claim epoch that restored. Waiting claimers sleep on a pub/sub
+//! hint ("a ticket is due") or until the first queued ticket falls due.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::Value;
+use shardcall::{Checkpoint, StoreError, StoreResult, TicketStore, TicketView};
+use shardcall_core::{MemberId, PartitionId, TicketClaim};
+
+use crate::codec::{parse_partition_field, partition_field};
+use crate::error::map_error;
+use crate::store::RedisStore;
+
+/// A waiting claim looks again at least this often, in case a hint was lost.
+const RECHECK: Duration = Duration::from_secs(2);
+
+struct TicketKeys {
+    queue: String,
+    claims: String,
+    leases: String,
+    epochs: String,
+    arrivals: String,
+    bell: String,
+}
+
+fn ticket_keys(group: &str) -> TicketKeys {
+    let k = |s: &str| format!("shardcall:{{{group}}}:tickets:{s}");
+    TicketKeys {
+        queue: k("queue"),
+        claims: k("claims"),
+        leases: k("leases"),
+        epochs: k("epochs"),
+        arrivals: k("arrivals"),
+        bell: k("bell"),
+    }
+}
+
+fn fence_key(group: &str, p: &PartitionId) -> String {
+    format!("shardcall:{{{group}/{}/{}}}:ticket", p.topic, p.partition)
+}
+
+fn checkpoint_key(group: &str, p: &PartitionId) -> String {
+    format!("shardcall:{{{group}/{}/{}}}:cp", p.topic, p.partition)
+}
+
+fn with_pool_keys<'a>(script: &'a redis::Script, group: &str) -> redis::ScriptInvocation<'a> {
+    let k = ticket_keys(group);
+    let mut call = script.prepare_invoke();
+    call.key(k.queue)
+        .key(k.claims)
+        .key(k.leases)
+        .key(k.epochs)
+        .key(k.arrivals)
+        .key(k.bell);
+    call
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+fn corrupt(what: &str, v: &impl std::fmt::Debug) -> StoreError {
+    StoreError::Corrupt(format!("{what}: unexpected reply {v:?}"))
+}
+
+impl RedisStore {
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        call: redis::ScriptInvocation<'_>,
+    ) -> StoreResult<T> {
+        let mut c = self.conn.clone();
+        call.invoke_async(&mut c).await.map_err(|e| map_error(&e))
+    }
+
+    /// Fenced errors name the claim.
+    fn fenced_as_claim(e: StoreError, claim: &TicketClaim) -> StoreError {
+        match e {
+            StoreError::Fenced(shardcall_core::Fenced::NotHolder { .. }) => {
+                StoreError::Fenced(shardcall_core::Fenced::NotHolder {
+                    member: claim.holder.clone(),
+                    partition: claim.partition.clone(),
+                    epoch: claim.epoch,
+                })
+            }
+            StoreError::Fenced(_) => {
+                StoreError::Fenced(shardcall_core::Fenced::LeaseExpired(claim.holder.clone()))
+            }
+            other => other,
+        }
+    }
+
+    fn bell(&self, group: &str) -> tokio::sync::watch::Receiver<u64> {
+        let mut bells = self.bells.lock().expect("bells lock");
+        bells
+            .entry(group.to_owned())
+            .or_insert_with(|| self.hints(ticket_keys(group).bell))
+            .clone()
+    }
+
+    /// One claim attempt: the claim, or how long until the first queued
+    /// ticket is due (`None`: nothing queued).
+    async fn try_claim(
+        &self,
+        group: &str,
+        holder: &MemberId,
+        ttl: Duration,
+    ) -> StoreResult<Result<TicketClaim, Option<Duration>>> {
+        let mut call = with_pool_keys(&self.scripts.ticket_claim, group);
+        call.arg(holder.as_str()).arg(ms(ttl));
+        let reply: Vec<Value> = self.run(call).await?;
+        let int = |v: &Value| match v {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        };
+        match reply.as_slice() {
+            [claimed, p, epoch, expires] if int(claimed) == Some(1) => {
+                let field: String = redis::from_redis_value(p.clone())
+                    .map_err(|_| corrupt("ticket claim", &reply))?;
+                Ok(Ok(TicketClaim {
+                    partition: parse_partition_field(&field)?,
+                    holder: holder.clone(),
+                    epoch: int(epoch).ok_or_else(|| corrupt("ticket claim", &reply))? as u64,
+                    expires: int(expires).ok_or_else(|| corrupt("ticket claim", &reply))? as u64,
+                }))
+            }
+            [waiting, due, now] if int(waiting) == Some(0) => {
+                let (Some(due), Some(now)) = (int(due), int(now)) else {
+                    return Err(corrupt("ticket claim", &reply));
+                };
+                Ok(Err((due >= 0).then(|| {
+                    Duration::from_millis(due.saturating_sub(now).max(0) as u64)
+                })))
+            }
+            _ => Err(corrupt("ticket claim", &reply)),
+        }
+    }
+}
+
+#[async_trait]
+impl TicketStore for RedisStore {
+    async fn seed_tickets(&self, group: &str, partitions: &[PartitionId]) -> StoreResult<usize> {
+        if partitions.is_empty() {
+            return Ok(0);
+        }
+        let mut call = with_pool_keys(&self.scripts.ticket_seed, group);
+        for p in partitions {
+            call.arg(partition_field(p));
+        }
+        let added: i64 = self.run(call).await?;
+        Ok(added as usize)
+    }
+
+    async fn claim_ticket(
+        &self,
+        group: &str,
+        holder: &MemberId,
+        ttl: Duration,
+        wait: Duration,
+    ) -> StoreResult<Option<TicketClaim>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut bell = self.bell(group);
+        loop {
+            bell.borrow_and_update();
+            let next_due = match self.try_claim(group, holder, ttl).await? {
+                Ok(claim) => return Ok(Some(claim)),
+                Err(next_due) => next_due,
+            };
+            let at = tokio::time::Instant::now();
+            if at >= deadline {
+                return Ok(None);
+            }
+            let mut until = deadline.min(at + RECHECK);
+            if let Some(due_in) = next_due {
+                until = until.min(at + due_in);
+            }
+            let _ = tokio::time::timeout_at(until, bell.changed()).await;
+        }
+    }
+
+    async fn renew_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        ttl: Duration,
+    ) -> StoreResult<TicketClaim> {
+        let mut call = with_pool_keys(&self.scripts.ticket_renew, group);
+        call.arg(partition_field(&claim.partition))
+            .arg(claim.holder.as_str())
+            .arg(claim.epoch)
+            .arg(ms(ttl));
+        let expires: u64 = self
+            .run(call)
+            .await
+            .map_err(|e| Self::fenced_as_claim(e, claim))?;
+        Ok(TicketClaim {
+            expires,
+            ..claim.clone()
+        })
+    }
+
+    async fn return_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        ready_in: Duration,
+    ) -> StoreResult<()> {
+        let mut call = with_pool_keys(&self.scripts.ticket_return, group);
+        call.arg(partition_field(&claim.partition))
+            .arg(claim.holder.as_str())
+            .arg(claim.epoch)
+            .arg(ms(ready_in));
+        let _: i64 = self
+            .run(call)
+            .await
+            .map_err(|e| Self::fenced_as_claim(e, claim))?;
+        Ok(())
+    }
+
+    async fn wake_ticket(&self, group: &str, partition: &PartitionId) -> StoreResult<bool> {
+        let mut call = with_pool_keys(&self.scripts.ticket_wake, group);
+        call.arg(partition_field(partition));
+        let moved: i64 = self.run(call).await?;
+        Ok(moved == 1)
+    }
+
+    async fn restore_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+    ) -> StoreResult<Option<Checkpoint>> {
+        let mut call = self.scripts.ticket_restore.prepare_invoke();
+        call.key(fence_key(group, &claim.partition))
+            .key(checkpoint_key(group, &claim.partition))
+            .arg(claim.epoch)
+            .arg(claim.expires);
+        let (offset, state, epoch): (Option<u64>, Option<Vec<u8>>, Option<u64>) = self
+            .run(call)
+            .await
+            .map_err(|e| Self::fenced_as_claim(e, claim))?;
+        match (offset, state, epoch) {
+            (None, None, None) => Ok(None),
+            (Some(offset), Some(state), Some(epoch)) => Ok(Some(Checkpoint {
+                offset,
+                state,
+                epoch,
+            })),
+            _ => Err(StoreError::Corrupt(format!(
+                "checkpoint of {} is missing fields",
+                claim.partition
+            ))),
+        }
+    }
+
+    async fn save_ticket_checkpoint(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        checkpoint: &Checkpoint,
+    ) -> StoreResult<()> {
+        let mut call = self.scripts.ticket_checkpoint.prepare_invoke();
+        call.key(fence_key(group, &claim.partition))
+            .key(checkpoint_key(group, &claim.partition))
+            .arg(claim.epoch)
+            .arg(claim.expires)
+            .arg(checkpoint.offset)
+            .arg(checkpoint.state.as_slice());
+        let _: i64 = self
+            .run(call)
+            .await
+            .map_err(|e| Self::fenced_as_claim(e, claim))?;
+        Ok(())
+    }
+
+    async fn ticket_view(&self, group: &str) -> StoreResult<TicketView> {
+        let k = ticket_keys(group);
+        let mut c = self.conn.clone();
+        let (queue, claims): (Vec<(String, f64)>, Vec<(String, String)>) = redis::pipe()
+            .cmd("ZRANGE")
+            .arg(&k.queue)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .cmd("HGETALL")
+            .arg(&k.claims)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        let mut view = TicketView::default();
+        for (field, score) in queue {
+            view.queued
+                .push((parse_partition_field(&field)?, (score as u64) / 1024));
+        }
+        for (field, raw) in claims {
+            #[derive(serde::Deserialize)]
+            struct Raw {
+                h: String,
+                e: u64,
+                x: u64,
+            }
+            let r: Raw = serde_json::from_str(&raw)
+                .map_err(|e| StoreError::Corrupt(format!("ticket claim {raw:?}: {e}")))?;
+            view.claimed.push(TicketClaim {
+                partition: parse_partition_field(&field)?,
+                holder: MemberId::new(r.h),
+                epoch: r.e,
+                expires: r.x,
+            });
+        }
+        view.claimed.sort_by(|a, b| a.partition.cmp(&b.partition));
+        Ok(view)
+    }
+}
