@@ -10,6 +10,9 @@ pub enum WorkerError {
     /// The configuration cannot work.
     #[error("invalid worker configuration: {0}")]
     Config(#[from] WorkerConfigError),
+    /// The ticket-mode configuration cannot work.
+    #[error("invalid ticket configuration: {0}")]
+    TicketConfig(#[from] crate::ticket_config::TicketConfigError),
     /// The store failed in a way retrying cannot mend.
     #[error("coordination store: {0}")]
     Store(#[from] StoreError),

@@ -1,7 +1,8 @@
 //! The shardcall runtime: the coordination port ([`CoordinationStore`]) and
 //! its in-process implementation ([`MemoryStore`]), the conformance suite
 //! every store passes, sources ([`FileLogSource`]), the handler API, and the
-//! [`Worker`] that ties them together in owned mode.
+//! [`Worker`] that ties them together in owned mode; ticket mode's port
+//! ([`TicketStore`]) and its [`TicketWorker`].
 //!
 //! Decisions come from the pure `shardcall-core`; this crate only performs
 //! them: heartbeats, the coordinator's tick, partition tasks, fencing.
@@ -9,6 +10,7 @@
 mod config;
 pub mod conformance;
 pub mod conformance_tickets;
+mod dead_letters;
 mod error;
 pub mod exec;
 mod handler;
@@ -21,10 +23,13 @@ mod source;
 mod spooled;
 mod store;
 pub mod telemetry;
+mod ticket_config;
 mod ticket_store;
+mod ticket_worker;
 mod worker;
 
 pub use config::{WorkerConfig, WorkerConfigError};
+pub use dead_letters::{DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use error::WorkerError;
 pub use handler::{
     BatchObserver, BatchRecord, HandlerError, HandlerFactory, PartitionContext, PartitionHandler,
@@ -35,5 +40,7 @@ pub use partition::TaskEnd;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
 pub use store::{Checkpoint, CoordinationStore, StoreError, StoreResult};
+pub use ticket_config::{TicketConfig, TicketConfigError};
 pub use ticket_store::{TicketStore, TicketView};
+pub use ticket_worker::{TicketStats, TicketWorker, TicketWorkerHandle};
 pub use worker::{RebalanceStat, Worker, WorkerHandle, WorkerStats, quarantine_left};

@@ -54,7 +54,7 @@ const RETRY: Duration = Duration::from_millis(100);
 const LAG_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs `f` on a blocking thread with the handler, giving it back.
-async fn with_handler<H: PartitionHandler, T: Send + 'static>(
+pub(crate) async fn with_handler<H: PartitionHandler, T: Send + 'static>(
     handler: H,
     f: impl FnOnce(&mut H) -> T + Send + 'static,
 ) -> (H, T) {

@@ -107,7 +107,7 @@ struct Running {
 
 /// A member id unique to this incarnation: the worker's name and a suffix
 /// from the clock, the process and a counter.
-fn incarnation_id(name: &str) -> MemberId {
+pub(crate) fn incarnation_id(name: &str) -> MemberId {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -233,11 +233,11 @@ struct Incarnation<'a, S, Src, F> {
 }
 
 /// A background task, aborted when dropped.
-struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+pub(crate) struct AbortOnDrop(pub(crate) Option<tokio::task::JoinHandle<()>>);
 
 impl AbortOnDrop {
     /// Aborts the task and waits until it is gone, with what it held.
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(task) = self.0.take() {
             task.abort();
             let _ = task.await;

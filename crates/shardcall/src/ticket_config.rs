@@ -1,0 +1,185 @@
+//! A ticket-mode worker's configuration.
+
+use std::time::Duration;
+
+/// How a ticket-mode worker claims and serves partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TicketConfig {
+    /// The group whose ticket pool the worker serves.
+    pub group: String,
+    /// This worker's name; each slot holds tickets as `NAME-SUFFIX/SLOT`.
+    pub name: String,
+    /// Partitions served at once by this worker (one per slot).
+    pub slots: usize,
+    /// Most records handed to the handler at once.
+    pub max_batch: usize,
+    /// How long a slot keeps a ticket before giving it back, when the
+    /// partition still has records (its time budget). A batch that starts
+    /// inside the budget finishes.
+    pub budget: Duration,
+    /// Lease of a claim on the store's clock; renewed before each batch. A
+    /// slot that stalls longer than this loses the ticket and is fenced.
+    pub claim_ttl: Duration,
+    /// The part of the lease a slot does not use (clock drift, the time a
+    /// checkpoint takes to land).
+    pub safety_margin: Duration,
+    /// How long an idle slot waits for a due ticket before looking again.
+    pub claim_wait: Duration,
+    /// How long a slot waits for a record of a partition it just claimed.
+    pub fetch_wait: Duration,
+    /// A partition found empty is not due again for this long, doubling each
+    /// time it is found empty again, up to `max_idle_backoff`.
+    pub idle_backoff: Duration,
+    /// The longest backoff of an empty partition.
+    pub max_idle_backoff: Duration,
+    /// Handler attempts on one batch before it goes to the dead letters
+    /// (`0`: retry for ever, never dead-letter).
+    pub max_attempts: u32,
+    /// Pause between two attempts of a failing batch.
+    pub retry_backoff: Duration,
+    /// How often the source's partitions are listed and tickets seeded.
+    pub discover_every: Duration,
+}
+
+impl Default for TicketConfig {
+    fn default() -> Self {
+        Self {
+            group: "default".into(),
+            name: "worker".into(),
+            slots: 2,
+            max_batch: 100,
+            budget: Duration::from_millis(200),
+            claim_ttl: Duration::from_secs(10),
+            safety_margin: Duration::from_secs(2),
+            claim_wait: Duration::from_millis(500),
+            fetch_wait: Duration::from_millis(5),
+            idle_backoff: Duration::from_millis(20),
+            max_idle_backoff: Duration::from_millis(500),
+            max_attempts: 5,
+            retry_backoff: Duration::from_millis(100),
+            discover_every: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A ticket configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TicketConfigError {
+    /// A count or duration that must be positive is zero.
+    #[error("{0} must be more than zero")]
+    Zero(&'static str),
+    /// A name is empty or has characters a store key cannot hold.
+    #[error("{what} {value:?} must be 1 to 100 characters from A-Z a-z 0-9 . _ -")]
+    BadName {
+        /// Which name.
+        what: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The lease would be used up before a budget's work is done.
+    #[error(
+        "claim_ttl ({ttl:?}) must exceed budget ({budget:?}) + fetch_wait + safety_margin ({margin:?})"
+    )]
+    LeaseTooShort {
+        /// The claim lease.
+        ttl: Duration,
+        /// The time budget.
+        budget: Duration,
+        /// The safety margin.
+        margin: Duration,
+    },
+    /// The backoff bounds are the wrong way round.
+    #[error("max_idle_backoff ({max:?}) must be at least idle_backoff ({first:?})")]
+    Backoff {
+        /// The first backoff.
+        first: Duration,
+        /// The longest.
+        max: Duration,
+    },
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 100
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+impl TicketConfig {
+    /// Checks the configuration can work.
+    pub fn validate(&self) -> Result<(), TicketConfigError> {
+        for (what, value) in [("group", &self.group), ("name", &self.name)] {
+            if !valid_name(value) {
+                return Err(TicketConfigError::BadName {
+                    what,
+                    value: value.clone(),
+                });
+            }
+        }
+        for (what, zero) in [
+            ("slots", self.slots == 0),
+            ("max_batch", self.max_batch == 0),
+            ("budget", self.budget.is_zero()),
+            ("claim_ttl", self.claim_ttl.is_zero()),
+            ("claim_wait", self.claim_wait.is_zero()),
+            ("discover_every", self.discover_every.is_zero()),
+        ] {
+            if zero {
+                return Err(TicketConfigError::Zero(what));
+            }
+        }
+        if self.claim_ttl <= self.budget + self.fetch_wait + self.safety_margin {
+            return Err(TicketConfigError::LeaseTooShort {
+                ttl: self.claim_ttl,
+                budget: self.budget,
+                margin: self.safety_margin,
+            });
+        }
+        if self.max_idle_backoff < self.idle_backoff {
+            return Err(TicketConfigError::Backoff {
+                first: self.idle_backoff,
+                max: self.max_idle_backoff,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_is_valid_and_bad_values_say_why() {
+        assert_eq!(TicketConfig::default().validate(), Ok(()));
+        let short = TicketConfig {
+            claim_ttl: Duration::from_secs(1),
+            ..TicketConfig::default()
+        };
+        assert!(matches!(
+            short.validate(),
+            Err(TicketConfigError::LeaseTooShort { .. })
+        ));
+        let none = TicketConfig {
+            slots: 0,
+            ..TicketConfig::default()
+        };
+        assert_eq!(none.validate(), Err(TicketConfigError::Zero("slots")));
+        let named = TicketConfig {
+            name: "a b".into(),
+            ..TicketConfig::default()
+        };
+        assert!(matches!(
+            named.validate(),
+            Err(TicketConfigError::BadName { what: "name", .. })
+        ));
+        let backwards = TicketConfig {
+            max_idle_backoff: Duration::from_millis(1),
+            ..TicketConfig::default()
+        };
+        assert!(matches!(
+            backwards.validate(),
+            Err(TicketConfigError::Backoff { .. })
+        ));
+    }
+}

@@ -1,0 +1,541 @@
+//! Ticket mode's worker: slots that each claim the next due partition,
+//! restore it, process batches for a time budget under the claim's lease,
+//! checkpoint each one, and give the ticket back. A partition found empty
+//! is backed off; a batch that keeps failing goes to the dead letters.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use shardcall_core::{Epoch, MemberId, PartitionId, TicketClaim};
+use shardcall_spool::Record;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::dead_letters::DeadLetters;
+use crate::error::WorkerError;
+use crate::handler::{
+    BatchObserver, BatchRecord, HandlerFactory, PartitionContext, PartitionHandler,
+};
+use crate::lease::LocalLease;
+use crate::partition::with_handler;
+use crate::source::Source;
+use crate::store::{Checkpoint, StoreError};
+use crate::ticket_config::TicketConfig;
+use crate::ticket_store::TicketStore;
+use crate::worker::{AbortOnDrop, incarnation_id};
+
+const RETRY: Duration = Duration::from_millis(100);
+
+/// Live counts of a ticket-mode worker.
+#[derive(Debug, Default)]
+pub struct TicketStats {
+    /// Records processed and checkpointed.
+    pub processed: AtomicU64,
+    /// Tickets claimed.
+    pub claims: AtomicU64,
+    /// Claims that found nothing to read.
+    pub empty_claims: AtomicU64,
+    /// Claims lost to a lapsed lease or a newer claim.
+    pub fenced: AtomicU64,
+    /// Records sent to the dead letters.
+    pub dead_lettered: AtomicU64,
+}
+
+/// Everything a ticket-mode worker runs with.
+pub struct TicketWorker<S, Src, F> {
+    /// Configuration.
+    pub config: TicketConfig,
+    /// The store that keeps the ticket pool and the checkpoints.
+    pub store: Arc<S>,
+    /// Where records come from.
+    pub source: Arc<Src>,
+    /// Makes a handler per claimed partition (kept between claims while
+    /// nobody else moved the partition on).
+    pub factory: Arc<F>,
+    /// Where batches that keep failing go; without one they are retried
+    /// for ever.
+    pub dead_letters: Option<Arc<dyn DeadLetters>>,
+    /// Sees every batch (tests and the demo).
+    pub observer: Option<Arc<dyn BatchObserver>>,
+}
+
+/// A running ticket-mode worker.
+pub struct TicketWorkerHandle {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), WorkerError>>,
+    /// Live statistics.
+    pub stats: Arc<TicketStats>,
+}
+
+impl TicketWorkerHandle {
+    /// Asks for a graceful stop: each slot finishes its batch, checkpoints
+    /// and gives its ticket back.
+    pub fn shutdown(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Stops dead, as a crash would: tickets held come back when their
+    /// leases lapse.
+    pub fn kill(&self) {
+        self.task.abort();
+    }
+
+    /// Waits for the worker to end.
+    pub async fn join(self) -> Result<(), WorkerError> {
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) if e.is_cancelled() => Ok(()),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+}
+
+/// A handler kept after a claim, valid while the partition's checkpoint is
+/// still the one it wrote (or restored).
+struct Kept<H> {
+    handler: H,
+    checkpoint: Option<(u64, Epoch)>,
+}
+
+struct Shared<S, Src, F: HandlerFactory> {
+    config: TicketConfig,
+    store: Arc<S>,
+    source: Arc<Src>,
+    factory: Arc<F>,
+    dead_letters: Option<Arc<dyn DeadLetters>>,
+    observer: Option<Arc<dyn BatchObserver>>,
+    stats: Arc<TicketStats>,
+    kept: Mutex<HashMap<PartitionId, Kept<F::Handler>>>,
+    backoff: Mutex<HashMap<PartitionId, Duration>>,
+}
+
+impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
+    /// Validates the configuration and starts the worker on the current runtime.
+    pub fn spawn(self) -> Result<TicketWorkerHandle, WorkerError> {
+        self.config.validate()?;
+        let (stop, stop_rx) = watch::channel(false);
+        let stats = Arc::new(TicketStats::default());
+        let shared = Arc::new(Shared {
+            config: self.config,
+            store: self.store,
+            source: self.source,
+            factory: self.factory,
+            dead_letters: self.dead_letters,
+            observer: self.observer,
+            stats: stats.clone(),
+            kept: Mutex::default(),
+            backoff: Mutex::default(),
+        });
+        let task = tokio::spawn(run(shared, stop_rx));
+        Ok(TicketWorkerHandle { stop, task, stats })
+    }
+}
+
+async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
+    shared: Arc<Shared<S, Src, F>>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), WorkerError> {
+    let id = incarnation_id(&shared.config.name);
+    tracing::info!(group = %shared.config.group, member = %id, slots = shared.config.slots, "serving tickets");
+    let seeding = {
+        let s = shared.clone();
+        AbortOnDrop(Some(tokio::spawn(async move {
+            loop {
+                match s.source.partitions().await {
+                    Ok(list) => {
+                        if let Err(e) = s.store.seed_tickets(&s.config.group, &list).await {
+                            tracing::warn!(error = %e, "seeding tickets; retrying");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "listing the source's partitions; retrying")
+                    }
+                }
+                tokio::time::sleep(s.config.discover_every).await;
+            }
+        })))
+    };
+    let mut slots = JoinSet::new();
+    for n in 0..shared.config.slots {
+        let holder = MemberId::new(format!("{id}/{n}"));
+        slots.spawn(slot(shared.clone(), holder, stop.clone()));
+    }
+    let mut outcome = Ok(());
+    while let Some(ended) = slots.join_next().await {
+        match ended {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                outcome = Err(e);
+                slots.abort_all();
+            }
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    seeding.stop().await;
+    tracing::info!(group = %shared.config.group, member = %id, "stopped serving tickets");
+    outcome
+}
+
+/// One slot: claim, serve, give back, until stopped.
+async fn slot<S: TicketStore, Src: Source, F: HandlerFactory>(
+    shared: Arc<Shared<S, Src, F>>,
+    holder: MemberId,
+    stop: watch::Receiver<bool>,
+) -> Result<(), WorkerError> {
+    let c = &shared.config;
+    while !*stop.borrow() {
+        // Not raced against the stop: a claim the store made must not be
+        // dropped on the floor (it would sit out its lease).
+        let sent = Instant::now();
+        match shared
+            .store
+            .claim_ticket(&c.group, &holder, c.claim_ttl, c.claim_wait)
+            .await
+        {
+            Ok(Some(claim)) => {
+                shared.stats.claims.fetch_add(1, Ordering::Relaxed);
+                Serving::new(&shared, claim, sent, &stop).run().await?;
+            }
+            Ok(None) => {}
+            Err(StoreError::Corrupt(e)) => return Err(StoreError::Corrupt(e).into()),
+            Err(e) => {
+                tracing::warn!(holder = %holder, error = %e, "claiming a ticket; retrying");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How serving one claim ended.
+enum Served {
+    /// Records were found (and maybe more remain).
+    Busy,
+    /// Nothing to read.
+    Empty,
+    /// The source failed; try again later.
+    Failed,
+    /// The claim was lost (lapsed or replaced): stop without giving back.
+    Lost(String),
+}
+
+struct Serving<'a, S, Src, F: HandlerFactory> {
+    shared: &'a Shared<S, Src, F>,
+    claim: TicketClaim,
+    lease: LocalLease,
+    stop: &'a watch::Receiver<bool>,
+    ctx: PartitionContext,
+    handler: Option<F::Handler>,
+    /// The state in the last checkpoint (to rebuild the handler from).
+    state: Option<Vec<u8>>,
+    /// The partition's checkpoint as this claim left it.
+    checkpoint: Option<(u64, Epoch)>,
+    /// When the batch in hand started (the observer's clock).
+    batch_started_us: u64,
+}
+
+impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> {
+    fn new(
+        shared: &'a Shared<S, Src, F>,
+        claim: TicketClaim,
+        sent: Instant,
+        stop: &'a watch::Receiver<bool>,
+    ) -> Self {
+        let c = &shared.config;
+        Self {
+            lease: LocalLease::new(sent, c.claim_ttl, c.safety_margin),
+            ctx: PartitionContext {
+                partition: claim.partition.clone(),
+                epoch: claim.epoch,
+                member: claim.holder.clone(),
+            },
+            claim,
+            shared,
+            stop,
+            handler: None,
+            state: None,
+            checkpoint: None,
+            batch_started_us: 0,
+        }
+    }
+
+    async fn run(mut self) -> Result<(), WorkerError> {
+        let s = self.shared;
+        let p = self.claim.partition.clone();
+        let served = match self.restore().await {
+            Ok(offset) => self.serve(offset).await,
+            Err(served) => served,
+        };
+        let delay = match &served {
+            Served::Lost(why) => {
+                s.stats.fenced.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(partition = %p, holder = %self.claim.holder, epoch = self.claim.epoch, reason = %why, "ticket lost");
+                s.source.release(&p).await;
+                return Ok(());
+            }
+            Served::Busy => {
+                s.backoff.lock().expect("backoff lock").remove(&p);
+                Duration::ZERO
+            }
+            Served::Empty => {
+                s.stats.empty_claims.fetch_add(1, Ordering::Relaxed);
+                let mut backoff = s.backoff.lock().expect("backoff lock");
+                let next = backoff.get(&p).map_or(s.config.idle_backoff, |d| {
+                    (*d * 2).min(s.config.max_idle_backoff)
+                });
+                backoff.insert(p.clone(), next);
+                next
+            }
+            Served::Failed => RETRY,
+        };
+        if let Some(handler) = self.handler.take() {
+            s.kept.lock().expect("kept lock").insert(
+                p.clone(),
+                Kept {
+                    handler,
+                    checkpoint: self.checkpoint,
+                },
+            );
+        }
+        match s
+            .store
+            .return_ticket(&s.config.group, &self.claim, delay)
+            .await
+        {
+            Ok(()) => {}
+            Err(StoreError::Fenced(f)) => {
+                s.stats.fenced.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(partition = %p, error = %f, "ticket lapsed before it was given back");
+            }
+            Err(e) => {
+                // It comes back by itself when the lease lapses.
+                tracing::warn!(partition = %p, error = %e, "giving the ticket back failed");
+            }
+        }
+        s.source.release(&p).await;
+        Ok(())
+    }
+
+    /// Restores the checkpoint and the handler; the offset to read from.
+    async fn restore(&mut self) -> Result<u64, Served> {
+        let s = self.shared;
+        let p = self.claim.partition.clone();
+        let restored = match s.store.restore_ticket(&s.config.group, &self.claim).await {
+            Ok(cp) => cp,
+            Err(StoreError::Fenced(f)) => return Err(Served::Lost(f.to_string())),
+            Err(e) => {
+                tracing::warn!(partition = %p, error = %e, "restoring a claimed partition");
+                return Err(Served::Failed);
+            }
+        };
+        self.checkpoint = restored.as_ref().map(|c| (c.offset, c.epoch));
+        let offset = match &restored {
+            Some(cp) => cp.offset,
+            None => match s.source.initial_offset(&p).await {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(partition = %p, error = %e, "finding the first offset");
+                    return Err(Served::Failed);
+                }
+            },
+        };
+        self.state = restored.map(|c| c.state);
+        let kept = s.kept.lock().expect("kept lock").remove(&p);
+        match kept {
+            Some(k) if k.checkpoint == self.checkpoint => self.handler = Some(k.handler),
+            _ => self.rebuild_handler().await?,
+        }
+        Ok(offset)
+    }
+
+    /// A fresh handler from the last checkpointed state.
+    async fn rebuild_handler(&mut self) -> Result<(), Served> {
+        let handler = self.shared.factory.create(&self.ctx);
+        let (ctx, state) = (self.ctx.clone(), self.state.clone());
+        let (h, assigned) =
+            with_handler(handler, move |h| h.assigned(&ctx, state.as_deref())).await;
+        match assigned {
+            Ok(()) => {
+                self.handler = Some(h);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(partition = %self.ctx.partition, error = %e, "the handler refused the partition");
+                Err(Served::Failed)
+            }
+        }
+    }
+
+    async fn serve(&mut self, mut offset: u64) -> Served {
+        let s = self.shared;
+        let c = &s.config;
+        let p = self.claim.partition.clone();
+        let budget_end = Instant::now() + c.budget;
+        let mut found = false;
+        let mut attempts = 0u32;
+        loop {
+            if *self.stop.borrow() || Instant::now() >= budget_end {
+                return Served::Busy;
+            }
+            if let Err(why) = self.keep_lease().await {
+                return Served::Lost(why);
+            }
+            let batch = match s.source.fetch(&p, offset, c.max_batch, c.fetch_wait).await {
+                Ok(b) if b.is_empty() => return if found { Served::Busy } else { Served::Empty },
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(partition = %p, error = %e, "fetch failed");
+                    return Served::Failed;
+                }
+            };
+            found = true;
+            let last = batch[batch.len() - 1].offset;
+            match self.process(batch.clone()).await {
+                Ok(state) => match self.checkpoint(batch[0].offset, last, state).await {
+                    Ok(()) => {
+                        offset = last + 1;
+                        attempts = 0;
+                    }
+                    Err(why) => return Served::Lost(why),
+                },
+                Err(e) => {
+                    attempts += 1;
+                    let give_up = c.max_attempts > 0 && attempts >= c.max_attempts;
+                    match (&s.dead_letters, give_up) {
+                        (Some(dl), true) => {
+                            if let Err(e2) = dl.send(&p, &batch, attempts, &e).await {
+                                tracing::error!(partition = %p, error = %e2, "dead-lettering failed; the batch will be tried again");
+                                return Served::Failed;
+                            }
+                            tracing::error!(partition = %p, first = batch[0].offset, last, attempts, error = %e,
+                                "batch sent to the dead letters; the partition moves on");
+                            s.stats
+                                .dead_lettered
+                                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                            // Past the batch with the state before it.
+                            let state = self.state.clone().unwrap_or_default();
+                            if let Err(why) = self.checkpoint(batch[0].offset, last, state).await {
+                                return Served::Lost(why);
+                            }
+                            offset = last + 1;
+                            attempts = 0;
+                            if let Err(served) = self.rebuild_handler().await {
+                                return served;
+                            }
+                        }
+                        _ => {
+                            tracing::warn!(partition = %p, attempt = attempts, error = %e, "handler failed; the batch will be retried");
+                            tokio::time::sleep(c.retry_backoff.min(self.lease.remaining())).await;
+                            if self.handler.is_none()
+                                && let Err(served) = self.rebuild_handler().await
+                            {
+                                return served;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renews the claim when half its lease is gone.
+    async fn keep_lease(&mut self) -> Result<(), String> {
+        let s = self.shared;
+        if self.lease.expired() {
+            return Err("lease ran short".into());
+        }
+        if self.lease.remaining() > s.config.claim_ttl / 2 {
+            return Ok(());
+        }
+        let sent = Instant::now();
+        match s
+            .store
+            .renew_ticket(&s.config.group, &self.claim, s.config.claim_ttl)
+            .await
+        {
+            Ok(c) => {
+                self.claim = c;
+                self.lease.renewed(sent);
+                Ok(())
+            }
+            Err(StoreError::Fenced(f)) => Err(f.to_string()),
+            Err(e) => {
+                tracing::warn!(partition = %self.claim.partition, error = %e, "renewing a claim");
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs the handler on a batch; the new state, or the handler's error
+    /// (the handler is then dropped: it is rebuilt from the checkpoint).
+    async fn process(&mut self, batch: Vec<Record>) -> Result<Vec<u8>, String> {
+        let handler = self.handler.take().expect("a handler while serving");
+        self.batch_started_us = self.shared.observer.as_ref().map_or(0, |o| o.now_us());
+        let ctx = self.ctx.clone();
+        let (h, result) = with_handler(handler, move |h| h.process(&ctx, &batch)).await;
+        match result {
+            Ok(state) => {
+                self.handler = Some(h);
+                Ok(state)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Checkpoints `first..=last` with `state` under the claim; the reason
+    /// when the claim is lost.
+    async fn checkpoint(&mut self, first: u64, last: u64, state: Vec<u8>) -> Result<(), String> {
+        let s = self.shared;
+        let processed_us = s.observer.as_ref().map_or(0, |o| o.now_us());
+        let cp = Checkpoint {
+            offset: last + 1,
+            state,
+            epoch: self.claim.epoch,
+        };
+        let outcome = loop {
+            let left = self.lease.remaining();
+            if left.is_zero() {
+                break Err("lease ran short before the checkpoint".to_string());
+            }
+            let write = s
+                .store
+                .save_ticket_checkpoint(&s.config.group, &self.claim, &cp);
+            match tokio::time::timeout(left, write).await {
+                Ok(Ok(())) => break Ok(()),
+                Ok(Err(StoreError::Fenced(f))) => break Err(f.to_string()),
+                Err(_) => break Err("checkpoint outlasted the lease".to_string()),
+                Ok(Err(e)) => {
+                    tracing::warn!(partition = %self.claim.partition, error = %e, "checkpoint failed; retrying");
+                    tokio::time::sleep(RETRY.min(left)).await;
+                }
+            }
+        };
+        if let Some(o) = &s.observer {
+            o.batch(BatchRecord {
+                partition: self.claim.partition.clone(),
+                member: self.claim.holder.clone(),
+                epoch: self.claim.epoch,
+                first,
+                last,
+                started_us: self.batch_started_us,
+                processed_us,
+                ended_us: o.now_us(),
+                committed: outcome.is_ok(),
+            });
+        }
+        if outcome.is_ok() {
+            let n = last - first + 1;
+            s.stats.processed.fetch_add(n, Ordering::Relaxed);
+            crate::telemetry::processed(&s.config.group, &self.claim.partition, n);
+            s.source.committed(&self.claim.partition, last + 1).await;
+            self.checkpoint = Some((cp.offset, cp.epoch));
+            self.state = Some(cp.state);
+        } else {
+            crate::telemetry::fenced(&s.config.group);
+        }
+        outcome
+    }
+}

@@ -1,0 +1,296 @@
+//! Ticket mode end to end on the embedded default (file log + in-process
+//! store): many slots over several workers, a kill, a poison batch sent to
+//! the dead letters; checked by the oracle and the final states.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shardcall::oracle::{
+    DigestFactory, DigestHandler, DigestState, Oracle, check_coverage, check_ownership,
+};
+use shardcall::{
+    CoordinationStore, FileLogDeadLetters, FileLogSource, HandlerError, HandlerFactory,
+    MemoryStore, PartitionContext, PartitionHandler, TicketConfig, TicketStore, TicketWorker,
+    TicketWorkerHandle,
+};
+use shardcall_core::PartitionId;
+use shardcall_spool::{FileLog, Record, SpoolConfig};
+
+const GROUP: &str = "tg";
+
+fn config(name: &str) -> TicketConfig {
+    TicketConfig {
+        group: GROUP.into(),
+        name: name.into(),
+        slots: 2,
+        max_batch: 20,
+        budget: Duration::from_millis(30),
+        claim_ttl: Duration::from_millis(1500),
+        safety_margin: Duration::from_millis(400),
+        claim_wait: Duration::from_millis(200),
+        fetch_wait: Duration::from_millis(2),
+        idle_backoff: Duration::from_millis(10),
+        max_idle_backoff: Duration::from_millis(100),
+        max_attempts: 3,
+        retry_backoff: Duration::from_millis(10),
+        discover_every: Duration::from_millis(100),
+    }
+}
+
+/// Refuses any batch holding a record whose payload starts with "poison",
+/// before touching its state; otherwise a [`DigestHandler`].
+struct Picky(DigestHandler);
+
+impl PartitionHandler for Picky {
+    fn assigned(
+        &mut self,
+        ctx: &PartitionContext,
+        state: Option<&[u8]>,
+    ) -> Result<(), HandlerError> {
+        self.0.assigned(ctx, state)
+    }
+    fn process(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+    ) -> Result<Vec<u8>, HandlerError> {
+        if let Some(r) = batch.iter().find(|r| r.payload.starts_with(b"poison")) {
+            return Err(HandlerError(format!("cannot digest offset {}", r.offset)));
+        }
+        self.0.process(ctx, batch)
+    }
+}
+
+struct PickyFactory(DigestFactory);
+
+impl HandlerFactory for PickyFactory {
+    type Handler = Picky;
+    fn create(&self, ctx: &PartitionContext) -> Picky {
+        Picky(self.0.create(ctx))
+    }
+}
+
+struct Run {
+    log: FileLog,
+    store: Arc<MemoryStore>,
+    source: Arc<FileLogSource>,
+    oracle: Arc<Oracle>,
+    workers: Vec<Option<TicketWorkerHandle>>,
+}
+
+impl Run {
+    fn new(dir: &std::path::Path, partitions: u32) -> Self {
+        let log = FileLog::open(dir, SpoolConfig::default()).unwrap();
+        log.ensure_topic("t", partitions).unwrap();
+        Self {
+            source: Arc::new(FileLogSource::new(log.clone(), vec!["t".into()])),
+            log,
+            store: Arc::new(MemoryStore::default()),
+            oracle: Arc::new(Oracle::default()),
+            workers: Vec::new(),
+        }
+    }
+
+    fn produce(&self, n: usize, tag: &str, poison_every: usize) {
+        let mut p = self.log.producer("t").unwrap();
+        for i in 0..n {
+            let key = format!("k{}", i % 41);
+            let payload = if poison_every > 0 && i % poison_every == poison_every - 1 {
+                format!("poison-{tag}-{i}")
+            } else {
+                format!("{tag}-{i}")
+            };
+            p.send(Some(key.as_bytes()), payload.as_bytes(), 0).unwrap();
+        }
+        p.flush().unwrap();
+    }
+
+    fn add_worker(&mut self) {
+        let name = format!("w{}", self.workers.len());
+        let handle = TicketWorker {
+            config: config(&name),
+            store: self.store.clone(),
+            source: self.source.clone(),
+            factory: Arc::new(PickyFactory(DigestFactory {
+                work_per_record: Duration::from_millis(1),
+            })),
+            dead_letters: Some(Arc::new(FileLogDeadLetters::new(
+                self.log.clone(),
+                "t.dead",
+            ))),
+            observer: Some(self.oracle.clone()),
+        }
+        .spawn()
+        .unwrap();
+        self.workers.push(Some(handle));
+    }
+
+    fn ends(&self) -> BTreeMap<PartitionId, u64> {
+        let n = self.log.partition_count("t").unwrap();
+        (0..n)
+            .map(|p| {
+                let s = self.log.open_partition_read_only("t", p).unwrap();
+                (PartitionId::new("t", p), s.end_offset().unwrap())
+            })
+            .collect()
+    }
+
+    /// Waits until every partition is checkpointed at its end.
+    async fn settle(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut done = true;
+            for (p, end) in self.ends() {
+                let at = self
+                    .store
+                    .load_checkpoint(GROUP, &p)
+                    .await
+                    .unwrap()
+                    .map_or(0, |c| c.offset);
+                done &= at == end;
+            }
+            if done {
+                return;
+            }
+            assert!(Instant::now() < deadline, "tickets did not catch up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Offsets of each partition found in the dead letters.
+    fn dead(&self) -> BTreeMap<u32, BTreeSet<u64>> {
+        let mut out: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+        let Ok(n) = self.log.partition_count("t.dead") else {
+            return out;
+        };
+        for part in 0..n {
+            let s = self.log.open_partition_read_only("t.dead", part).unwrap();
+            for r in s.read(0, usize::MAX, usize::MAX).unwrap() {
+                let key: serde_json::Value =
+                    serde_json::from_slice(r.key.as_deref().unwrap()).unwrap();
+                assert_eq!(key["partition"], part, "dead letters keep their partition");
+                assert!(key["error"].as_str().unwrap().contains("cannot digest"));
+                out.entry(part)
+                    .or_default()
+                    .insert(key["offset"].as_u64().unwrap());
+            }
+        }
+        out
+    }
+
+    /// DESIGN.md's properties, ticket mode: no two holders of a partition
+    /// process at once, every offset is covered, each record is in the final
+    /// state exactly once unless it went to the dead letters, and the pool
+    /// holds each partition once.
+    async fn verify(&self) {
+        let batches = self.oracle.batches();
+        let v = check_ownership(&batches, 0);
+        assert!(v.is_empty(), "ownership: {v:?}");
+        let ends = self.ends();
+        let v = check_coverage(&batches, &ends);
+        assert!(v.is_empty(), "coverage: {v:?}");
+        let dead = self.dead();
+        for p in ends.keys() {
+            let spool = self.log.open_partition_read_only("t", p.partition).unwrap();
+            let records = spool.read(0, usize::MAX, usize::MAX).unwrap();
+            let gone = dead.get(&p.partition).cloned().unwrap_or_default();
+            for r in &records {
+                if r.payload.starts_with(b"poison") {
+                    assert!(
+                        gone.contains(&r.offset),
+                        "{p}@{}: poison not dead-lettered",
+                        r.offset
+                    );
+                }
+            }
+            let kept: Vec<Record> = records
+                .into_iter()
+                .filter(|r| !gone.contains(&r.offset))
+                .collect();
+            let state = match self.store.load_checkpoint(GROUP, p).await.unwrap() {
+                Some(cp) => DigestState::from_bytes(&cp.state).unwrap(),
+                None => DigestState::default(),
+            };
+            assert_eq!(
+                state,
+                DigestState::of(&kept),
+                "{p}: final state differs from each kept record exactly once"
+            );
+        }
+        let view = self.store.ticket_view(GROUP).await.unwrap();
+        assert_eq!(view.partitions(), ends.keys().cloned().collect::<Vec<_>>());
+        let mut holders: BTreeMap<&PartitionId, BTreeSet<&str>> = BTreeMap::new();
+        for b in &batches {
+            holders
+                .entry(&b.partition)
+                .or_default()
+                .insert(b.member.as_str());
+        }
+        assert!(
+            holders.values().filter(|h| h.len() > 1).count() >= 10,
+            "partitions should move between slots: {holders:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slots_share_partitions_through_a_kill_and_poison() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = Run::new(dir.path(), 12);
+    run.produce(1200, "a", 0);
+    for _ in 0..3 {
+        run.add_worker();
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // kill -9 while slots hold tickets: their claims lapse and come back.
+    let view = run.store.ticket_view(GROUP).await.unwrap();
+    assert!(
+        view.claimed
+            .iter()
+            .any(|c| c.holder.as_str().starts_with("w0-")),
+        "the worker to kill holds no ticket: {view:?}"
+    );
+    run.workers[0].as_ref().unwrap().kill();
+    let killed_at = Instant::now();
+    run.produce(600, "b", 97);
+    run.add_worker();
+    run.settle(Duration::from_secs(30)).await;
+    assert!(
+        killed_at.elapsed() >= config("w").claim_ttl - config("w").safety_margin,
+        "the killed worker's tickets came back before their leases lapsed"
+    );
+    // New partitions are served too.
+    run.log.ensure_topic("t", 14).unwrap();
+    run.produce(300, "c", 0);
+    run.settle(Duration::from_secs(30)).await;
+    let stats: Vec<_> = run
+        .workers
+        .iter()
+        .flatten()
+        .map(|w| w.stats.clone())
+        .collect();
+    for w in run.workers.iter_mut().skip(1) {
+        let w = w.take().unwrap();
+        let asked = Instant::now();
+        w.shutdown();
+        w.join().await.unwrap();
+        assert!(asked.elapsed() < Duration::from_secs(2), "shutdown waited");
+    }
+    run.verify().await;
+    let dead: u64 = stats
+        .iter()
+        .map(|s| s.dead_lettered.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
+    assert!(dead > 0, "poison reached the dead letters");
+    // After a graceful stop no ticket stays claimed (the killed worker's
+    // lapsed claims go back at the next claim).
+    let view = run.store.ticket_view(GROUP).await.unwrap();
+    assert!(
+        view.claimed
+            .iter()
+            .all(|c| c.holder.as_str().starts_with("w0-")),
+        "claims left behind: {:?}",
+        view.claimed
+    );
+}
