@@ -1,6 +1,7 @@
 //! `shardcall`: the command-line tool.
 
 mod bench_assign;
+mod bench_hol;
 mod bench_kafka;
 mod bench_rebalance;
 mod bench_spool;
@@ -88,6 +89,8 @@ enum BenchCommand {
     Spool(bench_spool::BenchSpoolArgs),
     /// Records/s through shardcall from Kafka next to a plain rdkafka consumer.
     Kafka(bench_kafka::BenchKafkaArgs),
+    /// Head-of-line blocking: owned mode, ticket mode and the ideal bound on one workload.
+    Hol(bench_hol::BenchHolArgs),
 }
 
 /// When appended records are forced to disk (command-line form).
@@ -200,6 +203,7 @@ fn main() -> ExitCode {
         Command::Spool(cmd) => spool_cmd::run(&cmd),
         Command::Bench(BenchCommand::Spool(args)) => bench_spool::run(&args),
         Command::Bench(BenchCommand::Kafka(args)) => bench_kafka::run(&args),
+        Command::Bench(BenchCommand::Hol(args)) => bench_hol::run(&args),
         Command::Bench(BenchCommand::Assign(args)) => bench_assign::run(&args),
         Command::Bench(BenchCommand::Rebalance(args)) => bench_rebalance::run(&args),
     };

@@ -526,6 +526,7 @@ impl Settings {
             timing,
             max_batch: self.batch.max_records,
             fetch_wait: Duration::from_millis(self.batch.fetch_wait_ms),
+            slots: 0,
         };
         if !self.group.is_empty()
             && let Err(e) = worker.validate()

@@ -22,6 +22,10 @@ pub struct WorkerConfig {
     /// How long a fetch waits for new records before the partition task
     /// looks for a revoke again.
     pub fetch_wait: Duration,
+    /// Most handler calls running at once in this worker; its partitions
+    /// take turns for them, as a Kafka consumer's partitions share its
+    /// thread (`0`: every partition runs on its own).
+    pub slots: usize,
 }
 
 impl Default for WorkerConfig {
@@ -34,6 +38,7 @@ impl Default for WorkerConfig {
             timing: GroupConfig::default(),
             max_batch: 500,
             fetch_wait: Duration::from_millis(100),
+            slots: 0,
         }
     }
 }

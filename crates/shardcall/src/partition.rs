@@ -47,6 +47,8 @@ pub struct PartitionTask<S, Src, H> {
     pub fetch_wait: Duration,
     /// Records processed, for statistics.
     pub processed: Arc<std::sync::atomic::AtomicU64>,
+    /// The worker's handler slots, when limited: one is held per handler call.
+    pub slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 const RETRY: Duration = Duration::from_millis(100);
@@ -237,7 +239,12 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         let began = std::time::Instant::now();
         let started_us = self.observer.as_ref().map_or(0, |o| o.now_us());
         let ctx = self.ctx.clone();
+        let permit = match &self.slots {
+            Some(slots) => Some(slots.clone().acquire_owned().await.expect("slots stay open")),
+            None => None,
+        };
         let (h, result) = with_handler(self.take_handler(), move |h| h.process(&ctx, &batch)).await;
+        drop(permit);
         self.handler = Some(h);
         let state = result?;
         let processed_us = self.observer.as_ref().map_or(0, |o| o.now_us());

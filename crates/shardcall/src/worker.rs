@@ -163,6 +163,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
         let cfg = &self.config;
         let group = cfg.group.as_str();
         let timing = &cfg.timing;
+        let slots = (cfg.slots > 0).then(|| Arc::new(tokio::sync::Semaphore::new(cfg.slots)));
         loop {
             let id = incarnation_id(&cfg.name);
             let sent = Instant::now();
@@ -199,6 +200,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 coordinator: None,
                 cached: None,
                 discovered: discovered.clone(),
+                slots: slots.clone(),
             }
             .run(stop)
             .await?;
@@ -230,6 +232,8 @@ struct Incarnation<'a, S, Src, F> {
     cached: Option<shardcall_core::GroupState>,
     /// The source's partitions as last discovered.
     discovered: watch::Receiver<Option<Arc<Vec<PartitionId>>>>,
+    /// Handler slots shared by the partitions, when limited.
+    slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// A background task, aborted when dropped.
@@ -475,6 +479,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             max_batch: w.config.max_batch,
             fetch_wait: w.config.fetch_wait,
             processed: self.stats.processed.clone(),
+            slots: self.slots.clone(),
         };
         let key = p.clone();
         let abort = self
