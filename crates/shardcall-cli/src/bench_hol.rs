@@ -180,7 +180,10 @@ async fn wait_for(total: u64, counted: impl Fn() -> u64, began: Instant) -> anyh
 
 async fn owned(a: &BenchHolArgs, log: &FileLog, total: u64) -> anyhow::Result<Measured> {
     let store = Arc::new(MemoryStore::default());
-    let source = Arc::new(shardcall::FileLogSource::new(log.clone(), vec!["hol".into()]));
+    let source = Arc::new(shardcall::FileLogSource::new(
+        log.clone(),
+        vec!["hol".into()],
+    ));
     let latencies = Arc::default();
     let began = Instant::now();
     let factory = Arc::new(SleeperFactory {
@@ -217,7 +220,12 @@ async fn owned(a: &BenchHolArgs, log: &FileLog, total: u64) -> anyhow::Result<Me
     let stats: Vec<_> = handles.iter().map(|h| h.stats.clone()).collect();
     let secs = wait_for(
         total,
-        || stats.iter().map(|s| s.processed.load(Ordering::Relaxed)).sum(),
+        || {
+            stats
+                .iter()
+                .map(|s| s.processed.load(Ordering::Relaxed))
+                .sum()
+        },
         began,
     )
     .await?;
@@ -230,7 +238,10 @@ async fn owned(a: &BenchHolArgs, log: &FileLog, total: u64) -> anyhow::Result<Me
 
 async fn ticket(a: &BenchHolArgs, log: &FileLog, total: u64) -> anyhow::Result<Measured> {
     let store = Arc::new(MemoryStore::default());
-    let source = Arc::new(shardcall::FileLogSource::new(log.clone(), vec!["hol".into()]));
+    let source = Arc::new(shardcall::FileLogSource::new(
+        log.clone(),
+        vec!["hol".into()],
+    ));
     let latencies = Arc::default();
     let began = Instant::now();
     let factory = Arc::new(SleeperFactory {
@@ -264,7 +275,12 @@ async fn ticket(a: &BenchHolArgs, log: &FileLog, total: u64) -> anyhow::Result<M
     let stats: Vec<_> = handles.iter().map(|h| h.stats.clone()).collect();
     let secs = wait_for(
         total,
-        || stats.iter().map(|s| s.processed.load(Ordering::Relaxed)).sum(),
+        || {
+            stats
+                .iter()
+                .map(|s| s.processed.load(Ordering::Relaxed))
+                .sum()
+        },
         began,
     )
     .await?;
@@ -290,7 +306,9 @@ pub fn run(args: &BenchHolArgs) -> anyhow::Result<ExitCode> {
 
 async fn bench(a: &BenchHolArgs) -> anyhow::Result<ExitCode> {
     let work = workload(a);
-    let dir = tempfile::Builder::new().prefix("shardcall-hol-").tempdir()?;
+    let dir = tempfile::Builder::new()
+        .prefix("shardcall-hol-")
+        .tempdir()?;
     let log = FileLog::open(dir.path(), SpoolConfig::default())?;
     log.ensure_topic("hol", a.partitions)?;
     for (p, records) in work.iter().enumerate() {
@@ -303,7 +321,11 @@ async fn bench(a: &BenchHolArgs) -> anyhow::Result<ExitCode> {
     let total: u64 = u64::from(a.partitions) * u64::from(a.records);
     let slots = (a.workers * a.slots) as u64;
     let all_ms: u64 = work.iter().flatten().sum();
-    let largest_ms: u64 = work.iter().map(|p| p.iter().sum::<u64>()).max().unwrap_or(0);
+    let largest_ms: u64 = work
+        .iter()
+        .map(|p| p.iter().sum::<u64>())
+        .max()
+        .unwrap_or(0);
     let ideal_s = (all_ms as f64 / slots as f64).max(largest_ms as f64) / 1000.0;
     let slow = work.iter().flatten().filter(|&&ms| ms == a.slow_ms).count();
 

@@ -23,30 +23,43 @@ use crate::Dir;
 const GROUP: &str = "demo";
 const TOPIC: &str = "demo";
 
+/// How the demo's workers share the partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoMode {
+    /// Each partition is owned by one worker at a time (balanced, sticky,
+    /// quarantined on revoke).
+    Owned,
+    /// Idle slots claim the next due partition from a ticket pool.
+    Ticket,
+}
+
 /// Arguments of `shardcall demo`.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
+    /// Owned mode or ticket mode.
+    #[arg(long, value_enum, default_value_t = DemoMode::Owned)]
+    pub mode: DemoMode,
     /// Folder for the file log (default: a temporary folder, removed at the end).
     #[arg(long)]
-    dir: Option<Dir>,
+    pub dir: Option<Dir>,
     /// Partitions of the demo topic.
     #[arg(long, default_value_t = 12)]
-    partitions: u32,
+    pub partitions: u32,
     /// Workers at the start (one more joins during the run).
     #[arg(long, default_value_t = 4)]
-    workers: usize,
+    pub workers: usize,
     /// Length of the scripted part of the run, in seconds.
     #[arg(long, default_value_t = 20)]
-    seconds: u64,
+    pub seconds: u64,
     /// Records produced per second while the script runs.
     #[arg(long, default_value_t = 2000)]
-    rate: u64,
+    pub rate: u64,
     /// Minimum quarantine of a revoked partition, in milliseconds.
     #[arg(long, default_value_t = 2000)]
-    quarantine_ms: u64,
-    /// Members' lease, in milliseconds.
+    pub quarantine_ms: u64,
+    /// Members' lease (ticket mode: a claim's lease), in milliseconds.
     #[arg(long, default_value_t = 3000)]
-    ttl_ms: u64,
+    pub ttl_ms: u64,
 }
 
 /// Runs the command.
@@ -221,6 +234,9 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
             holder.path().to_owned()
         }
     };
+    if args.mode == DemoMode::Ticket {
+        return crate::demo_ticket::demo(args, &dir).await;
+    }
     let timing = timing(args);
     timing.validate().context("demo timing")?;
     let log = FileLog::open(&dir, SpoolConfig::default())?;

@@ -7,6 +7,7 @@ mod bench_rebalance;
 mod bench_spool;
 mod consume;
 mod demo;
+mod demo_ticket;
 mod group_cmd;
 mod log_opts;
 mod produce;

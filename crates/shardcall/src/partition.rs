@@ -240,7 +240,13 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         let started_us = self.observer.as_ref().map_or(0, |o| o.now_us());
         let ctx = self.ctx.clone();
         let permit = match &self.slots {
-            Some(slots) => Some(slots.clone().acquire_owned().await.expect("slots stay open")),
+            Some(slots) => Some(
+                slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("slots stay open"),
+            ),
             None => None,
         };
         let (h, result) = with_handler(self.take_handler(), move |h| h.process(&ctx, &batch)).await;

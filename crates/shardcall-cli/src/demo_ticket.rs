@@ -1,0 +1,434 @@
+//! `shardcall demo --mode ticket`: ticket mode end to end on the embedded
+//! default. Slots across several workers claim the next due partition while
+//! records keep coming (a few are poison and go to the dead letters); a
+//! worker joins, one is killed, one stops gracefully; then the run is
+//! checked from what was really processed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use shardcall::oracle::{
+    DigestFactory, DigestHandler, DigestState, Oracle, check_coverage, check_ownership,
+};
+use shardcall::{
+    CoordinationStore, FileLogDeadLetters, FileLogSource, HandlerError, HandlerFactory,
+    MemoryStore, PartitionContext, PartitionHandler, TicketConfig, TicketStats, TicketStore,
+    TicketWorker, TicketWorkerHandle,
+};
+use shardcall_core::PartitionId;
+use shardcall_spool::{FileLog, Record, SpoolConfig};
+
+use crate::demo::DemoArgs;
+
+const GROUP: &str = "demo-ticket";
+const TOPIC: &str = "demo";
+const DEAD: &str = "demo.dead";
+/// Every this many records, one is poison.
+const POISON_EVERY: u64 = 1000;
+
+/// A digest handler that refuses batches holding a poison record.
+struct Picky(DigestHandler);
+
+impl PartitionHandler for Picky {
+    fn assigned(
+        &mut self,
+        ctx: &PartitionContext,
+        state: Option<&[u8]>,
+    ) -> Result<(), HandlerError> {
+        self.0.assigned(ctx, state)
+    }
+    fn process(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+    ) -> Result<Vec<u8>, HandlerError> {
+        if let Some(r) = batch.iter().find(|r| r.payload.starts_with(b"poison")) {
+            return Err(HandlerError(format!(
+                "cannot parse the order at offset {}",
+                r.offset
+            )));
+        }
+        self.0.process(ctx, batch)
+    }
+}
+
+struct PickyFactory;
+
+impl HandlerFactory for PickyFactory {
+    type Handler = Picky;
+    fn create(&self, ctx: &PartitionContext) -> Picky {
+        Picky(
+            DigestFactory {
+                work_per_record: Duration::from_micros(50),
+            }
+            .create(ctx),
+        )
+    }
+}
+
+struct Demo {
+    started: Instant,
+    log: FileLog,
+    store: Arc<MemoryStore>,
+    source: Arc<FileLogSource>,
+    oracle: Arc<Oracle>,
+    claim_ttl: Duration,
+    workers: Vec<(String, Option<TicketWorkerHandle>)>,
+    stats: Vec<Arc<TicketStats>>,
+}
+
+impl Demo {
+    fn say(&self, what: impl std::fmt::Display) {
+        println!("[{:>5.1}s] {what}", self.started.elapsed().as_secs_f64());
+    }
+
+    fn add_worker(&mut self) -> anyhow::Result<()> {
+        let name = format!("w{}", self.workers.len());
+        let handle = TicketWorker {
+            config: TicketConfig {
+                group: GROUP.into(),
+                name: name.clone(),
+                slots: 2,
+                max_batch: 100,
+                budget: Duration::from_millis(50),
+                claim_ttl: self.claim_ttl,
+                safety_margin: self.claim_ttl / 3,
+                max_attempts: 3,
+                retry_backoff: Duration::from_millis(20),
+                ..TicketConfig::default()
+            },
+            store: self.store.clone(),
+            source: self.source.clone(),
+            factory: Arc::new(PickyFactory),
+            dead_letters: Some(Arc::new(FileLogDeadLetters::new(self.log.clone(), DEAD))),
+            observer: Some(self.oracle.clone()),
+        }
+        .spawn()?;
+        self.stats.push(handle.stats.clone());
+        self.workers.push((name, Some(handle)));
+        Ok(())
+    }
+
+    fn ends(&self) -> anyhow::Result<BTreeMap<PartitionId, u64>> {
+        let mut out = BTreeMap::new();
+        for p in 0..self.log.partition_count(TOPIC)? {
+            let s = self.log.open_partition_read_only(TOPIC, p)?;
+            out.insert(PartitionId::new(TOPIC, p), s.end_offset()?);
+        }
+        Ok(out)
+    }
+
+    fn sum(&self, f: impl Fn(&TicketStats) -> &std::sync::atomic::AtomicU64) -> u64 {
+        self.stats
+            .iter()
+            .map(|s| f(s).load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// One status line: rate, lag, tickets held per worker, queue length.
+    async fn status(&self, last: &mut u64, since: &mut Instant) -> anyhow::Result<bool> {
+        let processed = self.sum(|s| &s.processed);
+        let rate = processed.saturating_sub(*last) as f64 / since.elapsed().as_secs_f64();
+        (*last, *since) = (processed, Instant::now());
+        let mut lag = 0;
+        for (p, end) in self.ends()? {
+            let at = self
+                .store
+                .load_checkpoint(GROUP, &p)
+                .await?
+                .map_or(0, |c| c.offset);
+            lag += end.saturating_sub(at);
+        }
+        let view = self.store.ticket_view(GROUP).await?;
+        let now = self.store.now().await?;
+        let mut held: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        let mut lapsed = 0;
+        for c in &view.claimed {
+            if c.expires <= now {
+                lapsed += 1;
+                continue;
+            }
+            let worker = c
+                .holder
+                .as_str()
+                .split('-')
+                .next()
+                .unwrap_or("?")
+                .to_owned();
+            held.entry(worker).or_default().push(c.partition.partition);
+        }
+        let held = held
+            .iter()
+            .map(|(w, ps)| format!("{w}:{ps:?}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        self.say(format!(
+            "{rate:>6.0} rec/s  lag {lag:>5} | claims {:>5} ({} empty) | held {held} | queued {}{}",
+            self.sum(|s| &s.claims),
+            self.sum(|s| &s.empty_claims),
+            view.queued.len(),
+            if lapsed > 0 {
+                format!(" | {lapsed} lapsed, waiting for the next claim")
+            } else {
+                String::new()
+            }
+        ));
+        Ok(lag == 0)
+    }
+}
+
+/// Runs the ticket-mode demo.
+pub async fn demo(args: &DemoArgs, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let log = FileLog::open(dir, SpoolConfig::default())?;
+    log.ensure_topic(TOPIC, args.partitions)?;
+    let mut d = Demo {
+        started: Instant::now(),
+        source: Arc::new(FileLogSource::new(log.clone(), vec![TOPIC.into()])),
+        log,
+        store: Arc::new(MemoryStore::default()),
+        oracle: Arc::new(Oracle::default()),
+        claim_ttl: Duration::from_millis(args.ttl_ms),
+        workers: Vec::new(),
+        stats: Vec::new(),
+    };
+    println!(
+        "shardcall demo --mode ticket: {} partitions in a file log at {}, an in-process store, {} workers x 2 slots",
+        args.partitions,
+        dir.display(),
+        args.workers
+    );
+    println!(
+        "claim lease {} ms; one record in {POISON_EVERY} is poison (dead letters: topic {DEAD}); the script: a worker joins, one is killed (kill -9), one stops gracefully",
+        args.ttl_ms
+    );
+    let stop_producing = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let log = d.log.clone();
+        let stop = stop_producing.clone();
+        let rate = args.rate;
+        tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
+            let mut p = log.producer(TOPIC)?;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..(rate / 10).max(1) {
+                    let key = format!("customer-{}", n % 997);
+                    let payload = if n % POISON_EVERY == POISON_EVERY - 1 {
+                        format!("poison {n}")
+                    } else {
+                        format!("order {n}")
+                    };
+                    p.send(Some(key.as_bytes()), payload.as_bytes(), 0)?;
+                    n += 1;
+                }
+                p.flush()?;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            p.sync()?;
+            Ok(n)
+        })
+    };
+    for _ in 0..args.workers {
+        d.add_worker()?;
+    }
+    d.say(format!("{} workers start", args.workers));
+    let total = Duration::from_secs(args.seconds);
+    let script = [
+        (total * 15 / 100, "join"),
+        (total * 35 / 100, "kill"),
+        (total * 55 / 100, "stop"),
+        (total * 60 / 100, "end-produce"),
+    ];
+    let (mut step, mut last, mut since) = (0, 0, Instant::now());
+    let deadline = d.started + total + Duration::from_secs(30);
+    let mut interrupted = false;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::signal::ctrl_c() => { interrupted = true; }
+            _ = terminate.recv() => { interrupted = true; }
+        }
+        if interrupted {
+            d.say("interrupted: stopping gracefully");
+            stop_producing.store(true, Ordering::Relaxed);
+            break;
+        }
+        while step < script.len() && d.started.elapsed() >= script[step].0 {
+            match script[step].1 {
+                "join" => {
+                    d.add_worker()?;
+                    d.say(format!("+ {} joins", d.workers.last().expect("added").0));
+                }
+                "kill" => {
+                    let (name, h) = &d.workers[1];
+                    h.as_ref().expect("running").kill();
+                    d.say(format!(
+                        "x {name} killed: the tickets it held come back when their leases lapse"
+                    ));
+                }
+                "stop" => {
+                    let name = d.workers[2].0.clone();
+                    let h = d.workers[2].1.take().expect("running");
+                    d.say(format!(
+                        "- {name} stops gracefully: checkpoints and gives its tickets back"
+                    ));
+                    h.shutdown();
+                    h.join().await?;
+                }
+                _ => {
+                    stop_producing.store(true, Ordering::Relaxed);
+                    d.say("producer stops; waiting for the slots to catch up");
+                }
+            }
+            step += 1;
+        }
+        if d.status(&mut last, &mut since).await? && step == script.len() {
+            d.say("every record is processed");
+            break;
+        }
+        if Instant::now() > deadline {
+            d.say("time is up before the slots caught up");
+            break;
+        }
+    }
+    let produced = producer.await??;
+    for (_, h) in d.workers.iter().filter(|(_, h)| h.is_some()) {
+        h.as_ref().expect("some").shutdown();
+    }
+    for (_, h) in d.workers.iter_mut() {
+        if let Some(h) = h.take() {
+            h.join().await?;
+        }
+    }
+    let ok = verify(&d, produced, interrupted).await?;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+async fn verify(d: &Demo, produced: u64, interrupted: bool) -> anyhow::Result<bool> {
+    let batches = d.oracle.batches();
+    let ends = d.ends()?;
+    let total: u64 = ends.values().sum();
+    let mut all_ok = true;
+    let mut line = |name: &str, ok: bool, detail: String| {
+        all_ok &= ok;
+        println!(
+            "  {name:<28} {:<4} {detail}",
+            if ok { "ok" } else { "FAIL" }
+        );
+    };
+    println!();
+    println!("verification ({} batches in the oracle)", batches.len());
+    line(
+        "records in the log",
+        total >= produced,
+        format!("{total} in {} partitions ({produced} produced)", ends.len()),
+    );
+    let holes = check_coverage(&batches, &ends);
+    line(
+        "processed at least once",
+        holes.is_empty(),
+        holes.first().map_or_else(
+            || "every offset is in a checkpointed batch (dead-lettered ones included)".into(),
+            |v| v.0.clone(),
+        ),
+    );
+    // Dead letters, by source partition and offset.
+    let mut dead: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    if let Ok(n) = d.log.partition_count(DEAD) {
+        for part in 0..n {
+            for r in d
+                .log
+                .open_partition_read_only(DEAD, part)?
+                .read(0, usize::MAX, usize::MAX)?
+            {
+                let key: serde_json::Value =
+                    serde_json::from_slice(r.key.as_deref().unwrap_or_default())?;
+                if let Some(o) = key["offset"].as_u64() {
+                    dead.entry(part).or_default().insert(o);
+                }
+            }
+        }
+    }
+    let (mut exact, mut wrong, mut poison, mut poison_kept) = (0, Vec::new(), 0, 0);
+    for p in ends.keys() {
+        let records =
+            d.log
+                .open_partition_read_only(TOPIC, p.partition)?
+                .read(0, usize::MAX, usize::MAX)?;
+        let gone = dead.get(&p.partition).cloned().unwrap_or_default();
+        for r in records.iter().filter(|r| r.payload.starts_with(b"poison")) {
+            poison += 1;
+            if !gone.contains(&r.offset) {
+                poison_kept += 1;
+            }
+        }
+        let kept: Vec<Record> = records
+            .into_iter()
+            .filter(|r| !gone.contains(&r.offset))
+            .collect();
+        let state = match d.store.load_checkpoint(GROUP, p).await? {
+            Some(cp) => DigestState::from_bytes(&cp.state),
+            None => Some(DigestState::default()),
+        };
+        if state == Some(DigestState::of(&kept)) {
+            exact += 1;
+        } else {
+            wrong.push(p.to_string());
+        }
+    }
+    let dead_total: usize = dead.values().map(BTreeSet::len).sum();
+    line(
+        "state = exactly once",
+        wrong.is_empty(),
+        if wrong.is_empty() {
+            format!(
+                "{exact}/{} final states = every record not dead-lettered, once, in order",
+                ends.len()
+            )
+        } else {
+            format!("differs in {}", wrong.join(", "))
+        },
+    );
+    line(
+        "poison in the dead letters",
+        poison_kept == 0,
+        format!(
+            "{poison} poison records, {dead_total} records in {DEAD} (whole batches), none dropped"
+        ),
+    );
+    let overlaps = check_ownership(&batches, 0);
+    let holders: BTreeSet<&str> = batches.iter().map(|b| b.member.as_str()).collect();
+    line(
+        "no two slots at once",
+        overlaps.is_empty(),
+        overlaps.first().map_or_else(
+            || {
+                format!(
+                    "{} slots served the partitions, never two on one partition at a time",
+                    holders.len()
+                )
+            },
+            |v| v.0.clone(),
+        ),
+    );
+    let view = d.store.ticket_view(GROUP).await?;
+    let tickets = view.partitions();
+    let unique: BTreeSet<&PartitionId> = tickets.iter().collect();
+    line(
+        "one ticket per partition",
+        unique.len() == tickets.len() && tickets.len() == ends.len(),
+        format!("{} tickets for {} partitions", tickets.len(), ends.len()),
+    );
+    if interrupted {
+        println!("  (interrupted: the run was cut short, so the script did not finish)");
+    }
+    println!("{}", if all_ok { "PASS" } else { "FAIL" });
+    Ok(all_ok)
+}
