@@ -1,5 +1,6 @@
 //! `shardcall`: the command-line tool.
 
+mod any_source;
 mod bench_assign;
 mod bench_hol;
 mod bench_kafka;
@@ -33,11 +34,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Owned mode end to end on the embedded default: workers join, one is
-    /// killed, one stops; then the run is checked against the design's properties.
+    /// Owned mode (or --mode ticket) end to end on the embedded default: workers
+    /// join, one is killed, one stops; then the run is checked against the
+    /// design's properties.
     Demo(demo::DemoArgs),
-    /// Run one worker of a group coordinated in Redis, consuming a file log.
-    Worker(worker_cmd::WorkerArgs),
+    /// Run one worker of a group coordinated in Redis, consuming a file log or
+    /// Kafka, in owned mode (--topic) and/or ticket mode (--ticket-topic).
+    Worker(Box<worker_cmd::WorkerArgs>),
     /// Show a group: members, and each partition's phase, owner, epoch,
     /// offset, lag and quarantine time left.
     Status(group_cmd::StatusArgs),

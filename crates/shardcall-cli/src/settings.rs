@@ -39,6 +39,8 @@ pub struct Settings {
     pub timing: TimingSettings,
     /// Batching.
     pub batch: BatchSettings,
+    /// Ticket mode (topics with `mode = "ticket"`).
+    pub ticket: TicketSettings,
     /// The local spool (the file log's partitions).
     pub spool: SpoolSettings,
     /// The handler.
@@ -99,9 +101,46 @@ pub struct SourceSettings {
 pub struct TopicSettings {
     /// The topic.
     pub name: String,
-    /// `owned`.
+    /// `owned` (each partition held by one worker, quarantined on moves)
+    /// or `ticket` (idle slots claim the next due partition).
     #[serde(default = "owned")]
     pub mode: String,
+}
+
+/// `[ticket]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TicketSettings {
+    /// Partitions this worker serves at once.
+    pub slots: usize,
+    /// How long a slot keeps a partition that still has records.
+    pub budget_ms: u64,
+    /// A claim's lease.
+    pub claim_ttl_ms: u64,
+    /// The part of the lease a slot does not use.
+    pub margin_ms: u64,
+    /// Handler attempts on a batch before it goes to the dead letters.
+    pub max_attempts: u32,
+    /// The file-log topic dead letters go to; none: failing batches are
+    /// retried for ever.
+    pub dead_letter_topic: Option<String>,
+    /// The file log holding `dead_letter_topic` (default: `source.log`).
+    pub dead_letter_log: Option<PathBuf>,
+}
+
+impl Default for TicketSettings {
+    fn default() -> Self {
+        let t = shardcall::TicketConfig::default();
+        Self {
+            slots: t.slots,
+            budget_ms: t.budget.as_millis() as u64,
+            claim_ttl_ms: t.claim_ttl.as_millis() as u64,
+            margin_ms: t.safety_margin.as_millis() as u64,
+            max_attempts: t.max_attempts,
+            dead_letter_topic: None,
+            dead_letter_log: None,
+        }
+    }
 }
 
 fn owned() -> String {
@@ -164,6 +203,9 @@ pub struct SpoolSettings {
 pub struct HandlerSettings {
     /// A command speaking the line-delimited JSON protocol; none: the built-in digest handler.
     pub exec: Option<String>,
+    /// Microseconds the built-in digest handler spends per record (to
+    /// simulate work in demos and tests).
+    pub digest_work_us: u64,
 }
 
 /// `[metrics]`
@@ -194,6 +236,7 @@ impl Default for Settings {
             topics: Vec::new(),
             timing: TimingSettings::default(),
             batch: BatchSettings::default(),
+            ticket: TicketSettings::default(),
             spool: SpoolSettings::default(),
             handler: HandlerSettings::default(),
             metrics: MetricsSettings::default(),
@@ -396,10 +439,18 @@ pub struct Resolved {
     pub source: SourceChoice,
     /// The spool configuration (of the file log).
     pub spool: SpoolConfig,
-    /// The topics.
+    /// The topics in owned mode.
     pub topics: Vec<String>,
+    /// The topics in ticket mode.
+    pub ticket_topics: Vec<String>,
+    /// Ticket mode's configuration (when there are ticket topics).
+    pub ticket: shardcall::TicketConfig,
+    /// Where dead letters go: a file log and a topic in it.
+    pub dead_letters: Option<(PathBuf, String)>,
     /// The handler command, if any.
     pub exec: Option<String>,
+    /// Time the built-in digest handler spends per record.
+    pub digest_work: Duration,
     /// Metrics address, if any.
     pub metrics: Option<SocketAddr>,
     /// JSON logs?
@@ -496,13 +547,47 @@ impl Settings {
             }
         };
         for (i, t) in self.topics.iter().enumerate() {
-            if t.mode != "owned" {
+            if !matches!(t.mode.as_str(), "owned" | "ticket") {
                 errors.push(format!(
-                    "topics[{i}].mode: {:?} is not available; \"owned\" is (ticket mode is still to come)",
+                    "topics[{i}].mode: {:?} must be \"owned\" or \"ticket\"",
                     t.mode
                 ));
             }
         }
+        let tk = &self.ticket;
+        let ticket = shardcall::TicketConfig {
+            group: self.group.clone(),
+            name: self.name.clone(),
+            slots: tk.slots,
+            max_batch: self.batch.max_records,
+            budget: Duration::from_millis(tk.budget_ms),
+            claim_ttl: Duration::from_millis(tk.claim_ttl_ms),
+            safety_margin: Duration::from_millis(tk.margin_ms),
+            max_attempts: tk.max_attempts,
+            ..shardcall::TicketConfig::default()
+        };
+        let ticket_topics: Vec<String> = self
+            .topics
+            .iter()
+            .filter(|t| t.mode == "ticket")
+            .map(|t| t.name.clone())
+            .collect();
+        if !ticket_topics.is_empty()
+            && !self.group.is_empty()
+            && let Err(e) = ticket.validate()
+        {
+            errors.push(format!("ticket: {e}"));
+        }
+        let dead_letters = match (&tk.dead_letter_topic, &tk.dead_letter_log, &self.source.log) {
+            (None, _, _) => None,
+            (Some(t), Some(dir), _) | (Some(t), None, Some(dir)) => Some((dir.clone(), t.clone())),
+            (Some(_), None, None) => {
+                errors.push(
+                    "ticket.dead_letter_log: required with a dead_letter_topic when the source is not the file log".into(),
+                );
+                None
+            }
+        };
         let t = &self.timing;
         let timing = GroupConfig {
             member_ttl: Duration::from_millis(t.member_ttl_ms),
@@ -588,8 +673,17 @@ impl Settings {
             ca: self.redis.ca.clone(),
             source: source.expect("checked"),
             spool,
-            topics: self.topics.iter().map(|t| t.name.clone()).collect(),
+            topics: self
+                .topics
+                .iter()
+                .filter(|t| t.mode != "ticket")
+                .map(|t| t.name.clone())
+                .collect(),
+            ticket_topics,
+            ticket,
+            dead_letters,
             exec: self.handler.exec.clone(),
+            digest_work: Duration::from_micros(self.handler.digest_work_us),
             metrics,
             json_logs: self.log.format == "json",
         })
@@ -641,7 +735,20 @@ log = "/var/lib/shardcall/log"
 
 [[topics]]
 name = "orders"
-mode = "owned"
+mode = "owned"                       # owned | ticket
+
+# [[topics]]
+# name = "reports"
+# mode = "ticket"                    # idle slots claim the next due partition
+
+[ticket]                             # topics with mode = "ticket"
+slots = 2                            # partitions served at once by this worker
+budget_ms = 200                      # a slot keeps a busy partition this long
+claim_ttl_ms = 10000                 # a claim's lease; renewed before each batch
+margin_ms = 2000                     # the end of the lease a slot does not use
+max_attempts = 5                     # failing batch: tries before the dead letters
+# dead_letter_topic = "orders.dead"  # a file-log topic; none: retry for ever
+# dead_letter_log = "/var/lib/shardcall/log"   # default: source.log
 
 [timing]
 member_ttl_ms = 10000
@@ -667,6 +774,7 @@ fsync_interval_ms = 100
 
 [handler]
 # exec = "python3 examples/handlers/digest.py"   # none: the built-in digest handler
+digest_work_us = 0                   # the built-in handler's simulated work per record
 
 [metrics]
 # addr = "9464"                     # a bare port binds to 127.0.0.1
@@ -800,7 +908,7 @@ mod tests {
         let path = dir.path().join("c.toml");
         std::fs::write(
             &path,
-            "group = \"g\"\n[source]\nkind = \"kafka\"\n[[topics]]\nname = \"t\"\nmode = \"ticket\"\n[timing]\nheartbeat_ms = 9000\n[spool]\nfsync = \"sometimes\"\n",
+            "group = \"g\"\n[source]\nkind = \"kafka\"\n[[topics]]\nname = \"t\"\nmode = \"queue\"\n[timing]\nheartbeat_ms = 9000\n[spool]\nfsync = \"sometimes\"\n",
         )
         .unwrap();
         let errors = load(Some(&path), none(), &[])

@@ -10,9 +10,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use shardcall::oracle::DigestFactory;
 use shardcall::{
-    BatchObserver, BatchRecord, FileLogSource, Source, SpooledSource, Worker, WorkerHandle,
+    BatchObserver, BatchRecord, FileLogDeadLetters, FileLogSource, Source, SpooledSource,
+    TicketWorker, TicketWorkerHandle, Worker, WorkerHandle,
 };
-use shardcall_kafka::KafkaSource;
+use shardcall_kafka::{KafkaConfig, KafkaSource};
+
+use crate::any_source::AnySource;
 use shardcall_spool::FileLog;
 
 use crate::Dir;
@@ -51,9 +54,23 @@ pub struct WorkerArgs {
     /// security.protocol=SASL_SSL; same as `kafka.KEY` in the config file.
     #[arg(long = "kafka-property", value_name = "KEY=VALUE", requires = "kafka")]
     kafka_properties: Vec<String>,
-    /// Topics to consume (comma separated).
+    /// Topics to consume in owned mode (comma separated).
     #[arg(long, value_delimiter = ',')]
     topic: Vec<String>,
+    /// Topics to consume in ticket mode (comma separated): idle slots claim
+    /// the next due partition.
+    #[arg(long, value_delimiter = ',')]
+    ticket_topic: Vec<String>,
+    /// Ticket mode: partitions served at once by this worker.
+    #[arg(long)]
+    slots: Option<usize>,
+    /// Ticket mode: a claim's lease, in milliseconds (default 10000).
+    #[arg(long)]
+    claim_ttl_ms: Option<u64>,
+    /// Ticket mode: the file-log topic failing batches go to after
+    /// `ticket.max_attempts` tries.
+    #[arg(long)]
+    dead_letter_topic: Option<String>,
     /// This worker's name (the member id adds a unique suffix).
     #[arg(long)]
     name: Option<String>,
@@ -125,15 +142,26 @@ impl WorkerArgs {
                 None => return Err(vec![format!("--kafka-property {p}: use KEY=VALUE")]),
             }
         }
-        if !self.topic.is_empty() {
-            s.topics = self
-                .topic
-                .iter()
-                .map(|t| settings::TopicSettings {
+        if !self.topic.is_empty() || !self.ticket_topic.is_empty() {
+            let owned = self.topic.iter().map(|t| (t, "owned"));
+            let ticket = self.ticket_topic.iter().map(|t| (t, "ticket"));
+            s.topics = owned
+                .chain(ticket)
+                .map(|(t, mode)| settings::TopicSettings {
                     name: t.clone(),
-                    mode: "owned".into(),
+                    mode: mode.into(),
                 })
                 .collect();
+        }
+        if let Some(n) = self.slots {
+            s.ticket.slots = n;
+        }
+        if let Some(v) = self.claim_ttl_ms {
+            s.ticket.claim_ttl_ms = v;
+            s.ticket.margin_ms = s.ticket.margin_ms.min(v / 3);
+        }
+        if let Some(t) = &self.dead_letter_topic {
+            s.ticket.dead_letter_topic = Some(t.clone());
         }
         if let Some(n) = &self.name {
             s.name = n.clone();
@@ -219,16 +247,80 @@ impl BatchObserver for FileOracle {
     }
 }
 
+/// A running worker of either mode.
+enum Running {
+    Owned(WorkerHandle),
+    Ticket(TicketWorkerHandle),
+}
+
+impl Running {
+    fn shutdown(&self) {
+        match self {
+            Self::Owned(h) => h.shutdown(),
+            Self::Ticket(h) => h.shutdown(),
+        }
+    }
+
+    async fn join(self) -> Result<(), shardcall::WorkerError> {
+        match self {
+            Self::Owned(h) => h.join().await,
+            Self::Ticket(h) => h.join().await,
+        }
+    }
+}
+
+/// Starts ticket mode on `source` with the configured handler.
+fn spawn_ticket<Src: Source>(
+    r: &Resolved,
+    store: Arc<shardcall_redis::RedisStore>,
+    source: Src,
+    observer: Option<Arc<dyn BatchObserver>>,
+) -> anyhow::Result<Running> {
+    let dead_letters: Option<Arc<dyn shardcall::DeadLetters>> = match &r.dead_letters {
+        Some((dir, topic)) => {
+            let log = FileLog::open(dir, r.spool.clone())
+                .with_context(|| format!("opening the dead letters' file log {}", dir.display()))?;
+            Some(Arc::new(FileLogDeadLetters::new(log, topic.clone())))
+        }
+        None => None,
+    };
+    let (config, source) = (r.ticket.clone(), Arc::new(source));
+    Ok(Running::Ticket(match &r.exec {
+        Some(command) => TicketWorker {
+            config,
+            store,
+            source,
+            factory: Arc::new(shardcall::exec::ExecFactory {
+                command: command.clone(),
+            }),
+            dead_letters,
+            observer,
+        }
+        .spawn()?,
+        None => TicketWorker {
+            config,
+            store,
+            source,
+            factory: Arc::new(DigestFactory {
+                work_per_record: r.digest_work,
+            }),
+            dead_letters,
+            observer,
+        }
+        .spawn()?,
+    }))
+}
+
 /// Starts the worker with the configured handler.
 fn spawn<Src: Source>(
     r: &Resolved,
     store: Arc<shardcall_redis::RedisStore>,
     source: Src,
     observer: Option<Arc<dyn BatchObserver>>,
-) -> anyhow::Result<WorkerHandle> {
+) -> anyhow::Result<Running> {
     let config = r.worker.clone();
     let source = Arc::new(source);
-    Ok(match &r.exec {
+    Ok(Running::Owned(match &r.exec {
         Some(command) => Worker {
             config,
             store,
@@ -243,11 +335,13 @@ fn spawn<Src: Source>(
             config,
             store,
             source,
-            factory: Arc::new(DigestFactory::default()),
+            factory: Arc::new(DigestFactory {
+                work_per_record: r.digest_work,
+            }),
             observer,
         }
         .spawn()?,
-    })
+    }))
 }
 
 /// Runs the command until SIGTERM or Ctrl-C (graceful stop).
@@ -313,37 +407,53 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let store = Arc::new(store);
-    let handle = match &r.source {
-        SourceChoice::File(dir) => {
-            let log = FileLog::open(dir, r.spool.clone())
-                .with_context(|| format!("opening file log {}", dir.display()))?;
-            spawn(
-                &r,
-                store,
-                FileLogSource::new(log, r.topics.clone()),
-                observer,
-            )?
+    let mut running = Vec::new();
+    for (ticket, topics) in [(false, &r.topics), (true, &r.ticket_topics)] {
+        if topics.is_empty() {
+            continue;
         }
-        SourceChoice::Kafka(k, spool) => {
-            let source = KafkaSource::new(k.clone()).context("setting up the Kafka client")?;
-            tracing::info!(brokers = %k.brokers, topics = ?k.topics, kafka_group = %k.group_id, "consuming Kafka");
-            match spool {
-                None => spawn(&r, store, source, observer)?,
-                Some((dir, backlog)) => {
-                    tracing::info!(spool = %dir.display(), backlog, "records pass through the local spool");
-                    let spooled = SpooledSource::new(source, dir, r.spool.clone(), *backlog);
-                    spawn(&r, store, spooled, observer)?
+        let start = |source| {
+            if ticket {
+                spawn_ticket(&r, store.clone(), source, observer.clone())
+            } else {
+                spawn(&r, store.clone(), source, observer.clone())
+            }
+        };
+        running.push(match &r.source {
+            SourceChoice::File(dir) => {
+                let log = FileLog::open(dir, r.spool.clone())
+                    .with_context(|| format!("opening file log {}", dir.display()))?;
+                start(AnySource::File(FileLogSource::new(log, topics.clone())))?
+            }
+            SourceChoice::Kafka(k, spool) => {
+                let k = KafkaConfig {
+                    topics: topics.clone(),
+                    ..k.clone()
+                };
+                let source = KafkaSource::new(k.clone()).context("setting up the Kafka client")?;
+                tracing::info!(brokers = %k.brokers, topics = ?k.topics, kafka_group = %k.group_id, ticket, "consuming Kafka");
+                match spool {
+                    None => start(AnySource::Kafka(source))?,
+                    Some((dir, backlog)) => {
+                        tracing::info!(spool = %dir.display(), backlog, "records pass through the local spool");
+                        let spooled = SpooledSource::new(source, dir, r.spool.clone(), *backlog);
+                        start(AnySource::Spooled(spooled))?
+                    }
                 }
             }
-        }
-    };
+        });
+    }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
     }
     tracing::info!("stopping gracefully");
-    handle.shutdown();
-    handle.join().await?;
+    for h in &running {
+        h.shutdown();
+    }
+    for h in running {
+        h.join().await?;
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,63 @@
+//! The sources a worker process can run on, as one type (so one code path
+//! starts either mode on any of them).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shardcall::{FileLogSource, Source, SourceError, SpooledSource};
+use shardcall_core::PartitionId;
+use shardcall_kafka::KafkaSource;
+use shardcall_spool::Record;
+
+/// One of the sources a worker process can consume.
+pub enum AnySource {
+    /// The embedded file log.
+    File(FileLogSource),
+    /// Kafka, read directly.
+    Kafka(KafkaSource),
+    /// Kafka through the local spool.
+    Spooled(SpooledSource<KafkaSource>),
+}
+
+macro_rules! each {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            AnySource::File($s) => $e,
+            AnySource::Kafka($s) => $e,
+            AnySource::Spooled($s) => $e,
+        }
+    };
+}
+
+#[async_trait]
+impl Source for AnySource {
+    async fn partitions(&self) -> Result<Vec<PartitionId>, SourceError> {
+        each!(self, s => s.partitions().await)
+    }
+
+    async fn initial_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {
+        each!(self, s => s.initial_offset(partition).await)
+    }
+
+    async fn fetch(
+        &self,
+        partition: &PartitionId,
+        offset: u64,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Record>, SourceError> {
+        each!(self, s => s.fetch(partition, offset, max, wait).await)
+    }
+
+    async fn end_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {
+        each!(self, s => s.end_offset(partition).await)
+    }
+
+    async fn committed(&self, partition: &PartitionId, next_offset: u64) {
+        each!(self, s => s.committed(partition, next_offset).await)
+    }
+
+    async fn release(&self, partition: &PartitionId) {
+        each!(self, s => s.release(partition).await)
+    }
+}

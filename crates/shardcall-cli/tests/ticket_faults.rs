@@ -1,0 +1,250 @@
+//! Ticket mode with real processes: `shardcall worker --ticket-topic`
+//! processes share a file log through a real redis-server on a free port.
+//! A worker is killed (kill -9) while it holds tickets, another is stopped
+//! (SIGSTOP) past its claims' leases and resumed, a third stops gracefully;
+//! the oracle files and the final states are checked against DESIGN.md.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use shardcall::oracle::{DigestState, check_coverage, check_ownership};
+use shardcall::{BatchRecord, CoordinationStore, TicketStore};
+use shardcall_core::PartitionId;
+use shardcall_redis::RedisStore;
+use shardcall_redis::testing::RedisServer;
+use shardcall_spool::{FileLog, SpoolConfig};
+
+const GROUP: &str = "tickets";
+const CLAIM_TTL_MS: u64 = 1500;
+
+struct Rig {
+    dir: PathBuf,
+    log: FileLog,
+    redis: RedisServer,
+    procs: Vec<(String, Child)>,
+}
+
+impl Rig {
+    fn new(dir: &Path, partitions: u32) -> Self {
+        let log = FileLog::open(dir.join("log"), SpoolConfig::default()).unwrap();
+        log.ensure_topic("t", partitions).unwrap();
+        Self {
+            dir: dir.to_owned(),
+            log,
+            redis: RedisServer::start(dir.join("redis"), &[]).unwrap(),
+            procs: Vec::new(),
+        }
+    }
+
+    fn produce(&self, n: usize, tag: &str) {
+        let mut p = self.log.producer("t").unwrap();
+        for i in 0..n {
+            let key = format!("k{}", i % 43);
+            p.send(Some(key.as_bytes()), format!("{tag}-{i}").as_bytes(), 0)
+                .unwrap();
+        }
+        p.sync().unwrap();
+    }
+
+    fn spawn(&mut self, name: &str) {
+        let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+            .args(["worker", "--redis", &self.redis.url(), "--group", GROUP])
+            .args(["--ticket-topic", "t", "--slots", "2", "--name", name])
+            .args(["--claim-ttl-ms", &CLAIM_TTL_MS.to_string()])
+            .arg("--log")
+            .arg(self.dir.join("log"))
+            .args([
+                "--set",
+                "batch.max_records=10",
+                "--set",
+                "ticket.budget_ms=50",
+            ])
+            .args(["--set", "handler.digest_work_us=2000"])
+            .arg("--oracle")
+            .arg(self.dir.join(format!("{name}.oracle")))
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join(format!("{name}.log")))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap();
+        self.procs.push((name.to_owned(), child));
+    }
+
+    fn signal(&self, name: &str, sig: &str) {
+        let (_, child) = self.procs.iter().find(|(n, _)| n == name).unwrap();
+        let ok = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {name}");
+    }
+
+    fn ends(&self) -> BTreeMap<PartitionId, u64> {
+        (0..self.log.partition_count("t").unwrap())
+            .map(|p| {
+                let s = self.log.open_partition_read_only("t", p).unwrap();
+                (PartitionId::new("t", p), s.end_offset().unwrap())
+            })
+            .collect()
+    }
+
+    /// Waits until every partition is checkpointed at its end.
+    async fn settle(&self, store: &RedisStore, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut done = true;
+            for (p, end) in self.ends() {
+                let at = store
+                    .load_checkpoint(GROUP, &p)
+                    .await
+                    .unwrap()
+                    .map_or(0, |c| c.offset);
+                done &= at == end;
+            }
+            if done {
+                return;
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = self
+                    .procs
+                    .iter()
+                    .map(|(n, _)| {
+                        std::fs::read_to_string(self.dir.join(format!("{n}.log")))
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                panic!("tickets did not catch up\n{}", logs.join("\n----\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether a slot of the worker called `name` holds a ticket now.
+    async fn holds(&self, store: &RedisStore, name: &str) -> bool {
+        let view = store.ticket_view(GROUP).await.unwrap();
+        let now = store.now().await.unwrap();
+        view.claimed
+            .iter()
+            .any(|c| c.expires > now && c.holder.as_str().starts_with(&format!("{name}-")))
+    }
+
+    async fn wait_until_holding(&self, store: &RedisStore, name: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.holds(store, name).await {
+            assert!(Instant::now() < deadline, "{name} never held a ticket");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn oracle(&self) -> Vec<BatchRecord> {
+        let names: BTreeSet<&str> = self.procs.iter().map(|(n, _)| n.as_str()).collect();
+        let mut out = Vec::new();
+        for name in names {
+            let text = std::fs::read_to_string(self.dir.join(format!("{name}.oracle")))
+                .unwrap_or_default();
+            // A kill can cut the last line short; it recorded nothing committed.
+            out.extend(text.lines().filter_map(|l| serde_json::from_str(l).ok()));
+        }
+        out
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticket_workers_through_kill_9_sigstop_and_a_graceful_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 8);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    rig.produce(1600, "a");
+    for name in ["a", "b", "c"] {
+        rig.spawn(name);
+    }
+
+    // kill -9 while it holds tickets: they come back when their leases lapse.
+    rig.wait_until_holding(&store, "a").await;
+    rig.signal("a", "-KILL");
+    let killed = Instant::now();
+    rig.produce(400, "b");
+    rig.settle(&store, Duration::from_secs(60)).await;
+    assert!(
+        killed.elapsed() >= Duration::from_millis(CLAIM_TTL_MS / 2),
+        "the killed worker's tickets were served again before their lease could lapse"
+    );
+
+    // SIGSTOP past the claims' leases while holding: the others take the
+    // tickets over; on SIGCONT its checkpoints are refused and it goes on
+    // claiming under new epochs.
+    rig.produce(1600, "c");
+    rig.wait_until_holding(&store, "b").await;
+    rig.signal("b", "-STOP");
+    tokio::time::sleep(Duration::from_millis(CLAIM_TTL_MS + 500)).await;
+    rig.signal("b", "-CONT");
+    rig.produce(400, "d");
+    rig.settle(&store, Duration::from_secs(60)).await;
+
+    // A graceful stop exits 0 and leaves no ticket claimed.
+    rig.signal("c", "-TERM");
+    let (_, c) = rig.procs.iter_mut().find(|(n, _)| n == "c").unwrap();
+    assert!(c.wait().unwrap().success(), "graceful stop");
+    assert!(!rig.holds(&store, "c").await, "c left a ticket claimed");
+    rig.produce(200, "e");
+    rig.settle(&store, Duration::from_secs(60)).await;
+
+    let batches = rig.oracle();
+    // A frozen process resumes the handler call it was in when SIGCONT
+    // comes; nothing can stop code that is not running. What fencing
+    // guarantees is that such work has no effect: its checkpoint is refused.
+    // So: committed work never overlaps, and only the stopped worker had
+    // work refused.
+    let committed: Vec<BatchRecord> = batches.iter().filter(|b| b.committed).cloned().collect();
+    let v = check_ownership(&committed, 0);
+    assert!(v.is_empty(), "two slots on one partition at once: {v:?}");
+    for b in batches.iter().filter(|b| !b.committed) {
+        assert!(
+            b.member.as_str().starts_with("b-"),
+            "only the stopped worker's late work may be refused: {b:?}"
+        );
+    }
+    let ends = rig.ends();
+    let v = check_coverage(&batches, &ends);
+    assert!(v.is_empty(), "coverage: {v:?}");
+    for p in ends.keys() {
+        let records = rig
+            .log
+            .open_partition_read_only("t", p.partition)
+            .unwrap()
+            .read(0, usize::MAX, usize::MAX)
+            .unwrap();
+        let state = match store.load_checkpoint(GROUP, p).await.unwrap() {
+            Some(cp) => DigestState::from_bytes(&cp.state).unwrap(),
+            None => DigestState::default(), // a partition that never got a record
+        };
+        assert_eq!(
+            state,
+            DigestState::of(&records),
+            "{p}: state is not exactly-once"
+        );
+    }
+    let view = store.ticket_view(GROUP).await.unwrap();
+    assert_eq!(
+        view.partitions(),
+        ends.keys().cloned().collect::<Vec<_>>(),
+        "one ticket per partition"
+    );
+}
