@@ -53,6 +53,10 @@ impl Source for AnySource {
         each!(self, s => s.end_offset(partition).await)
     }
 
+    async fn has_records_from(&self, partition: &PartitionId, offset: u64) -> Option<bool> {
+        each!(self, s => s.has_records_from(partition, offset).await)
+    }
+
     async fn committed(&self, partition: &PartitionId, next_offset: u64) {
         each!(self, s => s.committed(partition, next_offset).await)
     }

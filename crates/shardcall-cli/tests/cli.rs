@@ -345,7 +345,7 @@ fn config_example_checks_and_errors_are_explained() {
             "--set",
             "timing.heartbeat_ms=60000",
             "--set",
-            "topics=[{name = \"t\", mode = \"ticket\"}]",
+            "topics=[{name = \"t\", mode = \"queue\"}]",
             "--set",
             "spool.fsync=\"often\"",
         ],

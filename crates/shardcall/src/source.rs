@@ -44,6 +44,13 @@ pub trait Source: Send + Sync + 'static {
     /// The offset after the partition's last record (for lag).
     async fn end_offset(&self, partition: &PartitionId) -> Result<u64, SourceError>;
 
+    /// Whether `partition` holds a record at `offset` or later, when the
+    /// source can tell without a network round trip; `None` when it cannot.
+    /// Ticket mode wakes a backed-off partition early on `Some(true)`.
+    async fn has_records_from(&self, _partition: &PartitionId, _offset: u64) -> Option<bool> {
+        None
+    }
+
     /// Told after each checkpoint of `partition` up to `next_offset` (a
     /// source may mirror it, as the Kafka source commits it to its group).
     /// Informational: the checkpoint in the coordination store stays the truth.
@@ -134,5 +141,12 @@ impl Source for FileLogSource {
     async fn end_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {
         let spool = self.reader(partition)?;
         blocking(move || Ok(spool.end_offset()?)).await
+    }
+
+    async fn has_records_from(&self, partition: &PartitionId, offset: u64) -> Option<bool> {
+        self.end_offset(partition)
+            .await
+            .ok()
+            .map(|end| end > offset)
     }
 }

@@ -109,6 +109,9 @@ struct Shared<S, Src, F: HandlerFactory> {
     stats: Arc<TicketStats>,
     kept: Mutex<HashMap<PartitionId, Kept<F::Handler>>>,
     backoff: Mutex<HashMap<PartitionId, Duration>>,
+    /// Partitions this worker found empty, with the offset they were empty
+    /// at: watched for new records where the source can tell.
+    idle: Mutex<HashMap<PartitionId, u64>>,
 }
 
 impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
@@ -127,6 +130,7 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
             stats: stats.clone(),
             kept: Mutex::default(),
             backoff: Mutex::default(),
+            idle: Mutex::default(),
         });
         let task = tokio::spawn(run(shared, stop_rx));
         Ok(TicketWorkerHandle { stop, task, stats })
@@ -157,6 +161,10 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
             }
         })))
     };
+    let waking = {
+        let s = shared.clone();
+        AbortOnDrop(Some(tokio::spawn(async move { wake_idle(&s).await })))
+    };
     let mut slots = JoinSet::new();
     for n in 0..shared.config.slots {
         let holder = MemberId::new(format!("{id}/{n}"));
@@ -175,8 +183,41 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
         }
     }
     seeding.stop().await;
+    waking.stop().await;
     tracing::info!(group = %shared.config.group, member = %id, "stopped serving tickets");
     outcome
+}
+
+/// Makes partitions this worker found empty due again as soon as the source
+/// shows a record past where they were empty (where it can tell cheaply);
+/// elsewhere the backoff alone brings them back.
+async fn wake_idle<S: TicketStore, Src: Source, F: HandlerFactory>(s: &Shared<S, Src, F>) {
+    loop {
+        let every = s
+            .config
+            .idle_backoff
+            .clamp(Duration::from_millis(10), Duration::from_millis(100));
+        tokio::time::sleep(every).await;
+        let idle: Vec<(PartitionId, u64)> = s
+            .idle
+            .lock()
+            .expect("idle lock")
+            .iter()
+            .map(|(p, o)| (p.clone(), *o))
+            .collect();
+        for (p, offset) in idle {
+            let more = s.source.has_records_from(&p, offset).await;
+            if more == Some(false) {
+                continue;
+            }
+            s.idle.lock().expect("idle lock").remove(&p);
+            if more == Some(true)
+                && let Err(e) = s.store.wake_ticket(&s.config.group, &p).await
+            {
+                tracing::debug!(partition = %p, error = %e, "waking a backed-off ticket");
+            }
+        }
+    }
 }
 
 /// One slot: claim, serve, give back, until stopped.
@@ -235,6 +276,8 @@ struct Serving<'a, S, Src, F: HandlerFactory> {
     checkpoint: Option<(u64, Epoch)>,
     /// When the batch in hand started (the observer's clock).
     batch_started_us: u64,
+    /// The next offset to read.
+    next_offset: u64,
 }
 
 impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> {
@@ -259,6 +302,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             state: None,
             checkpoint: None,
             batch_started_us: 0,
+            next_offset: 0,
         }
     }
 
@@ -278,10 +322,15 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             }
             Served::Busy => {
                 s.backoff.lock().expect("backoff lock").remove(&p);
+                s.idle.lock().expect("idle lock").remove(&p);
                 Duration::ZERO
             }
             Served::Empty => {
                 s.stats.empty_claims.fetch_add(1, Ordering::Relaxed);
+                s.idle
+                    .lock()
+                    .expect("idle lock")
+                    .insert(p.clone(), self.next_offset);
                 let mut backoff = s.backoff.lock().expect("backoff lock");
                 let next = backoff.get(&p).map_or(s.config.idle_backoff, |d| {
                     (*d * 2).min(s.config.max_idle_backoff)
@@ -370,6 +419,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
     }
 
     async fn serve(&mut self, mut offset: u64) -> Served {
+        self.next_offset = offset;
         let s = self.shared;
         let c = &s.config;
         let p = self.claim.partition.clone();
@@ -377,7 +427,10 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
         let mut found = false;
         let mut attempts = 0u32;
         loop {
-            if *self.stop.borrow() || Instant::now() >= budget_end {
+            // A failing batch is retried in place, past the budget, until it
+            // succeeds or runs out of attempts: the count lives with the
+            // claim (a crash starts it again).
+            if *self.stop.borrow() || (Instant::now() >= budget_end && attempts == 0) {
                 return Served::Busy;
             }
             if let Err(why) = self.keep_lease().await {
@@ -397,6 +450,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 Ok(state) => match self.checkpoint(batch[0].offset, last, state).await {
                     Ok(()) => {
                         offset = last + 1;
+                        self.next_offset = offset;
                         attempts = 0;
                     }
                     Err(why) => return Served::Lost(why),
@@ -421,6 +475,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                                 return Served::Lost(why);
                             }
                             offset = last + 1;
+                            self.next_offset = offset;
                             attempts = 0;
                             if let Err(served) = self.rebuild_handler().await {
                                 return served;

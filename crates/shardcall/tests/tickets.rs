@@ -294,3 +294,49 @@ async fn slots_share_partitions_through_a_kill_and_poison() {
         view.claimed
     );
 }
+
+/// A partition found empty is backed off, but a record arriving there wakes
+/// it at once where the source can tell (the file log can): with a backoff
+/// of a minute, the record is still processed within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_records_wake_a_backed_off_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = Run::new(dir.path(), 1);
+    let handle = TicketWorker {
+        config: TicketConfig {
+            slots: 1,
+            idle_backoff: Duration::from_secs(60),
+            max_idle_backoff: Duration::from_secs(60),
+            ..config("w")
+        },
+        store: run.store.clone(),
+        source: run.source.clone(),
+        factory: Arc::new(DigestFactory::default()),
+        dead_letters: None,
+        observer: None,
+    }
+    .spawn()
+    .unwrap();
+    // Wait until the empty partition's ticket is queued for a minute.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = run.store.ticket_view(GROUP).await.unwrap();
+        let now = run.store.now().await.unwrap();
+        if view.queued.iter().any(|(_, due)| *due > now + 30_000) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never backed off: {view:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    run.produce(1, "late", 0);
+    run.settle(Duration::from_secs(10)).await;
+    assert_eq!(
+        handle
+            .stats
+            .processed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    handle.shutdown();
+    handle.join().await.unwrap();
+}
