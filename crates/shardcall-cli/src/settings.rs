@@ -121,10 +121,10 @@ pub struct TicketSettings {
     pub margin_ms: u64,
     /// Handler attempts on a batch before it goes to the dead letters.
     pub max_attempts: u32,
-    /// The file-log topic dead letters go to; none: failing batches are
-    /// retried for ever.
+    /// The topic dead letters go to, where the source lives (the file log
+    /// or Kafka); none: failing batches are retried for ever.
     pub dead_letter_topic: Option<String>,
-    /// The file log holding `dead_letter_topic` (default: `source.log`).
+    /// A file log for `dead_letter_topic` instead of the source's.
     pub dead_letter_log: Option<PathBuf>,
 }
 
@@ -424,6 +424,16 @@ pub enum SourceChoice {
     Kafka(KafkaConfig, Option<(PathBuf, u64)>),
 }
 
+/// Where ticket mode's dead letters go.
+#[derive(Debug, Clone)]
+pub enum DeadLetterChoice {
+    /// A topic of a file log (its folder).
+    File(PathBuf, String),
+    /// A Kafka topic on the source's brokers, with the source's client
+    /// properties.
+    Kafka(KafkaConfig, String),
+}
+
 /// What a worker runs with, checked.
 #[derive(Debug, Clone)]
 pub struct Resolved {
@@ -445,8 +455,8 @@ pub struct Resolved {
     pub ticket_topics: Vec<String>,
     /// Ticket mode's configuration (when there are ticket topics).
     pub ticket: shardcall::TicketConfig,
-    /// Where dead letters go: a file log and a topic in it.
-    pub dead_letters: Option<(PathBuf, String)>,
+    /// Where dead letters go, if anywhere.
+    pub dead_letters: Option<DeadLetterChoice>,
     /// The handler command, if any.
     pub exec: Option<String>,
     /// Time the built-in digest handler spends per record.
@@ -578,15 +588,16 @@ impl Settings {
         {
             errors.push(format!("ticket: {e}"));
         }
-        let dead_letters = match (&tk.dead_letter_topic, &tk.dead_letter_log, &self.source.log) {
+        // Dead letters go where the source lives unless a file log is named.
+        let dead_letters = match (&tk.dead_letter_topic, &tk.dead_letter_log, &source) {
             (None, _, _) => None,
-            (Some(t), Some(dir), _) | (Some(t), None, Some(dir)) => Some((dir.clone(), t.clone())),
-            (Some(_), None, None) => {
-                errors.push(
-                    "ticket.dead_letter_log: required with a dead_letter_topic when the source is not the file log".into(),
-                );
-                None
+            (Some(t), Some(dir), _) | (Some(t), None, Some(SourceChoice::File(dir))) => {
+                Some(DeadLetterChoice::File(dir.clone(), t.clone()))
             }
+            (Some(t), None, Some(SourceChoice::Kafka(k, _))) => {
+                Some(DeadLetterChoice::Kafka(k.clone(), t.clone()))
+            }
+            (Some(_), None, None) => None, // the source's own error says why
         };
         let t = &self.timing;
         let timing = GroupConfig {
@@ -747,8 +758,9 @@ budget_ms = 200                      # a slot keeps a busy partition this long
 claim_ttl_ms = 10000                 # a claim's lease; renewed before each batch
 margin_ms = 2000                     # the end of the lease a slot does not use
 max_attempts = 5                     # failing batch: tries before the dead letters
-# dead_letter_topic = "orders.dead"  # a file-log topic; none: retry for ever
-# dead_letter_log = "/var/lib/shardcall/log"   # default: source.log
+# dead_letter_topic = "orders.dead"  # none: retry for ever; a topic where the
+#                                    # source lives (the file log or Kafka)...
+# dead_letter_log = "/var/lib/shardcall/log"   # ...or of this file log
 
 [timing]
 member_ttl_ms = 10000

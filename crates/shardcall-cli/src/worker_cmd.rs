@@ -13,13 +13,13 @@ use shardcall::{
     BatchObserver, BatchRecord, FileLogDeadLetters, FileLogSource, Source, SpooledSource,
     TicketWorker, TicketWorkerHandle, Worker, WorkerHandle,
 };
-use shardcall_kafka::{KafkaConfig, KafkaSource};
+use shardcall_kafka::{KafkaConfig, KafkaDeadLetters, KafkaSource};
 
 use crate::any_source::AnySource;
 use shardcall_spool::FileLog;
 
 use crate::Dir;
-use crate::settings::{self, Resolved, Settings, SourceChoice};
+use crate::settings::{self, DeadLetterChoice, Resolved, Settings, SourceChoice};
 
 /// Arguments of `shardcall worker`. Everything can also come from a TOML
 /// file (`--config`), environment variables and `--set`; flags win.
@@ -67,8 +67,8 @@ pub struct WorkerArgs {
     /// Ticket mode: a claim's lease, in milliseconds (default 10000).
     #[arg(long)]
     claim_ttl_ms: Option<u64>,
-    /// Ticket mode: the file-log topic failing batches go to after
-    /// `ticket.max_attempts` tries.
+    /// Ticket mode: the topic failing batches go to after
+    /// `ticket.max_attempts` tries, where the source lives (file log or Kafka).
     #[arg(long)]
     dead_letter_topic: Option<String>,
     /// This worker's name (the member id adds a unique suffix).
@@ -277,11 +277,15 @@ fn spawn_ticket<Src: Source>(
     observer: Option<Arc<dyn BatchObserver>>,
 ) -> anyhow::Result<Running> {
     let dead_letters: Option<Arc<dyn shardcall::DeadLetters>> = match &r.dead_letters {
-        Some((dir, topic)) => {
+        Some(DeadLetterChoice::File(dir, topic)) => {
             let log = FileLog::open(dir, r.spool.clone())
                 .with_context(|| format!("opening the dead letters' file log {}", dir.display()))?;
             Some(Arc::new(FileLogDeadLetters::new(log, topic.clone())))
         }
+        Some(DeadLetterChoice::Kafka(k, topic)) => Some(Arc::new(
+            KafkaDeadLetters::new(&k.brokers, topic.clone(), &k.properties, k.request_timeout)
+                .context("setting up the Kafka producer for dead letters")?,
+        )),
         None => None,
     };
     let (config, source) = (r.ticket.clone(), Arc::new(source));

@@ -6,11 +6,14 @@
 //! checkpointed offsets are still committed to a Kafka group so standard
 //! lag tools see the group. Each partition's records are fetched ahead into
 //! a bounded buffer; a full buffer pauses fetching for that partition.
+//! [`KafkaDeadLetters`] is ticket mode's dead-letter destination in a topic.
 
 mod buffer;
 mod config;
+mod dead_letters;
 mod source;
 pub mod testing;
 
 pub use config::{KafkaConfig, KafkaConfigError, StartPosition};
+pub use dead_letters::{KafkaDeadLetters, headers as dead_letter_headers};
 pub use source::{KafkaSource, Reporter};

@@ -340,3 +340,102 @@ async fn closing_with_the_broker_down_does_not_hang() {
         .expect("closing the source waited on a broker that is down")
         .unwrap();
 }
+
+/// Dead letters reach their Kafka topic unchanged, with where they came
+/// from and why in headers; a broker that cannot be reached is an error
+/// (the batch is then tried again), never a silent loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_reach_their_topic_with_their_origin() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    use shardcall::DeadLetters;
+    use shardcall_kafka::{KafkaDeadLetters, dead_letter_headers as h};
+
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("orders.dead", 1, 1).unwrap();
+    let bs = cluster.bootstrap_servers();
+    let dl = KafkaDeadLetters::new(
+        &bs,
+        "orders.dead",
+        &BTreeMap::new(),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let records: Vec<shardcall_spool::Record> = (0..3u64)
+        .map(|i| shardcall_spool::Record {
+            offset: 40 + i,
+            timestamp_ms: 1_700_000_000_000 + i as i64,
+            key: Some(bytes::Bytes::from(format!("k{i}"))),
+            payload: bytes::Bytes::from(format!("bad order {i}")),
+        })
+        .collect();
+    dl.send(&PartitionId::new("orders", 7), &records, 5, "cannot parse")
+        .await
+        .unwrap();
+
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bs)
+        .set("group.id", "reader")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset("orders.dead", 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    consumer.assign(&tpl).unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < 3 {
+        assert!(Instant::now() < deadline, "only {} dead letters", got.len());
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m.unwrap();
+            let hs = m.headers().unwrap();
+            let header = |name: &str| {
+                hs.iter()
+                    .find(|x| x.key == name)
+                    .and_then(|x| x.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            };
+            got.push((
+                m.key().map(<[u8]>::to_vec),
+                m.payload().map(<[u8]>::to_vec),
+                header(h::TOPIC),
+                header(h::PARTITION),
+                header(h::OFFSET),
+                header(h::ATTEMPTS),
+                header(h::ERROR),
+            ));
+        }
+    }
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.0.as_deref(), Some(format!("k{i}").as_bytes()));
+        assert_eq!(g.1.as_deref(), Some(format!("bad order {i}").as_bytes()));
+        assert_eq!(g.2.as_deref(), Some("orders"));
+        assert_eq!(g.3.as_deref(), Some("7"));
+        assert_eq!(g.4, Some((40 + i).to_string()));
+        assert_eq!(g.5.as_deref(), Some("5"));
+        assert_eq!(g.6.as_deref(), Some("cannot parse"));
+    }
+
+    // Nobody there: an error within the timeout, not a silent loss.
+    let port = free_port();
+    let gone = KafkaDeadLetters::new(
+        &format!("127.0.0.1:{port}"),
+        "orders.dead",
+        &BTreeMap::new(),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let err = gone
+        .send(&PartitionId::new("orders", 7), &records[..1], 5, "x")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("orders.dead"), "{err}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
