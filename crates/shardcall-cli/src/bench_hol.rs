@@ -5,14 +5,13 @@
 //! schedule on the same slots.
 
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use shardcall::{
-    HandlerError, HandlerFactory, MemoryStore, PartitionContext, PartitionHandler, TicketConfig,
-    TicketWorker, Worker, WorkerConfig,
+    FileLogSource, HandlerError, HandlerFactory, MemoryStore, PartitionContext, PartitionHandler,
+    RunningWorker, TicketConfig, TicketWorker, Worker, WorkerConfig,
 };
 use shardcall_core::GroupConfig;
 use shardcall_spool::{FileLog, NewRecord, Record, SpoolConfig};
@@ -164,131 +163,98 @@ fn measured(total: u64, secs: f64, latencies: &Mutex<Vec<f64>>) -> Measured {
     }
 }
 
-async fn wait_for(total: u64, counted: impl Fn() -> u64, began: Instant) -> anyhow::Result<f64> {
-    loop {
-        let n = counted();
+/// Starts every worker of one mode with `start`, waits until all `total`
+/// records are processed, stops them; what the run measured.
+async fn run_mode(
+    a: &BenchHolArgs,
+    log: &FileLog,
+    total: u64,
+    start: impl Fn(usize, Arc<FileLogSource>, Arc<SleeperFactory>) -> anyhow::Result<RunningWorker>,
+) -> anyhow::Result<Measured> {
+    let source = Arc::new(FileLogSource::new(log.clone(), vec!["hol".into()]));
+    let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let began = Instant::now();
+    let factory = Arc::new(SleeperFactory {
+        fast_ms: a.fast_ms,
+        began,
+        latencies: latencies.clone(),
+    });
+    let workers = (0..a.workers)
+        .map(|w| start(w, source.clone(), factory.clone()))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let secs = loop {
+        let n: u64 = workers.iter().map(RunningWorker::processed).sum();
         if n >= total {
-            return Ok(began.elapsed().as_secs_f64());
+            break began.elapsed().as_secs_f64();
         }
         anyhow::ensure!(
             began.elapsed() < Duration::from_secs(600),
             "only {n} of {total} records were processed"
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    for w in &workers {
+        w.shutdown();
     }
+    for w in workers {
+        w.join().await?;
+    }
+    Ok(measured(total, secs, &latencies))
 }
 
 async fn owned(a: &BenchHolArgs, log: &FileLog, total: u64) -> anyhow::Result<Measured> {
     let store = Arc::new(MemoryStore::default());
-    let source = Arc::new(shardcall::FileLogSource::new(
-        log.clone(),
-        vec!["hol".into()],
-    ));
-    let latencies = Arc::default();
-    let began = Instant::now();
-    let factory = Arc::new(SleeperFactory {
-        fast_ms: a.fast_ms,
-        began,
-        latencies: Arc::clone(&latencies),
-    });
-    let mut handles = Vec::new();
-    for w in 0..a.workers {
-        handles.push(
-            Worker {
-                config: WorkerConfig {
-                    group: "hol-owned".into(),
-                    name: format!("w{w}"),
-                    max_batch: a.max_batch,
-                    fetch_wait: Duration::from_millis(20),
-                    slots: a.slots,
-                    timing: GroupConfig {
-                        tick_interval: Duration::from_millis(10),
-                        // Everyone is in before the first assignment.
-                        initial_rebalance_delay: Duration::from_millis(20),
-                        ..GroupConfig::default()
-                    },
-                    ..WorkerConfig::default()
+    run_mode(a, log, total, |w, source, factory| {
+        Ok(Worker {
+            config: WorkerConfig {
+                group: "hol-owned".into(),
+                name: format!("w{w}"),
+                max_batch: a.max_batch,
+                fetch_wait: Duration::from_millis(20),
+                slots: a.slots,
+                timing: GroupConfig {
+                    tick_interval: Duration::from_millis(10),
+                    // Everyone is in before the first assignment.
+                    initial_rebalance_delay: Duration::from_millis(20),
+                    ..GroupConfig::default()
                 },
-                store: store.clone(),
-                source: source.clone(),
-                factory: factory.clone(),
-                observer: None,
-            }
-            .spawn()?,
-        );
-    }
-    let stats: Vec<_> = handles.iter().map(|h| h.stats.clone()).collect();
-    let secs = wait_for(
-        total,
-        || {
-            stats
-                .iter()
-                .map(|s| s.processed.load(Ordering::Relaxed))
-                .sum()
-        },
-        began,
-    )
-    .await?;
-    for h in handles {
-        h.shutdown();
-        h.join().await?;
-    }
-    Ok(measured(total, secs, &latencies))
+                ..WorkerConfig::default()
+            },
+            store: store.clone(),
+            source,
+            factory,
+            observer: None,
+        }
+        .spawn()?
+        .into())
+    })
+    .await
 }
 
 async fn ticket(a: &BenchHolArgs, log: &FileLog, total: u64) -> anyhow::Result<Measured> {
     let store = Arc::new(MemoryStore::default());
-    let source = Arc::new(shardcall::FileLogSource::new(
-        log.clone(),
-        vec!["hol".into()],
-    ));
-    let latencies = Arc::default();
-    let began = Instant::now();
-    let factory = Arc::new(SleeperFactory {
-        fast_ms: a.fast_ms,
-        began,
-        latencies: Arc::clone(&latencies),
-    });
-    let mut handles = Vec::new();
-    for w in 0..a.workers {
-        handles.push(
-            TicketWorker {
-                config: TicketConfig {
-                    group: "hol-ticket".into(),
-                    name: format!("w{w}"),
-                    slots: a.slots,
-                    max_batch: a.max_batch,
-                    budget: Duration::from_millis(a.budget_ms),
-                    fetch_wait: Duration::ZERO,
-                    claim_wait: Duration::from_millis(100),
-                    ..TicketConfig::default()
-                },
-                store: store.clone(),
-                source: source.clone(),
-                factory: factory.clone(),
-                dead_letters: None,
-                observer: None,
-            }
-            .spawn()?,
-        );
-    }
-    let stats: Vec<_> = handles.iter().map(|h| h.stats.clone()).collect();
-    let secs = wait_for(
-        total,
-        || {
-            stats
-                .iter()
-                .map(|s| s.processed.load(Ordering::Relaxed))
-                .sum()
-        },
-        began,
-    )
-    .await?;
-    for h in handles {
-        h.shutdown();
-        h.join().await?;
-    }
-    Ok(measured(total, secs, &latencies))
+    run_mode(a, log, total, |w, source, factory| {
+        Ok(TicketWorker {
+            config: TicketConfig {
+                group: "hol-ticket".into(),
+                name: format!("w{w}"),
+                slots: a.slots,
+                max_batch: a.max_batch,
+                budget: Duration::from_millis(a.budget_ms),
+                fetch_wait: Duration::ZERO,
+                claim_wait: Duration::from_millis(100),
+                ..TicketConfig::default()
+            },
+            store: store.clone(),
+            source,
+            factory,
+            dead_letters: None,
+            observer: None,
+        }
+        .spawn()?
+        .into())
+    })
+    .await
 }
 
 /// Runs the command.

@@ -124,6 +124,7 @@ impl Demo {
             source: self.source.clone(),
             factory: Arc::new(DigestFactory {
                 work_per_record: Duration::from_micros(20),
+                ..DigestFactory::default()
             }),
             observer: Some(self.oracle.clone()),
         }
@@ -223,6 +224,37 @@ impl Demo {
     }
 }
 
+/// Appends "order N" records keyed by customer at `rate` per second until
+/// `stop`; every `poison_every`-th is "poison N" instead. Returns how many.
+pub fn produce_orders(
+    log: &FileLog,
+    topic: &'static str,
+    rate: u64,
+    stop: Arc<AtomicBool>,
+    poison_every: Option<u64>,
+) -> tokio::task::JoinHandle<anyhow::Result<u64>> {
+    let log = log.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut p = log.producer(topic)?;
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            for _ in 0..(rate / 10).max(1) {
+                let key = format!("customer-{}", n % 997);
+                let payload = match poison_every {
+                    Some(every) if n % every == every - 1 => format!("poison {n}"),
+                    _ => format!("order {n}"),
+                };
+                p.send(Some(key.as_bytes()), payload.as_bytes(), 0)?;
+                n += 1;
+            }
+            p.flush()?;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        p.sync()?;
+        Ok(n)
+    })
+}
+
 async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     let holder;
     let dir = match &args.dir {
@@ -264,27 +296,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
 
     // The producer runs until 60% of the script.
     let stop_producing = Arc::new(AtomicBool::new(false));
-    let producer = {
-        let log = d.log.clone();
-        let stop = stop_producing.clone();
-        let rate = args.rate;
-        tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
-            let mut p = log.producer(TOPIC)?;
-            let mut n = 0u64;
-            let tick = Duration::from_millis(100);
-            while !stop.load(Ordering::Relaxed) {
-                for _ in 0..(rate / 10).max(1) {
-                    let key = format!("customer-{}", n % 997);
-                    p.send(Some(key.as_bytes()), format!("order {n}").as_bytes(), 0)?;
-                    n += 1;
-                }
-                p.flush()?;
-                std::thread::sleep(tick);
-            }
-            p.sync()?;
-            Ok(n)
-        })
-    };
+    let producer = produce_orders(&d.log, TOPIC, args.rate, stop_producing.clone(), None);
     for _ in 0..args.workers {
         d.add_worker()?;
     }

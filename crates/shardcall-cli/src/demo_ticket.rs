@@ -10,13 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use shardcall::oracle::{
-    DigestFactory, DigestHandler, DigestState, Oracle, check_coverage, check_ownership,
-};
+use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_coverage, check_ownership};
 use shardcall::{
-    CoordinationStore, FileLogDeadLetters, FileLogSource, HandlerError, HandlerFactory,
-    MemoryStore, PartitionContext, PartitionHandler, TicketConfig, TicketStats, TicketStore,
-    TicketWorker, TicketWorkerHandle,
+    CoordinationStore, FileLogDeadLetters, FileLogSource, MemoryStore, TicketConfig, TicketStats,
+    TicketStore, TicketWorker, TicketWorkerHandle,
 };
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Record, SpoolConfig};
@@ -28,46 +25,6 @@ const TOPIC: &str = "demo";
 const DEAD: &str = "demo.dead";
 /// Every this many records, one is poison.
 const POISON_EVERY: u64 = 1000;
-
-/// A digest handler that refuses batches holding a poison record.
-struct Picky(DigestHandler);
-
-impl PartitionHandler for Picky {
-    fn assigned(
-        &mut self,
-        ctx: &PartitionContext,
-        state: Option<&[u8]>,
-    ) -> Result<(), HandlerError> {
-        self.0.assigned(ctx, state)
-    }
-    fn process(
-        &mut self,
-        ctx: &PartitionContext,
-        batch: &[Record],
-    ) -> Result<Vec<u8>, HandlerError> {
-        if let Some(r) = batch.iter().find(|r| r.payload.starts_with(b"poison")) {
-            return Err(HandlerError(format!(
-                "cannot parse the order at offset {}",
-                r.offset
-            )));
-        }
-        self.0.process(ctx, batch)
-    }
-}
-
-struct PickyFactory;
-
-impl HandlerFactory for PickyFactory {
-    type Handler = Picky;
-    fn create(&self, ctx: &PartitionContext) -> Picky {
-        Picky(
-            DigestFactory {
-                work_per_record: Duration::from_micros(50),
-            }
-            .create(ctx),
-        )
-    }
-}
 
 struct Demo {
     started: Instant,
@@ -102,7 +59,10 @@ impl Demo {
             },
             store: self.store.clone(),
             source: self.source.clone(),
-            factory: Arc::new(PickyFactory),
+            factory: Arc::new(DigestFactory {
+                work_per_record: Duration::from_micros(50),
+                refuse_prefix: Some(b"poison"),
+            }),
             dead_letters: Some(Arc::new(FileLogDeadLetters::new(self.log.clone(), DEAD))),
             observer: Some(self.oracle.clone()),
         }
@@ -205,31 +165,13 @@ pub async fn demo(args: &DemoArgs, dir: &std::path::Path) -> anyhow::Result<Exit
         args.ttl_ms
     );
     let stop_producing = Arc::new(AtomicBool::new(false));
-    let producer = {
-        let log = d.log.clone();
-        let stop = stop_producing.clone();
-        let rate = args.rate;
-        tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
-            let mut p = log.producer(TOPIC)?;
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                for _ in 0..(rate / 10).max(1) {
-                    let key = format!("customer-{}", n % 997);
-                    let payload = if n % POISON_EVERY == POISON_EVERY - 1 {
-                        format!("poison {n}")
-                    } else {
-                        format!("order {n}")
-                    };
-                    p.send(Some(key.as_bytes()), payload.as_bytes(), 0)?;
-                    n += 1;
-                }
-                p.flush()?;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            p.sync()?;
-            Ok(n)
-        })
-    };
+    let producer = crate::demo::produce_orders(
+        &d.log,
+        TOPIC,
+        args.rate,
+        stop_producing.clone(),
+        Some(POISON_EVERY),
+    );
     for _ in 0..args.workers {
         d.add_worker()?;
     }

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use shardcall::oracle::DigestFactory;
 use shardcall::{
-    BatchObserver, BatchRecord, FileLogDeadLetters, FileLogSource, Source, SpooledSource,
-    TicketWorker, TicketWorkerHandle, Worker, WorkerHandle,
+    BatchObserver, BatchRecord, FileLogDeadLetters, FileLogSource, RunningWorker, Source,
+    SpooledSource, TicketWorker, Worker,
 };
 use shardcall_kafka::{KafkaConfig, KafkaDeadLetters, KafkaSource};
 
@@ -247,35 +247,13 @@ impl BatchObserver for FileOracle {
     }
 }
 
-/// A running worker of either mode.
-enum Running {
-    Owned(WorkerHandle),
-    Ticket(TicketWorkerHandle),
-}
-
-impl Running {
-    fn shutdown(&self) {
-        match self {
-            Self::Owned(h) => h.shutdown(),
-            Self::Ticket(h) => h.shutdown(),
-        }
-    }
-
-    async fn join(self) -> Result<(), shardcall::WorkerError> {
-        match self {
-            Self::Owned(h) => h.join().await,
-            Self::Ticket(h) => h.join().await,
-        }
-    }
-}
-
 /// Starts ticket mode on `source` with the configured handler.
 fn spawn_ticket<Src: Source>(
     r: &Resolved,
     store: Arc<shardcall_redis::RedisStore>,
     source: Src,
     observer: Option<Arc<dyn BatchObserver>>,
-) -> anyhow::Result<Running> {
+) -> anyhow::Result<RunningWorker> {
     let dead_letters: Option<Arc<dyn shardcall::DeadLetters>> = match &r.dead_letters {
         Some(DeadLetterChoice::File(dir, topic)) => {
             let log = FileLog::open(dir, r.spool.clone())
@@ -289,7 +267,7 @@ fn spawn_ticket<Src: Source>(
         None => None,
     };
     let (config, source) = (r.ticket.clone(), Arc::new(source));
-    Ok(Running::Ticket(match &r.exec {
+    Ok(RunningWorker::Ticket(match &r.exec {
         Some(command) => TicketWorker {
             config,
             store,
@@ -307,6 +285,7 @@ fn spawn_ticket<Src: Source>(
             source,
             factory: Arc::new(DigestFactory {
                 work_per_record: r.digest_work,
+                ..DigestFactory::default()
             }),
             dead_letters,
             observer,
@@ -321,10 +300,10 @@ fn spawn<Src: Source>(
     store: Arc<shardcall_redis::RedisStore>,
     source: Src,
     observer: Option<Arc<dyn BatchObserver>>,
-) -> anyhow::Result<Running> {
+) -> anyhow::Result<RunningWorker> {
     let config = r.worker.clone();
     let source = Arc::new(source);
-    Ok(Running::Owned(match &r.exec {
+    Ok(RunningWorker::Owned(match &r.exec {
         Some(command) => Worker {
             config,
             store,
@@ -341,6 +320,7 @@ fn spawn<Src: Source>(
             source,
             factory: Arc::new(DigestFactory {
                 work_per_record: r.digest_work,
+                ..DigestFactory::default()
             }),
             observer,
         }

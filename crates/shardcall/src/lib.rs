@@ -19,6 +19,7 @@ mod memory;
 mod memory_tickets;
 pub mod oracle;
 mod partition;
+mod running;
 mod source;
 mod spooled;
 mod store;
@@ -37,6 +38,7 @@ pub use handler::{
 pub use lease::LocalLease;
 pub use memory::{Clock, MemoryStore, SystemClock};
 pub use partition::TaskEnd;
+pub use running::RunningWorker;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
 pub use store::{Checkpoint, CoordinationStore, StoreError, StoreResult};

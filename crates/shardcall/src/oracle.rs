@@ -195,11 +195,13 @@ impl DigestState {
     }
 }
 
-/// A handler that keeps a [`DigestState`], optionally spending time per record.
+/// A handler that keeps a [`DigestState`], optionally spending time per
+/// record and refusing poison records.
 #[derive(Debug, Default)]
 pub struct DigestHandler {
     state: DigestState,
     work_per_record: std::time::Duration,
+    refuse_prefix: Option<&'static [u8]>,
 }
 
 impl PartitionHandler for DigestHandler {
@@ -221,6 +223,15 @@ impl PartitionHandler for DigestHandler {
         _ctx: &PartitionContext,
         batch: &[Record],
     ) -> Result<Vec<u8>, HandlerError> {
+        // Refused before the state changes: a failed batch leaves no trace.
+        if let Some(prefix) = self.refuse_prefix
+            && let Some(r) = batch.iter().find(|r| r.payload.starts_with(prefix))
+        {
+            return Err(HandlerError(format!(
+                "cannot digest the record at offset {}",
+                r.offset
+            )));
+        }
         for r in batch {
             self.state.fold(r);
         }
@@ -236,6 +247,9 @@ impl PartitionHandler for DigestHandler {
 pub struct DigestFactory {
     /// Time spent per record, to make processing visible.
     pub work_per_record: std::time::Duration,
+    /// Batches holding a record whose payload starts with this are refused
+    /// (a poison record, for dead-letter tests and demos).
+    pub refuse_prefix: Option<&'static [u8]>,
 }
 
 impl HandlerFactory for DigestFactory {
@@ -245,6 +259,7 @@ impl HandlerFactory for DigestFactory {
         DigestHandler {
             state: DigestState::default(),
             work_per_record: self.work_per_record,
+            refuse_prefix: self.refuse_prefix,
         }
     }
 }

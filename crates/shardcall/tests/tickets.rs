@@ -6,13 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shardcall::oracle::{
-    DigestFactory, DigestHandler, DigestState, Oracle, check_coverage, check_ownership,
-};
+use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_coverage, check_ownership};
 use shardcall::{
-    CoordinationStore, FileLogDeadLetters, FileLogSource, HandlerError, HandlerFactory,
-    MemoryStore, PartitionContext, PartitionHandler, TicketConfig, TicketStore, TicketWorker,
-    TicketWorkerHandle,
+    CoordinationStore, FileLogDeadLetters, FileLogSource, MemoryStore, TicketConfig, TicketStore,
+    TicketWorker, TicketWorkerHandle,
 };
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Record, SpoolConfig};
@@ -35,39 +32,6 @@ fn config(name: &str) -> TicketConfig {
         max_attempts: 3,
         retry_backoff: Duration::from_millis(10),
         discover_every: Duration::from_millis(100),
-    }
-}
-
-/// Refuses any batch holding a record whose payload starts with "poison",
-/// before touching its state; otherwise a [`DigestHandler`].
-struct Picky(DigestHandler);
-
-impl PartitionHandler for Picky {
-    fn assigned(
-        &mut self,
-        ctx: &PartitionContext,
-        state: Option<&[u8]>,
-    ) -> Result<(), HandlerError> {
-        self.0.assigned(ctx, state)
-    }
-    fn process(
-        &mut self,
-        ctx: &PartitionContext,
-        batch: &[Record],
-    ) -> Result<Vec<u8>, HandlerError> {
-        if let Some(r) = batch.iter().find(|r| r.payload.starts_with(b"poison")) {
-            return Err(HandlerError(format!("cannot digest offset {}", r.offset)));
-        }
-        self.0.process(ctx, batch)
-    }
-}
-
-struct PickyFactory(DigestFactory);
-
-impl HandlerFactory for PickyFactory {
-    type Handler = Picky;
-    fn create(&self, ctx: &PartitionContext) -> Picky {
-        Picky(self.0.create(ctx))
     }
 }
 
@@ -112,9 +76,10 @@ impl Run {
             config: config(&name),
             store: self.store.clone(),
             source: self.source.clone(),
-            factory: Arc::new(PickyFactory(DigestFactory {
+            factory: Arc::new(DigestFactory {
                 work_per_record: Duration::from_millis(1),
-            })),
+                refuse_prefix: Some(b"poison"),
+            }),
             dead_letters: Some(Arc::new(FileLogDeadLetters::new(
                 self.log.clone(),
                 "t.dead",
