@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::json;
-use shardcall::{CoordinationStore, quarantine_left};
+use shardcall::{CoordinationStore, TicketStore, quarantine_left};
 use shardcall_core::{Command, GroupState, Millis, PartitionId, Phase, step};
 
 use crate::log_opts::{Log, LogOpts};
@@ -271,9 +271,14 @@ async fn status_once(
 ) -> anyhow::Result<String> {
     use std::fmt::Write;
     let g: GroupState = store.load_group(&args.group).await?;
+    let tickets = store.ticket_view(&args.group).await?;
     let now = store.now().await?;
-    let parts: Vec<PartitionId> = g.partitions.keys().cloned().collect();
+    let mut parts: Vec<PartitionId> = g.partitions.keys().cloned().collect();
+    parts.extend(tickets.partitions());
+    parts.sort();
+    parts.dedup();
     let mut topics: Vec<String> = parts.iter().map(|p| p.topic.to_string()).collect();
+    topics.sort();
     topics.dedup();
     if log.as_ref().is_none_or(|(t, _)| *t != topics) {
         *log = Some((topics.clone(), args.log.open(&topics)?));
@@ -305,6 +310,41 @@ async fn status_once(
             "target": r.target.as_ref().map(ToString::to_string),
         }));
     }
+    // Ticket mode: claimed tickets first (by partition), then the queue in
+    // claim order.
+    let mut ticket_rows = Vec::new();
+    let claimed = tickets.claimed.iter().map(|c| {
+        (
+            &c.partition,
+            "claimed",
+            Some(c.holder.to_string()),
+            Some(c.epoch),
+            Some(c.expires.saturating_sub(now)),
+            None,
+        )
+    });
+    let queued = tickets
+        .queued
+        .iter()
+        .map(|(p, due)| (p, "queued", None, None, None, Some(due.saturating_sub(now))));
+    for (p, state, holder, epoch, lease_left, due_in) in claimed.chain(queued) {
+        let offset = store
+            .load_checkpoint(&args.group, p)
+            .await?
+            .map(|c| c.offset);
+        let end = ends.get(p).copied();
+        ticket_rows.push(json!({
+            "partition": p.to_string(),
+            "state": if lease_left == Some(0) { "lapsed" } else { state },
+            "holder": holder,
+            "epoch": epoch,
+            "lease_left_ms": lease_left,
+            "due_in_ms": due_in,
+            "offset": offset,
+            "log_end": end,
+            "lag": end.map(|e| e.saturating_sub(offset.unwrap_or(0))),
+        }));
+    }
     let members: Vec<_> = g
         .members
         .values()
@@ -328,6 +368,7 @@ async fn status_once(
             "quarantine": g.policy,
             "members": members,
             "partitions": rows,
+            "tickets": ticket_rows,
         });
         return Ok(format!("{}\n", serde_json::to_string_pretty(&doc)?));
     }
@@ -407,6 +448,39 @@ async fn status_once(
             q,
             state
         )?;
+    }
+    if !ticket_rows.is_empty() {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "{:<12} {:<8} {:<28} {:>6} {:>10} {:>9} {:>9} {:>7}",
+            "TICKET", "STATE", "HOLDER", "EPOCH", "LEASE/DUE", "OFFSET", "LOG END", "LAG"
+        )?;
+        for r in &ticket_rows {
+            let s = |k: &str| match &r[k] {
+                serde_json::Value::Null => "-".to_string(),
+                serde_json::Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            let when = match (r["lease_left_ms"].as_u64(), r["due_in_ms"].as_u64()) {
+                (Some(ms), _) => format!("{:.1}s", ms as f64 / 1000.0),
+                (None, Some(0)) => "due".into(),
+                (None, Some(ms)) => format!("in {:.1}s", ms as f64 / 1000.0),
+                _ => "-".into(),
+            };
+            writeln!(
+                out,
+                "{:<12} {:<8} {:<28} {:>6} {:>10} {:>9} {:>9} {:>7}",
+                s("partition"),
+                s("state"),
+                s("holder"),
+                s("epoch"),
+                when,
+                s("offset"),
+                s("log_end"),
+                s("lag")
+            )?;
+        }
     }
     Ok(out)
 }

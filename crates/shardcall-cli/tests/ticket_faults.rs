@@ -247,4 +247,34 @@ async fn ticket_workers_through_kill_9_sigstop_and_a_graceful_stop() {
         ends.keys().cloned().collect::<Vec<_>>(),
         "one ticket per partition"
     );
+
+    // `status` shows the tickets, each caught up.
+    let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args([
+            "status",
+            "--redis",
+            &rig.redis.url(),
+            "--group",
+            GROUP,
+            "--json",
+        ])
+        .arg("--log")
+        .arg(rig.dir.join("log"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tickets = doc["tickets"].as_array().unwrap();
+    assert_eq!(tickets.len(), ends.len(), "{doc:#}");
+    for t in tickets {
+        assert_eq!(t["lag"], 0, "{t}");
+        assert!(
+            matches!(t["state"].as_str(), Some("queued" | "claimed" | "lapsed")),
+            "{t}"
+        );
+    }
 }
