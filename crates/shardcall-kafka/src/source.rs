@@ -586,6 +586,13 @@ impl Source for KafkaSource {
         Ok(self.watermarks(partition).await?.1)
     }
 
+    async fn has_records_from(&self, partition: &PartitionId, offset: u64) -> Option<bool> {
+        // While assigned, the fetcher keeps the buffer current: what it has
+        // fetched past `offset` is the answer. Unassigned: cannot tell.
+        let slots = self.inner.slots.lock().expect("slots lock");
+        slots.get(partition).map(|s| s.buffer.position() > offset)
+    }
+
     async fn committed(&self, partition: &PartitionId, next_offset: u64) {
         if !self.inner.config.commit_offsets {
             return;

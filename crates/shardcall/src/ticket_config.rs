@@ -39,6 +39,11 @@ pub struct TicketConfig {
     pub retry_backoff: Duration,
     /// How often the source's partitions are listed and tickets seeded.
     pub discover_every: Duration,
+    /// How long the source keeps reading ahead a partition this worker gave
+    /// back, so a claim of it here starts with records in hand (Kafka: the
+    /// partition stays assigned); after that long unclaimed here, it is
+    /// released.
+    pub keep_reading_for: Duration,
 }
 
 impl Default for TicketConfig {
@@ -58,6 +63,7 @@ impl Default for TicketConfig {
             max_attempts: 5,
             retry_backoff: Duration::from_millis(100),
             discover_every: Duration::from_secs(1),
+            keep_reading_for: Duration::from_secs(30),
         }
     }
 }

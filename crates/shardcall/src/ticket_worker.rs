@@ -112,6 +112,9 @@ struct Shared<S, Src, F: HandlerFactory> {
     /// Partitions this worker found empty, with the offset they were empty
     /// at: watched for new records where the source can tell.
     idle: Mutex<HashMap<PartitionId, u64>>,
+    /// Partitions given back that the source still reads ahead, with when;
+    /// held across a release so a claim never finds its partition released.
+    reading: tokio::sync::Mutex<HashMap<PartitionId, Instant>>,
 }
 
 impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
@@ -131,6 +134,7 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
             kept: Mutex::default(),
             backoff: Mutex::default(),
             idle: Mutex::default(),
+            reading: tokio::sync::Mutex::default(),
         });
         let task = tokio::spawn(run(shared, stop_rx));
         Ok(TicketWorkerHandle { stop, task, stats })
@@ -205,6 +209,7 @@ async fn wake_idle<S: TicketStore, Src: Source, F: HandlerFactory>(s: &Shared<S,
             .iter()
             .map(|(p, o)| (p.clone(), *o))
             .collect();
+        release_unclaimed(s).await;
         for (p, offset) in idle {
             let more = s.source.has_records_from(&p, offset).await;
             if more == Some(false) {
@@ -217,6 +222,21 @@ async fn wake_idle<S: TicketStore, Src: Source, F: HandlerFactory>(s: &Shared<S,
                 tracing::debug!(partition = %p, error = %e, "waking a backed-off ticket");
             }
         }
+    }
+}
+
+/// Tells the source to stop reading ahead partitions given back longer
+/// than `keep_reading_for` ago and not claimed here since.
+async fn release_unclaimed<S: TicketStore, Src: Source, F: HandlerFactory>(s: &Shared<S, Src, F>) {
+    let mut reading = s.reading.lock().await;
+    let old: Vec<PartitionId> = reading
+        .iter()
+        .filter(|(_, at)| at.elapsed() >= s.config.keep_reading_for)
+        .map(|(p, _)| p.clone())
+        .collect();
+    for p in old {
+        reading.remove(&p);
+        s.source.release(&p).await;
     }
 }
 
@@ -309,6 +329,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
     async fn run(mut self) -> Result<(), WorkerError> {
         let s = self.shared;
         let p = self.claim.partition.clone();
+        s.reading.lock().await.remove(&p);
         let served = match self.restore().await {
             Ok(offset) => self.serve(offset).await,
             Err(served) => served,
@@ -364,7 +385,8 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 tracing::warn!(partition = %p, error = %e, "giving the ticket back failed");
             }
         }
-        s.source.release(&p).await;
+        // Kept reading ahead for the next claim here; released if none comes.
+        s.reading.lock().await.insert(p, Instant::now());
         Ok(())
     }
 
