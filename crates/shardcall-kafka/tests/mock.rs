@@ -451,7 +451,7 @@ async fn ticket_mode_over_kafka() {
     let bs = mock.bootstrap_servers();
     mock.create_topic("t", 4, 1).unwrap();
     let recs: Vec<(i32, Vec<u8>)> = (0..2000)
-        .map(|i| ((i % 4) as i32, format!("r-{i}").into_bytes()))
+        .map(|i| (i % 4, format!("r-{i}").into_bytes()))
         .collect();
     produce(&bs, "t", recs).unwrap();
     let expected: BTreeMap<PartitionId, u64> =
