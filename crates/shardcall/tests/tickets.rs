@@ -32,6 +32,7 @@ fn config(name: &str) -> TicketConfig {
         max_attempts: 3,
         retry_backoff: Duration::from_millis(10),
         discover_every: Duration::from_millis(100),
+        keep_reading_for: Duration::from_secs(30),
     }
 }
 
