@@ -102,14 +102,57 @@ struct Demo {
     workers: Vec<(String, Option<WorkerHandle>)>,
     /// Statistics of every worker ever started (they outlive the handles).
     stats: Vec<Arc<shardcall::WorkerStats>>,
+    /// Records processed at the last status line, and when.
+    last_status: (u64, Instant),
+}
+
+/// A line stamped with the time since `started`.
+pub(crate) fn say_since(started: Instant, what: impl std::fmt::Display) {
+    println!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
+}
+
+impl Scripted for Demo {
+    fn say(&self, what: impl std::fmt::Display) {
+        say_since(self.started, what);
+    }
+
+    fn started(&self) -> Instant {
+        self.started
+    }
+
+    fn add_worker(&mut self) -> anyhow::Result<String> {
+        self.start_worker()
+    }
+
+    fn kill(&mut self, i: usize) -> String {
+        let (name, h) = &self.workers[i];
+        h.as_ref().expect("running").kill();
+        format!(
+            "x {name} killed: no release; its partitions wait for its lease to lapse, then the quarantine"
+        )
+    }
+
+    async fn stop(&mut self, i: usize) -> anyhow::Result<String> {
+        let name = self.workers[i].0.clone();
+        let h = self.workers[i].1.take().expect("running");
+        self.say(format!(
+            "- {name} stops gracefully: finishes, checkpoints, releases at once"
+        ));
+        h.shutdown();
+        h.join().await?;
+        Ok(format!("- {name} has left"))
+    }
+
+    async fn status(&mut self) -> anyhow::Result<bool> {
+        let (mut last, mut since) = self.last_status;
+        let settled = self.status_line(&mut last, &mut since).await?;
+        self.last_status = (last, since);
+        Ok(settled)
+    }
 }
 
 impl Demo {
-    fn say(&self, what: impl std::fmt::Display) {
-        println!("[{:>5.1}s] {what}", self.started.elapsed().as_secs_f64());
-    }
-
-    fn add_worker(&mut self) -> anyhow::Result<()> {
+    fn start_worker(&mut self) -> anyhow::Result<String> {
         let name = format!("w{}", self.workers.len());
         let handle = Worker {
             config: WorkerConfig {
@@ -130,8 +173,8 @@ impl Demo {
         }
         .spawn()?;
         self.stats.push(handle.stats.clone());
-        self.workers.push((name, Some(handle)));
-        Ok(())
+        self.workers.push((name.clone(), Some(handle)));
+        Ok(name)
     }
 
     fn name_of(&self, member: &MemberId) -> String {
@@ -155,7 +198,11 @@ impl Demo {
     }
 
     /// One status line: rate, lag, who owns what, quarantines with time left.
-    async fn status(&self, last_processed: &mut u64, since: &mut Instant) -> anyhow::Result<bool> {
+    async fn status_line(
+        &self,
+        last_processed: &mut u64,
+        since: &mut Instant,
+    ) -> anyhow::Result<bool> {
         let processed: u64 = self
             .stats
             .iter()
@@ -224,6 +271,85 @@ impl Demo {
     }
 }
 
+/// What the scripted part of a demo does to its workers, in either mode.
+pub(crate) trait Scripted {
+    /// Prints a line stamped with the time since the start.
+    fn say(&self, what: impl std::fmt::Display);
+    /// When the demo started.
+    fn started(&self) -> Instant;
+    /// Starts one more worker; its name.
+    fn add_worker(&mut self) -> anyhow::Result<String>;
+    /// Kills worker `i` dead; what happens to its partitions.
+    fn kill(&mut self, i: usize) -> String;
+    /// Stops worker `i` gracefully and waits for it; what it does.
+    async fn stop(&mut self, i: usize) -> anyhow::Result<String>;
+    /// Prints a status line; whether every record is processed.
+    async fn status(&mut self) -> anyhow::Result<bool>;
+}
+
+/// The script both demos follow: at 15% of `--seconds` a worker joins, at
+/// 35% worker 1 is killed, at 55% worker 2 stops gracefully, at 60% the
+/// producer stops; then it waits for the workers to catch up. Returns
+/// whether it was interrupted (Ctrl-C or SIGTERM).
+pub(crate) async fn run_script(
+    d: &mut impl Scripted,
+    args: &DemoArgs,
+    stop_producing: &AtomicBool,
+) -> anyhow::Result<bool> {
+    let total = Duration::from_secs(args.seconds);
+    let script = [
+        (total * 15 / 100, "join"),
+        (total * 35 / 100, "kill"),
+        (total * 55 / 100, "stop"),
+        (total * 60 / 100, "end-produce"),
+    ];
+    let mut step = 0;
+    let deadline = d.started() + total + Duration::from_secs(30);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        let interrupted = tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+            _ = tokio::signal::ctrl_c() => true,
+            _ = terminate.recv() => true,
+        };
+        if interrupted {
+            d.say("interrupted: stopping gracefully");
+            stop_producing.store(true, Ordering::Relaxed);
+            return Ok(true);
+        }
+        while step < script.len() && d.started().elapsed() >= script[step].0 {
+            match script[step].1 {
+                "join" => {
+                    let name = d.add_worker()?;
+                    d.say(format!("+ {name} joins"));
+                }
+                "kill" => {
+                    let said = d.kill(1);
+                    d.say(said);
+                }
+                "stop" => {
+                    let said = d.stop(2).await?;
+                    d.say(said);
+                }
+                _ => {
+                    stop_producing.store(true, Ordering::Relaxed);
+                    d.say("producer stops; waiting for the workers to catch up");
+                }
+            }
+            step += 1;
+        }
+        let caught_up = d.status().await?;
+        if step == script.len() && caught_up {
+            d.say("every record is processed");
+            return Ok(false);
+        }
+        if Instant::now() > deadline {
+            d.say("time is up before the workers caught up");
+            return Ok(false);
+        }
+    }
+}
+
 /// Appends "order N" records keyed by customer at `rate` per second until
 /// `stop`; every `poison_every`-th is "poison N" instead. Returns how many.
 pub fn produce_orders(
@@ -282,6 +408,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         timing: timing.clone(),
         workers: Vec::new(),
         stats: Vec::new(),
+        last_status: (0, Instant::now()),
     };
     println!(
         "shardcall demo: {} partitions in a file log at {}, an in-process store, {} workers",
@@ -298,74 +425,11 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     let stop_producing = Arc::new(AtomicBool::new(false));
     let producer = produce_orders(&d.log, TOPIC, args.rate, stop_producing.clone(), None);
     for _ in 0..args.workers {
-        d.add_worker()?;
+        d.start_worker()?;
     }
     d.say(format!("{} workers start", args.workers));
 
-    let total = Duration::from_secs(args.seconds);
-    let script = [
-        (total * 15 / 100, "join"),
-        (total * 35 / 100, "kill"),
-        (total * 55 / 100, "stop"),
-        (total * 60 / 100, "end-produce"),
-    ];
-    let mut step = 0;
-    let mut last_processed = 0;
-    let mut since = Instant::now();
-    let deadline = d.started + total + Duration::from_secs(30);
-    let mut interrupted = false;
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = tokio::signal::ctrl_c() => { interrupted = true; }
-            _ = terminate.recv() => { interrupted = true; }
-        }
-        if interrupted {
-            d.say("interrupted: stopping gracefully");
-            stop_producing.store(true, Ordering::Relaxed);
-            break;
-        }
-        while step < script.len() && d.started.elapsed() >= script[step].0 {
-            match script[step].1 {
-                "join" => {
-                    d.add_worker()?;
-                    d.say(format!("+ {} joins", d.workers.last().expect("added").0));
-                }
-                "kill" => {
-                    let (name, h) = &d.workers[1];
-                    h.as_ref().expect("running").kill();
-                    d.say(format!(
-                        "x {name} killed: no release; its partitions wait for its lease to lapse, then the quarantine"
-                    ));
-                }
-                "stop" => {
-                    let name = d.workers[2].0.clone();
-                    let h = d.workers[2].1.take().expect("running");
-                    d.say(format!(
-                        "- {name} stops gracefully: finishes, checkpoints, releases at once"
-                    ));
-                    h.shutdown();
-                    h.join().await?;
-                    d.say(format!("- {name} has left"));
-                }
-                _ => {
-                    stop_producing.store(true, Ordering::Relaxed);
-                    d.say("producer stops; waiting for the group to catch up");
-                }
-            }
-            step += 1;
-        }
-        let settled = d.status(&mut last_processed, &mut since).await?;
-        if step == script.len() && settled {
-            d.say("every record is processed and every partition owned");
-            break;
-        }
-        if Instant::now() > deadline {
-            d.say("time is up before the group settled");
-            break;
-        }
-    }
+    let interrupted = run_script(&mut d, args, &stop_producing).await?;
     let produced = producer.await??;
     let mut rebalances: Vec<_> = d
         .stats

@@ -18,7 +18,7 @@ use shardcall::{
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Record, SpoolConfig};
 
-use crate::demo::DemoArgs;
+use crate::demo::{DemoArgs, Scripted, run_script, say_since};
 
 const GROUP: &str = "demo-ticket";
 const TOPIC: &str = "demo";
@@ -35,14 +35,49 @@ struct Demo {
     claim_ttl: Duration,
     workers: Vec<(String, Option<TicketWorkerHandle>)>,
     stats: Vec<Arc<TicketStats>>,
+    /// Records processed at the last status line, and when.
+    last_status: (u64, Instant),
+}
+
+impl Scripted for Demo {
+    fn say(&self, what: impl std::fmt::Display) {
+        say_since(self.started, what);
+    }
+
+    fn started(&self) -> Instant {
+        self.started
+    }
+
+    fn add_worker(&mut self) -> anyhow::Result<String> {
+        self.start_worker()
+    }
+
+    fn kill(&mut self, i: usize) -> String {
+        let (name, h) = &self.workers[i];
+        h.as_ref().expect("running").kill();
+        format!("x {name} killed: the tickets it held come back when their leases lapse")
+    }
+
+    async fn stop(&mut self, i: usize) -> anyhow::Result<String> {
+        let name = self.workers[i].0.clone();
+        let h = self.workers[i].1.take().expect("running");
+        h.shutdown();
+        h.join().await?;
+        Ok(format!(
+            "- {name} stopped gracefully: checkpointed and gave its tickets back"
+        ))
+    }
+
+    async fn status(&mut self) -> anyhow::Result<bool> {
+        let (mut last, mut since) = self.last_status;
+        let caught_up = self.status_line(&mut last, &mut since).await?;
+        self.last_status = (last, since);
+        Ok(caught_up)
+    }
 }
 
 impl Demo {
-    fn say(&self, what: impl std::fmt::Display) {
-        println!("[{:>5.1}s] {what}", self.started.elapsed().as_secs_f64());
-    }
-
-    fn add_worker(&mut self) -> anyhow::Result<()> {
+    fn start_worker(&mut self) -> anyhow::Result<String> {
         let name = format!("w{}", self.workers.len());
         let handle = TicketWorker {
             config: TicketConfig {
@@ -68,8 +103,8 @@ impl Demo {
         }
         .spawn()?;
         self.stats.push(handle.stats.clone());
-        self.workers.push((name, Some(handle)));
-        Ok(())
+        self.workers.push((name.clone(), Some(handle)));
+        Ok(name)
     }
 
     fn ends(&self) -> anyhow::Result<BTreeMap<PartitionId, u64>> {
@@ -89,7 +124,7 @@ impl Demo {
     }
 
     /// One status line: rate, lag, tickets held per worker, queue length.
-    async fn status(&self, last: &mut u64, since: &mut Instant) -> anyhow::Result<bool> {
+    async fn status_line(&self, last: &mut u64, since: &mut Instant) -> anyhow::Result<bool> {
         let processed = self.sum(|s| &s.processed);
         let rate = processed.saturating_sub(*last) as f64 / since.elapsed().as_secs_f64();
         (*last, *since) = (processed, Instant::now());
@@ -153,6 +188,7 @@ pub async fn demo(args: &DemoArgs, dir: &std::path::Path) -> anyhow::Result<Exit
         claim_ttl: Duration::from_millis(args.ttl_ms),
         workers: Vec::new(),
         stats: Vec::new(),
+        last_status: (0, Instant::now()),
     };
     println!(
         "shardcall demo --mode ticket: {} partitions in a file log at {}, an in-process store, {} workers x 2 slots",
@@ -173,69 +209,10 @@ pub async fn demo(args: &DemoArgs, dir: &std::path::Path) -> anyhow::Result<Exit
         Some(POISON_EVERY),
     );
     for _ in 0..args.workers {
-        d.add_worker()?;
+        d.start_worker()?;
     }
     d.say(format!("{} workers start", args.workers));
-    let total = Duration::from_secs(args.seconds);
-    let script = [
-        (total * 15 / 100, "join"),
-        (total * 35 / 100, "kill"),
-        (total * 55 / 100, "stop"),
-        (total * 60 / 100, "end-produce"),
-    ];
-    let (mut step, mut last, mut since) = (0, 0, Instant::now());
-    let deadline = d.started + total + Duration::from_secs(30);
-    let mut interrupted = false;
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = tokio::signal::ctrl_c() => { interrupted = true; }
-            _ = terminate.recv() => { interrupted = true; }
-        }
-        if interrupted {
-            d.say("interrupted: stopping gracefully");
-            stop_producing.store(true, Ordering::Relaxed);
-            break;
-        }
-        while step < script.len() && d.started.elapsed() >= script[step].0 {
-            match script[step].1 {
-                "join" => {
-                    d.add_worker()?;
-                    d.say(format!("+ {} joins", d.workers.last().expect("added").0));
-                }
-                "kill" => {
-                    let (name, h) = &d.workers[1];
-                    h.as_ref().expect("running").kill();
-                    d.say(format!(
-                        "x {name} killed: the tickets it held come back when their leases lapse"
-                    ));
-                }
-                "stop" => {
-                    let name = d.workers[2].0.clone();
-                    let h = d.workers[2].1.take().expect("running");
-                    d.say(format!(
-                        "- {name} stops gracefully: checkpoints and gives its tickets back"
-                    ));
-                    h.shutdown();
-                    h.join().await?;
-                }
-                _ => {
-                    stop_producing.store(true, Ordering::Relaxed);
-                    d.say("producer stops; waiting for the slots to catch up");
-                }
-            }
-            step += 1;
-        }
-        if d.status(&mut last, &mut since).await? && step == script.len() {
-            d.say("every record is processed");
-            break;
-        }
-        if Instant::now() > deadline {
-            d.say("time is up before the slots caught up");
-            break;
-        }
-    }
+    let interrupted = run_script(&mut d, args, &stop_producing).await?;
     let produced = producer.await??;
     for (_, h) in d.workers.iter().filter(|(_, h)| h.is_some()) {
         h.as_ref().expect("some").shutdown();
