@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use shardcall::BatchRecord;
 use shardcall::CoordinationStore;
-use shardcall::oracle::{DigestState, check_coverage, check_ownership};
+use shardcall::oracle::{check_coverage, check_final_state, check_ownership, read_batch_files};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_redis::RedisStore;
 use shardcall_redis::testing::{RedisServer, TcpProxy};
@@ -163,21 +163,10 @@ impl Rig {
     }
 
     fn oracle(&self) -> Vec<BatchRecord> {
-        let mut out = Vec::new();
         // A restarted worker appends to its name's file: read each file once.
         let names: std::collections::BTreeSet<&str> =
             self.procs.iter().map(|p| p.name.as_str()).collect();
-        for name in names {
-            let text = std::fs::read_to_string(self.dir.join(format!("{name}.oracle")))
-                .unwrap_or_default();
-            for line in text.lines() {
-                // A kill can cut the last line short; it recorded nothing committed.
-                if let Ok(b) = serde_json::from_str::<BatchRecord>(line) {
-                    out.push(b);
-                }
-            }
-        }
-        out
+        read_batch_files(names.iter().map(|n| self.dir.join(format!("{n}.oracle"))))
     }
 
     async fn verify(&self, store: &RedisStore, min_handovers: usize) {
@@ -205,15 +194,9 @@ impl Rig {
                 .unwrap()
                 .read(0, usize::MAX, usize::MAX)
                 .unwrap();
-            let state = match store.load_checkpoint(GROUP, p).await.unwrap() {
-                Some(cp) => DigestState::from_bytes(&cp.state).unwrap(),
-                None => DigestState::default(),
-            };
-            assert_eq!(
-                state,
-                DigestState::of(&records),
-                "{p}: state is not exactly-once"
-            );
+            let cp = store.load_checkpoint(GROUP, p).await.unwrap();
+            let v = check_final_state(p, &records, cp.as_ref().map(|c| &c.state[..]));
+            assert!(v.is_none(), "{v:?}");
         }
     }
 }

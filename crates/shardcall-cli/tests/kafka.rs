@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use shardcall::BatchRecord;
 use shardcall::CoordinationStore;
-use shardcall::oracle::{DigestState, check_coverage, check_ownership};
+use shardcall::oracle::{check_coverage, check_final_state, check_ownership, read_batch_files};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_kafka::testing::{TansuBroker, read_partition};
 use shardcall_redis::RedisStore;
@@ -188,16 +188,7 @@ impl Rig {
     fn oracle(&self) -> Vec<BatchRecord> {
         let names: std::collections::BTreeSet<&str> =
             self.procs.iter().map(|(n, _)| n.as_str()).collect();
-        let mut out = Vec::new();
-        for name in names {
-            let text = std::fs::read_to_string(self.dir.join(format!("{name}.oracle")))
-                .unwrap_or_default();
-            out.extend(
-                text.lines()
-                    .filter_map(|l| serde_json::from_str::<BatchRecord>(l).ok()),
-            );
-        }
-        out
+        read_batch_files(names.iter().map(|n| self.dir.join(format!("{n}.oracle"))))
     }
 
     async fn verify(&self, store: &RedisStore) {
@@ -227,15 +218,9 @@ impl Rig {
                 *n as usize,
             )
             .unwrap();
-            let state = match store.load_checkpoint(GROUP, p).await.unwrap() {
-                Some(cp) => DigestState::from_bytes(&cp.state).unwrap(),
-                None => DigestState::default(),
-            };
-            assert_eq!(
-                state,
-                DigestState::of(&records),
-                "{p}: state is not exactly-once"
-            );
+            let cp = store.load_checkpoint(GROUP, p).await.unwrap();
+            let v = check_final_state(p, &records, cp.as_ref().map(|c| &c.state[..]));
+            assert!(v.is_none(), "{v:?}");
         }
     }
 }
