@@ -2,7 +2,7 @@
 -- if due, is claimed under the partition's next epoch.
 -- Returns {1, partition, epoch, expiry} or {0, next due ms or -1, now}.
 local now = now_ms()
-if expire(now) > 0 then redis.call('PUBLISH', KEYS[6], 1) end
+if expire(now) > 0 then hint() end
 local front = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #front == 0 then return {0, -1, now} end
 local due = math.floor(tonumber(front[2]) / 1024)

@@ -3,6 +3,11 @@
 -- KEYS[2] claims (hash: partition -> {h=holder, e=epoch, x=expiry}),
 -- KEYS[3] leases (zset: partition -> expiry), KEYS[4] epochs (hash),
 -- KEYS[5] arrivals (counter), KEYS[6] the channel rung when a ticket is due.
+-- "A ticket is due" for waiting claimers: a hint, so a refused publish (an
+-- ACL user without the channel) must not fail the script after its writes.
+local function hint()
+  redis.pcall('PUBLISH', KEYS[6], 1)
+end
 local function place(due)
   local n = redis.call('INCR', KEYS[5]) % 1024
   return due * 1024 + n

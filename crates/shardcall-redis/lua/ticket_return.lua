@@ -7,5 +7,5 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 local delay = tonumber(ARGV[4])
 enqueue(ARGV[1], now + delay)
-if delay == 0 then redis.call('PUBLISH', KEYS[6], 1) end
+if delay == 0 then hint() end
 return 1

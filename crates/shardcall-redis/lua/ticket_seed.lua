@@ -8,5 +8,5 @@ for _, p in ipairs(ARGV) do
     added = added + 1
   end
 end
-if added > 0 then redis.call('PUBLISH', KEYS[6], 1) end
+if added > 0 then hint() end
 return added

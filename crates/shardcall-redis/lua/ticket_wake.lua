@@ -3,5 +3,5 @@ local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or math.floor(tonumber(score) / 1024) <= now then return 0 end
 enqueue(ARGV[1], now)
-redis.call('PUBLISH', KEYS[6], 1)
+hint()
 return 1

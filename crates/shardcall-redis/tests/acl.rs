@@ -36,6 +36,9 @@ async fn user_restricted_to_the_group_keys_works() {
     let url = format!("redis://sc:s3cret@127.0.0.1:{}/", server.port);
     let store = RedisStore::connect(&url).await.unwrap();
     conformance::run_all(&store, "acl").await;
+    // Ticket mode too; the user may not publish hints (no channels allowed),
+    // which must cost only latency.
+    shardcall::conformance_tickets::run_all(&store, "acl").await;
 
     // The same user cannot touch another group's keys: refused, not silently.
     use shardcall::CoordinationStore;

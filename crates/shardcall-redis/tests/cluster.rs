@@ -1,5 +1,5 @@
 //! The store on a Redis Cluster of three masters started locally: the
-//! conformance suite passes (every script touches one slot), and a group's
+//! conformance suites pass (every script touches one slot), and a group's
 //! checkpoints spread over the nodes instead of landing on one.
 
 use shardcall::{Checkpoint, CoordinationStore, conformance};
@@ -13,6 +13,7 @@ async fn the_store_works_across_a_three_master_cluster() {
     let cluster = RedisCluster::start(dir.path(), 3).unwrap();
     let store = RedisStore::connect_cluster(&cluster.urls()).await.unwrap();
     conformance::run_all(&store, "cluster").await;
+    shardcall::conformance_tickets::run_all(&store, "cluster").await;
 
     // 60 partitions owned by one member, each checkpointed once.
     let group = "spread";
