@@ -147,6 +147,8 @@ pub struct RedisStore {
     pub(crate) conn: Conn,
     /// A server to subscribe to change hints on (the first seed for a cluster).
     pubsub_url: String,
+    /// The private CA the server's certificate is checked against, if any.
+    pubsub_ca: Option<std::sync::Arc<Vec<u8>>>,
     pub(crate) scripts: std::sync::Arc<Scripts>,
     /// Ticket mode: one subscription per group to "a ticket is due" hints.
     pub(crate) bells: std::sync::Arc<
@@ -232,7 +234,7 @@ impl RedisStore {
         let conn = ConnectionManager::new(client)
             .await
             .map_err(|e| map_error(&e))?;
-        Self::ready(Conn::new(ConnKind::Single(conn)), url).await
+        Self::ready(Conn::new(ConnKind::Single(conn)), url, None).await
     }
 
     /// Connects over TLS (`rediss://`) trusting the CA certificate(s) in
@@ -249,7 +251,12 @@ impl RedisStore {
         let conn = ConnectionManager::new(client)
             .await
             .map_err(|e| map_error(&e))?;
-        Self::ready(Conn::new(ConnKind::Single(conn)), url).await
+        Self::ready(
+            Conn::new(ConnKind::Single(conn)),
+            url,
+            Some(std::sync::Arc::new(ca_pem.to_vec())),
+        )
+        .await
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (URLs). Every
@@ -263,10 +270,14 @@ impl RedisStore {
             .await
             .map_err(|e| map_error(&e))?;
         let first = nodes.first().cloned().unwrap_or_default();
-        Self::ready(Conn::new(ConnKind::Cluster(conn)), &first).await
+        Self::ready(Conn::new(ConnKind::Cluster(conn)), &first, None).await
     }
 
-    async fn ready(mut conn: Conn, pubsub_url: &str) -> StoreResult<Self> {
+    async fn ready(
+        mut conn: Conn,
+        pubsub_url: &str,
+        pubsub_ca: Option<std::sync::Arc<Vec<u8>>>,
+    ) -> StoreResult<Self> {
         let _: String = redis::cmd("PING")
             .query_async(&mut conn)
             .await
@@ -274,6 +285,7 @@ impl RedisStore {
         Ok(Self {
             conn,
             pubsub_url: pubsub_url.to_owned(),
+            pubsub_ca,
             scripts: std::sync::Arc::new(Scripts::new()),
             bells: std::sync::Arc::default(),
             leases: std::sync::Arc::default(),
@@ -317,12 +329,22 @@ impl RedisStore {
     pub(crate) fn hints(&self, channel: String) -> tokio::sync::watch::Receiver<u64> {
         let (tx, rx) = tokio::sync::watch::channel(0u64);
         let url = self.pubsub_url.clone();
+        let ca = self.pubsub_ca.clone();
         tokio::spawn(async move {
             use futures_util::StreamExt;
             let mut seen = 0u64;
             while !tx.is_closed() {
                 let sub = async {
-                    let client = redis::Client::open(url.as_str())?;
+                    let client = match &ca {
+                        None => redis::Client::open(url.as_str())?,
+                        Some(ca) => redis::Client::build_with_tls(
+                            url.as_str(),
+                            redis::TlsCertificates {
+                                client_tls: None,
+                                root_cert: Some(ca.to_vec()),
+                            },
+                        )?,
+                    };
                     let mut ps = client.get_async_pubsub().await?;
                     ps.subscribe(&channel).await?;
                     Ok::<_, redis::RedisError>(ps)

@@ -83,6 +83,7 @@ async fn the_store_works_over_tls() {
     let ca = std::fs::read(&ca).unwrap();
     let store = RedisStore::connect_tls(&url, &ca).await.unwrap();
     conformance::run_all(&store, "tls").await;
+    shardcall::conformance_tickets::run_all(&store, "tls").await;
     // Without the private CA the certificate is refused, clearly.
     let err = RedisStore::connect(&url).await.unwrap_err();
     assert!(!err.is_fenced());
