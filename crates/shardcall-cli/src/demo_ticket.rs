@@ -97,6 +97,7 @@ impl Demo {
             factory: Arc::new(DigestFactory {
                 work_per_record: Duration::from_micros(50),
                 refuse_prefix: Some(b"poison"),
+                ..DigestFactory::default()
             }),
             dead_letters: Some(Arc::new(FileLogDeadLetters::new(self.log.clone(), DEAD))),
             observer: Some(self.oracle.clone()),

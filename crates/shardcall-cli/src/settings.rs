@@ -206,6 +206,12 @@ pub struct HandlerSettings {
     /// Microseconds the built-in digest handler spends per record (to
     /// simulate work in demos and tests).
     pub digest_work_us: u64,
+    /// The built-in digest handler fails batches holding a record whose
+    /// payload starts with this (a poison record, for tests).
+    pub digest_refuse_prefix: Option<String>,
+    /// The built-in digest handler aborts the process on such a record (a
+    /// poison pill that crashes its worker, for tests).
+    pub digest_crash_prefix: Option<String>,
 }
 
 /// `[metrics]`
@@ -459,8 +465,8 @@ pub struct Resolved {
     pub dead_letters: Option<DeadLetterChoice>,
     /// The handler command, if any.
     pub exec: Option<String>,
-    /// Time the built-in digest handler spends per record.
-    pub digest_work: Duration,
+    /// The built-in digest handler.
+    pub digest: shardcall::oracle::DigestFactory,
     /// Metrics address, if any.
     pub metrics: Option<SocketAddr>,
     /// JSON logs?
@@ -694,7 +700,20 @@ impl Settings {
             ticket,
             dead_letters,
             exec: self.handler.exec.clone(),
-            digest_work: Duration::from_micros(self.handler.digest_work_us),
+            digest: shardcall::oracle::DigestFactory {
+                work_per_record: Duration::from_micros(self.handler.digest_work_us),
+                // Read once per process; they live as long as it does.
+                refuse_prefix: self
+                    .handler
+                    .digest_refuse_prefix
+                    .clone()
+                    .map(|p| &*Box::leak(p.into_bytes().into_boxed_slice())),
+                crash_prefix: self
+                    .handler
+                    .digest_crash_prefix
+                    .clone()
+                    .map(|p| &*Box::leak(p.into_bytes().into_boxed_slice())),
+            },
             metrics,
             json_logs: self.log.format == "json",
         })
@@ -787,6 +806,8 @@ fsync_interval_ms = 100
 [handler]
 # exec = "python3 examples/handlers/digest.py"   # none: the built-in digest handler
 digest_work_us = 0                   # the built-in handler's simulated work per record
+# digest_refuse_prefix = "poison"    # test knobs of the built-in handler: fail batches
+# digest_crash_prefix = "poison"     # holding such a record / abort the process on one
 
 [metrics]
 # addr = "9464"                     # a bare port binds to 127.0.0.1

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use shardcall::oracle::DigestFactory;
 use shardcall::{
     BatchObserver, BatchRecord, FileLogDeadLetters, FileLogSource, RunningWorker, Source,
     SpooledSource, TicketWorker, Worker,
@@ -283,10 +282,7 @@ fn spawn_ticket<Src: Source>(
             config,
             store,
             source,
-            factory: Arc::new(DigestFactory {
-                work_per_record: r.digest_work,
-                ..DigestFactory::default()
-            }),
+            factory: Arc::new(r.digest),
             dead_letters,
             observer,
         }
@@ -318,10 +314,7 @@ fn spawn<Src: Source>(
             config,
             store,
             source,
-            factory: Arc::new(DigestFactory {
-                work_per_record: r.digest_work,
-                ..DigestFactory::default()
-            }),
+            factory: Arc::new(r.digest),
             observer,
         }
         .spawn()?,

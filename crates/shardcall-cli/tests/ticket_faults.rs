@@ -39,16 +39,26 @@ impl Rig {
     }
 
     fn produce(&self, n: usize, tag: &str) {
+        self.produce_with_poison(n, tag, 0);
+    }
+
+    /// `n` records; every `poison_every`-th one (if not 0) is poison.
+    fn produce_with_poison(&self, n: usize, tag: &str, poison_every: usize) {
         let mut p = self.log.producer("t").unwrap();
         for i in 0..n {
             let key = format!("k{}", i % 43);
-            p.send(Some(key.as_bytes()), format!("{tag}-{i}").as_bytes(), 0)
-                .unwrap();
+            let poison = poison_every > 0 && i % poison_every == poison_every - 1;
+            let payload = format!("{}{tag}-{i}", if poison { "poison-" } else { "" });
+            p.send(Some(key.as_bytes()), payload.as_bytes(), 0).unwrap();
         }
         p.sync().unwrap();
     }
 
     fn spawn(&mut self, name: &str) {
+        self.spawn_with(name, &[]);
+    }
+
+    fn spawn_with(&mut self, name: &str, extra: &[&str]) {
         let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
             .args(["worker", "--redis", &self.redis.url(), "--group", GROUP])
             .args(["--ticket-topic", "t", "--slots", "2", "--name", name])
@@ -62,6 +72,7 @@ impl Rig {
                 "ticket.budget_ms=50",
             ])
             .args(["--set", "handler.digest_work_us=2000"])
+            .args(extra)
             .arg("--oracle")
             .arg(self.dir.join(format!("{name}.oracle")))
             .stdout(Stdio::null())
@@ -264,4 +275,111 @@ async fn ticket_workers_through_kill_9_sigstop_and_a_graceful_stop() {
             "{t}"
         );
     }
+}
+
+/// A poison pill that crashes every worker that touches it: the store counts
+/// deliveries before the handler runs, so after `max_attempts` crashes the
+/// batch goes to the dead letters and the partition moves on, instead of
+/// taking the workers down one after another for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_pill_that_crashes_workers_ends_in_the_dead_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 4);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    rig.produce_with_poison(400, "a", 150);
+    let flags = [
+        "--set",
+        "handler.digest_crash_prefix=\"poison\"",
+        "--set",
+        "ticket.max_attempts=2",
+        "--dead-letter-topic",
+        "t.dead",
+    ];
+    for name in ["a", "b"] {
+        rig.spawn_with(name, &flags);
+    }
+    // A supervisor: a worker that died is started again under its name.
+    let mut restarts = 0;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut done = true;
+        for (p, end) in rig.ends() {
+            let at = store
+                .load_checkpoint(GROUP, &p)
+                .await
+                .unwrap()
+                .map_or(0, |c| c.offset);
+            done &= at == end;
+        }
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the poison kept the workers crashing"
+        );
+        let dead: Vec<String> = rig
+            .procs
+            .iter_mut()
+            .filter_map(|(n, c)| c.try_wait().unwrap().map(|_| n.clone()))
+            .collect();
+        for name in dead {
+            rig.procs.retain(|(n, _)| *n != name);
+            rig.spawn_with(&name, &flags);
+            restarts += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        restarts >= 2,
+        "the poison should have crashed workers ({restarts} restarts)"
+    );
+
+    // The poison (and its batch-mates) are in the dead letters; every other
+    // record is in the final state once.
+    let mut dead: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    for part in 0..rig.log.partition_count("t.dead").unwrap() {
+        let spool = rig.log.open_partition_read_only("t.dead", part).unwrap();
+        for r in spool.read(0, usize::MAX, usize::MAX).unwrap() {
+            let key: serde_json::Value = serde_json::from_slice(r.key.as_deref().unwrap()).unwrap();
+            assert!(
+                key["error"].as_str().unwrap().contains("without an answer"),
+                "{key}"
+            );
+            dead.entry(part)
+                .or_default()
+                .insert(key["offset"].as_u64().unwrap());
+        }
+    }
+    for p in rig.ends().keys() {
+        let records = rig
+            .log
+            .open_partition_read_only("t", p.partition)
+            .unwrap()
+            .read(0, usize::MAX, usize::MAX)
+            .unwrap();
+        let gone = dead.get(&p.partition).cloned().unwrap_or_default();
+        for r in records.iter().filter(|r| r.payload.starts_with(b"poison")) {
+            assert!(
+                gone.contains(&r.offset),
+                "{p}@{}: poison not dead-lettered",
+                r.offset
+            );
+        }
+        let kept: Vec<_> = records
+            .into_iter()
+            .filter(|r| !gone.contains(&r.offset))
+            .collect();
+        let cp = store.load_checkpoint(GROUP, p).await.unwrap();
+        let v = check_final_state(p, &kept, cp.as_ref().map(|c| &c.state[..]));
+        assert!(v.is_none(), "{v:?}");
+    }
+    let v = check_ownership(
+        &rig.oracle()
+            .into_iter()
+            .filter(|b| b.committed)
+            .collect::<Vec<_>>(),
+        0,
+    );
+    assert!(v.is_empty(), "{v:?}");
 }

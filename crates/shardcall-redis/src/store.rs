@@ -69,6 +69,7 @@ pub(crate) struct Scripts {
     pub(crate) ticket_wake: Script,
     pub(crate) ticket_restore: Script,
     pub(crate) ticket_checkpoint: Script,
+    pub(crate) ticket_delivery: Script,
 }
 
 impl Scripts {
@@ -95,6 +96,7 @@ impl Scripts {
             ticket_wake: ticket_script(include_str!("../lua/ticket_wake.lua")),
             ticket_restore: script(include_str!("../lua/ticket_restore.lua")),
             ticket_checkpoint: script(include_str!("../lua/ticket_checkpoint.lua")),
+            ticket_delivery: script(include_str!("../lua/ticket_delivery.lua")),
         }
     }
 }

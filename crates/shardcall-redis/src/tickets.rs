@@ -43,6 +43,13 @@ fn fence_key(group: &str, p: &PartitionId) -> String {
     format!("shardcall:{{{group}/{}/{}}}:ticket", p.topic, p.partition)
 }
 
+fn deliveries_key(group: &str, p: &PartitionId) -> String {
+    format!(
+        "shardcall:{{{group}/{}/{}}}:deliveries",
+        p.topic, p.partition
+    )
+}
+
 fn checkpoint_key(group: &str, p: &PartitionId) -> String {
     format!("shardcall:{{{group}/{}/{}}}:cp", p.topic, p.partition)
 }
@@ -253,6 +260,25 @@ impl TicketStore for RedisStore {
                 claim.partition
             ))),
         }
+    }
+
+    async fn count_delivery(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        first_offset: u64,
+    ) -> StoreResult<u32> {
+        let mut call = self.scripts.ticket_delivery.prepare_invoke();
+        call.key(fence_key(group, &claim.partition))
+            .key(deliveries_key(group, &claim.partition))
+            .arg(claim.epoch)
+            .arg(claim.expires)
+            .arg(first_offset);
+        let n: u32 = self
+            .run(call)
+            .await
+            .map_err(|e| Self::fenced_as_claim(e, claim))?;
+        Ok(n)
     }
 
     async fn save_ticket_checkpoint(

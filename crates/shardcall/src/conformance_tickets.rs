@@ -48,6 +48,32 @@ pub async fn run_all<S: TicketStore>(store: &S, prefix: &str) {
     checkpoints_follow_the_newest_claim(store, &format!("{prefix}-tk-cp")).await;
     backed_off_tickets_wait_and_wake(store, &format!("{prefix}-tk-backoff")).await;
     a_waiting_claim_gets_a_returned_ticket(store, &format!("{prefix}-tk-wait")).await;
+    deliveries_are_counted_across_claims(store, &format!("{prefix}-tk-count")).await;
+}
+
+/// A batch's deliveries are counted across claims (a crashed worker's count
+/// is not lost), start again at the next batch's offset, and a lapsed claim
+/// cannot count.
+pub async fn deliveries_are_counted_across_claims<S: TicketStore>(store: &S, group: &str) {
+    store.seed_tickets(group, &ps(1)).await.unwrap();
+    let a = store
+        .claim_ticket(group, &h("a"), TTL, Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    store.restore_ticket(group, &a).await.unwrap();
+    assert_eq!(store.count_delivery(group, &a, 10).await.unwrap(), 1);
+    assert_eq!(store.count_delivery(group, &a, 10).await.unwrap(), 2);
+    // The holder dies; the next claim sees the count it left.
+    tokio::time::sleep(TTL + Duration::from_millis(150)).await;
+    let b = claim(store, group, "b").await;
+    store.restore_ticket(group, &b).await.unwrap();
+    assert_eq!(store.count_delivery(group, &b, 10).await.unwrap(), 3);
+    fenced(
+        store.count_delivery(group, &a, 10).await,
+        "counting under a lapsed claim",
+    );
+    assert_eq!(store.count_delivery(group, &b, 25).await.unwrap(), 1);
 }
 
 /// Seeding again, concurrently, and while tickets are held never makes a

@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     pub(crate) tickets: HashMap<String, shardcall_core::TicketPool>,
     /// Ticket mode: the newest claim epoch restored per partition.
     pub(crate) ticket_fences: HashMap<(String, PartitionId), Epoch>,
+    /// Ticket mode: deliveries of the batch at an offset, per partition.
+    pub(crate) deliveries: HashMap<(String, PartitionId), (u64, u32)>,
     /// Ticket mode: rung when a ticket becomes due at once.
     pub(crate) ticket_bells: HashMap<String, Arc<tokio::sync::Notify>>,
 }

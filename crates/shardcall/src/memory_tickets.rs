@@ -171,6 +171,26 @@ impl TicketStore for MemoryStore {
         Ok(inner.checkpoints.get(&key).cloned())
     }
 
+    async fn count_delivery(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        first_offset: u64,
+    ) -> StoreResult<u32> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        check_claim(&inner, group, claim, now)?;
+        let count = inner
+            .deliveries
+            .entry((group.to_owned(), claim.partition.clone()))
+            .or_insert((first_offset, 0));
+        if count.0 != first_offset {
+            *count = (first_offset, 0);
+        }
+        count.1 += 1;
+        Ok(count.1)
+    }
+
     async fn save_ticket_checkpoint(
         &self,
         group: &str,

@@ -247,6 +247,7 @@ pub struct DigestHandler {
     state: DigestState,
     work_per_record: std::time::Duration,
     refuse_prefix: Option<&'static [u8]>,
+    crash_prefix: Option<&'static [u8]>,
 }
 
 impl PartitionHandler for DigestHandler {
@@ -268,6 +269,13 @@ impl PartitionHandler for DigestHandler {
         _ctx: &PartitionContext,
         batch: &[Record],
     ) -> Result<Vec<u8>, HandlerError> {
+        if let Some(prefix) = self.crash_prefix
+            && batch.iter().any(|r| r.payload.starts_with(prefix))
+        {
+            // A handler that takes its process down (a poison pill).
+            eprintln!("digest handler: crashing the process on a poison record");
+            std::process::abort();
+        }
         // Refused before the state changes: a failed batch leaves no trace.
         if let Some(prefix) = self.refuse_prefix
             && let Some(r) = batch.iter().find(|r| r.payload.starts_with(prefix))
@@ -295,6 +303,9 @@ pub struct DigestFactory {
     /// Batches holding a record whose payload starts with this are refused
     /// (a poison record, for dead-letter tests and demos).
     pub refuse_prefix: Option<&'static [u8]>,
+    /// A batch holding a record whose payload starts with this aborts the
+    /// whole process (a poison pill that crashes its worker, for tests).
+    pub crash_prefix: Option<&'static [u8]>,
 }
 
 impl HandlerFactory for DigestFactory {
@@ -305,6 +316,7 @@ impl HandlerFactory for DigestFactory {
             state: DigestState::default(),
             work_per_record: self.work_per_record,
             refuse_prefix: self.refuse_prefix,
+            crash_prefix: self.crash_prefix,
         }
     }
 }

@@ -89,6 +89,19 @@ pub trait TicketStore: CoordinationStore {
         claim: &TicketClaim,
     ) -> StoreResult<Option<Checkpoint>>;
 
+    /// Counts one more delivery of the batch that starts at `first_offset`
+    /// of the claim's partition, and returns how many it has had, across
+    /// claims, workers and crashes (a handler that kills its process still
+    /// counts). The count starts again when the partition's next batch
+    /// starts elsewhere. Refused with [`shardcall_core::Fenced`] as a
+    /// checkpoint is.
+    async fn count_delivery(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        first_offset: u64,
+    ) -> StoreResult<u32>;
+
     /// Writes offset and state together, only while `claim`'s lease runs on
     /// the store's clock and no newer claim of the partition restored;
     /// anything else is refused with [`shardcall_core::Fenced`] and nothing

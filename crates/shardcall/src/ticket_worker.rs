@@ -447,11 +447,12 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
         let p = self.claim.partition.clone();
         let budget_end = Instant::now() + c.budget;
         let mut found = false;
+        // Deliveries of the batch in hand, and why the last one failed.
         let mut attempts = 0u32;
+        let mut last_error: Option<String> = None;
         loop {
             // A failing batch is retried in place, past the budget, until it
-            // succeeds or runs out of attempts: the count lives with the
-            // claim (a crash starts it again).
+            // succeeds or runs out of attempts.
             if *self.stop.borrow() || (Instant::now() >= budget_end && attempts == 0) {
                 return Served::Busy;
             }
@@ -467,55 +468,96 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 }
             };
             found = true;
-            let last = batch[batch.len() - 1].offset;
+            let (first, last) = (batch[0].offset, batch[batch.len() - 1].offset);
+            // With a dead-letter destination the store counts deliveries
+            // before the handler runs, so a handler that crashes its process
+            // still uses up attempts (else the poison would go round the
+            // workers for ever).
+            let counted = s.dead_letters.is_some() && c.max_attempts > 0;
+            if counted {
+                match s.store.count_delivery(&c.group, &self.claim, first).await {
+                    Ok(n) => attempts = n,
+                    Err(StoreError::Fenced(f)) => return Served::Lost(f.to_string()),
+                    Err(e) => {
+                        tracing::warn!(partition = %p, error = %e, "counting a delivery");
+                        return Served::Failed;
+                    }
+                }
+                if attempts > c.max_attempts {
+                    let why = last_error.take().unwrap_or_else(|| {
+                        "earlier deliveries ended without an answer (the worker stopped or crashed)"
+                            .to_string()
+                    });
+                    if let Err(served) = self.dead_letter(&batch, attempts - 1, &why).await {
+                        return served;
+                    }
+                    offset = last + 1;
+                    self.next_offset = offset;
+                    attempts = 0;
+                    continue;
+                }
+            } else {
+                attempts += 1;
+            }
             match self.process(batch.clone()).await {
-                Ok(state) => match self.checkpoint(batch[0].offset, last, state).await {
+                Ok(state) => match self.checkpoint(first, last, state).await {
                     Ok(()) => {
                         offset = last + 1;
                         self.next_offset = offset;
                         attempts = 0;
+                        last_error = None;
                     }
                     Err(why) => return Served::Lost(why),
                 },
                 Err(e) => {
-                    attempts += 1;
-                    let give_up = c.max_attempts > 0 && attempts >= c.max_attempts;
-                    match (&s.dead_letters, give_up) {
-                        (Some(dl), true) => {
-                            if let Err(e2) = dl.send(&p, &batch, attempts, &e).await {
-                                tracing::error!(partition = %p, error = %e2, "dead-lettering failed; the batch will be tried again");
-                                return Served::Failed;
-                            }
-                            tracing::error!(partition = %p, first = batch[0].offset, last, attempts, error = %e,
-                                "batch sent to the dead letters; the partition moves on");
-                            s.stats
-                                .dead_lettered
-                                .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                            // Past the batch with the state before it.
-                            let state = self.state.clone().unwrap_or_default();
-                            if let Err(why) = self.checkpoint(batch[0].offset, last, state).await {
-                                return Served::Lost(why);
-                            }
-                            offset = last + 1;
-                            self.next_offset = offset;
-                            attempts = 0;
-                            if let Err(served) = self.rebuild_handler().await {
-                                return served;
-                            }
+                    if counted && attempts >= c.max_attempts {
+                        if let Err(served) = self.dead_letter(&batch, attempts, &e).await {
+                            return served;
                         }
-                        _ => {
-                            tracing::warn!(partition = %p, attempt = attempts, error = %e, "handler failed; the batch will be retried");
-                            tokio::time::sleep(c.retry_backoff.min(self.lease.remaining())).await;
-                            if self.handler.is_none()
-                                && let Err(served) = self.rebuild_handler().await
-                            {
-                                return served;
-                            }
-                        }
+                        offset = last + 1;
+                        self.next_offset = offset;
+                        attempts = 0;
+                        continue;
+                    }
+                    tracing::warn!(partition = %p, attempt = attempts, error = %e, "handler failed; the batch will be retried");
+                    last_error = Some(e);
+                    tokio::time::sleep(c.retry_backoff.min(self.lease.remaining())).await;
+                    if let Err(served) = self.rebuild_handler().await {
+                        return served;
                     }
                 }
             }
         }
+    }
+
+    /// Sends `batch` to the dead letters and checkpoints past it with the
+    /// state before it; then the handler starts again from that state.
+    async fn dead_letter(
+        &mut self,
+        batch: &[Record],
+        attempts: u32,
+        why: &str,
+    ) -> Result<(), Served> {
+        let s = self.shared;
+        let p = &self.claim.partition;
+        let dl = s.dead_letters.as_ref().expect("dead letters configured");
+        let (first, last) = (batch[0].offset, batch[batch.len() - 1].offset);
+        // The oracle sees the dead-lettering as this batch's processing.
+        self.batch_started_us = s.observer.as_ref().map_or(0, |o| o.now_us());
+        if let Err(e) = dl.send(p, batch, attempts, why).await {
+            tracing::error!(partition = %p, error = %e, "dead-lettering failed; the batch will be tried again");
+            return Err(Served::Failed);
+        }
+        tracing::error!(partition = %p, first, last, attempts, error = %why,
+            "batch sent to the dead letters; the partition moves on");
+        s.stats
+            .dead_lettered
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let state = self.state.clone().unwrap_or_default();
+        self.checkpoint(first, last, state)
+            .await
+            .map_err(Served::Lost)?;
+        self.rebuild_handler().await
     }
 
     /// Renews the claim when half its lease is gone.

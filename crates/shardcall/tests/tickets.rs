@@ -80,6 +80,7 @@ impl Run {
             factory: Arc::new(DigestFactory {
                 work_per_record: Duration::from_millis(1),
                 refuse_prefix: Some(b"poison"),
+                ..DigestFactory::default()
             }),
             dead_letters: Some(Arc::new(FileLogDeadLetters::new(
                 self.log.clone(),
