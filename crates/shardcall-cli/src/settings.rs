@@ -121,6 +121,12 @@ pub struct TicketSettings {
     pub margin_ms: u64,
     /// Handler attempts on a batch before it goes to the dead letters.
     pub max_attempts: u32,
+    /// A partition found empty is not claimed again for this long (doubling).
+    pub idle_backoff_ms: u64,
+    /// The longest such backoff.
+    pub max_idle_backoff_ms: u64,
+    /// How long a Kafka partition given back stays assigned to this worker.
+    pub keep_reading_for_ms: u64,
     /// The topic dead letters go to, where the source lives (the file log
     /// or Kafka); none: failing batches are retried for ever.
     pub dead_letter_topic: Option<String>,
@@ -137,6 +143,9 @@ impl Default for TicketSettings {
             claim_ttl_ms: t.claim_ttl.as_millis() as u64,
             margin_ms: t.safety_margin.as_millis() as u64,
             max_attempts: t.max_attempts,
+            idle_backoff_ms: t.idle_backoff.as_millis() as u64,
+            max_idle_backoff_ms: t.max_idle_backoff.as_millis() as u64,
+            keep_reading_for_ms: t.keep_reading_for.as_millis() as u64,
             dead_letter_topic: None,
             dead_letter_log: None,
         }
@@ -580,6 +589,9 @@ impl Settings {
             claim_ttl: Duration::from_millis(tk.claim_ttl_ms),
             safety_margin: Duration::from_millis(tk.margin_ms),
             max_attempts: tk.max_attempts,
+            idle_backoff: Duration::from_millis(tk.idle_backoff_ms),
+            max_idle_backoff: Duration::from_millis(tk.max_idle_backoff_ms),
+            keep_reading_for: Duration::from_millis(tk.keep_reading_for_ms),
             ..shardcall::TicketConfig::default()
         };
         let ticket_topics: Vec<String> = self
@@ -777,6 +789,9 @@ budget_ms = 200                      # a slot keeps a busy partition this long
 claim_ttl_ms = 10000                 # a claim's lease; renewed before each batch
 margin_ms = 2000                     # the end of the lease a slot does not use
 max_attempts = 5                     # failing batch: tries before the dead letters
+idle_backoff_ms = 20                 # an empty partition rests this long, doubling...
+max_idle_backoff_ms = 500            # ...up to this (new records wake it where the source can tell)
+keep_reading_for_ms = 30000          # Kafka: a given-back partition stays assigned here this long
 # dead_letter_topic = "orders.dead"  # none: retry for ever; a topic where the
 #                                    # source lives (the file log or Kafka)...
 # dead_letter_log = "/var/lib/shardcall/log"   # ...or of this file log
@@ -846,6 +861,37 @@ mod tests {
         let r = s.resolve().unwrap();
         assert_eq!(r.worker.group, "billing");
         assert_eq!(r.topics, vec!["orders"]);
+    }
+
+    #[test]
+    fn topics_choose_their_mode_and_ticket_settings_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, EXAMPLE).unwrap();
+        let sets = [
+            "topics=[{name = \"orders\"}, {name = \"reports\", mode = \"ticket\"}]".to_string(),
+            "ticket.slots=4".to_string(),
+            "ticket.dead_letter_topic=\"reports.dead\"".to_string(),
+        ];
+        let r = load(Some(&path), none(), &sets).unwrap().resolve().unwrap();
+        assert_eq!(r.topics, vec!["orders"]);
+        assert_eq!(r.ticket_topics, vec!["reports"]);
+        assert_eq!((r.ticket.slots, r.ticket.group.as_str()), (4, "billing"));
+        assert!(matches!(
+            &r.dead_letters,
+            Some(DeadLetterChoice::File(dir, t)) if t == "reports.dead" && dir.ends_with("log")
+        ));
+        // A lease shorter than the budget plus the margin cannot work.
+        let mut bad = sets.to_vec();
+        bad.push("ticket.claim_ttl_ms=100".into());
+        let errors = load(Some(&path), none(), &bad)
+            .unwrap()
+            .resolve()
+            .unwrap_err();
+        assert!(
+            errors.iter().any(|e| e.starts_with("ticket: claim_ttl")),
+            "{errors:?}"
+        );
     }
 
     #[test]
