@@ -421,9 +421,18 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         });
     }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
+    // Until a signal, or until a worker ends on its own (an error or a
+    // panic): then the process stops and says why instead of idling.
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        if running.iter().any(RunningWorker::is_finished) {
+            tracing::error!("a worker stopped on its own; stopping the others");
+            break;
+        }
     }
     tracing::info!("stopping gracefully");
     for h in &running {

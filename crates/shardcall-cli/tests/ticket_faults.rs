@@ -205,7 +205,12 @@ async fn ticket_workers_through_kill_9_sigstop_and_a_graceful_stop() {
     // A graceful stop exits 0 and leaves no ticket claimed.
     rig.signal("c", "-TERM");
     let (_, c) = rig.procs.iter_mut().find(|(n, _)| n == "c").unwrap();
-    assert!(c.wait().unwrap().success(), "graceful stop");
+    let status = c.wait().unwrap();
+    assert!(
+        status.success(),
+        "graceful stop: {status}\n{}",
+        std::fs::read_to_string(rig.dir.join("c.log")).unwrap_or_default()
+    );
     assert!(!rig.holds(&store, "c").await, "c left a ticket claimed");
     rig.produce(200, "e");
     rig.settle(&store, Duration::from_secs(60)).await;

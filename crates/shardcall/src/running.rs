@@ -31,6 +31,14 @@ impl RunningWorker {
         }
     }
 
+    /// Whether the worker has ended on its own (see `join` for why).
+    pub fn is_finished(&self) -> bool {
+        match self {
+            Self::Owned(h) => h.is_finished(),
+            Self::Ticket(h) => h.is_finished(),
+        }
+    }
+
     /// Records processed and checkpointed so far.
     pub fn processed(&self) -> u64 {
         match self {

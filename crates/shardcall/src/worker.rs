@@ -75,6 +75,12 @@ impl WorkerHandle {
         self.task.abort();
     }
 
+    /// Whether the worker has ended (on its own: an error or a panic, which
+    /// [`WorkerHandle::join`] reports).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
     /// Waits for the worker to end.
     pub async fn join(self) -> Result<(), WorkerError> {
         match self.task.await {
