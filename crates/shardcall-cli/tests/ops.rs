@@ -616,3 +616,50 @@ fn a_worker_runs_from_a_config_file_with_env_overrides() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Data in Redis this version cannot read stops the worker with a clear
+/// error at once (exit status 2), rather than leaving it idle until a
+/// signal.
+#[test]
+fn unexpected_redis_data_stops_the_worker_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let url = redis.url();
+    let log_dir = dir.path().join("log");
+    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
+    log.ensure_topic("t", 2).unwrap();
+    let stderr = dir.path().join("worker.log");
+    let mut w = worker(&url, "ops", &log_dir.display().to_string(), "a", "0");
+    w.stderr(std::fs::File::create(&stderr).unwrap());
+    let mut procs = Killer(vec![w.spawn().unwrap()]);
+    // Joined: then somebody writes a member record this version cannot read.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let doc = status_json(&url, &log_dir.display().to_string());
+        if doc["members"].as_array().is_some_and(|m| !m.is_empty()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker never joined");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string()])
+        .args(["HSET", "shardcall:{ops}:members", "intruder", "not json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = procs.0[0].try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker kept running on data it cannot read"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    assert_eq!(status.code(), Some(2), "{said}");
+    assert!(said.contains("unexpected data"), "{said}");
+}
