@@ -133,11 +133,30 @@ fn grant_key(group: &str, p: &PartitionId) -> String {
     format!("shardcall:{{{group}/{}/{}}}:grant", p.topic, p.partition)
 }
 
-fn checkpoint_key(group: &str, p: &PartitionId) -> String {
+pub(crate) fn checkpoint_key(group: &str, p: &PartitionId) -> String {
     format!("shardcall:{{{group}/{}/{}}}:cp", p.topic, p.partition)
 }
 
-fn ms(d: Duration) -> u64 {
+/// A checkpoint from its hash's `offset`, `state` and `epoch` fields (all
+/// absent: none yet).
+pub(crate) fn decode_checkpoint(
+    partition: &PartitionId,
+    fields: (Option<u64>, Option<Vec<u8>>, Option<u64>),
+) -> StoreResult<Option<Checkpoint>> {
+    match fields {
+        (None, None, None) => Ok(None),
+        (Some(offset), Some(state), Some(epoch)) => Ok(Some(Checkpoint {
+            offset,
+            state,
+            epoch,
+        })),
+        _ => Err(StoreError::Corrupt(format!(
+            "checkpoint of {partition} is missing fields"
+        ))),
+    }
+}
+
+pub(crate) fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
@@ -370,7 +389,7 @@ impl RedisStore {
     }
 
     /// Runs a script invocation on this store's connection.
-    async fn invoke<T: redis::FromRedisValue>(
+    pub(crate) async fn invoke<T: redis::FromRedisValue>(
         &self,
         call: &mut redis::ScriptInvocation<'_>,
     ) -> StoreResult<T> {
@@ -918,17 +937,7 @@ impl CoordinationStore for RedisStore {
                 .query_async(&mut c)
                 .await
                 .map_err(|e| map_error(&e))?;
-        match (offset, state, epoch) {
-            (None, None, None) => Ok(None),
-            (Some(offset), Some(state), Some(epoch)) => Ok(Some(Checkpoint {
-                offset,
-                state,
-                epoch,
-            })),
-            _ => Err(StoreError::Corrupt(format!(
-                "checkpoint of {partition} is missing fields"
-            ))),
-        }
+        decode_checkpoint(partition, (offset, state, epoch))
     }
 
     async fn save_checkpoint(

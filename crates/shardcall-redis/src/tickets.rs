@@ -13,7 +13,7 @@ use shardcall_core::{MemberId, PartitionId, TicketClaim};
 
 use crate::codec::{parse_partition_field, partition_field};
 use crate::error::map_error;
-use crate::store::RedisStore;
+use crate::store::{RedisStore, checkpoint_key, decode_checkpoint, ms};
 
 /// A waiting claim looks again at least this often, in case a hint was lost.
 const RECHECK: Duration = Duration::from_secs(2);
@@ -50,10 +50,6 @@ fn deliveries_key(group: &str, p: &PartitionId) -> String {
     )
 }
 
-fn checkpoint_key(group: &str, p: &PartitionId) -> String {
-    format!("shardcall:{{{group}/{}/{}}}:cp", p.topic, p.partition)
-}
-
 fn with_pool_keys<'a>(script: &'a redis::Script, group: &str) -> redis::ScriptInvocation<'a> {
     let k = ticket_keys(group);
     let mut call = script.prepare_invoke();
@@ -66,23 +62,11 @@ fn with_pool_keys<'a>(script: &'a redis::Script, group: &str) -> redis::ScriptIn
     call
 }
 
-fn ms(d: Duration) -> u64 {
-    d.as_millis() as u64
-}
-
 fn corrupt(what: &str, v: &impl std::fmt::Debug) -> StoreError {
     StoreError::Corrupt(format!("{what}: unexpected reply {v:?}"))
 }
 
 impl RedisStore {
-    async fn run<T: redis::FromRedisValue>(
-        &self,
-        call: redis::ScriptInvocation<'_>,
-    ) -> StoreResult<T> {
-        let mut c = self.conn.clone();
-        call.invoke_async(&mut c).await.map_err(|e| map_error(&e))
-    }
-
     /// Fenced errors name the claim.
     fn fenced_as_claim(e: StoreError, claim: &TicketClaim) -> StoreError {
         match e {
@@ -118,7 +102,7 @@ impl RedisStore {
     ) -> StoreResult<Result<TicketClaim, Option<Duration>>> {
         let mut call = with_pool_keys(&self.scripts.ticket_claim, group);
         call.arg(holder.as_str()).arg(ms(ttl));
-        let reply: Vec<Value> = self.run(call).await?;
+        let reply: Vec<Value> = self.invoke(&mut call).await?;
         let int = |v: &Value| match v {
             Value::Int(i) => Some(*i),
             _ => None,
@@ -157,7 +141,7 @@ impl TicketStore for RedisStore {
         for p in partitions {
             call.arg(partition_field(p));
         }
-        let added: i64 = self.run(call).await?;
+        let added: i64 = self.invoke(&mut call).await?;
         Ok(added as usize)
     }
 
@@ -200,7 +184,7 @@ impl TicketStore for RedisStore {
             .arg(claim.epoch)
             .arg(ms(ttl));
         let expires: u64 = self
-            .run(call)
+            .invoke(&mut call)
             .await
             .map_err(|e| Self::fenced_as_claim(e, claim))?;
         Ok(TicketClaim {
@@ -221,7 +205,7 @@ impl TicketStore for RedisStore {
             .arg(claim.epoch)
             .arg(ms(ready_in));
         let _: i64 = self
-            .run(call)
+            .invoke(&mut call)
             .await
             .map_err(|e| Self::fenced_as_claim(e, claim))?;
         Ok(())
@@ -230,7 +214,7 @@ impl TicketStore for RedisStore {
     async fn wake_ticket(&self, group: &str, partition: &PartitionId) -> StoreResult<bool> {
         let mut call = with_pool_keys(&self.scripts.ticket_wake, group);
         call.arg(partition_field(partition));
-        let moved: i64 = self.run(call).await?;
+        let moved: i64 = self.invoke(&mut call).await?;
         Ok(moved == 1)
     }
 
@@ -245,21 +229,10 @@ impl TicketStore for RedisStore {
             .arg(claim.epoch)
             .arg(claim.expires);
         let (offset, state, epoch): (Option<u64>, Option<Vec<u8>>, Option<u64>) = self
-            .run(call)
+            .invoke(&mut call)
             .await
             .map_err(|e| Self::fenced_as_claim(e, claim))?;
-        match (offset, state, epoch) {
-            (None, None, None) => Ok(None),
-            (Some(offset), Some(state), Some(epoch)) => Ok(Some(Checkpoint {
-                offset,
-                state,
-                epoch,
-            })),
-            _ => Err(StoreError::Corrupt(format!(
-                "checkpoint of {} is missing fields",
-                claim.partition
-            ))),
-        }
+        decode_checkpoint(&claim.partition, (offset, state, epoch))
     }
 
     async fn count_delivery(
@@ -275,7 +248,7 @@ impl TicketStore for RedisStore {
             .arg(claim.expires)
             .arg(first_offset);
         let n: u32 = self
-            .run(call)
+            .invoke(&mut call)
             .await
             .map_err(|e| Self::fenced_as_claim(e, claim))?;
         Ok(n)
@@ -295,7 +268,7 @@ impl TicketStore for RedisStore {
             .arg(checkpoint.offset)
             .arg(checkpoint.state.as_slice());
         let _: i64 = self
-            .run(call)
+            .invoke(&mut call)
             .await
             .map_err(|e| Self::fenced_as_claim(e, claim))?;
         Ok(())

@@ -70,7 +70,7 @@ pub enum WorkerConfigError {
     },
 }
 
-fn good_name(s: &str) -> bool {
+pub(crate) fn good_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 100
         && s.bytes()

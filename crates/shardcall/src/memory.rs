@@ -64,7 +64,7 @@ impl Default for MemoryStore {
     }
 }
 
-fn ms(d: Duration) -> Millis {
+pub(crate) fn ms(d: Duration) -> Millis {
     d.as_millis() as u64
 }
 

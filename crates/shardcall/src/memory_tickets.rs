@@ -8,13 +8,9 @@ use async_trait::async_trait;
 use shardcall_core::{ClaimOutcome, Fenced, MemberId, Millis, PartitionId, TicketClaim};
 use tokio::sync::Notify;
 
-use crate::memory::{Inner, MemoryStore};
+use crate::memory::{Inner, MemoryStore, ms};
 use crate::store::{Checkpoint, StoreError, StoreResult};
 use crate::ticket_store::{TicketStore, TicketView};
-
-fn ms(d: Duration) -> u64 {
-    d.as_millis() as u64
-}
 
 impl MemoryStore {
     fn bell(&self, group: &str) -> Arc<Notify> {

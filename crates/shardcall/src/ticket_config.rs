@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::config::good_name;
+
 /// How a ticket-mode worker claims and serves partitions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TicketConfig {
@@ -104,18 +106,11 @@ pub enum TicketConfigError {
     },
 }
 
-fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 100
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
 impl TicketConfig {
     /// Checks the configuration can work.
     pub fn validate(&self) -> Result<(), TicketConfigError> {
         for (what, value) in [("group", &self.group), ("name", &self.name)] {
-            if !valid_name(value) {
+            if !good_name(value) {
                 return Err(TicketConfigError::BadName {
                     what,
                     value: value.clone(),
