@@ -155,7 +155,7 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
     tracing::info!(group = %shared.config.group, member = %id, slots = shared.config.slots, "serving tickets");
     let seeding = {
         let s = shared.clone();
-        AbortOnDrop(Some(tokio::spawn(async move {
+        AbortOnDrop::spawn(async move {
             loop {
                 match s.source.partitions().await {
                     Ok(list) => {
@@ -169,11 +169,11 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
                 }
                 tokio::time::sleep(s.config.discover_every).await;
             }
-        })))
+        })
     };
     let waking = {
         let s = shared.clone();
-        AbortOnDrop(Some(tokio::spawn(async move { wake_idle(&s).await })))
+        AbortOnDrop::spawn(async move { wake_idle(&s).await })
     };
     let mut slots = JoinSet::new();
     for n in 0..shared.config.slots {
@@ -505,7 +505,8 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             } else {
                 attempts += 1;
             }
-            match self.process(batch.clone()).await {
+            let (batch, processed) = self.process(batch).await;
+            match processed {
                 Ok(state) => match self.checkpoint(first, last, state).await {
                     Ok(()) => {
                         offset = last + 1;
@@ -596,17 +597,24 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
 
     /// Runs the handler on a batch; the new state, or the handler's error
     /// (the handler is then dropped: it is rebuilt from the checkpoint).
-    async fn process(&mut self, batch: Vec<Record>) -> Result<Vec<u8>, String> {
+    ///
+    /// The batch comes back with the outcome (not copied: it may still go
+    /// to the dead letters).
+    async fn process(&mut self, batch: Vec<Record>) -> (Vec<Record>, Result<Vec<u8>, String>) {
         let handler = self.handler.take().expect("a handler while serving");
         self.batch_started_us = self.shared.observer.as_ref().map_or(0, |o| o.now_us());
         let ctx = self.ctx.clone();
-        let (h, result) = with_handler(handler, move |h| h.process(&ctx, &batch)).await;
+        let (h, (batch, result)) = with_handler(handler, move |h| {
+            let result = h.process(&ctx, &batch);
+            (batch, result)
+        })
+        .await;
         match result {
             Ok(state) => {
                 self.handler = Some(h);
-                Ok(state)
+                (batch, Ok(state))
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => (batch, Err(e.to_string())),
         }
     }
 

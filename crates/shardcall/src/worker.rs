@@ -243,9 +243,14 @@ struct Incarnation<'a, S, Src, F> {
 }
 
 /// A background task, aborted when dropped.
-pub(crate) struct AbortOnDrop(pub(crate) Option<tokio::task::JoinHandle<()>>);
+pub(crate) struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
 
 impl AbortOnDrop {
+    /// Runs `task` in the background until stopped or dropped.
+    pub(crate) fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+        Self(Some(tokio::spawn(task)))
+    }
+
     /// Aborts the task and waits until it is gone, with what it held.
     pub(crate) async fn stop(mut self) {
         if let Some(task) = self.0.take() {
@@ -270,7 +275,7 @@ fn discover<Src: Source>(
     every: Duration,
 ) -> (AbortOnDrop, watch::Receiver<Option<Arc<Vec<PartitionId>>>>) {
     let (tx, rx) = watch::channel(None);
-    let task = tokio::spawn(async move {
+    let task = AbortOnDrop::spawn(async move {
         loop {
             match source.partitions().await {
                 Ok(list) => {
@@ -287,7 +292,7 @@ fn discover<Src: Source>(
             tokio::time::sleep(every).await;
         }
     });
-    (AbortOnDrop(Some(task)), rx)
+    (task, rx)
 }
 
 impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Src, F> {
