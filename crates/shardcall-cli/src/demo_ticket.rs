@@ -261,20 +261,10 @@ async fn verify(d: &Demo, produced: u64, interrupted: bool) -> anyhow::Result<bo
     );
     // Dead letters, by source partition and offset.
     let mut dead: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
-    if let Ok(n) = d.log.partition_count(DEAD) {
-        for part in 0..n {
-            for r in d
-                .log
-                .open_partition_read_only(DEAD, part)?
-                .read(0, usize::MAX, usize::MAX)?
-            {
-                let key: serde_json::Value =
-                    serde_json::from_slice(r.key.as_deref().unwrap_or_default())?;
-                if let Some(o) = key["offset"].as_u64() {
-                    dead.entry(part).or_default().insert(o);
-                }
-            }
-        }
+    for letter in FileLogDeadLetters::new(d.log.clone(), DEAD).read_all()? {
+        dead.entry(letter.source.partition)
+            .or_default()
+            .insert(letter.offset);
     }
     let (mut exact, mut wrong, mut poison, mut poison_kept) = (0, Vec::new(), 0, 0);
     for p in ends.keys() {

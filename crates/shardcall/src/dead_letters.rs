@@ -45,6 +45,64 @@ impl FileLogDeadLetters {
     pub fn topic(&self) -> &str {
         &self.topic
     }
+
+    /// Every dead letter kept so far, in order per partition (none when the
+    /// topic does not exist yet). A key that is not a dead letter's
+    /// description is an error, not skipped.
+    pub fn read_all(&self) -> Result<Vec<DeadLetter>, SourceError> {
+        let Ok(partitions) = self.log.partition_count(&self.topic) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for part in 0..partitions {
+            let spool = self.log.open_partition_read_only(&self.topic, part)?;
+            for r in spool.read(0, usize::MAX, usize::MAX)? {
+                let key: Described = serde_json::from_slice(r.key.as_deref().unwrap_or_default())
+                    .map_err(|e| {
+                    SourceError::Other(format!(
+                        "{}/{part}@{}: not a dead letter's description: {e}",
+                        self.topic, r.offset
+                    ))
+                })?;
+                out.push(DeadLetter {
+                    stored_in: part,
+                    source: PartitionId::new(&key.topic, key.partition),
+                    offset: key.offset,
+                    attempts: key.attempts,
+                    error: key.error,
+                    payload: r.payload,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One record kept by [`FileLogDeadLetters`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The dead-letter topic's partition that holds it.
+    pub stored_in: u32,
+    /// Where it came from.
+    pub source: PartitionId,
+    /// Its offset there.
+    pub offset: u64,
+    /// Handler attempts made.
+    pub attempts: u32,
+    /// The last error.
+    pub error: String,
+    /// The record's payload, unchanged.
+    pub payload: bytes::Bytes,
+}
+
+/// The key written by [`dead_letter_key`].
+#[derive(serde::Deserialize)]
+struct Described {
+    topic: String,
+    partition: u32,
+    offset: u64,
+    attempts: u32,
+    error: String,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -106,5 +164,46 @@ impl DeadLetters for FileLogDeadLetters {
         })
         .await
         .map_err(|e| SourceError::Other(format!("dead-letter task failed: {e}")))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use shardcall_spool::SpoolConfig;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn dead_letters_read_back_and_foreign_records_are_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = FileLog::open(dir.path(), SpoolConfig::default()).unwrap();
+        let letters = FileLogDeadLetters::new(log.clone(), "t.dead");
+        assert!(letters.read_all().unwrap().is_empty(), "no topic yet");
+        let r = Record {
+            offset: 7,
+            timestamp_ms: 1,
+            key: Some(Bytes::from_static(b"k")),
+            payload: Bytes::from_static(b"bad"),
+        };
+        let p = PartitionId::new("t", 2);
+        letters.send(&p, &[r], 3, "boom").await.unwrap();
+        let read = letters.read_all().unwrap();
+        assert_eq!(
+            read,
+            vec![DeadLetter {
+                stored_in: 2,
+                source: p,
+                offset: 7,
+                attempts: 3,
+                error: "boom".into(),
+                payload: Bytes::from_static(b"bad"),
+            }]
+        );
+        let spool = log.open_partition("t.dead", 0).unwrap();
+        spool.append(&[NewRecord::new(0, b"not a dead letter")]).unwrap();
+        spool.sync().unwrap();
+        drop(spool);
+        assert!(letters.read_all().is_err());
     }
 }

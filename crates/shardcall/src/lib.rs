@@ -30,7 +30,7 @@ mod ticket_worker;
 mod worker;
 
 pub use config::{WorkerConfig, WorkerConfigError};
-pub use dead_letters::{DeadLetters, FileLogDeadLetters, dead_letter_key};
+pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use error::WorkerError;
 pub use handler::{
     BatchObserver, BatchRecord, HandlerError, HandlerFactory, PartitionContext, PartitionHandler,

@@ -128,20 +128,14 @@ impl Run {
     /// Offsets of each partition found in the dead letters.
     fn dead(&self) -> BTreeMap<u32, BTreeSet<u64>> {
         let mut out: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
-        let Ok(n) = self.log.partition_count("t.dead") else {
-            return out;
-        };
-        for part in 0..n {
-            let s = self.log.open_partition_read_only("t.dead", part).unwrap();
-            for r in s.read(0, usize::MAX, usize::MAX).unwrap() {
-                let key: serde_json::Value =
-                    serde_json::from_slice(r.key.as_deref().unwrap()).unwrap();
-                assert_eq!(key["partition"], part, "dead letters keep their partition");
-                assert!(key["error"].as_str().unwrap().contains("cannot digest"));
-                out.entry(part)
-                    .or_default()
-                    .insert(key["offset"].as_u64().unwrap());
-            }
+        let letters = FileLogDeadLetters::new(self.log.clone(), "t.dead");
+        for d in letters.read_all().unwrap() {
+            assert_eq!(
+                d.source.partition, d.stored_in,
+                "dead letters keep their partition"
+            );
+            assert!(d.error.contains("cannot digest"));
+            out.entry(d.stored_in).or_default().insert(d.offset);
         }
         out
     }
