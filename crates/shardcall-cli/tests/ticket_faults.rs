@@ -108,19 +108,25 @@ impl Rig {
     }
 
     /// Waits until every partition is checkpointed at its end.
+    /// Whether every partition is checkpointed at its end.
+    async fn caught_up(&self, store: &RedisStore) -> bool {
+        for (p, end) in self.ends() {
+            let at = store
+                .load_checkpoint(GROUP, &p)
+                .await
+                .unwrap()
+                .map_or(0, |c| c.offset);
+            if at != end {
+                return false;
+            }
+        }
+        true
+    }
+
     async fn settle(&self, store: &RedisStore, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
-            let mut done = true;
-            for (p, end) in self.ends() {
-                let at = store
-                    .load_checkpoint(GROUP, &p)
-                    .await
-                    .unwrap()
-                    .map_or(0, |c| c.offset);
-                done &= at == end;
-            }
-            if done {
+            if self.caught_up(store).await {
                 return;
             }
             if Instant::now() > deadline {
@@ -307,16 +313,7 @@ async fn a_poison_pill_that_crashes_workers_ends_in_the_dead_letters() {
     let mut restarts = 0;
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let mut done = true;
-        for (p, end) in rig.ends() {
-            let at = store
-                .load_checkpoint(GROUP, &p)
-                .await
-                .unwrap()
-                .map_or(0, |c| c.offset);
-            done &= at == end;
-        }
-        if done {
+        if rig.caught_up(&store).await {
             break;
         }
         assert!(

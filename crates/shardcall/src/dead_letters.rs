@@ -201,7 +201,9 @@ mod tests {
             }]
         );
         let spool = log.open_partition("t.dead", 0).unwrap();
-        spool.append(&[NewRecord::new(0, b"not a dead letter")]).unwrap();
+        spool
+            .append(&[NewRecord::new(0, b"not a dead letter")])
+            .unwrap();
         spool.sync().unwrap();
         drop(spool);
         assert!(letters.read_all().is_err());
