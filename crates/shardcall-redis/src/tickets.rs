@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::Value;
-use shardcall::{Checkpoint, StoreError, StoreResult, TicketStore, TicketView};
+use shardcall::{
+    Checkpoint, ClaimAttempt, StoreError, StoreResult, TicketStore, TicketView, claim_with_wait,
+};
 use shardcall_core::{MemberId, PartitionId, TicketClaim};
 
 use crate::codec::{parse_partition_field, partition_field};
@@ -99,7 +101,7 @@ impl RedisStore {
         group: &str,
         holder: &MemberId,
         ttl: Duration,
-    ) -> StoreResult<Result<TicketClaim, Option<Duration>>> {
+    ) -> StoreResult<ClaimAttempt> {
         let mut call = with_pool_keys(&self.scripts.ticket_claim, group);
         call.arg(holder.as_str()).arg(ms(ttl));
         let reply: Vec<Value> = self.invoke(&mut call).await?;
@@ -152,24 +154,11 @@ impl TicketStore for RedisStore {
         ttl: Duration,
         wait: Duration,
     ) -> StoreResult<Option<TicketClaim>> {
-        let deadline = tokio::time::Instant::now() + wait;
         let mut bell = self.bell(group);
-        loop {
-            bell.borrow_and_update();
-            let next_due = match self.try_claim(group, holder, ttl).await? {
-                Ok(claim) => return Ok(Some(claim)),
-                Err(next_due) => next_due,
-            };
-            let at = tokio::time::Instant::now();
-            if at >= deadline {
-                return Ok(None);
-            }
-            let mut until = deadline.min(at + RECHECK);
-            if let Some(due_in) = next_due {
-                until = until.min(at + due_in);
-            }
-            let _ = tokio::time::timeout_at(until, bell.changed()).await;
-        }
+        claim_with_wait(&mut bell, wait, Some(RECHECK), || {
+            self.try_claim(group, holder, ttl)
+        })
+        .await
     }
 
     async fn renew_ticket(

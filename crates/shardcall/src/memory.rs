@@ -43,7 +43,7 @@ pub(crate) struct Inner {
     /// Ticket mode: deliveries of the batch at an offset, per partition.
     pub(crate) deliveries: HashMap<(String, PartitionId), (u64, u32)>,
     /// Ticket mode: rung when a ticket becomes due at once.
-    pub(crate) ticket_bells: HashMap<String, Arc<tokio::sync::Notify>>,
+    pub(crate) ticket_bells: HashMap<String, tokio::sync::watch::Sender<u64>>,
 }
 
 /// The in-process store.

@@ -1,29 +1,31 @@
 //! Ticket mode in the in-process store: [`shardcall_core::TicketPool`]
 //! behind the store's lock, a bell per group for waiting claimers.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use shardcall_core::{ClaimOutcome, Fenced, MemberId, Millis, PartitionId, TicketClaim};
-use tokio::sync::Notify;
+use tokio::sync::watch;
 
 use crate::memory::{Inner, MemoryStore, ms};
 use crate::store::{Checkpoint, StoreError, StoreResult};
-use crate::ticket_store::{TicketStore, TicketView};
+use crate::ticket_store::{TicketStore, TicketView, claim_with_wait};
 
 impl MemoryStore {
-    fn bell(&self, group: &str) -> Arc<Notify> {
+    fn bell(&self, group: &str) -> watch::Receiver<u64> {
         let mut inner = self.inner.lock().expect("store lock");
         inner
             .ticket_bells
             .entry(group.to_owned())
-            .or_default()
-            .clone()
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
     }
 
     fn ring(&self, group: &str) {
-        self.bell(group).notify_waiters();
+        let inner = self.inner.lock().expect("store lock");
+        if let Some(bell) = inner.ticket_bells.get(group) {
+            bell.send_modify(|rung| *rung += 1);
+        }
     }
 }
 
@@ -75,36 +77,19 @@ impl TicketStore for MemoryStore {
         ttl: Duration,
         wait: Duration,
     ) -> StoreResult<Option<TicketClaim>> {
-        let deadline = tokio::time::Instant::now() + wait;
-        let bell = self.bell(group);
-        loop {
-            // Listen before looking, so a ring in between is not missed.
-            let rung = bell.notified();
-            tokio::pin!(rung);
-            rung.as_mut().enable();
+        let mut bell = self.bell(group);
+        claim_with_wait(&mut bell, wait, None, || async {
             let now = self.clock.now_ms();
-            let outcome = {
-                let mut inner = self.inner.lock().expect("store lock");
-                inner
-                    .tickets
-                    .entry(group.to_owned())
-                    .or_default()
-                    .claim(holder, now, ms(ttl))
-            };
-            let until = match outcome {
-                ClaimOutcome::Claimed(c) => return Ok(Some(c)),
-                ClaimOutcome::Wait { next_due: None } => deadline,
-                ClaimOutcome::Wait {
-                    next_due: Some(due),
-                } => deadline.min(
-                    tokio::time::Instant::now() + Duration::from_millis(due.saturating_sub(now)),
-                ),
-            };
-            if tokio::time::Instant::now() >= deadline {
-                return Ok(None);
-            }
-            let _ = tokio::time::timeout_at(until, rung).await;
-        }
+            let mut inner = self.inner.lock().expect("store lock");
+            let pool = inner.tickets.entry(group.to_owned()).or_default();
+            Ok(match pool.claim(holder, now, ms(ttl)) {
+                ClaimOutcome::Claimed(c) => Ok(c),
+                ClaimOutcome::Wait { next_due } => {
+                    Err(next_due.map(|due| Duration::from_millis(due.saturating_sub(now))))
+                }
+            })
+        })
+        .await
     }
 
     async fn renew_ticket(

@@ -34,6 +34,40 @@ impl TicketView {
     }
 }
 
+/// One claim attempt's answer: the claim, or how long until the first
+/// queued ticket is due (`None`: nothing queued).
+pub type ClaimAttempt = Result<TicketClaim, Option<Duration>>;
+
+/// The waiting part of [`TicketStore::claim_ticket`] for any store: makes
+/// `attempt`s until one claims a ticket or `wait` is over, sleeping in
+/// between until `bell` changes (a ticket became due), the first queued
+/// ticket falls due, or `recheck` passes (for a bell that can lose rings).
+pub async fn claim_with_wait<F: std::future::Future<Output = StoreResult<ClaimAttempt>>>(
+    bell: &mut tokio::sync::watch::Receiver<u64>,
+    wait: Duration,
+    recheck: Option<Duration>,
+    mut attempt: impl FnMut() -> F,
+) -> StoreResult<Option<TicketClaim>> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        // Seen before looking, so a ring in between wakes the wait below.
+        bell.borrow_and_update();
+        let due_in = match attempt().await? {
+            Ok(claim) => return Ok(Some(claim)),
+            Err(due_in) => due_in,
+        };
+        let at = tokio::time::Instant::now();
+        if at >= deadline {
+            return Ok(None);
+        }
+        let mut until = deadline;
+        for d in [due_in, recheck].into_iter().flatten() {
+            until = until.min(at + d);
+        }
+        let _ = tokio::time::timeout_at(until, bell.changed()).await;
+    }
+}
+
 /// A store that keeps ticket pools.
 #[async_trait]
 pub trait TicketStore: CoordinationStore {
