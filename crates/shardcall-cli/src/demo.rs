@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_coverage, check_ownership};
+use shardcall::oracle::{
+    DigestFactory, Oracle, check_coverage, check_final_state, check_ownership,
+};
 use shardcall::{
     CoordinationStore, FileLogSource, MemoryStore, Worker, WorkerConfig, WorkerHandle,
     quarantine_left,
@@ -506,11 +508,8 @@ async fn verify(
     for p in ends.keys() {
         let spool = d.log.open_partition_read_only(TOPIC, p.partition)?;
         let records = spool.read(0, usize::MAX, usize::MAX)?;
-        let state = match d.store.load_checkpoint(GROUP, p).await? {
-            Some(cp) => DigestState::from_bytes(&cp.state),
-            None => Some(DigestState::default()),
-        };
-        if state == Some(DigestState::of(&records)) {
+        let cp = d.store.load_checkpoint(GROUP, p).await?;
+        if check_final_state(p, &records, cp.as_ref().map(|c| &c.state[..])).is_none() {
             exact += 1;
         } else {
             wrong.push(p.to_string());

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_coverage, check_ownership};
+use shardcall::oracle::{
+    DigestFactory, Oracle, check_coverage, check_final_state, check_ownership,
+};
 use shardcall::{
     CoordinationStore, FileLogDeadLetters, FileLogSource, MemoryStore, TicketConfig, TicketStats,
     TicketStore, TicketWorker, TicketWorkerHandle,
@@ -283,11 +285,8 @@ async fn verify(d: &Demo, produced: u64, interrupted: bool) -> anyhow::Result<bo
             .into_iter()
             .filter(|r| !gone.contains(&r.offset))
             .collect();
-        let state = match d.store.load_checkpoint(GROUP, p).await? {
-            Some(cp) => DigestState::from_bytes(&cp.state),
-            None => Some(DigestState::default()),
-        };
-        if state == Some(DigestState::of(&kept)) {
+        let cp = d.store.load_checkpoint(GROUP, p).await?;
+        if check_final_state(p, &kept, cp.as_ref().map(|c| &c.state[..])).is_none() {
             exact += 1;
         } else {
             wrong.push(p.to_string());
