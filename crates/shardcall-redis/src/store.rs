@@ -112,8 +112,19 @@ struct GroupKeys {
     audit: String,
 }
 
+/// A key of the group's own slot (tag `{G}`).
+pub(crate) fn group_key(group: &str, name: &str) -> String {
+    format!("shardcall:{{{group}}}:{name}")
+}
+
+/// A key of one partition's slot (tag `{G/T/P}`), so partitions spread
+/// over a cluster.
+pub(crate) fn partition_key(group: &str, p: &PartitionId, name: &str) -> String {
+    format!("shardcall:{{{group}/{}/{}}}:{name}", p.topic, p.partition)
+}
+
 fn keys(group: &str) -> GroupKeys {
-    let k = |s: &str| format!("shardcall:{{{group}}}:{s}");
+    let k = |s: &str| group_key(group, s);
     GroupKeys {
         members: k("members"),
         lock: k("lock"),
@@ -126,15 +137,15 @@ fn keys(group: &str) -> GroupKeys {
 }
 
 fn changes_channel(group: &str) -> String {
-    format!("shardcall:{{{group}}}:changes")
+    group_key(group, "changes")
 }
 
 fn grant_key(group: &str, p: &PartitionId) -> String {
-    format!("shardcall:{{{group}/{}/{}}}:grant", p.topic, p.partition)
+    partition_key(group, p, "grant")
 }
 
 pub(crate) fn checkpoint_key(group: &str, p: &PartitionId) -> String {
-    format!("shardcall:{{{group}/{}/{}}}:cp", p.topic, p.partition)
+    partition_key(group, p, "cp")
 }
 
 /// A checkpoint from its hash's `offset`, `state` and `epoch` fields (all

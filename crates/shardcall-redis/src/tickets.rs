@@ -15,7 +15,7 @@ use shardcall_core::{MemberId, PartitionId, TicketClaim};
 
 use crate::codec::{parse_partition_field, partition_field};
 use crate::error::map_error;
-use crate::store::{RedisStore, checkpoint_key, decode_checkpoint, ms};
+use crate::store::{RedisStore, checkpoint_key, decode_checkpoint, group_key, ms, partition_key};
 
 /// A waiting claim looks again at least this often, in case a hint was lost.
 const RECHECK: Duration = Duration::from_secs(2);
@@ -30,7 +30,7 @@ struct TicketKeys {
 }
 
 fn ticket_keys(group: &str) -> TicketKeys {
-    let k = |s: &str| format!("shardcall:{{{group}}}:tickets:{s}");
+    let k = |s: &str| group_key(group, &format!("tickets:{s}"));
     TicketKeys {
         queue: k("queue"),
         claims: k("claims"),
@@ -42,7 +42,7 @@ fn ticket_keys(group: &str) -> TicketKeys {
 }
 
 fn fence_key(group: &str, p: &PartitionId) -> String {
-    format!("shardcall:{{{group}/{}/{}}}:ticket", p.topic, p.partition)
+    partition_key(group, p, "ticket")
 }
 
 fn deliveries_key(group: &str, p: &PartitionId) -> String {
