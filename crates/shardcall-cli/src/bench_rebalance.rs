@@ -376,7 +376,7 @@ async fn measure_failover(
         let done = orphans.iter().all(|p| {
             batches.iter().any(|b| {
                 &b.partition == p
-                    && b.committed
+                    && b.committed()
                     && b.member != victim_id
                     && b.started_us > killed_us
             })

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use shardcall::oracle::{
-    DigestFactory, Oracle, check_coverage, check_final_state, check_ownership,
+    DigestFactory, Oracle, check_commit_chain, check_coverage, check_final_state, check_ownership,
 };
 use shardcall::{
     CoordinationStore, FileLogSource, MemoryStore, Worker, WorkerConfig, WorkerHandle,
@@ -529,9 +529,11 @@ async fn verify(
     );
     let quarantine_us = d.timing.quarantine_min.as_micros() as u64;
     let violations = check_ownership(&batches, quarantine_us);
+    let chain = check_commit_chain(&batches);
     let overlaps: Vec<_> = violations
         .iter()
         .filter(|v| v.0.contains("during"))
+        .chain(&chain)
         .collect();
     let short: Vec<_> = violations
         .iter()

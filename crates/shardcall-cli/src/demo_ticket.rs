@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use shardcall::oracle::{
-    DigestFactory, Oracle, check_coverage, check_final_state, check_ownership,
+    DigestFactory, Oracle, check_commit_chain, check_coverage, check_final_state, check_ownership,
 };
 use shardcall::{
     CoordinationStore, FileLogDeadLetters, FileLogSource, MemoryStore, TicketConfig, TicketStats,
@@ -312,7 +312,8 @@ async fn verify(d: &Demo, produced: u64, interrupted: bool) -> anyhow::Result<bo
             "{poison} poison records, {dead_total} records in {DEAD} (whole batches), none dropped"
         ),
     );
-    let overlaps = check_ownership(&batches, 0);
+    let mut overlaps = check_ownership(&batches, 0);
+    overlaps.extend(check_commit_chain(&batches));
     let holders: BTreeSet<&str> = batches.iter().map(|b| b.member.as_str()).collect();
     line(
         "no two slots at once",

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use shardcall::BatchRecord;
 use shardcall::CoordinationStore;
-use shardcall::oracle::{check_coverage, check_final_state, check_ownership, read_batch_files};
+use shardcall::oracle::{
+    check_commit_chain, check_coverage, check_final_state, check_ownership, read_batch_files,
+};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_redis::RedisStore;
 use shardcall_redis::testing::{RedisServer, TcpProxy};
@@ -174,6 +176,8 @@ impl Rig {
         let ends = self.ends();
         let v = check_ownership(&batches, QUARANTINE_MS * 1000);
         assert!(v.is_empty(), "ownership: {v:?}");
+        let v = check_commit_chain(&batches);
+        assert!(v.is_empty(), "checkpoints: {v:?}");
         let v = check_coverage(&batches, &ends);
         assert!(v.is_empty(), "coverage: {v:?}");
         let mut owners: BTreeMap<&PartitionId, std::collections::BTreeSet<&str>> = BTreeMap::new();

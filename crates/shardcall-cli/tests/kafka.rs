@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use shardcall::BatchRecord;
 use shardcall::CoordinationStore;
-use shardcall::oracle::{check_coverage, check_final_state, check_ownership, read_batch_files};
+use shardcall::oracle::{
+    check_commit_chain, check_coverage, check_final_state, check_ownership, read_batch_files,
+};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_kafka::testing::{TansuBroker, read_partition};
 use shardcall_redis::RedisStore;
@@ -195,6 +197,8 @@ impl Rig {
         let batches = self.oracle();
         let v = check_ownership(&batches, QUARANTINE_MS * 1000);
         assert!(v.is_empty(), "ownership: {v:?}");
+        let v = check_commit_chain(&batches);
+        assert!(v.is_empty(), "checkpoints: {v:?}");
         let v = check_coverage(&batches, &self.produced);
         assert!(v.is_empty(), "coverage: {v:?}");
         let handed_over = self
@@ -265,7 +269,7 @@ async fn workers_consume_kafka_through_a_kill_a_join_and_new_partitions() {
     let spooled = rig
         .oracle()
         .iter()
-        .filter(|b| b.member.as_str().starts_with("d-") && b.committed)
+        .filter(|b| b.member.as_str().starts_with("d-") && b.committed())
         .count();
     assert!(spooled > 0, "the spooling worker processed nothing");
 

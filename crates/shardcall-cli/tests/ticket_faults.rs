@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shardcall::oracle::{check_coverage, check_final_state, check_ownership, read_batch_files};
+use shardcall::oracle::{
+    check_commit_chain, check_coverage, check_final_state, check_ownership, read_batch_files,
+};
 use shardcall::{BatchRecord, CoordinationStore, TicketStore};
 use shardcall_core::PartitionId;
 use shardcall_redis::RedisStore;
@@ -225,15 +227,20 @@ async fn ticket_workers_through_kill_9_sigstop_and_a_graceful_stop() {
     // A frozen process resumes the handler call it was in when SIGCONT
     // comes; nothing can stop code that is not running. What fencing
     // guarantees is that such work has no effect: its checkpoint is refused.
-    // So: committed work never overlaps, and only the stopped worker had
-    // work refused.
-    let committed: Vec<BatchRecord> = batches.iter().filter(|b| b.committed).cloned().collect();
+    // So: committed work never overlaps, the store's checkpoints form one
+    // chain, and only the stopped worker had work refused or left unknown
+    // (frozen while its checkpoint was on the wire, it hears back after its
+    // lease: the write may have landed, and the next claim goes on from
+    // whatever the store kept).
+    let committed: Vec<BatchRecord> = batches.iter().filter(|b| b.committed()).cloned().collect();
     let v = check_ownership(&committed, 0);
     assert!(v.is_empty(), "two slots on one partition at once: {v:?}");
-    for b in batches.iter().filter(|b| !b.committed) {
+    let v = check_commit_chain(&batches);
+    assert!(v.is_empty(), "checkpoints: {v:?}");
+    for b in batches.iter().filter(|b| !b.committed()) {
         assert!(
             b.member.as_str().starts_with("b-"),
-            "only the stopped worker's late work may be refused: {b:?}"
+            "only the stopped worker's late work may be refused or unknown: {b:?}"
         );
     }
     let ends = rig.ends();
@@ -371,7 +378,7 @@ async fn a_poison_pill_that_crashes_workers_ends_in_the_dead_letters() {
     let v = check_ownership(
         &rig.oracle()
             .into_iter()
-            .filter(|b| b.committed)
+            .filter(|b| b.committed())
             .collect::<Vec<_>>(),
         0,
     );

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use shardcall::oracle::{
-    DigestFactory, DigestState, Oracle, check_coverage, check_final_state, check_ownership,
+    DigestFactory, DigestState, Oracle, check_commit_chain, check_coverage, check_final_state,
+    check_ownership,
 };
 use shardcall::{CoordinationStore, MemoryStore, Source, Worker, WorkerConfig};
 use shardcall_core::{GroupConfig, PartitionId};
@@ -306,6 +307,8 @@ async fn workers_ride_out_a_broker_that_is_down_slow_or_failing() {
     let batches = oracle.batches();
     let v = check_ownership(&batches, timing().quarantine_min.as_micros() as u64);
     assert!(v.is_empty(), "ownership: {v:?}");
+    let v = check_commit_chain(&batches);
+    assert!(v.is_empty(), "checkpoints: {v:?}");
     let v = check_coverage(&batches, &expected);
     assert!(v.is_empty(), "coverage: {v:?}");
     for (p, n) in &expected {
@@ -497,6 +500,8 @@ async fn ticket_mode_over_kafka() {
     let batches = oracle.batches();
     let v = check_ownership(&batches, 0);
     assert!(v.is_empty(), "two slots at once: {v:?}");
+    let v = check_commit_chain(&batches);
+    assert!(v.is_empty(), "checkpoints: {v:?}");
     let v = check_coverage(&batches, &expected);
     assert!(v.is_empty(), "coverage: {v:?}");
     for (p, n) in &expected {

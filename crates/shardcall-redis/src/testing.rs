@@ -125,7 +125,9 @@ impl Drop for RedisServer {
 }
 
 /// A TCP proxy in front of a server, whose connections a test can cut (and
-/// refuse) to simulate a network partition between one client and Redis.
+/// refuse) to simulate a network partition between one client and Redis, or
+/// whose answers it can hold back while requests still go through (a client
+/// that cannot tell whether its write landed).
 #[derive(Debug)]
 pub struct TcpProxy {
     /// Its port on 127.0.0.1.
@@ -136,6 +138,7 @@ pub struct TcpProxy {
 #[derive(Debug, Default)]
 struct ProxyState {
     cut: std::sync::atomic::AtomicBool,
+    hold_answers: std::sync::atomic::AtomicBool,
     stopped: std::sync::atomic::AtomicBool,
     live: std::sync::Mutex<Vec<std::net::TcpStream>>,
 }
@@ -160,9 +163,23 @@ impl TcpProxy {
                 let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
                     continue;
                 };
-                let pipe = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                let pipe = |mut from: std::net::TcpStream,
+                            mut to: std::net::TcpStream,
+                            held: Option<std::sync::Arc<ProxyState>>| {
                     std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
+                        use std::io::{Read, Write};
+                        let mut buf = vec![0u8; 64 << 10];
+                        while let Ok(n @ 1..) = from.read(&mut buf) {
+                            while held
+                                .as_ref()
+                                .is_some_and(|h| h.hold_answers.load(Ordering::Acquire))
+                            {
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
                         let _ = to.shutdown(std::net::Shutdown::Both);
                     });
                 };
@@ -170,8 +187,8 @@ impl TcpProxy {
                     let mut live = s.live.lock().expect("proxy lock");
                     live.push(c2.try_clone().expect("clone"));
                     live.push(s2.try_clone().expect("clone"));
-                    pipe(client, s2);
-                    pipe(server, c2);
+                    pipe(client, s2, None);
+                    pipe(server, c2, Some(s.clone()));
                 }
             }
         });
@@ -198,6 +215,14 @@ impl TcpProxy {
         self.state
             .cut
             .store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Holds the server's answers back (requests still reach the server)
+    /// while `hold` is true; held answers then arrive late, in order.
+    pub fn hold_answers(&self, hold: bool) {
+        self.state
+            .hold_answers
+            .store(hold, std::sync::atomic::Ordering::Release);
     }
 }
 

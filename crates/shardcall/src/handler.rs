@@ -73,11 +73,39 @@ pub struct BatchRecord {
     pub started_us: u64,
     /// When the handler returned.
     pub processed_us: u64,
-    /// When its checkpoint was written (or refused).
+    /// When the answer to its checkpoint came (or the worker gave up
+    /// waiting). A process frozen meanwhile learns late: the checkpoint
+    /// itself took effect (or not) somewhere between `processed_us` and this.
     pub ended_us: u64,
-    /// Whether the checkpoint was accepted (a refused one means the worker
-    /// was fenced out and stopped).
-    pub committed: bool,
+    /// What became of its checkpoint.
+    pub outcome: BatchOutcome,
+}
+
+impl BatchRecord {
+    /// Whether the store accepted its checkpoint.
+    pub fn committed(&self) -> bool {
+        self.outcome == BatchOutcome::Committed
+    }
+
+    /// Whether its checkpoint is, or may be, in the store.
+    pub fn may_have_committed(&self) -> bool {
+        self.outcome != BatchOutcome::Refused
+    }
+}
+
+/// What became of a batch's checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchOutcome {
+    /// The store accepted it.
+    Committed,
+    /// It never took effect: the store refused it (the worker was fenced
+    /// out) or it was never sent (the lease ran out first).
+    Refused,
+    /// Sent, but no answer came while the lease lasted: it may have taken
+    /// effect. The worker acts as if it had not (it stops serving the
+    /// partition); the store's fencing keeps either case consistent.
+    Unknown,
 }
 
 /// Sees every batch a worker checkpoints (tests and the demo keep an oracle).

@@ -33,7 +33,8 @@ pub use config::{WorkerConfig, WorkerConfigError};
 pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use error::WorkerError;
 pub use handler::{
-    BatchObserver, BatchRecord, HandlerError, HandlerFactory, PartitionContext, PartitionHandler,
+    BatchObserver, BatchOutcome, BatchRecord, HandlerError, HandlerFactory, PartitionContext,
+    PartitionHandler,
 };
 pub use lease::LocalLease;
 pub use memory::{Clock, MemoryStore, SystemClock};

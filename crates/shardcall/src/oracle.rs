@@ -53,17 +53,14 @@ pub struct Violation(pub String);
 /// Property 1 and 3: no two grants process a partition at overlapping times,
 /// and after a partition changes member, at least `quarantine_us` passes
 /// between the old member's last batch and the new member's first. A batch
-/// spans from the start of processing to its checkpoint, or, when the
-/// checkpoint was refused or given up, to the end of processing.
+/// spans its handler call: from the start of processing to the handler's
+/// return. (Its checkpoint is checked by [`check_commit_chain`]: the moment
+/// it took effect is not observable from a process that may be frozen.)
 pub fn check_ownership(batches: &[BatchRecord], quarantine_us: u64) -> Vec<Violation> {
     let spans: Vec<BatchRecord> = batches
         .iter()
         .map(|b| BatchRecord {
-            ended_us: if b.committed {
-                b.ended_us
-            } else {
-                b.processed_us
-            },
+            ended_us: b.processed_us,
             ..b.clone()
         })
         .collect();
@@ -108,7 +105,7 @@ pub fn check_ownership(batches: &[BatchRecord], quarantine_us: u64) -> Vec<Viola
 }
 
 /// Property 2, first half: every offset below each partition's end was in
-/// some committed batch.
+/// some batch whose checkpoint is, or may be, in the store.
 pub fn check_coverage(
     batches: &[BatchRecord],
     ends: &BTreeMap<PartitionId, u64>,
@@ -117,7 +114,7 @@ pub fn check_coverage(
     for (p, &end) in ends {
         let mut spans: Vec<(u64, u64)> = batches
             .iter()
-            .filter(|b| &b.partition == p && b.committed)
+            .filter(|b| &b.partition == p && b.may_have_committed())
             .map(|b| (b.first, b.last))
             .collect();
         spans.sort_unstable();
@@ -132,6 +129,41 @@ pub fn check_coverage(
             out.push(Violation(format!(
                 "{p}: offsets {next}..{end} were never processed"
             )));
+        }
+    }
+    out
+}
+
+/// Property 1, for what the store kept: per partition, the accepted
+/// checkpoints in offset order never cover an offset twice and never go
+/// back to an older grant's epoch. A checkpoint of a grant that was fenced
+/// out, landing after a newer grant took over, breaks one or the other.
+pub fn check_commit_chain(batches: &[BatchRecord]) -> Vec<Violation> {
+    let mut by_partition: BTreeMap<&PartitionId, Vec<&BatchRecord>> = BTreeMap::new();
+    for b in batches.iter().filter(|b| b.committed()) {
+        by_partition.entry(&b.partition).or_default().push(b);
+    }
+    let mut out = Vec::new();
+    for (p, list) in by_partition.iter_mut() {
+        list.sort_by_key(|b| (b.first, b.last));
+        for pair in list.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if b.first <= a.last {
+                out.push(Violation(format!(
+                    "{p}: offsets {}..={} committed twice, by {}@{} and {}@{}",
+                    b.first,
+                    a.last.min(b.last),
+                    a.member,
+                    a.epoch,
+                    b.member,
+                    b.epoch
+                )));
+            } else if b.epoch < a.epoch {
+                out.push(Violation(format!(
+                    "{p}: {}@{} committed {}..={} after {}@{} had committed {}..={}",
+                    b.member, b.epoch, b.first, b.last, a.member, a.epoch, a.first, a.last
+                )));
+            }
         }
     }
     out
@@ -324,6 +356,7 @@ impl HandlerFactory for DigestFactory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handler::BatchOutcome;
     use bytes::Bytes;
     use shardcall_core::MemberId;
 
@@ -383,8 +416,12 @@ mod tests {
             started_us: start,
             processed_us: end,
             ended_us: end,
-            committed: true,
+            outcome: BatchOutcome::Committed,
         }
+    }
+
+    fn with(outcome: BatchOutcome, b: BatchRecord) -> BatchRecord {
+        BatchRecord { outcome, ..b }
     }
 
     #[test]
@@ -401,6 +438,38 @@ mod tests {
         // The same member under a new epoch (re-granted) is not a handover.
         let regrant = [batch("a", 1, 0, 9, 0, 100), batch("a", 2, 10, 19, 150, 200)];
         assert!(check_ownership(&regrant, 1_000).is_empty());
+        // A process frozen while its checkpoint was on the wire hears back
+        // late; its handler call was over long before the next grant began.
+        let late_answer = [
+            BatchRecord {
+                ended_us: 5_000,
+                ..batch("a", 1, 0, 9, 0, 100)
+            },
+            batch("b", 2, 10, 19, 1_100, 1_200),
+        ];
+        assert!(check_ownership(&late_answer, 1_000).is_empty());
+    }
+
+    #[test]
+    fn commit_chain_check_catches_double_and_stale_commits() {
+        let ok = [
+            batch("a", 1, 0, 9, 0, 1),
+            batch("a", 1, 10, 19, 2, 3),
+            batch("b", 2, 20, 29, 4, 5),
+        ];
+        assert!(check_commit_chain(&ok).is_empty());
+        let twice = [batch("a", 1, 0, 9, 0, 1), batch("b", 2, 5, 14, 2, 3)];
+        assert_eq!(check_commit_chain(&twice).len(), 1);
+        let stale = [batch("b", 2, 0, 9, 0, 1), batch("a", 1, 10, 19, 2, 3)];
+        assert_eq!(check_commit_chain(&stale).len(), 1);
+        // Refused and unknown work is not in the chain.
+        let refused = [
+            batch("a", 1, 0, 9, 0, 1),
+            with(BatchOutcome::Refused, batch("a", 1, 10, 19, 2, 3)),
+            with(BatchOutcome::Unknown, batch("a", 1, 10, 19, 2, 3)),
+            batch("b", 2, 10, 19, 4, 5),
+        ];
+        assert!(check_commit_chain(&refused).is_empty());
     }
 
     #[test]
@@ -410,5 +479,19 @@ mod tests {
         assert!(check_coverage(&full, &ends).is_empty());
         let hole = [batch("a", 1, 0, 9, 0, 1), batch("a", 1, 11, 29, 2, 3)];
         assert_eq!(check_coverage(&hole, &ends).len(), 1);
+        // A checkpoint whose answer never came may have landed (the next
+        // grant then starts after it); a refused one did not.
+        let unknown = [
+            batch("a", 1, 0, 9, 0, 1),
+            with(BatchOutcome::Unknown, batch("a", 1, 10, 19, 2, 3)),
+            batch("b", 2, 20, 29, 4, 5),
+        ];
+        assert!(check_coverage(&unknown, &ends).is_empty());
+        let refused = [
+            batch("a", 1, 0, 9, 0, 1),
+            with(BatchOutcome::Refused, batch("a", 1, 10, 19, 2, 3)),
+            batch("b", 2, 20, 29, 4, 5),
+        ];
+        assert_eq!(check_coverage(&refused, &ends).len(), 1);
     }
 }

@@ -8,7 +8,7 @@ use shardcall_spool::Record;
 use tokio::sync::watch;
 
 use crate::handler::{
-    BatchObserver, BatchRecord, HandlerError, PartitionContext, PartitionHandler,
+    BatchObserver, BatchOutcome, BatchRecord, HandlerError, PartitionContext, PartitionHandler,
 };
 use crate::lease::LocalLease;
 use crate::source::Source;
@@ -261,11 +261,12 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         };
         // Each attempt is bounded by the lease: a write that cannot land
         // while the lease runs is given up (and the store refuses it if it
-        // lands later).
-        let committed = loop {
+        // lands later). An attempt that got no answer may have landed.
+        let mut unanswered = false;
+        let outcome = loop {
             let left = self.lease.remaining();
             if left.is_zero() {
-                break false;
+                break BatchOutcome::Refused;
             }
             let attempt = self.store.save_checkpoint(
                 &self.group,
@@ -277,18 +278,27 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             let result = tokio::time::timeout(left, attempt).await;
             crate::telemetry::store_seconds("checkpoint", sent.elapsed());
             match result {
-                Ok(Ok(())) => break true,
+                Ok(Ok(())) => break BatchOutcome::Committed,
                 Ok(Err(StoreError::Fenced(_))) => {
                     crate::telemetry::fenced(&self.group);
-                    break false;
+                    break BatchOutcome::Refused;
                 }
-                Err(_) => break false,
+                Err(_) => {
+                    unanswered = true;
+                    break BatchOutcome::Refused;
+                }
                 Ok(Err(e)) => {
+                    unanswered = true;
                     tracing::warn!(partition = %self.ctx.partition, error = %e, "checkpoint failed; retrying");
                     tokio::time::sleep(RETRY.min(left)).await;
                 }
             }
         };
+        let outcome = match outcome {
+            BatchOutcome::Refused if unanswered => BatchOutcome::Unknown,
+            o => o,
+        };
+        let committed = outcome == BatchOutcome::Committed;
         if let Some(o) = &self.observer {
             o.batch(BatchRecord {
                 partition: self.ctx.partition.clone(),
@@ -299,7 +309,7 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
                 started_us,
                 processed_us,
                 ended_us: o.now_us(),
-                committed,
+                outcome,
             });
         }
         if committed {

@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use crate::dead_letters::DeadLetters;
 use crate::error::WorkerError;
 use crate::handler::{
-    BatchObserver, BatchRecord, HandlerFactory, PartitionContext, PartitionHandler,
+    BatchObserver, BatchOutcome, BatchRecord, HandlerFactory, PartitionContext, PartitionHandler,
 };
 use crate::lease::LocalLease;
 use crate::partition::with_handler;
@@ -628,6 +628,8 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             state,
             epoch: self.claim.epoch,
         };
+        // An attempt that got no answer may have landed.
+        let mut unanswered = false;
         let outcome = loop {
             let left = self.lease.remaining();
             if left.is_zero() {
@@ -639,8 +641,12 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             match tokio::time::timeout(left, write).await {
                 Ok(Ok(())) => break Ok(()),
                 Ok(Err(StoreError::Fenced(f))) => break Err(f.to_string()),
-                Err(_) => break Err("checkpoint outlasted the lease".to_string()),
+                Err(_) => {
+                    unanswered = true;
+                    break Err("checkpoint outlasted the lease".to_string());
+                }
                 Ok(Err(e)) => {
+                    unanswered = true;
                     tracing::warn!(partition = %self.claim.partition, error = %e, "checkpoint failed; retrying");
                     tokio::time::sleep(RETRY.min(left)).await;
                 }
@@ -656,7 +662,11 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 started_us: self.batch_started_us,
                 processed_us,
                 ended_us: o.now_us(),
-                committed: outcome.is_ok(),
+                outcome: match &outcome {
+                    Ok(()) => BatchOutcome::Committed,
+                    Err(_) if unanswered => BatchOutcome::Unknown,
+                    Err(_) => BatchOutcome::Refused,
+                },
             });
         }
         if outcome.is_ok() {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shardcall::oracle::{
-    DigestFactory, Oracle, check_coverage, check_final_state, check_ownership,
+    DigestFactory, Oracle, check_commit_chain, check_coverage, check_final_state, check_ownership,
 };
 use shardcall::{
     CoordinationStore, FileLogDeadLetters, FileLogSource, MemoryStore, TicketConfig, TicketStore,
@@ -150,6 +150,8 @@ impl Run {
         let batches = self.oracle.batches();
         let v = check_ownership(&batches, 0);
         assert!(v.is_empty(), "ownership: {v:?}");
+        let v = check_commit_chain(&batches);
+        assert!(v.is_empty(), "checkpoints: {v:?}");
         let ends = self.ends();
         let v = check_coverage(&batches, &ends);
         assert!(v.is_empty(), "coverage: {v:?}");

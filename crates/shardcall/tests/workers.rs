@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_coverage, check_ownership};
+use shardcall::oracle::{
+    DigestFactory, DigestState, Oracle, check_commit_chain, check_coverage, check_ownership,
+};
 use shardcall::{
     CoordinationStore, FileLogSource, MemoryStore, Worker, WorkerConfig, WorkerHandle,
 };
@@ -125,6 +127,8 @@ impl Cluster {
         let quarantine_us = QUARANTINE.as_micros() as u64;
         let v = check_ownership(&batches, quarantine_us);
         assert!(v.is_empty(), "ownership: {v:?}");
+        let v = check_commit_chain(&batches);
+        assert!(v.is_empty(), "checkpoints: {v:?}");
         let mut owners: BTreeMap<&PartitionId, std::collections::BTreeSet<&str>> = BTreeMap::new();
         for b in &batches {
             owners
