@@ -111,6 +111,7 @@ fn plain_consumer(
     partitions: u32,
     records: usize,
     properties: &BTreeMap<String, String>,
+    max_buffered_bytes: usize,
 ) -> anyhow::Result<Timing> {
     // The same client settings the shardcall source uses, where they apply
     // to a plain consumer.
@@ -123,6 +124,14 @@ fn plain_consumer(
     }
     .client_config();
     config.set("auto.offset.reset", "earliest");
+    // One queue for all partitions here: it may hold what shardcall's
+    // per-partition queues hold together.
+    if !properties.contains_key("queued.max.messages.kbytes") {
+        let kbytes = (max_buffered_bytes * partitions as usize)
+            .div_ceil(1024)
+            .clamp(1, 2_097_151);
+        config.set("queued.max.messages.kbytes", kbytes.to_string());
+    }
     let consumer: BaseConsumer = config.create()?;
     let mut tpl = rdkafka::TopicPartitionList::new();
     for p in 0..partitions {
@@ -336,15 +345,18 @@ async fn bench(args: &BenchKafkaArgs) -> anyhow::Result<ExitCode> {
     let mut plain = Vec::new();
     let mut ours = Vec::new();
     for round in 0..args.rounds {
-        let (b, t, p, props) = (
+        let (b, t, p, props, buffered) = (
             brokers.clone(),
             topic.clone(),
             args.partitions,
             properties.clone(),
+            args.max_buffered_bytes,
         );
         plain.push(
-            tokio::task::spawn_blocking(move || plain_consumer(&b, &t, p, produced, &props))
-                .await??,
+            tokio::task::spawn_blocking(move || {
+                plain_consumer(&b, &t, p, produced, &props, buffered)
+            })
+            .await??,
         );
         ours.push(
             through_shardcall(

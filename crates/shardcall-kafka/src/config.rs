@@ -82,8 +82,9 @@ pub struct KafkaConfig {
     pub commit_interval: Duration,
     /// How often the partition lists of the topics are refreshed.
     pub metadata_refresh: Duration,
-    /// Bytes fetched ahead per partition; above it fetching pauses for that
-    /// partition until its handler catches up below half of it.
+    /// Bytes fetched ahead per partition: librdkafka stops fetching a
+    /// partition whose queue holds this much until its reader takes records
+    /// (it may overshoot by one fetch, at most half of this or 1 MiB).
     pub max_buffered_bytes: usize,
     /// How long a metadata or watermark request may take.
     pub request_timeout: Duration,
@@ -188,8 +189,12 @@ impl KafkaConfig {
     /// ones shardcall owns.
     pub fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
-        // Fetch ahead modestly by default; users tune it with kafka.* keys.
-        c.set("queued.max.messages.kbytes", "16384");
+        // Each partition has its own queue, so librdkafka's queue limits are
+        // per partition; users may still tune them with kafka.* keys.
+        let kbytes = self.max_buffered_bytes.div_ceil(1024).clamp(1, 2_097_151);
+        c.set("queued.max.messages.kbytes", kbytes.to_string());
+        let fetch = (self.max_buffered_bytes / 2).clamp(1, 1 << 20);
+        c.set("fetch.message.max.bytes", fetch.to_string());
         c.set("fetch.queue.backoff.ms", "10");
         for (k, v) in &self.properties {
             c.set(k, v);
@@ -253,6 +258,19 @@ mod tests {
         assert_eq!(cc.get("queued.max.messages.kbytes"), Some("1024"));
         assert_eq!(cc.get("auto.offset.reset"), Some("error"));
         assert_eq!(cc.get("enable.auto.offset.store"), Some("false"));
+    }
+
+    #[test]
+    fn the_fetch_ahead_limit_becomes_librdkafkas_per_partition_queue_limit() {
+        let mut c = good();
+        c.max_buffered_bytes = 64 << 10;
+        let cc = c.client_config();
+        assert_eq!(cc.get("queued.max.messages.kbytes"), Some("64"));
+        assert_eq!(cc.get("fetch.message.max.bytes"), Some("32768"));
+        c.max_buffered_bytes = 100 << 20;
+        let cc = c.client_config();
+        assert_eq!(cc.get("queued.max.messages.kbytes"), Some("102400"));
+        assert_eq!(cc.get("fetch.message.max.bytes"), Some("1048576"));
     }
 
     #[test]

@@ -5,10 +5,10 @@
 //! is assigned partitions by hand and never joins Kafka's group protocol;
 //! checkpointed offsets are still committed to a Kafka group so standard
 //! lag tools see the group. Each partition's records are fetched ahead into
-//! a bounded buffer; a full buffer pauses fetching for that partition.
+//! a librdkafka queue of its own, which its task reads directly; a full
+//! queue stops fetching for that partition.
 //! [`KafkaDeadLetters`] is ticket mode's dead-letter destination in a topic.
 
-mod buffer;
 mod config;
 mod dead_letters;
 mod source;

@@ -1,7 +1,11 @@
 //! The Kafka source: one librdkafka consumer per worker with partitions
-//! assigned by hand (never by Kafka's group protocol), a poll thread that
-//! files each record into its partition's bounded buffer, and offsets
-//! committed to the Kafka group after each checkpoint.
+//! assigned by hand (never by Kafka's group protocol). Each assigned
+//! partition has a librdkafka queue of its own, read by the partition's
+//! task itself: no thread in between, no copy to hand over. librdkafka
+//! stops fetching a partition whose queue is full, so a slow handler holds
+//! back its own partition instead of buffering without bound. A thread
+//! serves the client's other events and commits checkpointed offsets to the
+//! Kafka group.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,21 +14,26 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
+use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use shardcall::{Source, SourceError};
 use shardcall_core::PartitionId;
 use shardcall_spool::Record;
 use tokio::sync::Notify;
 
-use crate::buffer::{Admitted, PartitionBuffer, Taken};
 use crate::config::{KafkaConfig, KafkaConfigError, StartPosition};
 
-/// Routes librdkafka's own reports to `tracing`.
+/// Routes librdkafka's own reports to `tracing`, and keeps what its
+/// statistics (when `statistics.interval.ms` is set) say each partition has
+/// fetched ahead.
 #[derive(Debug, Default)]
-pub struct Reporter;
+pub struct Reporter {
+    fetched_ahead: Mutex<HashMap<PartitionId, usize>>,
+}
 
 impl ClientContext for Reporter {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
@@ -41,6 +50,20 @@ impl ClientContext for Reporter {
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::warn!(target: "librdkafka", error = %error, "{reason}");
     }
+
+    fn stats(&self, statistics: Statistics) {
+        let mut ahead = self.fetched_ahead.lock().expect("statistics lock");
+        for (topic, t) in &statistics.topics {
+            for (&partition, p) in &t.partitions {
+                if partition >= 0 {
+                    ahead.insert(
+                        PartitionId::new(topic, partition as u32),
+                        p.fetchq_size as usize,
+                    );
+                }
+            }
+        }
+    }
 }
 
 // librdkafka reports the outcome of an asynchronous commit only through an
@@ -50,12 +73,53 @@ impl ConsumerContext for Reporter {}
 
 type KafkaConsumer = BaseConsumer<Reporter>;
 
+/// Where the reader of one partition is.
+struct Reader {
+    /// The offset the reader asks for next.
+    read_from: u64,
+    /// After an offset reset the reader still asks for its old offset once.
+    reset_from: Option<u64>,
+    /// The offset after the last record taken from the queue; older records
+    /// (from before a reposition) are dropped.
+    delivered: u64,
+    /// The broker said the position is not in the log: recover first.
+    out_of_range: bool,
+    /// A record of this partition went astray: read again from `read_from`.
+    reposition: bool,
+    /// Keys and payloads are copied into shared chunks, not one allocation
+    /// each: a chunk is freed with its last record.
+    arena: BytesMut,
+}
+
+/// One partition this client has read: its queue is kept while the source
+/// lives (librdkafka's wake-up callback belongs to the queue, not to a
+/// handle, so a second handle would silence the first).
 struct Slot {
-    buffer: PartitionBuffer,
+    queue: PartitionQueue<Reporter>,
+    /// `None` while the partition is not assigned.
+    reader: Mutex<Option<Reader>>,
+    /// Woken when the queue becomes non-empty.
     notify: Arc<Notify>,
-    /// The last checkpointed offset, for the Kafka group.
+    /// Set when the queue becomes non-empty, cleared when a read finds it
+    /// empty: whether records wait to be read.
+    arrived: Arc<AtomicBool>,
+}
+
+/// What a read found.
+enum Took {
+    /// Records in offset order (possibly none yet).
+    Records(Vec<Record>),
+    /// The reader asked for an offset the partition is not positioned at.
+    Elsewhere,
+    /// The broker said the position is not in the log.
+    OutOfRange,
+}
+
+/// The last checkpointed offset of a partition and the last one sent to the
+/// Kafka group.
+#[derive(Default)]
+struct Commit {
     checkpointed: Option<u64>,
-    /// The last offset sent to the Kafka group.
     sent: Option<u64>,
 }
 
@@ -69,10 +133,11 @@ struct Known {
 struct Inner {
     config: KafkaConfig,
     /// Always set until dropped.
-    consumer: Option<KafkaConsumer>,
+    consumer: Option<Arc<KafkaConsumer>>,
     /// Drop the client without closing it (its broker is unreachable).
     abandon: AtomicBool,
-    slots: Mutex<HashMap<PartitionId, Slot>>,
+    slots: Mutex<HashMap<PartitionId, Arc<Slot>>>,
+    commits: Mutex<HashMap<PartitionId, Commit>>,
     known: Mutex<Known>,
     stop: AtomicBool,
 }
@@ -130,19 +195,100 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| SourceError::Other(format!("kafka client task failed: {e}")))?
 }
 
+impl Reader {
+    fn new(offset: u64) -> Self {
+        Self {
+            read_from: offset,
+            reset_from: None,
+            delivered: offset,
+            out_of_range: false,
+            reposition: false,
+            arena: BytesMut::new(),
+        }
+    }
+}
+
+impl Slot {
+    /// Up to `max` records for a reader at `offset`, from what the queue
+    /// holds now (never waits).
+    fn take(&self, offset: u64, max: usize) -> Took {
+        let mut guard = self.reader.lock().expect("reader lock");
+        let Some(r) = guard.as_mut() else {
+            return Took::Elsewhere;
+        };
+        if r.reposition || (offset != r.read_from && Some(offset) != r.reset_from) {
+            return Took::Elsewhere;
+        }
+        if r.out_of_range {
+            return Took::OutOfRange;
+        }
+        let mut out = Vec::new();
+        let mut looked_again = false;
+        while out.len() < max {
+            match self.queue.poll(Duration::ZERO) {
+                None if looked_again => break,
+                None => {
+                    // Cleared before one more look: a record that lands in
+                    // between is seen now, or sets the flag again.
+                    self.arrived.store(false, Ordering::Release);
+                    looked_again = true;
+                }
+                Some(Ok(m)) => {
+                    if looked_again {
+                        self.arrived.store(true, Ordering::Release);
+                        looked_again = false;
+                    }
+                    let at = m.offset() as u64;
+                    if at < r.delivered {
+                        continue; // from before a reposition
+                    }
+                    r.delivered = at + 1;
+                    let key = m.key().map(|k| copy_into(&mut r.arena, k));
+                    let payload = copy_into(&mut r.arena, m.payload().unwrap_or_default());
+                    out.push(Record {
+                        offset: at,
+                        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+                        key,
+                        payload,
+                    });
+                }
+                Some(Err(KafkaError::MessageConsumption(
+                    RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
+                ))) => {
+                    r.out_of_range = true;
+                    break;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "kafka fetch error; librdkafka retries");
+                    break;
+                }
+            }
+        }
+        if let Some(last) = out.last() {
+            r.read_from = last.offset + 1;
+            r.reset_from = None;
+        } else if r.out_of_range {
+            return Took::OutOfRange;
+        }
+        Took::Records(out)
+    }
+}
+
 impl KafkaSource {
-    /// Connects (lazily, as librdkafka does) and starts the poll thread.
+    /// Connects (lazily, as librdkafka does) and starts the thread that
+    /// serves the client's events.
     pub fn new(config: KafkaConfig) -> Result<Self, KafkaConfigError> {
         config.validate()?;
         let consumer: KafkaConsumer = config
             .client_config()
-            .create_with_context(Reporter)
+            .create_with_context(Reporter::default())
             .map_err(|e| KafkaConfigError::Client(e.to_string()))?;
         let inner = Arc::new(Inner {
             config,
-            consumer: Some(consumer),
+            consumer: Some(Arc::new(consumer)),
             abandon: AtomicBool::new(false),
             slots: Mutex::default(),
+            commits: Mutex::default(),
             known: Mutex::default(),
             stop: AtomicBool::new(false),
         });
@@ -162,13 +308,19 @@ impl KafkaSource {
         &self.inner.config
     }
 
-    /// Bytes fetched ahead and not yet read for `partition`, and whether its
-    /// fetching is paused (for tests and displays).
-    pub fn buffered(&self, partition: &PartitionId) -> Option<(usize, bool)> {
-        let slots = self.inner.slots.lock().expect("slots lock");
-        slots
-            .get(partition)
-            .map(|s| (s.buffer.bytes(), s.buffer.paused()))
+    /// Whether this source reads `partition` (it is assigned to the client).
+    pub fn is_reading(&self, partition: &PartitionId) -> bool {
+        let slot = self.inner.slot(partition);
+        slot.is_some_and(|s| s.reader.lock().expect("reader lock").is_some())
+    }
+
+    /// Bytes librdkafka has fetched ahead for `partition` and not yet handed
+    /// to its reader, as of its last statistics report; `None` without one
+    /// (reports come only when `statistics.interval.ms` is set).
+    pub fn fetched_ahead(&self, partition: &PartitionId) -> Option<usize> {
+        let c = self.inner.c();
+        let ahead = c.context().fetched_ahead.lock().expect("statistics lock");
+        ahead.get(partition).copied()
     }
 
     /// The first offset of `partition` stamped at or after `millis` (ms since
@@ -256,6 +408,8 @@ impl Drop for KafkaSource {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // The partition queues hold the client too: they go first.
+        self.slots.get_mut().expect("slots lock").clear();
         if self.abandon.load(Ordering::Relaxed)
             && let Some(c) = self.consumer.take()
         {
@@ -268,7 +422,7 @@ impl Drop for Inner {
 impl Inner {
     fn c(&self) -> &KafkaConsumer {
         self.consumer
-            .as_ref()
+            .as_deref()
             .expect("the consumer lives as long as the source")
     }
 
@@ -307,54 +461,86 @@ impl Inner {
         only: Option<&PartitionId>,
     ) -> Result<TopicPartitionList, SourceError> {
         let mut t = TopicPartitionList::new();
-        {
-            let mut slots = self.slots.lock().expect("slots lock");
-            for (p, s) in slots.iter_mut() {
-                if only.is_some_and(|o| o != p) || s.checkpointed == s.sent {
-                    continue;
-                }
-                if let Some(o) = s.checkpointed {
-                    t.add_partition_offset(&p.topic, p.partition as i32, Offset::Offset(o as i64))
-                        .map_err(|e| other("commit", Some(p), e))?;
-                    s.sent = Some(o);
-                }
+        let mut commits = self.commits.lock().expect("commits lock");
+        for (p, c) in commits.iter_mut() {
+            if only.is_some_and(|o| o != p) || c.checkpointed == c.sent {
+                continue;
+            }
+            if let Some(o) = c.checkpointed {
+                t.add_partition_offset(&p.topic, p.partition as i32, Offset::Offset(o as i64))
+                    .map_err(|e| other("commit", Some(p), e))?;
+                c.sent = Some(o);
             }
         }
         Ok(t)
     }
 
-    /// Points the consumer at `offset` of `p`: a fresh buffer, then an
-    /// assignment from there. An offset the log no longer holds makes the
-    /// broker answer "out of range", which [`Inner::recover_out_of_range`]
-    /// reports and replaces by the configured start.
+    /// Points the consumer at `offset` of `p`: a queue of its own (split
+    /// off before the assignment, so no record of it reaches the main
+    /// queue), then an assignment from there. An offset the log no longer
+    /// holds makes the broker answer "out of range", which
+    /// [`Inner::recover_out_of_range`] reports and replaces by the
+    /// configured start.
     fn reposition(&self, p: &PartitionId, offset: u64) -> Result<(), SourceError> {
         tracing::debug!(partition = %p, offset, "assigning the partition from this offset");
-        let was_assigned = self.slots.lock().expect("slots lock").remove(p).is_some();
-        if was_assigned {
+        let slot = match self.slot(p) {
+            Some(slot) => slot,
+            None => self.new_slot(p)?,
+        };
+        let mut reader = slot.reader.lock().expect("reader lock");
+        if reader.take().is_some() {
             self.c()
                 .incremental_unassign(&tpl(p, None))
                 .map_err(|e| other("unassign", Some(p), e))?;
         }
-        self.slots.lock().expect("slots lock").insert(
-            p.clone(),
-            Slot {
-                buffer: PartitionBuffer::new(offset, self.config.max_buffered_bytes),
-                notify: Arc::new(Notify::new()),
-                checkpointed: None,
-                sent: None,
-            },
-        );
         self.c()
             .incremental_assign(&tpl(p, Some(offset)))
-            .map_err(|e| other("assign", Some(p), e))
+            .map_err(|e| other("assign", Some(p), e))?;
+        *reader = Some(Reader::new(offset));
+        Ok(())
+    }
+
+    fn slot(&self, p: &PartitionId) -> Option<Arc<Slot>> {
+        self.slots.lock().expect("slots lock").get(p).cloned()
+    }
+
+    /// The partition's own queue, split off the main queue before its first
+    /// assignment (so no record of it reaches the main queue).
+    fn new_slot(&self, p: &PartitionId) -> Result<Arc<Slot>, SourceError> {
+        let consumer = self
+            .consumer
+            .as_ref()
+            .expect("the consumer lives as long as the source");
+        let mut queue = consumer
+            .split_partition_queue(&p.topic, p.partition as i32)
+            .ok_or_else(|| other("partition queue", Some(p), "refused"))?;
+        let notify = Arc::new(Notify::new());
+        let arrived = Arc::new(AtomicBool::new(false));
+        let (n, a) = (notify.clone(), arrived.clone());
+        queue.set_nonempty_callback(move || {
+            a.store(true, Ordering::Release);
+            n.notify_one();
+        });
+        let slot = Arc::new(Slot {
+            queue,
+            reader: Mutex::new(None),
+            notify,
+            arrived,
+        });
+        let mut slots = self.slots.lock().expect("slots lock");
+        Ok(slots.entry(p.clone()).or_insert(slot).clone())
     }
 
     fn release(&self, p: &PartitionId) -> Result<(), SourceError> {
         if self.config.commit_offsets {
             self.commit_checkpointed(Some(p))?;
         }
-        let had = self.slots.lock().expect("slots lock").remove(p).is_some();
-        if had {
+        self.commits.lock().expect("commits lock").remove(p);
+        let Some(slot) = self.slot(p) else {
+            return Ok(());
+        };
+        let had = slot.reader.lock().expect("reader lock").take();
+        if had.is_some() {
             self.c()
                 .incremental_unassign(&tpl(p, None))
                 .map_err(|e| other("unassign", Some(p), e))?;
@@ -362,6 +548,10 @@ impl Inner {
         Ok(())
     }
 
+    /// Serves the client's events (errors, statistics, logs) and sends
+    /// checkpointed offsets to the Kafka group now and then. Records come
+    /// here only if a partition's queue was bypassed; they are not lost:
+    /// that partition is read again from where its reader is.
     fn poll_loop(&self) {
         let mut committed_at = Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
@@ -371,120 +561,68 @@ impl Inner {
                     tracing::warn!(error = %e, "committing offsets to the kafka group");
                 }
             }
-            // Wait for one record, then take what else is already there (up
-            // to half a partition's buffer, so a pause still comes in time),
-            // and file them all under one lock.
-            let mut wait = Duration::from_millis(100);
-            // Runs of records of one partition, as the fetches return them.
-            let mut batch: Vec<(PartitionId, Vec<Record>)> = Vec::new();
-            let (mut bytes, mut count) = (0, 0);
-            // Keys and payloads are copied into shared chunks, not one
-            // allocation each: a chunk is freed with its last record.
-            let mut arena = BytesMut::new();
-            while count < 4096 && bytes < self.config.max_buffered_bytes / 2 {
-                match self.c().poll(wait) {
-                    None => break,
-                    Some(Ok(m)) => {
-                        let same = batch.last().is_some_and(|(p, _)| {
-                            p.partition == m.partition() as u32 && *p.topic == *m.topic()
-                        });
-                        if !same {
-                            let p = PartitionId::new(m.topic(), m.partition() as u32);
-                            batch.push((p, Vec::new()));
+            let wait = self.config.commit_interval.min(Duration::from_millis(100));
+            match self.c().poll(wait) {
+                None => {}
+                Some(Ok(m)) => {
+                    let p = PartitionId::new(m.topic(), m.partition() as u32);
+                    tracing::debug!(partition = %p, offset = m.offset(), "a record bypassed its partition's queue; reading the partition again");
+                    if let Some(slot) = self.slot(&p) {
+                        if let Some(r) = slot.reader.lock().expect("reader lock").as_mut() {
+                            r.reposition = true;
                         }
-                        let record = Record {
-                            offset: m.offset() as u64,
-                            timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
-                            key: m.key().map(|k| copy_into(&mut arena, k)),
-                            payload: copy_into(&mut arena, m.payload().unwrap_or_default()),
-                        };
-                        bytes += record.payload.len();
-                        count += 1;
-                        batch.last_mut().expect("a run").1.push(record);
-                    }
-                    Some(Err(KafkaError::MessageConsumption(
-                        RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
-                    ))) => {
-                        self.route(std::mem::take(&mut batch));
-                        self.recover_out_of_range();
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "kafka fetch error; librdkafka retries")
+                        slot.notify.notify_one();
                     }
                 }
-                wait = Duration::ZERO;
-            }
-            self.route(batch);
-        }
-    }
-
-    fn route(&self, batch: Vec<(PartitionId, Vec<Record>)>) {
-        if batch.is_empty() {
-            return;
-        }
-        let mut pause = Vec::new();
-        {
-            let mut slots = self.slots.lock().expect("slots lock");
-            for (p, records) in batch {
-                // Records of a partition released meanwhile are dropped: its
-                // next owner reads them again from its checkpoint.
-                let Some(slot) = slots.get_mut(&p) else {
-                    continue;
-                };
-                let mut full = false;
-                for record in records {
-                    full |= slot.buffer.admit(record) == Admitted::KeptPause;
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "kafka client error; librdkafka retries")
                 }
-                slot.notify.notify_one();
-                if full {
-                    pause.push(p);
-                }
-            }
-        }
-        for p in pause {
-            if let Err(e) = self.c().pause(&tpl(&p, None)) {
-                tracing::warn!(partition = %p, error = %e, "pausing a full partition failed");
             }
         }
     }
 
-    /// The broker said some offset is out of range (the message does not say
-    /// which partition): every partition whose position is outside its log is
-    /// reported and moved to the configured start.
-    fn recover_out_of_range(&self) {
-        let positions: Vec<(PartitionId, u64)> = {
-            let slots = self.slots.lock().expect("slots lock");
-            slots
-                .iter()
-                .filter(|(_, s)| s.buffer.is_empty())
-                .map(|(p, s)| (p.clone(), s.buffer.position()))
-                .collect()
+    /// The broker said `p`'s position is not in its log: report it and move
+    /// to the configured start.
+    fn recover_out_of_range(&self, p: &PartitionId) -> Result<(), SourceError> {
+        let Some(slot) = self.slot(p) else {
+            return Ok(());
         };
-        for (p, at) in positions {
-            let Ok((low, high)) = self.watermarks(&p) else {
-                continue;
-            };
-            if at >= low && at <= high {
-                continue;
-            }
+        let Some(at) = slot
+            .reader
+            .lock()
+            .expect("reader lock")
+            .as_ref()
+            .map(|r| r.delivered)
+        else {
+            return Ok(());
+        };
+        let (low, high) = self.watermarks(p)?;
+        let to = if at < low || at > high {
             let to = match self.config.start {
                 StartPosition::Earliest => low,
                 StartPosition::Latest => high,
             };
             tracing::warn!(partition = %p, offset = at, log_start = low, log_end = high, reset_to = to, start = %self.config.start,
                 "the offset is not in the log (removed by retention, or the topic was recreated): records in between are not processed by this group; continuing from the configured start");
-            {
-                let mut slots = self.slots.lock().expect("slots lock");
-                match slots.get_mut(&p) {
-                    Some(s) if s.buffer.position() == at => s.buffer.reset_to(to),
-                    _ => continue,
-                }
-            }
-            let _ = self.c().incremental_unassign(&tpl(&p, None));
-            if let Err(e) = self.c().incremental_assign(&tpl(&p, Some(to))) {
-                tracing::warn!(partition = %p, error = %e, "reassigning after an offset reset failed");
-            }
-        }
+            to
+        } else {
+            at // back in the log meanwhile: fetch from there again
+        };
+        let mut guard = slot.reader.lock().expect("reader lock");
+        let Some(r) = guard.as_mut().filter(|r| r.delivered == at) else {
+            return Ok(()); // moved meanwhile
+        };
+        self.c()
+            .incremental_unassign(&tpl(p, None))
+            .map_err(|e| other("unassign", Some(p), e))?;
+        self.c()
+            .incremental_assign(&tpl(p, Some(to)))
+            .map_err(|e| other("assign", Some(p), e))?;
+        r.reset_from = Some(r.read_from);
+        r.read_from = to;
+        r.delivered = to;
+        r.out_of_range = false;
+        Ok(())
     }
 
     fn refresh_partitions(&self) -> Result<Vec<PartitionId>, SourceError> {
@@ -552,20 +690,13 @@ impl Source for KafkaSource {
     ) -> Result<Vec<Record>, SourceError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let taken = {
-                let mut slots = self.inner.slots.lock().expect("slots lock");
-                slots
-                    .get_mut(partition)
-                    .map(|s| (s.buffer.take(offset, max), s.notify.clone()))
-            };
-            match taken {
-                Some((Taken::Records { records, resume }, notify)) => {
-                    if resume && let Err(e) = self.inner.c().resume(&tpl(partition, None)) {
-                        tracing::warn!(partition = %partition, error = %e, "resuming fetching failed");
-                    }
-                    if !records.is_empty() {
-                        return Ok(records);
-                    }
+            let slot = self.inner.slot(partition);
+            let took = slot
+                .as_ref()
+                .map(|s| (s.take(offset, max), s.notify.clone()));
+            match took {
+                Some((Took::Records(records), _)) if !records.is_empty() => return Ok(records),
+                Some((Took::Records(_), notify)) => {
                     if tokio::time::timeout_at(deadline, notify.notified())
                         .await
                         .is_err()
@@ -573,7 +704,12 @@ impl Source for KafkaSource {
                         return Ok(Vec::new());
                     }
                 }
-                Some((Taken::Elsewhere, _)) | None => {
+                Some((Took::OutOfRange, _)) => {
+                    let inner = self.inner.clone();
+                    let p = partition.clone();
+                    blocking(move || inner.recover_out_of_range(&p)).await?;
+                }
+                Some((Took::Elsewhere, _)) | None => {
                     let inner = self.inner.clone();
                     let p = partition.clone();
                     blocking(move || inner.reposition(&p, offset)).await?;
@@ -587,20 +723,19 @@ impl Source for KafkaSource {
     }
 
     async fn has_records_from(&self, partition: &PartitionId, offset: u64) -> Option<bool> {
-        // While assigned, the fetcher keeps the buffer current: what it has
-        // fetched past `offset` is the answer. Unassigned: cannot tell.
-        let slots = self.inner.slots.lock().expect("slots lock");
-        slots.get(partition).map(|s| s.buffer.position() > offset)
+        // While assigned, librdkafka keeps fetching: records waiting in the
+        // partition's queue are past what was read. Unassigned: cannot tell.
+        let slot = self.inner.slot(partition)?;
+        let read_past = slot.reader.lock().expect("reader lock").as_ref()?.delivered > offset;
+        Some(read_past || slot.arrived.load(Ordering::Acquire))
     }
 
     async fn committed(&self, partition: &PartitionId, next_offset: u64) {
         if !self.inner.config.commit_offsets {
             return;
         }
-        let mut slots = self.inner.slots.lock().expect("slots lock");
-        if let Some(s) = slots.get_mut(partition) {
-            s.checkpointed = Some(next_offset);
-        }
+        let mut commits = self.inner.commits.lock().expect("commits lock");
+        commits.entry(partition.clone()).or_default().checkpointed = Some(next_offset);
     }
 
     async fn release(&self, partition: &PartitionId) {
