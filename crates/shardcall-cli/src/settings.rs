@@ -190,6 +190,9 @@ pub struct BatchSettings {
     pub max_records: usize,
     /// How long a fetch waits for records.
     pub fetch_wait_ms: u64,
+    /// Owned mode: while records keep coming, a partition is checkpointed
+    /// at most this often (0: after every batch); caught up, at once.
+    pub checkpoint_interval_ms: u64,
 }
 
 /// `[spool]`
@@ -330,6 +333,7 @@ impl Default for BatchSettings {
         Self {
             max_records: w.max_batch,
             fetch_wait_ms: w.fetch_wait.as_millis() as u64,
+            checkpoint_interval_ms: w.checkpoint_interval.as_millis() as u64,
         }
     }
 }
@@ -640,6 +644,7 @@ impl Settings {
             timing,
             max_batch: self.batch.max_records,
             fetch_wait: Duration::from_millis(self.batch.fetch_wait_ms),
+            checkpoint_interval: Duration::from_millis(self.batch.checkpoint_interval_ms),
             slots: 0,
         };
         if !self.group.is_empty()
@@ -811,6 +816,7 @@ initial_rebalance_delay_ms = 1000
 [batch]
 max_records = 500
 fetch_wait_ms = 100
+checkpoint_interval_ms = 100         # owned mode: busy partitions checkpoint this often (0: every batch)
 
 [spool]
 max_record_bytes = 1048576

@@ -22,6 +22,12 @@ pub struct WorkerConfig {
     /// How long a fetch waits for new records before the partition task
     /// looks for a revoke again.
     pub fetch_wait: Duration,
+    /// While a partition's records keep coming, its checkpoint is written
+    /// at most this often, covering every batch since the last one (zero:
+    /// after every batch). A partition that catches up, is revoked, stops
+    /// or has a batch fail is checkpointed at once. A crash replays at most
+    /// this much processing; the state still counts each record once.
+    pub checkpoint_interval: Duration,
     /// Most handler calls running at once in this worker; its partitions
     /// take turns for them, as a Kafka consumer's partitions share its
     /// thread (`0`: every partition runs on its own).
@@ -38,6 +44,7 @@ impl Default for WorkerConfig {
             timing: GroupConfig::default(),
             max_batch: 500,
             fetch_wait: Duration::from_millis(100),
+            checkpoint_interval: Duration::from_millis(100),
             slots: 0,
         }
     }

@@ -45,6 +45,9 @@ pub struct PartitionTask<S, Src, H> {
     pub max_batch: usize,
     /// How long a fetch waits.
     pub fetch_wait: Duration,
+    /// While records keep coming, checkpoint at most this often (zero:
+    /// after every batch); caught up, revoked or failing: at once.
+    pub checkpoint_interval: Duration,
     /// Records processed, for statistics.
     pub processed: Arc<std::sync::atomic::AtomicU64>,
     /// The worker's handler slots, when limited: one is held per handler call.
@@ -54,6 +57,18 @@ pub struct PartitionTask<S, Src, H> {
 const RETRY: Duration = Duration::from_millis(100);
 /// How often the lag gauge is refreshed.
 const LAG_EVERY: Duration = Duration::from_secs(1);
+
+/// Processed batches not checkpointed yet.
+struct Pending {
+    first: u64,
+    last: u64,
+    /// The handler's state after `last`.
+    state: Vec<u8>,
+    started_us: u64,
+    processed_us: u64,
+    /// When its first batch started.
+    began: std::time::Instant,
+}
 
 /// Runs `f` on a blocking thread with the handler, giving it back.
 pub(crate) async fn with_handler<H: PartitionHandler, T: Send + 'static>(
@@ -142,7 +157,9 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
             epoch = self.ctx.epoch, offset, "partition started");
 
-        // Process.
+        // Process. `offset` is where reading goes on; what was processed
+        // since the last checkpoint is `pending`.
+        let mut pending: Option<Pending> = None;
         let mut attempt = 0u32;
         let mut lag_checked = std::time::Instant::now() - LAG_EVERY;
         loop {
@@ -152,14 +169,29 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             if self.lease.expired() {
                 return self.lost("lease ran short");
             }
+            // With work pending, only what is already there: caught up
+            // means checkpoint now.
+            let wait = if pending.is_some() {
+                Duration::ZERO
+            } else {
+                self.fetch_wait
+            };
             let fetched = tokio::select! {
-                r = self.source.fetch(&p, offset, self.max_batch, self.fetch_wait) => r,
+                r = self.source.fetch(&p, offset, self.max_batch, wait) => r,
                 _ = self.revoke.changed() => continue,
             };
             let batch = match fetched {
-                Ok(b) if b.is_empty() => continue,
-                Ok(b) => b,
+                Ok(b) if !b.is_empty() => b,
+                Ok(_) => {
+                    if !self.checkpoint(pending.take()).await {
+                        return self.lost("checkpoint refused: fenced out");
+                    }
+                    continue;
+                }
                 Err(e) => {
+                    if !self.checkpoint(pending.take()).await {
+                        return self.lost("checkpoint refused: fenced out");
+                    }
                     tracing::warn!(partition = %p, error = %e, "fetch failed; retrying");
                     tokio::time::sleep(RETRY).await;
                     continue;
@@ -183,18 +215,33 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
                     }
                 }));
             }
-            match self.process(batch, &mut offset).await {
-                Ok(true) => attempt = 0,
-                Ok(false) => return self.lost("checkpoint refused: fenced out"),
-                Err(e) => {
+            match self.process(batch, pending.take()).await {
+                Ok(done) => {
+                    attempt = 0;
+                    offset = done.last + 1;
+                    let due = done.began.elapsed() >= self.checkpoint_interval;
+                    pending = Some(done);
+                    if due && !self.checkpoint(pending.take()).await {
+                        return self.lost("checkpoint refused: fenced out");
+                    }
+                }
+                Err((earlier, e)) => {
+                    // What the handler did before this batch is kept.
+                    if !self.checkpoint(earlier).await {
+                        return self.lost("checkpoint refused: fenced out");
+                    }
                     attempt += 1;
                     tracing::warn!(partition = %p, error = %e, attempt, "handler failed; the batch will be retried");
                     tokio::time::sleep(RETRY * attempt.min(20)).await;
                 }
             }
         }
+        // Revoked: what was processed is checkpointed first.
+        if !self.checkpoint(pending.take()).await {
+            return self.lost("checkpoint refused: fenced out");
+        }
 
-        // Revoked: the last batch is checkpointed; release, then back up.
+        // Release, then back up.
         loop {
             match self
                 .store
@@ -228,12 +275,13 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         TaskEnd::Released
     }
 
-    /// Processes one batch and checkpoints it. `Ok(false)`: fenced out.
+    /// Runs the handler on one batch, adding it to `pending`; on failure,
+    /// `pending` comes back with the error.
     async fn process(
         &mut self,
         batch: Vec<Record>,
-        offset: &mut u64,
-    ) -> Result<bool, HandlerError> {
+        pending: Option<Pending>,
+    ) -> Result<Pending, (Option<Pending>, HandlerError)> {
         let first = batch[0].offset;
         let last = batch[batch.len() - 1].offset;
         let began = std::time::Instant::now();
@@ -252,8 +300,43 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         let (h, result) = with_handler(self.take_handler(), move |h| h.process(&ctx, &batch)).await;
         drop(permit);
         self.handler = Some(h);
-        let state = result?;
+        let state = match result {
+            Ok(state) => state,
+            Err(e) => return Err((pending, e)),
+        };
         let processed_us = self.observer.as_ref().map_or(0, |o| o.now_us());
+        Ok(match pending {
+            Some(before) => Pending {
+                last,
+                state,
+                processed_us,
+                ..before
+            },
+            None => Pending {
+                first,
+                last,
+                state,
+                started_us,
+                processed_us,
+                began,
+            },
+        })
+    }
+
+    /// Checkpoints `pending` (if any): `false` when fenced out or the lease
+    /// ran out first.
+    async fn checkpoint(&mut self, pending: Option<Pending>) -> bool {
+        let Some(Pending {
+            first,
+            last,
+            state,
+            started_us,
+            processed_us,
+            began,
+        }) = pending
+        else {
+            return true;
+        };
         let checkpoint = Checkpoint {
             offset: last + 1,
             state,
@@ -315,11 +398,10 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         if committed {
             crate::telemetry::batch_seconds(&self.group, began.elapsed());
             crate::telemetry::processed(&self.group, &self.ctx.partition, last - first + 1);
-            *offset = last + 1;
             self.source.committed(&self.ctx.partition, last + 1).await;
             self.processed
                 .fetch_add(last - first + 1, std::sync::atomic::Ordering::Relaxed);
         }
-        Ok(committed)
+        committed
     }
 }

@@ -489,6 +489,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             revoke: revoke_rx,
             max_batch: w.config.max_batch,
             fetch_wait: w.config.fetch_wait,
+            checkpoint_interval: w.config.checkpoint_interval,
             processed: self.stats.processed.clone(),
             slots: self.slots.clone(),
         };

@@ -61,19 +61,29 @@ impl Cluster {
     }
 
     fn add_worker(&mut self) -> usize {
+        self.add_worker_with(|_| {}, DigestFactory::default())
+    }
+
+    fn add_worker_with(
+        &mut self,
+        tweak: impl FnOnce(&mut WorkerConfig),
+        factory: DigestFactory,
+    ) -> usize {
         let i = self.workers.len();
+        let mut config = WorkerConfig {
+            group: GROUP.into(),
+            name: format!("w{i}"),
+            timing: timing(),
+            max_batch: 50,
+            fetch_wait: Duration::from_millis(50),
+            ..WorkerConfig::default()
+        };
+        tweak(&mut config);
         let handle = Worker {
-            config: WorkerConfig {
-                group: GROUP.into(),
-                name: format!("w{i}"),
-                timing: timing(),
-                max_batch: 50,
-                fetch_wait: Duration::from_millis(50),
-                ..WorkerConfig::default()
-            },
+            config,
             store: self.store.clone(),
             source: self.source.clone(),
-            factory: Arc::new(DigestFactory::default()),
+            factory: Arc::new(factory),
             observer: Some(self.oracle.clone()),
         }
         .spawn()
@@ -221,6 +231,93 @@ async fn kill_join_graceful_stop_and_new_partitions() {
     for w in c.workers.into_iter().flatten() {
         w.join().await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_partitions_checkpoint_once_an_interval_and_at_once_when_caught_up_or_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 1);
+    let p = PartitionId::new("t", 0);
+    let checkpoint = |c: &Cluster| {
+        let (store, p) = (c.store.clone(), p.clone());
+        async move {
+            store
+                .load_checkpoint(GROUP, &p)
+                .await
+                .unwrap()
+                .map_or(0, |c| c.offset)
+        }
+    };
+    c.produce(600, "a");
+    let slow = || DigestFactory {
+        work_per_record: Duration::from_millis(1),
+        ..DigestFactory::default()
+    };
+    // A long interval: 60 batches of 10 in a row, then caught up.
+    let w = c.add_worker_with(
+        |cfg| {
+            cfg.max_batch = 10;
+            cfg.checkpoint_interval = Duration::from_secs(5);
+        },
+        slow(),
+    );
+    let began = Instant::now();
+    while checkpoint(&c).await < 600 {
+        assert!(
+            began.elapsed() < Duration::from_secs(4),
+            "a caught-up partition must be checkpointed at once, not after the interval"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let committed: Vec<_> = c
+        .oracle
+        .batches()
+        .into_iter()
+        .filter(|b| b.committed())
+        .collect();
+    assert!(
+        !committed.is_empty() && committed.len() <= 3,
+        "one checkpoint for the run of batches, not one each: {committed:?}"
+    );
+    assert!(committed.iter().any(|b| b.last - b.first + 1 > 100));
+
+    // Stopped while busy: what was processed is checkpointed on the way out.
+    c.produce(3000, "b");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let h = c.workers[w].take().unwrap();
+    h.shutdown();
+    h.join().await.unwrap();
+    let at = checkpoint(&c).await;
+    assert!(
+        at > 600 && at < 3600,
+        "the stop checkpointed the work since the last checkpoint: at {at}"
+    );
+
+    // Zero: a checkpoint after every batch.
+    c.add_worker_with(
+        |cfg| {
+            cfg.max_batch = 10;
+            cfg.checkpoint_interval = Duration::ZERO;
+        },
+        DigestFactory::default(),
+    );
+    c.settle(Duration::from_secs(30)).await;
+    let batches = c.oracle.batches();
+    let after: Vec<_> = batches.iter().filter(|b| b.first >= at).collect();
+    assert!(after.len() >= 2 && after.iter().all(|b| b.last - b.first < 10));
+    assert!(check_commit_chain(&batches).is_empty());
+    assert!(check_coverage(&batches, &c.ends()).is_empty());
+    let records = c
+        .log
+        .open_partition_read_only("t", 0)
+        .unwrap()
+        .read(0, usize::MAX, usize::MAX)
+        .unwrap();
+    let cp = c.store.load_checkpoint(GROUP, &p).await.unwrap().unwrap();
+    assert_eq!(
+        DigestState::from_bytes(&cp.state).unwrap(),
+        DigestState::of(&records)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
