@@ -1,10 +1,11 @@
 //! `shardcall bench kafka`: records per second through shardcall (owned
-//! mode, a no-op handler, a checkpoint in Redis after every batch) next to a
-//! plain librdkafka consumer reading the same topic in the same run.
+//! mode, a no-op handler, checkpoints in Redis at the worker's interval)
+//! next to a plain librdkafka consumer reading the same topic in the same
+//! run.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -66,39 +67,46 @@ pub struct BenchKafkaArgs {
     /// Bytes shardcall fetches ahead per partition before pausing it.
     #[arg(long, default_value_t = KafkaConfig::default().max_buffered_bytes)]
     max_buffered_bytes: usize,
-    /// Records per handler call (and checkpoint) on the shardcall side.
+    /// Records per handler call on the shardcall side.
     #[arg(long, default_value_t = WorkerConfig::default().max_batch)]
     max_batch: usize,
+    /// How often a busy partition is checkpointed on the shardcall side
+    /// (0: after every batch).
+    #[arg(long, default_value_t = WorkerConfig::default().checkpoint_interval.as_millis() as u64)]
+    checkpoint_interval_ms: u64,
     /// A librdkafka property given to both consumers, KEY=VALUE (repeatable).
     #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
     kafka_properties: Vec<String>,
 }
 
-/// A handler that does nothing (the state is empty).
-struct Noop;
+/// A handler that does nothing (the state is empty) but note when it was
+/// first handed records.
+struct Noop(Arc<OnceLock<Instant>>);
 
 impl PartitionHandler for Noop {
     fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
         Ok(())
     }
     fn process(&mut self, _: &PartitionContext, _: &[Record]) -> Result<Vec<u8>, HandlerError> {
+        self.0.get_or_init(Instant::now);
         Ok(Vec::new())
     }
 }
 
-struct NoopFactory;
+struct NoopFactory(Arc<OnceLock<Instant>>);
 
 impl HandlerFactory for NoopFactory {
     type Handler = Noop;
     fn create(&self, _: &PartitionContext) -> Noop {
-        Noop
+        Noop(self.0.clone())
     }
 }
 
 /// How long one side took to read every record.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 struct Timing {
-    /// Seconds until the first record was read.
+    /// Seconds until the first record was read (shardcall: handed to the
+    /// handler).
     first_record_s: f64,
     /// Seconds until the last record was read.
     all_s: f64,
@@ -190,6 +198,7 @@ async fn through_shardcall(
         group: group.clone(),
         name: "bench".into(),
         max_batch: args.max_batch,
+        checkpoint_interval: Duration::from_millis(args.checkpoint_interval_ms),
         timing: GroupConfig {
             initial_rebalance_delay: Duration::ZERO,
             tick_interval: Duration::from_millis(20),
@@ -201,22 +210,20 @@ async fn through_shardcall(
     for p in 0..expected.len() as u32 {
         source.watermarks(&PartitionId::new(topic, p)).await?;
     }
+    let first_handled = Arc::new(OnceLock::new());
     let began = Instant::now();
     let handle = Worker {
         config,
         store: store.clone(),
         source: Arc::new(source),
-        factory: Arc::new(NoopFactory),
+        factory: Arc::new(NoopFactory(first_handled.clone())),
         observer: None,
     }
     .spawn()?;
     let processed = handle.stats.processed.clone();
-    let mut first = None;
+    // Done when every record is checkpointed.
     loop {
         let n = processed.load(std::sync::atomic::Ordering::Relaxed) as usize;
-        if n > 0 {
-            first.get_or_insert_with(|| began.elapsed());
-        }
         if n >= records {
             break;
         }
@@ -228,7 +235,9 @@ async fn through_shardcall(
     }
     let timing = Timing {
         all_s: began.elapsed().as_secs_f64(),
-        first_record_s: first.unwrap_or_default().as_secs_f64(),
+        first_record_s: first_handled
+            .get()
+            .map_or(0.0, |t| t.duration_since(began).as_secs_f64()),
     };
     // Every processed record was checkpointed: check the store agrees.
     for (p, end) in expected.iter().enumerate() {
@@ -394,7 +403,8 @@ async fn bench(args: &BenchKafkaArgs) -> anyhow::Result<ExitCode> {
                 "inputs": {
                     "broker": broker_name, "records": produced, "record_bytes": args.record_bytes,
                     "partitions": args.partitions, "rounds": args.rounds,
-                    "handler": "no-op", "checkpoints": "redis, after every batch",
+                    "handler": "no-op", "checkpoints": "redis",
+                    "checkpoint_interval_ms": args.checkpoint_interval_ms,
                     "max_batch": args.max_batch, "max_buffered_bytes": args.max_buffered_bytes,
                 },
                 "broker_high_watermark_wrong": watermark_quirk,
@@ -411,6 +421,10 @@ async fn bench(args: &BenchKafkaArgs) -> anyhow::Result<ExitCode> {
         println!(
             "bench kafka: {produced} records of {} B in {} partitions, broker: {broker_name}",
             args.record_bytes, args.partitions
+        );
+        println!(
+            "  shardcall: no-op handler, batches of {}, checkpoints every {} ms while busy (0: every batch)",
+            args.max_batch, args.checkpoint_interval_ms
         );
         let show = |v: Vec<f64>| {
             v.iter()
