@@ -326,20 +326,13 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
     /// Checkpoints `pending` (if any): `false` when fenced out or the lease
     /// ran out first.
     async fn checkpoint(&mut self, pending: Option<Pending>) -> bool {
-        let Some(Pending {
-            first,
-            last,
-            state,
-            started_us,
-            processed_us,
-            began,
-        }) = pending
-        else {
+        let Some(done) = pending else {
             return true;
         };
+        let (first, last) = (done.first, done.last);
         let checkpoint = Checkpoint {
             offset: last + 1,
-            state,
+            state: done.state,
             epoch: self.ctx.epoch,
         };
         // Each attempt is bounded by the lease: a write that cannot land
@@ -389,14 +382,14 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
                 epoch: self.ctx.epoch,
                 first,
                 last,
-                started_us,
-                processed_us,
+                started_us: done.started_us,
+                processed_us: done.processed_us,
                 ended_us: o.now_us(),
                 outcome,
             });
         }
         if committed {
-            crate::telemetry::batch_seconds(&self.group, began.elapsed());
+            crate::telemetry::batch_seconds(&self.group, done.began.elapsed());
             crate::telemetry::processed(&self.group, &self.ctx.partition, last - first + 1);
             self.source.committed(&self.ctx.partition, last + 1).await;
             self.processed
