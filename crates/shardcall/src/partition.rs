@@ -304,6 +304,7 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             Ok(state) => state,
             Err(e) => return Err((pending, e)),
         };
+        crate::telemetry::batch_seconds(&self.group, began.elapsed());
         let processed_us = self.observer.as_ref().map_or(0, |o| o.now_us());
         Ok(match pending {
             Some(before) => Pending {
@@ -389,7 +390,6 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             });
         }
         if committed {
-            crate::telemetry::batch_seconds(&self.group, done.began.elapsed());
             crate::telemetry::processed(&self.group, &self.ctx.partition, last - first + 1);
             self.source.committed(&self.ctx.partition, last + 1).await;
             self.processed

@@ -12,7 +12,7 @@ pub fn processed(group: &str, p: &PartitionId, n: u64) {
         .increment(n);
 }
 
-/// One batch: processing plus its checkpoint.
+/// One batch's handler call (waiting for a handler slot included).
 pub fn batch_seconds(group: &str, d: Duration) {
     metrics::histogram!("shardcall_batch_seconds", "group" => group.to_owned())
         .record(d.as_secs_f64());
