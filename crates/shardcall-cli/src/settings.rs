@@ -119,8 +119,14 @@ pub struct TicketSettings {
     pub claim_ttl_ms: u64,
     /// The part of the lease a slot does not use.
     pub margin_ms: u64,
+    /// How long an idle slot waits for a due ticket before looking again.
+    pub claim_wait_ms: u64,
+    /// How long a slot waits for a record of a partition it just claimed.
+    pub fetch_wait_ms: u64,
     /// Handler attempts on a batch before it goes to the dead letters.
     pub max_attempts: u32,
+    /// Pause between two attempts of a failing batch.
+    pub retry_backoff_ms: u64,
     /// A partition found empty is not claimed again for this long (doubling).
     pub idle_backoff_ms: u64,
     /// The longest such backoff.
@@ -142,7 +148,10 @@ impl Default for TicketSettings {
             budget_ms: t.budget.as_millis() as u64,
             claim_ttl_ms: t.claim_ttl.as_millis() as u64,
             margin_ms: t.safety_margin.as_millis() as u64,
+            claim_wait_ms: t.claim_wait.as_millis() as u64,
+            fetch_wait_ms: t.fetch_wait.as_millis() as u64,
             max_attempts: t.max_attempts,
+            retry_backoff_ms: t.retry_backoff.as_millis() as u64,
             idle_backoff_ms: t.idle_backoff.as_millis() as u64,
             max_idle_backoff_ms: t.max_idle_backoff.as_millis() as u64,
             keep_reading_for_ms: t.keep_reading_for.as_millis() as u64,
@@ -592,7 +601,10 @@ impl Settings {
             budget: Duration::from_millis(tk.budget_ms),
             claim_ttl: Duration::from_millis(tk.claim_ttl_ms),
             safety_margin: Duration::from_millis(tk.margin_ms),
+            claim_wait: Duration::from_millis(tk.claim_wait_ms),
+            fetch_wait: Duration::from_millis(tk.fetch_wait_ms),
             max_attempts: tk.max_attempts,
+            retry_backoff: Duration::from_millis(tk.retry_backoff_ms),
             idle_backoff: Duration::from_millis(tk.idle_backoff_ms),
             max_idle_backoff: Duration::from_millis(tk.max_idle_backoff_ms),
             keep_reading_for: Duration::from_millis(tk.keep_reading_for_ms),
@@ -793,7 +805,10 @@ slots = 2                            # partitions served at once by this worker
 budget_ms = 200                      # a slot keeps a busy partition this long
 claim_ttl_ms = 10000                 # a claim's lease; renewed before each batch
 margin_ms = 2000                     # the end of the lease a slot does not use
+claim_wait_ms = 500                  # an idle slot waits this long for a due ticket
+fetch_wait_ms = 5                    # a slot waits this long for a claimed partition's first record
 max_attempts = 5                     # failing batch: tries before the dead letters
+retry_backoff_ms = 100               # pause between two attempts of a failing batch
 idle_backoff_ms = 20                 # an empty partition rests this long, doubling...
 max_idle_backoff_ms = 500            # ...up to this (new records wake it where the source can tell)
 keep_reading_for_ms = 30000          # Kafka: a given-back partition stays assigned here this long
@@ -896,6 +911,38 @@ mod tests {
             .unwrap_err();
         assert!(
             errors.iter().any(|e| e.starts_with("ticket: claim_ttl")),
+            "{errors:?}"
+        );
+        // The waits reach the ticket config, and a zero claim wait is refused.
+        let mut waits = sets.to_vec();
+        waits.extend([
+            "ticket.claim_wait_ms=250".into(),
+            "ticket.fetch_wait_ms=7".into(),
+            "ticket.retry_backoff_ms=30".into(),
+        ]);
+        let r = load(Some(&path), none(), &waits)
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert_eq!(
+            (
+                r.ticket.claim_wait,
+                r.ticket.fetch_wait,
+                r.ticket.retry_backoff
+            ),
+            (
+                Duration::from_millis(250),
+                Duration::from_millis(7),
+                Duration::from_millis(30)
+            )
+        );
+        waits.push("ticket.claim_wait_ms=0".into());
+        let errors = load(Some(&path), none(), &waits)
+            .unwrap()
+            .resolve()
+            .unwrap_err();
+        assert!(
+            errors.iter().any(|e| e.contains("claim_wait")),
             "{errors:?}"
         );
     }
