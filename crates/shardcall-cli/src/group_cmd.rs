@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::json;
-use shardcall::{CoordinationStore, TicketStore, quarantine_left};
+use shardcall::{Checkpoint, CoordinationStore, TicketStore, quarantine_left};
 use shardcall_core::{Command, GroupState, Millis, PartitionId, Phase, step};
 
 use crate::log_opts::{Log, LogOpts};
@@ -264,6 +264,21 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The checkpoints of `parts`, read with up to 64 requests in flight (one
+/// connection pipelines them) instead of one round trip after another.
+async fn load_checkpoints(
+    store: &shardcall_redis::RedisStore,
+    group: &str,
+    parts: &[PartitionId],
+) -> anyhow::Result<BTreeMap<PartitionId, Option<Checkpoint>>> {
+    use futures_util::{StreamExt, TryStreamExt};
+    futures_util::stream::iter(parts)
+        .map(|p| async move { Ok((p.clone(), store.load_checkpoint(group, p).await?)) })
+        .buffer_unordered(64)
+        .try_collect()
+        .await
+}
+
 async fn status_once(
     args: &StatusArgs,
     store: &shardcall_redis::RedisStore,
@@ -284,9 +299,10 @@ async fn status_once(
         *log = Some((topics.clone(), args.log.open(&topics)?));
     }
     let ends = log.as_ref().expect("opened above").1.ends(&parts).await?;
+    let checkpoints = load_checkpoints(store, &args.group, &parts).await?;
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {
-        let cp = store.load_checkpoint(&args.group, p).await?;
+        let cp = checkpoints.get(p).and_then(Option::as_ref);
         let (holder, epoch) = match &r.phase {
             Phase::Owned { member, epoch, .. } | Phase::Draining { member, epoch, .. } => {
                 (Some(member.to_string()), Some(*epoch))
@@ -328,10 +344,7 @@ async fn status_once(
         .iter()
         .map(|(p, due)| (p, "queued", None, None, None, Some(due.saturating_sub(now))));
     for (p, state, holder, epoch, lease_left, due_in) in claimed.chain(queued) {
-        let offset = store
-            .load_checkpoint(&args.group, p)
-            .await?
-            .map(|c| c.offset);
+        let offset = checkpoints.get(p).and_then(Option::as_ref).map(|c| c.offset);
         let end = ends.get(p).copied();
         ticket_rows.push(json!({
             "partition": p.to_string(),
