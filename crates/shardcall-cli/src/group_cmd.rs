@@ -344,7 +344,10 @@ async fn status_once(
         .iter()
         .map(|(p, due)| (p, "queued", None, None, None, Some(due.saturating_sub(now))));
     for (p, state, holder, epoch, lease_left, due_in) in claimed.chain(queued) {
-        let offset = checkpoints.get(p).and_then(Option::as_ref).map(|c| c.offset);
+        let offset = checkpoints
+            .get(p)
+            .and_then(Option::as_ref)
+            .map(|c| c.offset);
         let end = ends.get(p).copied();
         ticket_rows.push(json!({
             "partition": p.to_string(),

@@ -3,16 +3,15 @@
 //! to an oracle file; after kill -9, SIGSTOP past the lease, and a graceful
 //! stop, the oracle and the final state are checked against DESIGN.md.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shardcall::BatchRecord;
+use common::{Workers, file_log_ends, shardcall_command};
 use shardcall::CoordinationStore;
-use shardcall::oracle::{
-    check_commit_chain, check_coverage, check_final_state, check_ownership, read_batch_files,
-};
+use shardcall::oracle::{check_commit_chain, check_coverage, check_final_state, check_ownership};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_redis::RedisStore;
 use shardcall_redis::testing::{RedisServer, TcpProxy};
@@ -22,16 +21,11 @@ const GROUP: &str = "faults";
 const TTL_MS: u64 = 1500;
 const QUARANTINE_MS: u64 = 400;
 
-struct Proc {
-    name: String,
-    child: Child,
-}
-
 struct Rig {
     dir: PathBuf,
     log: FileLog,
     redis: RedisServer,
-    procs: Vec<Proc>,
+    workers: Workers,
 }
 
 impl Rig {
@@ -47,7 +41,7 @@ impl Rig {
                 &["--appendonly", "yes", "--appendfsync", "always"],
             )
             .unwrap(),
-            procs: Vec::new(),
+            workers: Workers::new(dir),
         }
     }
 
@@ -67,8 +61,8 @@ impl Rig {
     }
 
     fn spawn_via(&mut self, name: &str, url: &str) {
-        let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-            .args(["worker", "--redis", url, "--group", GROUP, "--topic", "t"])
+        let mut cmd = shardcall_command();
+        cmd.args(["worker", "--redis", url, "--group", GROUP, "--topic", "t"])
             .arg("--log")
             .arg(self.dir.join("log"))
             .args(["--name", name, "--ttl-ms", &TTL_MS.to_string()])
@@ -80,43 +74,12 @@ impl Rig {
                 "--tick-ms",
                 "100",
             ])
-            .args(["--quarantine-ms", &QUARANTINE_MS.to_string()])
-            .arg("--oracle")
-            .arg(self.dir.join(format!("{name}.oracle")))
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(self.dir.join(format!("{name}.log")))
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap();
-        self.procs.push(Proc {
-            name: name.to_owned(),
-            child,
-        });
-    }
-
-    /// Sends a signal to the live process called `name`.
-    fn signal(&self, name: &str, sig: &str) {
-        let p = self.procs.iter().rev().find(|p| p.name == name).unwrap();
-        let ok = Command::new("kill")
-            .args([sig, &p.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {name}");
+            .args(["--quarantine-ms", &QUARANTINE_MS.to_string()]);
+        self.workers.start(name, cmd);
     }
 
     fn ends(&self) -> BTreeMap<PartitionId, u64> {
-        (0..self.log.partition_count("t").unwrap())
-            .map(|p| {
-                let s = self.log.open_partition_read_only("t", p).unwrap();
-                (PartitionId::new("t", p), s.end_offset().unwrap())
-            })
-            .collect()
+        file_log_ends(&self.log, "t")
     }
 
     /// Waits until every partition is owned and checkpointed at its end.
@@ -150,29 +113,14 @@ impl Rig {
                 return;
             }
             if Instant::now() > deadline {
-                let logs: Vec<String> = self
-                    .procs
-                    .iter()
-                    .map(|p| {
-                        std::fs::read_to_string(self.dir.join(format!("{}.log", p.name)))
-                            .unwrap_or_default()
-                    })
-                    .collect();
-                panic!("group did not settle: {g:#?}\n{}", logs.join("\n----\n"));
+                panic!("group did not settle: {g:#?}\n{}", self.workers.logs());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    fn oracle(&self) -> Vec<BatchRecord> {
-        // A restarted worker appends to its name's file: read each file once.
-        let names: std::collections::BTreeSet<&str> =
-            self.procs.iter().map(|p| p.name.as_str()).collect();
-        read_batch_files(names.iter().map(|n| self.dir.join(format!("{n}.oracle"))))
-    }
-
     async fn verify(&self, store: &RedisStore, min_handovers: usize) {
-        let batches = self.oracle();
+        let batches = self.workers.oracle();
         let ends = self.ends();
         let v = check_ownership(&batches, QUARANTINE_MS * 1000);
         assert!(v.is_empty(), "ownership: {v:?}");
@@ -205,15 +153,6 @@ impl Rig {
     }
 }
 
-impl Drop for Rig {
-    fn drop(&mut self) {
-        for p in &mut self.procs {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
-        }
-    }
-}
-
 fn member_of(g: &shardcall_core::GroupState, name: &str) -> Option<String> {
     g.members
         .keys()
@@ -233,7 +172,7 @@ async fn kill_9_and_sigstop_past_the_lease() {
     rig.settle(&store, Duration::from_secs(30)).await;
 
     // kill -9 of a worker while records keep coming.
-    rig.signal("a", "-KILL");
+    rig.workers.signal("a", "-KILL");
     rig.produce(300, "b");
     rig.settle(&store, Duration::from_secs(30)).await;
     let g = store.load_group(GROUP).await.unwrap();
@@ -245,11 +184,11 @@ async fn kill_9_and_sigstop_past_the_lease() {
     // SIGSTOP past the lease: the others take over; on SIGCONT the stopped
     // worker finds itself fenced and rejoins under a new id.
     let before = member_of(&g, "b").unwrap();
-    rig.signal("b", "-STOP");
+    rig.workers.signal("b", "-STOP");
     tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
     rig.produce(300, "c");
     rig.settle(&store, Duration::from_secs(30)).await;
-    rig.signal("b", "-CONT");
+    rig.workers.signal("b", "-CONT");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let g = store.load_group(GROUP).await.unwrap();
@@ -266,9 +205,8 @@ async fn kill_9_and_sigstop_past_the_lease() {
     rig.settle(&store, Duration::from_secs(30)).await;
 
     // A graceful stop exits 0 and leaves at once.
-    rig.signal("c", "-TERM");
-    let c = rig.procs.iter_mut().find(|p| p.name == "c").unwrap();
-    let status = c.child.wait().unwrap();
+    rig.workers.signal("c", "-TERM");
+    let status = rig.workers.wait("c");
     assert!(status.success(), "graceful stop: {status}");
     rig.settle(&store, Duration::from_secs(30)).await;
     rig.verify(&store, 3).await;
@@ -374,9 +312,8 @@ async fn rolling_restart_and_the_coordinator_killed_mid_rebalance() {
     rig.settle(&store, Duration::from_secs(30)).await;
     // Rolling restart: each worker stops gracefully and comes back.
     for name in ["a", "b", "c"] {
-        rig.signal(name, "-TERM");
-        let p = rig.procs.iter_mut().rev().find(|p| p.name == name).unwrap();
-        assert!(p.child.wait().unwrap().success());
+        rig.workers.signal(name, "-TERM");
+        assert!(rig.workers.wait(name).success());
         rig.produce(100, name);
         rig.spawn(name);
         rig.settle(&store, Duration::from_secs(30)).await;
@@ -387,7 +324,7 @@ async fn rolling_restart_and_the_coordinator_killed_mid_rebalance() {
     let coordinator = holder.split('-').next().unwrap().to_owned();
     rig.spawn("d");
     tokio::time::sleep(Duration::from_millis(150)).await;
-    rig.signal(&coordinator, "-KILL");
+    rig.workers.signal(&coordinator, "-KILL");
     rig.produce(300, "e");
     rig.settle(&store, Duration::from_secs(40)).await;
     let g = store.load_group(GROUP).await.unwrap();
@@ -413,7 +350,7 @@ async fn workers_on_a_three_master_redis_cluster() {
         rig.spawn_via(name, &seeds);
     }
     rig.settle(&store, Duration::from_secs(30)).await;
-    rig.signal("a", "-KILL");
+    rig.workers.signal("a", "-KILL");
     rig.produce(400, "b");
     rig.settle(&store, Duration::from_secs(30)).await;
     rig.verify(&store, 2).await;

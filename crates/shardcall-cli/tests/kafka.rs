@@ -5,16 +5,16 @@
 //! added while running; the offsets the workers committed to the Kafka group
 //! are read back by the independent client; `status --kafka` shows lag.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shardcall::BatchRecord;
+use common::{Workers, shardcall_command};
 use shardcall::CoordinationStore;
-use shardcall::oracle::{
-    check_commit_chain, check_coverage, check_final_state, check_ownership, read_batch_files,
-};
+use shardcall::oracle::{check_commit_chain, check_coverage, check_final_state, check_ownership};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_kafka::testing::{TansuBroker, read_partition};
 use shardcall_redis::RedisStore;
@@ -49,10 +49,9 @@ fn peer(args: &[&str]) -> String {
 }
 
 struct Rig {
-    dir: PathBuf,
     redis: RedisServer,
     kafka: TansuBroker,
-    procs: Vec<(String, Child)>,
+    workers: Workers,
     /// Records produced to each partition.
     produced: BTreeMap<PartitionId, u64>,
 }
@@ -60,10 +59,9 @@ struct Rig {
 impl Rig {
     fn new(dir: &Path, partitions: u32) -> Self {
         let mut rig = Self {
-            dir: dir.to_owned(),
             redis: RedisServer::start(dir.join("redis"), &[]).unwrap(),
             kafka: TansuBroker::start(dir.join("tansu")).unwrap(),
-            procs: Vec::new(),
+            workers: Workers::new(dir),
             produced: BTreeMap::new(),
         };
         rig.create(TOPIC, partitions);
@@ -106,8 +104,8 @@ impl Rig {
     }
 
     fn spawn_with(&mut self, name: &str, extra: &[&str]) {
-        let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-            .args(["worker", "--redis", &self.redis.url(), "--group", GROUP])
+        let mut cmd = shardcall_command();
+        cmd.args(["worker", "--redis", &self.redis.url(), "--group", GROUP])
             .args([
                 "--kafka",
                 &self.kafka.brokers(),
@@ -128,33 +126,8 @@ impl Rig {
             .args(["--set", "source.commit_interval_ms=300"])
             .args(["--set", "batch.max_records=50"])
             .args(["--kafka-property", "reconnect.backoff.max.ms=500"])
-            .args(extra)
-            .arg("--oracle")
-            .arg(self.dir.join(format!("{name}.oracle")))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap())
-            .spawn()
-            .unwrap();
-        self.procs.push((name.to_owned(), child));
-    }
-
-    fn kill_9(&mut self, name: &str) {
-        let (_, child) = self.procs.iter_mut().find(|(n, _)| n == name).unwrap();
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
-
-    fn logs(&self) -> String {
-        self.procs
-            .iter()
-            .map(|(n, _)| {
-                format!(
-                    "---- {n}\n{}",
-                    std::fs::read_to_string(self.dir.join(format!("{n}.log"))).unwrap_or_default()
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+            .args(extra);
+        self.workers.start(name, cmd);
     }
 
     /// Waits until every partition is owned and checkpointed at its end.
@@ -181,20 +154,14 @@ impl Rig {
             assert!(
                 Instant::now() < deadline,
                 "group did not settle: {g:#?}\n{}",
-                self.logs()
+                self.workers.logs()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    fn oracle(&self) -> Vec<BatchRecord> {
-        let names: std::collections::BTreeSet<&str> =
-            self.procs.iter().map(|(n, _)| n.as_str()).collect();
-        read_batch_files(names.iter().map(|n| self.dir.join(format!("{n}.oracle"))))
-    }
-
     async fn verify(&self, store: &RedisStore) {
-        let batches = self.oracle();
+        let batches = self.workers.oracle();
         let v = check_ownership(&batches, QUARANTINE_MS * 1000);
         assert!(v.is_empty(), "ownership: {v:?}");
         let v = check_commit_chain(&batches);
@@ -229,15 +196,6 @@ impl Rig {
     }
 }
 
-impl Drop for Rig {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.procs {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_consume_kafka_through_a_kill_a_join_and_new_partitions() {
     let dir = tempfile::tempdir().unwrap();
@@ -251,7 +209,7 @@ async fn workers_consume_kafka_through_a_kill_a_join_and_new_partitions() {
 
     // kill -9 while records keep coming, then a new worker joins; it
     // passes what it fetches through a local spool with a small backlog.
-    rig.kill_9("a");
+    rig.workers.kill_9("a");
     rig.produce(TOPIC, 200, "b");
     let spool = format!("source.spool=\"{}\"", dir.path().join("spool-d").display());
     rig.spawn_with("d", &["--set", &spool, "--set", "source.spool_backlog=20"]);
@@ -267,6 +225,7 @@ async fn workers_consume_kafka_through_a_kill_a_join_and_new_partitions() {
     rig.settle(&store, Duration::from_secs(40)).await;
     rig.verify(&store).await;
     let spooled = rig
+        .workers
         .oracle()
         .iter()
         .filter(|b| b.member.as_str().starts_with("d-") && b.committed())

@@ -4,14 +4,14 @@
 //! (SIGSTOP) past its claims' leases and resumed, a third stops gracefully;
 //! the oracle files and the final states are checked against DESIGN.md.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shardcall::oracle::{
-    check_commit_chain, check_coverage, check_final_state, check_ownership, read_batch_files,
-};
+use common::{Workers, file_log_ends, shardcall_command};
+use shardcall::oracle::{check_commit_chain, check_coverage, check_final_state, check_ownership};
 use shardcall::{BatchRecord, CoordinationStore, TicketStore};
 use shardcall_core::PartitionId;
 use shardcall_redis::RedisStore;
@@ -25,7 +25,7 @@ struct Rig {
     dir: PathBuf,
     log: FileLog,
     redis: RedisServer,
-    procs: Vec<(String, Child)>,
+    workers: Workers,
 }
 
 impl Rig {
@@ -36,7 +36,7 @@ impl Rig {
             dir: dir.to_owned(),
             log,
             redis: RedisServer::start(dir.join("redis"), &[]).unwrap(),
-            procs: Vec::new(),
+            workers: Workers::new(dir),
         }
     }
 
@@ -61,8 +61,8 @@ impl Rig {
     }
 
     fn spawn_with(&mut self, name: &str, extra: &[&str]) {
-        let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-            .args(["worker", "--redis", &self.redis.url(), "--group", GROUP])
+        let mut cmd = shardcall_command();
+        cmd.args(["worker", "--redis", &self.redis.url(), "--group", GROUP])
             .args(["--ticket-topic", "t", "--slots", "2", "--name", name])
             .args(["--claim-ttl-ms", &CLAIM_TTL_MS.to_string()])
             .arg("--log")
@@ -74,42 +74,14 @@ impl Rig {
                 "ticket.budget_ms=50",
             ])
             .args(["--set", "handler.digest_work_us=2000"])
-            .args(extra)
-            .arg("--oracle")
-            .arg(self.dir.join(format!("{name}.oracle")))
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(self.dir.join(format!("{name}.log")))
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap();
-        self.procs.push((name.to_owned(), child));
-    }
-
-    fn signal(&self, name: &str, sig: &str) {
-        let (_, child) = self.procs.iter().find(|(n, _)| n == name).unwrap();
-        let ok = Command::new("kill")
-            .args([sig, &child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {name}");
+            .args(extra);
+        self.workers.start(name, cmd);
     }
 
     fn ends(&self) -> BTreeMap<PartitionId, u64> {
-        (0..self.log.partition_count("t").unwrap())
-            .map(|p| {
-                let s = self.log.open_partition_read_only("t", p).unwrap();
-                (PartitionId::new("t", p), s.end_offset().unwrap())
-            })
-            .collect()
+        file_log_ends(&self.log, "t")
     }
 
-    /// Waits until every partition is checkpointed at its end.
     /// Whether every partition is checkpointed at its end.
     async fn caught_up(&self, store: &RedisStore) -> bool {
         for (p, end) in self.ends() {
@@ -132,15 +104,7 @@ impl Rig {
                 return;
             }
             if Instant::now() > deadline {
-                let logs: Vec<String> = self
-                    .procs
-                    .iter()
-                    .map(|(n, _)| {
-                        std::fs::read_to_string(self.dir.join(format!("{n}.log")))
-                            .unwrap_or_default()
-                    })
-                    .collect();
-                panic!("tickets did not catch up\n{}", logs.join("\n----\n"));
+                panic!("tickets did not catch up\n{}", self.workers.logs());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -162,20 +126,6 @@ impl Rig {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-
-    fn oracle(&self) -> Vec<BatchRecord> {
-        let names: BTreeSet<&str> = self.procs.iter().map(|(n, _)| n.as_str()).collect();
-        read_batch_files(names.iter().map(|n| self.dir.join(format!("{n}.oracle"))))
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.procs {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,7 +140,7 @@ async fn ticket_workers_through_kill_9_sigstop_and_a_graceful_stop() {
 
     // kill -9 while it holds tickets: they come back when their leases lapse.
     rig.wait_until_holding(&store, "a").await;
-    rig.signal("a", "-KILL");
+    rig.workers.signal("a", "-KILL");
     let killed = Instant::now();
     rig.produce(400, "b");
     rig.settle(&store, Duration::from_secs(60)).await;
@@ -204,26 +154,25 @@ async fn ticket_workers_through_kill_9_sigstop_and_a_graceful_stop() {
     // claiming under new epochs.
     rig.produce(1600, "c");
     rig.wait_until_holding(&store, "b").await;
-    rig.signal("b", "-STOP");
+    rig.workers.signal("b", "-STOP");
     tokio::time::sleep(Duration::from_millis(CLAIM_TTL_MS + 500)).await;
-    rig.signal("b", "-CONT");
+    rig.workers.signal("b", "-CONT");
     rig.produce(400, "d");
     rig.settle(&store, Duration::from_secs(60)).await;
 
     // A graceful stop exits 0 and leaves no ticket claimed.
-    rig.signal("c", "-TERM");
-    let (_, c) = rig.procs.iter_mut().find(|(n, _)| n == "c").unwrap();
-    let status = c.wait().unwrap();
+    rig.workers.signal("c", "-TERM");
+    let status = rig.workers.wait("c");
     assert!(
         status.success(),
         "graceful stop: {status}\n{}",
-        std::fs::read_to_string(rig.dir.join("c.log")).unwrap_or_default()
+        rig.workers.log("c")
     );
     assert!(!rig.holds(&store, "c").await, "c left a ticket claimed");
     rig.produce(200, "e");
     rig.settle(&store, Duration::from_secs(60)).await;
 
-    let batches = rig.oracle();
+    let batches = rig.workers.oracle();
     // A frozen process resumes the handler call it was in when SIGCONT
     // comes; nothing can stop code that is not running. What fencing
     // guarantees is that such work has no effect: its checkpoint is refused.
@@ -265,7 +214,7 @@ async fn ticket_workers_through_kill_9_sigstop_and_a_graceful_stop() {
     );
 
     // `status` shows the tickets, each caught up.
-    let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+    let out = shardcall_command()
         .args([
             "status",
             "--redis",
@@ -327,13 +276,7 @@ async fn a_poison_pill_that_crashes_workers_ends_in_the_dead_letters() {
             Instant::now() < deadline,
             "the poison kept the workers crashing"
         );
-        let dead: Vec<String> = rig
-            .procs
-            .iter_mut()
-            .filter_map(|(n, c)| c.try_wait().unwrap().map(|_| n.clone()))
-            .collect();
-        for name in dead {
-            rig.procs.retain(|(n, _)| *n != name);
+        for name in rig.workers.take_exited() {
             rig.spawn_with(&name, &flags);
             restarts += 1;
         }
@@ -376,7 +319,8 @@ async fn a_poison_pill_that_crashes_workers_ends_in_the_dead_letters() {
         assert!(v.is_none(), "{v:?}");
     }
     let v = check_ownership(
-        &rig.oracle()
+        &rig.workers
+            .oracle()
             .into_iter()
             .filter(|b| b.committed())
             .collect::<Vec<_>>(),

@@ -1,0 +1,147 @@
+//! What the process tests share: `shardcall worker` processes, each with an
+//! oracle file and a log file named after it, signalled by name, and killed
+//! when the test ends.
+
+// Each test file uses a part of this.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+
+use shardcall::BatchRecord;
+use shardcall::oracle::read_batch_files;
+use shardcall_core::PartitionId;
+use shardcall_spool::FileLog;
+
+/// `shardcall` worker processes of one test, by name (a restarted worker
+/// keeps its name, its oracle file and its log file).
+pub struct Workers {
+    dir: PathBuf,
+    procs: Vec<(String, Child)>,
+}
+
+/// A `shardcall` command line to complete and hand to [`Workers::start`].
+pub fn shardcall_command() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_shardcall"))
+}
+
+impl Workers {
+    /// Workers whose files go to `dir`.
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_owned(),
+            procs: Vec::new(),
+        }
+    }
+
+    /// Starts `cmd` as the worker `name`: its batches are appended to
+    /// `NAME.oracle`, its log to `NAME.log`.
+    pub fn start(&mut self, name: &str, mut cmd: Command) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{name}.log")))
+            .unwrap();
+        let child = cmd
+            .arg("--oracle")
+            .arg(self.dir.join(format!("{name}.oracle")))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.procs.push((name.to_owned(), child));
+    }
+
+    fn newest(&mut self, name: &str) -> &mut Child {
+        let (_, child) = self
+            .procs
+            .iter_mut()
+            .rev()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no worker called {name}"));
+        child
+    }
+
+    /// Sends `sig` (as `kill` takes it: "-TERM") to the newest worker `name`.
+    pub fn signal(&mut self, name: &str, sig: &str) {
+        let pid = self.newest(name).id().to_string();
+        let ok = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {name}");
+    }
+
+    /// Waits for the newest worker `name` to exit.
+    pub fn wait(&mut self, name: &str) -> ExitStatus {
+        self.newest(name).wait().unwrap()
+    }
+
+    /// Kills the newest worker `name` (SIGKILL) and waits for it.
+    pub fn kill_9(&mut self, name: &str) {
+        let child = self.newest(name);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Forgets the workers that exited; their names.
+    pub fn take_exited(&mut self) -> Vec<String> {
+        let mut gone = Vec::new();
+        self.procs.retain_mut(|(n, c)| {
+            let exited = c.try_wait().unwrap().is_some();
+            if exited {
+                gone.push(n.clone());
+            }
+            !exited
+        });
+        gone
+    }
+
+    fn names(&self) -> BTreeSet<&str> {
+        self.procs.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// The log of the worker `name`.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Every worker's log, each under its name.
+    pub fn logs(&self) -> String {
+        self.names()
+            .iter()
+            .map(|n| format!("---- {n}\n{}", self.log(n)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Every batch in the workers' oracle files (each file read once).
+    pub fn oracle(&self) -> Vec<BatchRecord> {
+        read_batch_files(
+            self.names()
+                .iter()
+                .map(|n| self.dir.join(format!("{n}.oracle"))),
+        )
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The end offset of each partition of `topic` in `log`.
+pub fn file_log_ends(log: &FileLog, topic: &str) -> BTreeMap<PartitionId, u64> {
+    (0..log.partition_count(topic).unwrap())
+        .map(|p| {
+            let s = log.open_partition_read_only(topic, p).unwrap();
+            (PartitionId::new(topic, p), s.end_offset().unwrap())
+        })
+        .collect()
+}
