@@ -604,11 +604,13 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
         let handler = self.handler.take().expect("a handler while serving");
         self.batch_started_us = self.shared.observer.as_ref().map_or(0, |o| o.now_us());
         let ctx = self.ctx.clone();
+        let began = Instant::now();
         let (h, (batch, result)) = with_handler(handler, move |h| {
             let result = h.process(&ctx, &batch);
             (batch, result)
         })
         .await;
+        crate::telemetry::batch_seconds(&self.shared.config.group, began.elapsed());
         match result {
             Ok(state) => {
                 self.handler = Some(h);
