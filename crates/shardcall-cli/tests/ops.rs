@@ -2,6 +2,7 @@
 //! `status` (table and JSON), `plan` (dry run with reasons) and `release`
 //! (an audited early end of a quarantine).
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,24 @@ fn reset(url: &str, log: &str, rest: &[&str]) -> Output {
     shardcall(&args)
 }
 
+/// A redis-server and a file log (in `dir`) with a topic "t" of `partitions`.
+fn redis_and_log(dir: &std::path::Path, partitions: u32) -> (RedisServer, PathBuf, FileLog) {
+    let redis = RedisServer::start(dir.join("redis"), &[]).unwrap();
+    let log_dir = dir.join("log");
+    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
+    log.ensure_topic("t", partitions).unwrap();
+    (redis, log_dir, log)
+}
+
+/// Records "0", "1", ... to topic "t", synced.
+fn produce_numbers(log: &FileLog, n: u32) {
+    let mut p = log.producer("t").unwrap();
+    for i in 0..n {
+        p.send(None, i.to_string().as_bytes(), 0).unwrap();
+    }
+    p.sync().unwrap();
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -77,17 +96,10 @@ fn status_json(url: &str, log: &str) -> serde_json::Value {
 #[test]
 fn status_plan_and_release() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 4);
     let url = redis.url();
-    let log_dir = dir.path().join("log");
     let log_arg = log_dir.display().to_string();
-    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
-    log.ensure_topic("t", 4).unwrap();
-    let mut p = log.producer("t").unwrap();
-    for i in 0..400u32 {
-        p.send(None, i.to_string().as_bytes(), 0).unwrap();
-    }
-    p.sync().unwrap();
+    produce_numbers(&log, 400);
     let spawn = |name: &str| {
         worker(&url, "ops", &log_arg, name, "60000")
             .spawn()
@@ -294,12 +306,9 @@ fn status_plan_and_release() {
 #[test]
 fn drain_moves_a_members_partitions_away() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let (redis, log_dir, _log) = redis_and_log(dir.path(), 4);
     let url = redis.url();
-    let log_dir = dir.path().join("log");
     let log_arg = log_dir.display().to_string();
-    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
-    log.ensure_topic("t", 4).unwrap();
     let spawn = |name: &str| worker(&url, "ops", &log_arg, name, "300").spawn().unwrap();
     let _procs = Killer(vec![spawn("a"), spawn("b")]);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -358,10 +367,7 @@ fn drain_moves_a_members_partitions_away() {
 #[test]
 fn json_logs_name_the_group_member_partition_and_epoch() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
-    let log_dir = dir.path().join("log");
-    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
-    log.ensure_topic("t", 2).unwrap();
+    let (redis, log_dir, _log) = redis_and_log(dir.path(), 2);
     let err_path = dir.path().join("w.log");
     let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
         .args([
@@ -426,15 +432,8 @@ fn metric(body: &str, name: &str) -> f64 {
 #[test]
 fn prometheus_metrics_on_an_opt_in_address() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
-    let log_dir = dir.path().join("log");
-    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
-    log.ensure_topic("t", 3).unwrap();
-    let mut p = log.producer("t").unwrap();
-    for i in 0..300u32 {
-        p.send(None, i.to_string().as_bytes(), 0).unwrap();
-    }
-    p.sync().unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 3);
+    produce_numbers(&log, 300);
     let port = shardcall_redis::testing::free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
         .args([
@@ -479,10 +478,7 @@ fn prometheus_metrics_on_an_opt_in_address() {
 fn a_python_handler_over_exec_survives_its_own_crash() {
     use shardcall::oracle::DigestState;
     let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
-    let log_dir = dir.path().join("log");
-    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
-    log.ensure_topic("t", 3).unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 3);
     let mut p = log.producer("t").unwrap();
     for i in 0..600u32 {
         p.send(
@@ -571,10 +567,7 @@ fn a_python_handler_over_exec_survives_its_own_crash() {
 #[test]
 fn a_worker_runs_from_a_config_file_with_env_overrides() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
-    let log_dir = dir.path().join("log");
-    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
-    log.ensure_topic("t", 2).unwrap();
+    let (redis, log_dir, _log) = redis_and_log(dir.path(), 2);
     let config = dir.path().join("w.toml");
     std::fs::write(
         &config,
@@ -623,11 +616,8 @@ fn a_worker_runs_from_a_config_file_with_env_overrides() {
 #[test]
 fn unexpected_redis_data_stops_the_worker_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let (redis, log_dir, _log) = redis_and_log(dir.path(), 2);
     let url = redis.url();
-    let log_dir = dir.path().join("log");
-    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
-    log.ensure_topic("t", 2).unwrap();
     let stderr = dir.path().join("worker.log");
     let mut w = worker(&url, "ops", &log_dir.display().to_string(), "a", "0");
     w.stderr(std::fs::File::create(&stderr).unwrap());
