@@ -64,7 +64,8 @@ pub struct BenchKafkaArgs {
     /// under the same machine load).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
-    /// Bytes shardcall fetches ahead per partition before pausing it.
+    /// Bytes shardcall fetches ahead per partition before it waits for the
+    /// handler.
     #[arg(long, default_value_t = KafkaConfig::default().max_buffered_bytes)]
     max_buffered_bytes: usize,
     /// Records per handler call on the shardcall side.

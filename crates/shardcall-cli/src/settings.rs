@@ -85,7 +85,8 @@ pub struct SourceSettings {
     pub commit_interval_ms: u64,
     /// How often new partitions are looked for (`kafka`).
     pub metadata_refresh_ms: u64,
-    /// Bytes fetched ahead per partition before fetching pauses (`kafka`).
+    /// Bytes fetched ahead per partition; then fetching it waits for the
+    /// handler (`kafka`).
     pub max_buffered_bytes: usize,
     /// A folder to spool fetched records to before processing; none: the
     /// handler reads from memory (`kafka`).
@@ -782,7 +783,7 @@ log = "/var/lib/shardcall/log"
 # commit_offsets = true              # so kafka-consumer-groups shows the lag
 # commit_interval_ms = 5000
 # metadata_refresh_ms = 10000        # how soon new partitions are picked up
-# max_buffered_bytes = 4194304       # fetched ahead per partition, then fetching pauses
+# max_buffered_bytes = 4194304       # fetched ahead per partition, then fetching waits for the handler
 # spool = "/var/lib/shardcall/spool" # spool fetched records to disk, process from there
 # spool_backlog = 100000             # spooled records not yet checkpointed, per partition
 
