@@ -50,6 +50,17 @@ impl BatchObserver for Oracle {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation(pub String);
 
+/// `batches` grouped by partition.
+fn by_partition<'a>(
+    batches: impl Iterator<Item = &'a BatchRecord>,
+) -> BTreeMap<&'a PartitionId, Vec<&'a BatchRecord>> {
+    let mut out: BTreeMap<_, Vec<_>> = BTreeMap::new();
+    for b in batches {
+        out.entry(&b.partition).or_default().push(b);
+    }
+    out
+}
+
 /// Property 1 and 3: no two grants process a partition at overlapping times,
 /// and after a partition changes member, at least `quarantine_us` passes
 /// between the old member's last batch and the new member's first. A batch
@@ -57,25 +68,14 @@ pub struct Violation(pub String);
 /// return. (Its checkpoint is checked by [`check_commit_chain`]: the moment
 /// it took effect is not observable from a process that may be frozen.)
 pub fn check_ownership(batches: &[BatchRecord], quarantine_us: u64) -> Vec<Violation> {
-    let spans: Vec<BatchRecord> = batches
-        .iter()
-        .map(|b| BatchRecord {
-            ended_us: b.processed_us,
-            ..b.clone()
-        })
-        .collect();
-    let mut by_partition: BTreeMap<&PartitionId, Vec<&BatchRecord>> = BTreeMap::new();
-    for b in &spans {
-        by_partition.entry(&b.partition).or_default().push(b);
-    }
     let mut out = Vec::new();
-    for (p, list) in by_partition.iter_mut() {
-        list.sort_by_key(|b| (b.started_us, b.ended_us));
+    for (p, mut list) in by_partition(batches.iter()) {
+        list.sort_by_key(|b| (b.started_us, b.processed_us));
         let mut latest: Option<&BatchRecord> = None;
         for b in list.iter() {
             if let Some(prev) = latest {
                 let other_grant = prev.member != b.member || prev.epoch != b.epoch;
-                if other_grant && b.started_us < prev.ended_us {
+                if other_grant && b.started_us < prev.processed_us {
                     out.push(Violation(format!(
                         "{p}: {}@{} processed {}..={} during {}@{}'s batch {}..={}",
                         b.member,
@@ -87,16 +87,18 @@ pub fn check_ownership(batches: &[BatchRecord], quarantine_us: u64) -> Vec<Viola
                         prev.first,
                         prev.last
                     )));
-                } else if prev.member != b.member && b.started_us < prev.ended_us + quarantine_us {
+                } else if prev.member != b.member
+                    && b.started_us < prev.processed_us + quarantine_us
+                {
                     out.push(Violation(format!(
                         "{p}: {} started {} ms after {} stopped, inside the quarantine",
                         b.member,
-                        (b.started_us - prev.ended_us) / 1000,
+                        (b.started_us - prev.processed_us) / 1000,
                         prev.member
                     )));
                 }
             }
-            if latest.is_none_or(|l| b.ended_us > l.ended_us) {
+            if latest.is_none_or(|l| b.processed_us > l.processed_us) {
                 latest = Some(b);
             }
         }
@@ -139,12 +141,8 @@ pub fn check_coverage(
 /// back to an older grant's epoch. A checkpoint of a grant that was fenced
 /// out, landing after a newer grant took over, breaks one or the other.
 pub fn check_commit_chain(batches: &[BatchRecord]) -> Vec<Violation> {
-    let mut by_partition: BTreeMap<&PartitionId, Vec<&BatchRecord>> = BTreeMap::new();
-    for b in batches.iter().filter(|b| b.committed()) {
-        by_partition.entry(&b.partition).or_default().push(b);
-    }
     let mut out = Vec::new();
-    for (p, list) in by_partition.iter_mut() {
+    for (p, mut list) in by_partition(batches.iter().filter(|b| b.committed())) {
         list.sort_by_key(|b| (b.first, b.last));
         for pair in list.windows(2) {
             let (a, b) = (pair[0], pair[1]);
