@@ -24,7 +24,7 @@ use crate::source::Source;
 use crate::store::{Checkpoint, StoreError};
 use crate::ticket_config::TicketConfig;
 use crate::ticket_store::TicketStore;
-use crate::worker::{AbortOnDrop, incarnation_id};
+use crate::worker::{AbortOnDrop, incarnation_id, task_outcome};
 
 const RETRY: Duration = Duration::from_millis(100);
 
@@ -90,11 +90,7 @@ impl TicketWorkerHandle {
 
     /// Waits for the worker to end.
     pub async fn join(self) -> Result<(), WorkerError> {
-        match self.task.await {
-            Ok(r) => r,
-            Err(e) if e.is_cancelled() => Ok(()),
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
+        task_outcome(self.task.await)
     }
 }
 
@@ -182,14 +178,9 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
     }
     let mut outcome = Ok(());
     while let Some(ended) = slots.join_next().await {
-        match ended {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                outcome = Err(e);
-                slots.abort_all();
-            }
-            Err(e) if e.is_cancelled() => {}
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        if let Err(e) = task_outcome(ended) {
+            outcome = Err(e);
+            slots.abort_all();
         }
     }
     seeding.stop().await;

@@ -83,11 +83,19 @@ impl WorkerHandle {
 
     /// Waits for the worker to end.
     pub async fn join(self) -> Result<(), WorkerError> {
-        match self.task.await {
-            Ok(r) => r,
-            Err(e) if e.is_cancelled() => Ok(()),
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
+        task_outcome(self.task.await)
+    }
+}
+
+/// What a finished task returned: a cancelled (killed) one counts as ended
+/// well, and a panic goes on in the caller.
+pub(crate) fn task_outcome(
+    joined: Result<Result<(), WorkerError>, tokio::task::JoinError>,
+) -> Result<(), WorkerError> {
+    match joined {
+        Ok(r) => r,
+        Err(e) if e.is_cancelled() => Ok(()),
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
 
