@@ -23,7 +23,7 @@ use shardcall_spool::{FileLog, SpoolConfig};
 use crate::Dir;
 
 const GROUP: &str = "demo";
-const TOPIC: &str = "demo";
+pub(crate) const TOPIC: &str = "demo";
 
 /// How the demo's workers share the partitions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -108,6 +108,46 @@ struct Demo {
     last_status: (u64, Instant),
 }
 
+/// The verification a demo prints: a line per check, then PASS only if
+/// every check passed.
+pub(crate) struct Checklist {
+    all_ok: bool,
+}
+
+impl Checklist {
+    /// Prints the heading.
+    pub(crate) fn new(batches: usize) -> Self {
+        println!();
+        println!("verification ({batches} batches in the oracle)");
+        Self { all_ok: true }
+    }
+
+    /// One check's line.
+    pub(crate) fn line(&mut self, name: &str, ok: bool, detail: String) {
+        self.all_ok &= ok;
+        println!(
+            "  {name:<28} {:<4} {detail}",
+            if ok { "ok" } else { "FAIL" }
+        );
+    }
+
+    /// Prints the verdict; whether every check passed.
+    pub(crate) fn finish(self) -> bool {
+        println!("{}", if self.all_ok { "PASS" } else { "FAIL" });
+        self.all_ok
+    }
+}
+
+/// The end offset of each partition of the demo's topic.
+pub(crate) fn topic_ends(log: &FileLog) -> anyhow::Result<BTreeMap<PartitionId, u64>> {
+    let mut out = BTreeMap::new();
+    for p in 0..log.partition_count(TOPIC)? {
+        let s = log.open_partition_read_only(TOPIC, p)?;
+        out.insert(PartitionId::new(TOPIC, p), s.end_offset()?);
+    }
+    Ok(out)
+}
+
 /// A line stamped with the time since `started`.
 pub(crate) fn say_since(started: Instant, what: impl std::fmt::Display) {
     println!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
@@ -190,13 +230,7 @@ impl Demo {
     }
 
     fn ends(&self) -> anyhow::Result<BTreeMap<PartitionId, u64>> {
-        let n = self.log.partition_count(TOPIC)?;
-        let mut out = BTreeMap::new();
-        for p in 0..n {
-            let s = self.log.open_partition_read_only(TOPIC, p)?;
-            out.insert(PartitionId::new(TOPIC, p), s.end_offset()?);
-        }
-        Ok(out)
+        topic_ends(&self.log)
     }
 
     /// One status line: rate, lag, who owns what, quarantines with time left.
@@ -476,17 +510,8 @@ async fn verify(
     let batches = d.oracle.batches();
     let ends = d.ends()?;
     let total: u64 = ends.values().sum();
-    let mut all_ok = true;
-    let mut line = |name: &str, ok: bool, detail: String| {
-        all_ok &= ok;
-        println!(
-            "  {name:<28} {:<4} {detail}",
-            if ok { "ok" } else { "FAIL" }
-        );
-    };
-    println!();
-    println!("verification ({} batches in the oracle)", batches.len());
-    line(
+    let mut check = Checklist::new(batches.len());
+    check.line(
         "records in the log",
         total >= produced,
         format!(
@@ -495,7 +520,7 @@ async fn verify(
         ),
     );
     let holes = check_coverage(&batches, &ends);
-    line(
+    check.line(
         "processed at least once",
         holes.is_empty(),
         holes.first().map_or_else(
@@ -515,7 +540,7 @@ async fn verify(
             wrong.push(p.to_string());
         }
     }
-    line(
+    check.line(
         "state = exactly once",
         wrong.is_empty(),
         if wrong.is_empty() {
@@ -540,7 +565,7 @@ async fn verify(
         .filter(|v| v.0.contains("quarantine"))
         .collect();
     let (handovers, min_gap) = handover_gaps(&batches);
-    line(
+    check.line(
         "no overlapping ownership",
         overlaps.is_empty(),
         overlaps.first().map_or_else(
@@ -548,7 +573,7 @@ async fn verify(
             |v| v.0.clone(),
         ),
     );
-    line(
+    check.line(
         "quarantine respected",
         short.is_empty(),
         short.first().map_or_else(
@@ -567,7 +592,7 @@ async fn verify(
         .iter()
         .filter(|r| r.moves != r.min_moves)
         .collect();
-    line(
+    check.line(
         "moves = lower bound",
         bad.is_empty(),
         format!(
@@ -590,7 +615,7 @@ async fn verify(
         .max()
         .zip(live_loads.iter().min())
         .is_some_and(|(a, b)| a - b <= 1);
-    line(
+    check.line(
         "balanced at the end",
         balanced && live_loads.iter().sum::<usize>() == ends.len(),
         format!("{} workers own {:?}", live_loads.len(), live_loads),
@@ -598,8 +623,7 @@ async fn verify(
     if interrupted {
         println!("  (interrupted: the run was cut short, so the script did not finish)");
     }
-    println!("{}", if all_ok { "PASS" } else { "FAIL" });
-    Ok(all_ok)
+    Ok(check.finish())
 }
 
 /// How many times a partition passed to another member, and the shortest gap.

@@ -20,10 +20,9 @@ use shardcall::{
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Record, SpoolConfig};
 
-use crate::demo::{DemoArgs, Scripted, run_script, say_since};
+use crate::demo::{Checklist, DemoArgs, Scripted, TOPIC, run_script, say_since, topic_ends};
 
 const GROUP: &str = "demo-ticket";
-const TOPIC: &str = "demo";
 const DEAD: &str = "demo.dead";
 /// Every this many records, one is poison.
 const POISON_EVERY: u64 = 1000;
@@ -111,12 +110,7 @@ impl Demo {
     }
 
     fn ends(&self) -> anyhow::Result<BTreeMap<PartitionId, u64>> {
-        let mut out = BTreeMap::new();
-        for p in 0..self.log.partition_count(TOPIC)? {
-            let s = self.log.open_partition_read_only(TOPIC, p)?;
-            out.insert(PartitionId::new(TOPIC, p), s.end_offset()?);
-        }
-        Ok(out)
+        topic_ends(&self.log)
     }
 
     fn sum(&self, f: impl Fn(&TicketStats) -> &std::sync::atomic::AtomicU64) -> u64 {
@@ -237,23 +231,14 @@ async fn verify(d: &Demo, produced: u64, interrupted: bool) -> anyhow::Result<bo
     let batches = d.oracle.batches();
     let ends = d.ends()?;
     let total: u64 = ends.values().sum();
-    let mut all_ok = true;
-    let mut line = |name: &str, ok: bool, detail: String| {
-        all_ok &= ok;
-        println!(
-            "  {name:<28} {:<4} {detail}",
-            if ok { "ok" } else { "FAIL" }
-        );
-    };
-    println!();
-    println!("verification ({} batches in the oracle)", batches.len());
-    line(
+    let mut check = Checklist::new(batches.len());
+    check.line(
         "records in the log",
         total >= produced,
         format!("{total} in {} partitions ({produced} produced)", ends.len()),
     );
     let holes = check_coverage(&batches, &ends);
-    line(
+    check.line(
         "processed at least once",
         holes.is_empty(),
         holes.first().map_or_else(
@@ -293,7 +278,7 @@ async fn verify(d: &Demo, produced: u64, interrupted: bool) -> anyhow::Result<bo
         }
     }
     let dead_total: usize = dead.values().map(BTreeSet::len).sum();
-    line(
+    check.line(
         "state = exactly once",
         wrong.is_empty(),
         if wrong.is_empty() {
@@ -305,7 +290,7 @@ async fn verify(d: &Demo, produced: u64, interrupted: bool) -> anyhow::Result<bo
             format!("differs in {}", wrong.join(", "))
         },
     );
-    line(
+    check.line(
         "poison in the dead letters",
         poison_kept == 0,
         format!(
@@ -315,7 +300,7 @@ async fn verify(d: &Demo, produced: u64, interrupted: bool) -> anyhow::Result<bo
     let mut overlaps = check_ownership(&batches, 0);
     overlaps.extend(check_commit_chain(&batches));
     let holders: BTreeSet<&str> = batches.iter().map(|b| b.member.as_str()).collect();
-    line(
+    check.line(
         "no two slots at once",
         overlaps.is_empty(),
         overlaps.first().map_or_else(
@@ -331,7 +316,7 @@ async fn verify(d: &Demo, produced: u64, interrupted: bool) -> anyhow::Result<bo
     let view = d.store.ticket_view(GROUP).await?;
     let tickets = view.partitions();
     let unique: BTreeSet<&PartitionId> = tickets.iter().collect();
-    line(
+    check.line(
         "one ticket per partition",
         unique.len() == tickets.len() && tickets.len() == ends.len(),
         format!("{} tickets for {} partitions", tickets.len(), ends.len()),
@@ -339,6 +324,5 @@ async fn verify(d: &Demo, produced: u64, interrupted: bool) -> anyhow::Result<bo
     if interrupted {
         println!("  (interrupted: the run was cut short, so the script did not finish)");
     }
-    println!("{}", if all_ok { "PASS" } else { "FAIL" });
-    Ok(all_ok)
+    Ok(check.finish())
 }
