@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{Workers, file_log_ends, shardcall_command};
 use shardcall::CoordinationStore;
-use shardcall::oracle::{check_commit_chain, check_coverage, check_final_state, check_ownership};
+use shardcall::oracle::{check_final_state, check_run};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_redis::RedisStore;
 use shardcall_redis::testing::{RedisServer, TcpProxy};
@@ -122,12 +122,8 @@ impl Rig {
     async fn verify(&self, store: &RedisStore, min_handovers: usize) {
         let batches = self.workers.oracle();
         let ends = self.ends();
-        let v = check_ownership(&batches, QUARANTINE_MS * 1000);
-        assert!(v.is_empty(), "ownership: {v:?}");
-        let v = check_commit_chain(&batches);
-        assert!(v.is_empty(), "checkpoints: {v:?}");
-        let v = check_coverage(&batches, &ends);
-        assert!(v.is_empty(), "coverage: {v:?}");
+        let v = check_run(&batches, &ends, QUARANTINE_MS * 1000);
+        assert!(v.is_empty(), "{v:?}");
         let mut owners: BTreeMap<&PartitionId, std::collections::BTreeSet<&str>> = BTreeMap::new();
         for b in &batches {
             owners

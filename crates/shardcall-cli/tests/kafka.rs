@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{Workers, shardcall_command};
 use shardcall::CoordinationStore;
-use shardcall::oracle::{check_commit_chain, check_coverage, check_final_state, check_ownership};
+use shardcall::oracle::{check_final_state, check_run};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_kafka::testing::{TansuBroker, read_partition};
 use shardcall_redis::RedisStore;
@@ -162,12 +162,8 @@ impl Rig {
 
     async fn verify(&self, store: &RedisStore) {
         let batches = self.workers.oracle();
-        let v = check_ownership(&batches, QUARANTINE_MS * 1000);
-        assert!(v.is_empty(), "ownership: {v:?}");
-        let v = check_commit_chain(&batches);
-        assert!(v.is_empty(), "checkpoints: {v:?}");
-        let v = check_coverage(&batches, &self.produced);
-        assert!(v.is_empty(), "coverage: {v:?}");
+        let v = check_run(&batches, &self.produced, QUARANTINE_MS * 1000);
+        assert!(v.is_empty(), "{v:?}");
         let handed_over = self
             .produced
             .keys()

@@ -8,10 +8,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use shardcall::oracle::{
-    DigestFactory, DigestState, Oracle, check_commit_chain, check_coverage, check_final_state,
-    check_ownership,
-};
+use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_final_state, check_run};
 use shardcall::{CoordinationStore, MemoryStore, Source, Worker, WorkerConfig};
 use shardcall_core::{GroupConfig, PartitionId};
 use shardcall_kafka::testing::{produce, produce_one_per_batch, read_partition};
@@ -309,12 +306,9 @@ async fn workers_ride_out_a_broker_that_is_down_slow_or_failing() {
         );
     }
     let batches = oracle.batches();
-    let v = check_ownership(&batches, timing().quarantine_min.as_micros() as u64);
-    assert!(v.is_empty(), "ownership: {v:?}");
-    let v = check_commit_chain(&batches);
-    assert!(v.is_empty(), "checkpoints: {v:?}");
-    let v = check_coverage(&batches, &expected);
-    assert!(v.is_empty(), "coverage: {v:?}");
+    let quarantine_us = timing().quarantine_min.as_micros() as u64;
+    let v = check_run(&batches, &expected, quarantine_us);
+    assert!(v.is_empty(), "{v:?}");
     for (p, n) in &expected {
         let records = read_partition(&bs, "t", p.partition as i32, *n as usize).unwrap();
         let cp = store.load_checkpoint(GROUP, p).await.unwrap().unwrap();
@@ -502,12 +496,8 @@ async fn ticket_mode_over_kafka() {
         "partitions should go round the slots ({claims} claims)"
     );
     let batches = oracle.batches();
-    let v = check_ownership(&batches, 0);
-    assert!(v.is_empty(), "two slots at once: {v:?}");
-    let v = check_commit_chain(&batches);
-    assert!(v.is_empty(), "checkpoints: {v:?}");
-    let v = check_coverage(&batches, &expected);
-    assert!(v.is_empty(), "coverage: {v:?}");
+    let v = check_run(&batches, &expected, 0);
+    assert!(v.is_empty(), "{v:?}");
     for (p, n) in &expected {
         let records = read_partition(&bs, "t", p.partition as i32, *n as usize).unwrap();
         let cp = store.load_checkpoint(GROUP, p).await.unwrap().unwrap();

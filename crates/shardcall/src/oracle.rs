@@ -167,6 +167,20 @@ pub fn check_commit_chain(batches: &[BatchRecord]) -> Vec<Violation> {
     out
 }
 
+/// Every property a run's batches can show: [`check_ownership`] (with
+/// `quarantine_us`), [`check_commit_chain`] and [`check_coverage`] up to
+/// each partition's end.
+pub fn check_run(
+    batches: &[BatchRecord],
+    ends: &BTreeMap<PartitionId, u64>,
+    quarantine_us: u64,
+) -> Vec<Violation> {
+    let mut out = check_ownership(batches, quarantine_us);
+    out.extend(check_commit_chain(batches));
+    out.extend(check_coverage(batches, ends));
+    out
+}
+
 /// Every batch in oracle files (one JSON [`BatchRecord`] per line, as
 /// `shardcall worker --oracle` writes them). A file that is missing reads as
 /// empty, and a line a kill cut short is skipped: it recorded nothing
@@ -477,6 +491,9 @@ mod tests {
         assert!(check_coverage(&full, &ends).is_empty());
         let hole = [batch("a", 1, 0, 9, 0, 1), batch("a", 1, 11, 29, 2, 3)];
         assert_eq!(check_coverage(&hole, &ends).len(), 1);
+        assert_eq!(check_run(&hole, &ends, 0).len(), 1, "check_run covers it");
+        let twice = [batch("a", 1, 0, 29, 0, 1), batch("b", 2, 5, 14, 0, 1)];
+        assert_eq!(check_run(&twice, &ends, 0).len(), 2, "overlap and chain");
         // A checkpoint whose answer never came may have landed (the next
         // grant then starts after it); a refused one did not.
         let unknown = [

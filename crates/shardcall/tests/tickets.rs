@@ -6,9 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shardcall::oracle::{
-    DigestFactory, Oracle, check_commit_chain, check_coverage, check_final_state, check_ownership,
-};
+use shardcall::oracle::{DigestFactory, Oracle, check_final_state, check_run};
 use shardcall::{
     CoordinationStore, FileLogDeadLetters, FileLogSource, MemoryStore, TicketConfig, TicketStore,
     TicketWorker, TicketWorkerHandle,
@@ -148,13 +146,9 @@ impl Run {
     /// holds each partition once.
     async fn verify(&self) {
         let batches = self.oracle.batches();
-        let v = check_ownership(&batches, 0);
-        assert!(v.is_empty(), "ownership: {v:?}");
-        let v = check_commit_chain(&batches);
-        assert!(v.is_empty(), "checkpoints: {v:?}");
         let ends = self.ends();
-        let v = check_coverage(&batches, &ends);
-        assert!(v.is_empty(), "coverage: {v:?}");
+        let v = check_run(&batches, &ends, 0);
+        assert!(v.is_empty(), "{v:?}");
         let dead = self.dead();
         for p in ends.keys() {
             let spool = self.log.open_partition_read_only("t", p.partition).unwrap();

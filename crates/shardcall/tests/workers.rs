@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shardcall::oracle::{
-    DigestFactory, DigestState, Oracle, check_commit_chain, check_coverage, check_ownership,
+    DigestFactory, DigestState, Oracle, check_commit_chain, check_coverage, check_run,
 };
 use shardcall::{
     CoordinationStore, FileLogSource, MemoryStore, Worker, WorkerConfig, WorkerHandle,
@@ -135,10 +135,8 @@ impl Cluster {
         let batches = self.oracle.batches();
         let ends = self.ends();
         let quarantine_us = QUARANTINE.as_micros() as u64;
-        let v = check_ownership(&batches, quarantine_us);
-        assert!(v.is_empty(), "ownership: {v:?}");
-        let v = check_commit_chain(&batches);
-        assert!(v.is_empty(), "checkpoints: {v:?}");
+        let v = check_run(&batches, &ends, quarantine_us);
+        assert!(v.is_empty(), "{v:?}");
         let mut owners: BTreeMap<&PartitionId, std::collections::BTreeSet<&str>> = BTreeMap::new();
         for b in &batches {
             owners
@@ -150,8 +148,6 @@ impl Cluster {
             owners.values().filter(|m| m.len() > 1).count() >= 3,
             "too few handovers to test anything: {owners:?}"
         );
-        let v = check_coverage(&batches, &ends);
-        assert!(v.is_empty(), "coverage: {v:?}");
         for p in ends.keys() {
             let spool = self.log.open_partition_read_only("t", p.partition).unwrap();
             let records = spool.read(0, usize::MAX, usize::MAX).unwrap();
