@@ -33,8 +33,18 @@ fn fenced<T: std::fmt::Debug>(r: Result<T, StoreError>, what: &str) {
 }
 
 async fn claim<S: TicketStore>(store: &S, group: &str, holder: &str) -> TicketClaim {
+    claim_for(store, group, holder, LONG).await
+}
+
+/// A due ticket claimed for `holder` under a lease of `ttl`, at once.
+async fn claim_for<S: TicketStore>(
+    store: &S,
+    group: &str,
+    holder: &str,
+    ttl: Duration,
+) -> TicketClaim {
     store
-        .claim_ticket(group, &h(holder), LONG, Duration::ZERO)
+        .claim_ticket(group, &h(holder), ttl, Duration::ZERO)
         .await
         .unwrap()
         .unwrap_or_else(|| panic!("{group}: {holder} found no due ticket"))
@@ -56,11 +66,7 @@ pub async fn run_all<S: TicketStore>(store: &S, prefix: &str) {
 /// cannot count.
 pub async fn deliveries_are_counted_across_claims<S: TicketStore>(store: &S, group: &str) {
     store.seed_tickets(group, &ps(1)).await.unwrap();
-    let a = store
-        .claim_ticket(group, &h("a"), TTL, Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
+    let a = claim_for(store, group, "a", TTL).await;
     store.restore_ticket(group, &a).await.unwrap();
     assert_eq!(store.count_delivery(group, &a, 10).await.unwrap(), 1);
     assert_eq!(store.count_delivery(group, &a, 10).await.unwrap(), 2);
@@ -120,11 +126,7 @@ pub async fn claims_rotate_in_order<S: TicketStore>(store: &S, group: &str) {
 /// neither renew, return nor checkpoint.
 pub async fn a_lapsed_claim_returns_and_is_fenced<S: TicketStore>(store: &S, group: &str) {
     store.seed_tickets(group, &ps(1)).await.unwrap();
-    let old = store
-        .claim_ticket(group, &h("a"), TTL, Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
+    let old = claim_for(store, group, "a", TTL).await;
     let renewed = store.renew_ticket(group, &old, TTL).await.unwrap();
     assert!(renewed.expires >= old.expires);
     assert!(
@@ -164,11 +166,7 @@ pub async fn a_lapsed_claim_returns_and_is_fenced<S: TicketStore>(store: &S, gro
 /// once a newer claim restored, older claims cannot write.
 pub async fn checkpoints_follow_the_newest_claim<S: TicketStore>(store: &S, group: &str) {
     store.seed_tickets(group, &ps(1)).await.unwrap();
-    let a = store
-        .claim_ticket(group, &h("a"), TTL, Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
+    let a = claim_for(store, group, "a", TTL).await;
     assert_eq!(store.restore_ticket(group, &a).await.unwrap(), None);
     let cp = |offset, epoch| Checkpoint {
         offset,
