@@ -437,7 +437,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
         }
     }
 
-    async fn serve(&mut self, mut offset: u64) -> Served {
+    async fn serve(&mut self, offset: u64) -> Served {
         self.next_offset = offset;
         let s = self.shared;
         let c = &s.config;
@@ -456,7 +456,11 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             if let Err(why) = self.keep_lease().await {
                 return Served::Lost(why);
             }
-            let batch = match s.source.fetch(&p, offset, c.max_batch, c.fetch_wait).await {
+            let batch = match s
+                .source
+                .fetch(&p, self.next_offset, c.max_batch, c.fetch_wait)
+                .await
+            {
                 Ok(b) if b.is_empty() => return if found { Served::Busy } else { Served::Empty },
                 Ok(b) => b,
                 Err(e) => {
@@ -488,8 +492,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                     if let Err(served) = self.dead_letter(&batch, attempts - 1, &why).await {
                         return served;
                     }
-                    offset = last + 1;
-                    self.next_offset = offset;
+                    self.next_offset = last + 1;
                     attempts = 0;
                     continue;
                 }
@@ -500,8 +503,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             match processed {
                 Ok(state) => match self.checkpoint(first, last, state).await {
                     Ok(()) => {
-                        offset = last + 1;
-                        self.next_offset = offset;
+                        self.next_offset = last + 1;
                         attempts = 0;
                         last_error = None;
                     }
@@ -512,8 +514,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                         if let Err(served) = self.dead_letter(&batch, attempts, &e).await {
                             return served;
                         }
-                        offset = last + 1;
-                        self.next_offset = offset;
+                        self.next_offset = last + 1;
                         attempts = 0;
                         continue;
                     }
