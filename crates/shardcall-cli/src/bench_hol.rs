@@ -224,6 +224,7 @@ async fn owned(a: &BenchHolArgs, log: &FileLog, total: u64) -> anyhow::Result<Me
             source,
             factory,
             observer: None,
+            dead_letters: None,
         }
         .spawn()?
         .into())

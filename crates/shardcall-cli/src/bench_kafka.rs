@@ -219,6 +219,7 @@ async fn through_shardcall(
         source: Arc::new(source),
         factory: Arc::new(NoopFactory(first_handled.clone())),
         observer: None,
+        dead_letters: None,
     }
     .spawn()?;
     let processed = handle.stats.processed.clone();

@@ -278,6 +278,7 @@ fn spawn(
         source,
         factory: Arc::new(DigestFactory::default()),
         observer: Some(oracle),
+        dead_letters: None,
     }
     .spawn()?)
 }

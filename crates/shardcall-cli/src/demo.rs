@@ -212,6 +212,7 @@ impl Demo {
                 ..DigestFactory::default()
             }),
             observer: Some(self.oracle.clone()),
+            dead_letters: None,
         }
         .spawn()?;
         self.stats.push(handle.stats.clone());

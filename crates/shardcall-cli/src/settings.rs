@@ -41,6 +41,8 @@ pub struct Settings {
     pub batch: BatchSettings,
     /// Ticket mode (topics with `mode = "ticket"`).
     pub ticket: TicketSettings,
+    /// Where batches that keep failing go, in either mode.
+    pub dead_letters: DeadLetterSettings,
     /// The local spool (the file log's partitions).
     pub spool: SpoolSettings,
     /// The handler.
@@ -126,19 +128,32 @@ pub struct TicketSettings {
     pub fetch_wait_ms: u64,
     /// Handler attempts on a batch before it goes to the dead letters.
     pub max_attempts: u32,
-    /// Pause between two attempts of a failing batch.
+    /// Pause after a failed attempt of a batch (doubling each time).
     pub retry_backoff_ms: u64,
+    /// The longest such pause.
+    pub max_retry_backoff_ms: u64,
     /// A partition found empty is not claimed again for this long (doubling).
     pub idle_backoff_ms: u64,
     /// The longest such backoff.
     pub max_idle_backoff_ms: u64,
     /// How long a Kafka partition given back stays assigned to this worker.
     pub keep_reading_for_ms: u64,
-    /// The topic dead letters go to, where the source lives (the file log
-    /// or Kafka); none: failing batches are retried for ever.
+    /// The same as `dead_letters.topic` (kept from before that table).
     pub dead_letter_topic: Option<String>,
-    /// A file log for `dead_letter_topic` instead of the source's.
+    /// The same as `dead_letters.log`.
     pub dead_letter_log: Option<PathBuf>,
+}
+
+/// `[dead_letters]`
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeadLetterSettings {
+    /// The topic batches go to after `batch.max_attempts` (owned mode) or
+    /// `ticket.max_attempts` failed attempts, where the source lives (the
+    /// file log or Kafka); none: failing batches are retried for ever.
+    pub topic: Option<String>,
+    /// A file log for `topic` instead of the source's.
+    pub log: Option<PathBuf>,
 }
 
 impl Default for TicketSettings {
@@ -153,6 +168,7 @@ impl Default for TicketSettings {
             fetch_wait_ms: t.fetch_wait.as_millis() as u64,
             max_attempts: t.max_attempts,
             retry_backoff_ms: t.retry_backoff.as_millis() as u64,
+            max_retry_backoff_ms: t.max_retry_backoff.as_millis() as u64,
             idle_backoff_ms: t.idle_backoff.as_millis() as u64,
             max_idle_backoff_ms: t.max_idle_backoff.as_millis() as u64,
             keep_reading_for_ms: t.keep_reading_for.as_millis() as u64,
@@ -203,6 +219,13 @@ pub struct BatchSettings {
     /// Owned mode: while records keep coming, a partition is checkpointed
     /// at most this often (0: after every batch); caught up, at once.
     pub checkpoint_interval_ms: u64,
+    /// Owned mode: failed attempts of a batch before it goes to the dead
+    /// letters (0: retried for ever, as a Kafka consumer's blocking retry).
+    pub max_attempts: u32,
+    /// Owned mode: pause after a failed handler call (doubling each time).
+    pub retry_backoff_ms: u64,
+    /// Owned mode: the longest such pause.
+    pub max_retry_backoff_ms: u64,
 }
 
 /// `[spool]`
@@ -234,6 +257,9 @@ pub struct HandlerSettings {
     /// The built-in digest handler aborts the process on such a record (a
     /// poison pill that crashes its worker, for tests).
     pub digest_crash_prefix: Option<String>,
+    /// The built-in digest handler panics on such a record, after folding
+    /// the records before it in the batch (for tests).
+    pub digest_panic_prefix: Option<String>,
 }
 
 /// `[metrics]`
@@ -265,6 +291,7 @@ impl Default for Settings {
             timing: TimingSettings::default(),
             batch: BatchSettings::default(),
             ticket: TicketSettings::default(),
+            dead_letters: DeadLetterSettings::default(),
             spool: SpoolSettings::default(),
             handler: HandlerSettings::default(),
             metrics: MetricsSettings::default(),
@@ -344,6 +371,9 @@ impl Default for BatchSettings {
             max_records: w.max_batch,
             fetch_wait_ms: w.fetch_wait.as_millis() as u64,
             checkpoint_interval_ms: w.checkpoint_interval.as_millis() as u64,
+            max_attempts: w.max_attempts,
+            retry_backoff_ms: w.retry.first.as_millis() as u64,
+            max_retry_backoff_ms: w.retry.max.as_millis() as u64,
         }
     }
 }
@@ -606,6 +636,7 @@ impl Settings {
             fetch_wait: Duration::from_millis(tk.fetch_wait_ms),
             max_attempts: tk.max_attempts,
             retry_backoff: Duration::from_millis(tk.retry_backoff_ms),
+            max_retry_backoff: Duration::from_millis(tk.max_retry_backoff_ms),
             idle_backoff: Duration::from_millis(tk.idle_backoff_ms),
             max_idle_backoff: Duration::from_millis(tk.max_idle_backoff_ms),
             keep_reading_for: Duration::from_millis(tk.keep_reading_for_ms),
@@ -624,7 +655,10 @@ impl Settings {
             errors.push(format!("ticket: {e}"));
         }
         // Dead letters go where the source lives unless a file log is named.
-        let dead_letters = match (&tk.dead_letter_topic, &tk.dead_letter_log, &source) {
+        let dl = &self.dead_letters;
+        let dl_topic = one_of(&dl.topic, &tk.dead_letter_topic, "topic", &mut errors);
+        let dl_log = one_of(&dl.log, &tk.dead_letter_log, "log", &mut errors);
+        let dead_letters = match (&dl_topic, &dl_log, &source) {
             (None, _, _) => None,
             (Some(t), Some(dir), _) | (Some(t), None, Some(SourceChoice::File(dir))) => {
                 Some(DeadLetterChoice::File(dir.clone(), t.clone()))
@@ -659,6 +693,11 @@ impl Settings {
             fetch_wait: Duration::from_millis(self.batch.fetch_wait_ms),
             checkpoint_interval: Duration::from_millis(self.batch.checkpoint_interval_ms),
             slots: 0,
+            retry: shardcall::RetryBackoff {
+                first: Duration::from_millis(self.batch.retry_backoff_ms),
+                max: Duration::from_millis(self.batch.max_retry_backoff_ms),
+            },
+            max_attempts: self.batch.max_attempts,
         };
         if !self.group.is_empty()
             && let Err(e) = worker.validate()
@@ -743,11 +782,34 @@ impl Settings {
                     .digest_crash_prefix
                     .clone()
                     .map(|p| &*Box::leak(p.into_bytes().into_boxed_slice())),
+                panic_prefix: self
+                    .handler
+                    .digest_panic_prefix
+                    .clone()
+                    .map(|p| &*Box::leak(p.into_bytes().into_boxed_slice())),
             },
             metrics,
             json_logs: self.log.format == "json",
         })
     }
+}
+
+/// `dead_letters.KEY`, or the older `ticket.dead_letter_KEY` it replaces;
+/// both set to different values is a problem.
+fn one_of<T: Clone + PartialEq>(
+    new: &Option<T>,
+    old: &Option<T>,
+    key: &str,
+    errors: &mut Vec<String>,
+) -> Option<T> {
+    if let (Some(a), Some(b)) = (new, old)
+        && a != b
+    {
+        errors.push(format!(
+            "dead_letters.{key} and ticket.dead_letter_{key}: two different values (use dead_letters.{key})"
+        ));
+    }
+    new.clone().or_else(|| old.clone())
 }
 
 /// A metrics address: a bare port binds to loopback; an address is taken as given.
@@ -809,13 +871,16 @@ margin_ms = 2000                     # the end of the lease a slot does not use
 claim_wait_ms = 500                  # an idle slot waits this long for a due ticket
 fetch_wait_ms = 5                    # a slot waits this long for a claimed partition's first record
 max_attempts = 5                     # failing batch: tries before the dead letters
-retry_backoff_ms = 100               # pause between two attempts of a failing batch
+retry_backoff_ms = 100               # pause after a failed attempt, doubling...
+max_retry_backoff_ms = 5000          # ...up to this
 idle_backoff_ms = 20                 # an empty partition rests this long, doubling...
 max_idle_backoff_ms = 500            # ...up to this (new records wake it where the source can tell)
 keep_reading_for_ms = 30000          # Kafka: a given-back partition stays assigned here this long
-# dead_letter_topic = "orders.dead"  # none: retry for ever; a topic where the
+
+[dead_letters]                       # batches that keep failing, in either mode
+# topic = "orders.dead"              # none: retry for ever; a topic where the
 #                                    # source lives (the file log or Kafka)...
-# dead_letter_log = "/var/lib/shardcall/log"   # ...or of this file log
+# log = "/var/lib/shardcall/log"     # ...or of this file log
 
 [timing]
 member_ttl_ms = 10000
@@ -833,6 +898,9 @@ initial_rebalance_delay_ms = 1000
 max_records = 500
 fetch_wait_ms = 100
 checkpoint_interval_ms = 100         # owned mode: busy partitions checkpoint this often (0: every batch)
+max_attempts = 0                     # owned mode: failed attempts before the dead letters (0: retry for ever)
+retry_backoff_ms = 100               # owned mode: pause after a failed handler call, doubling...
+max_retry_backoff_ms = 5000          # ...up to this
 
 [spool]
 max_record_bytes = 1048576
@@ -845,6 +913,7 @@ fsync_interval_ms = 100
 digest_work_us = 0                   # the built-in handler's simulated work per record
 # digest_refuse_prefix = "poison"    # test knobs of the built-in handler: fail batches
 # digest_crash_prefix = "poison"     # holding such a record / abort the process on one
+# digest_panic_prefix = "poison"     # / panic on one
 
 [metrics]
 # addr = "9464"                     # a bare port binds to 127.0.0.1

@@ -66,8 +66,9 @@ pub struct WorkerArgs {
     /// Ticket mode: a claim's lease, in milliseconds (default 10000).
     #[arg(long)]
     claim_ttl_ms: Option<u64>,
-    /// Ticket mode: the topic failing batches go to after
-    /// `ticket.max_attempts` tries, where the source lives (file log or Kafka).
+    /// The topic failing batches go to after `ticket.max_attempts` tries
+    /// (ticket mode) or `batch.max_attempts` tries (owned mode, off unless
+    /// set), where the source lives (file log or Kafka).
     #[arg(long)]
     dead_letter_topic: Option<String>,
     /// This worker's name (the member id adds a unique suffix).
@@ -160,7 +161,7 @@ impl WorkerArgs {
             s.ticket.margin_ms = s.ticket.margin_ms.min(v / 3);
         }
         if let Some(t) = &self.dead_letter_topic {
-            s.ticket.dead_letter_topic = Some(t.clone());
+            s.dead_letters.topic = Some(t.clone());
         }
         if let Some(n) = &self.name {
             s.name = n.clone();
@@ -246,14 +247,9 @@ impl BatchObserver for FileOracle {
     }
 }
 
-/// Starts ticket mode on `source` with the configured handler.
-fn spawn_ticket<Src: Source>(
-    r: &Resolved,
-    store: Arc<shardcall_redis::RedisStore>,
-    source: Src,
-    observer: Option<Arc<dyn BatchObserver>>,
-) -> anyhow::Result<RunningWorker> {
-    let dead_letters: Option<Arc<dyn shardcall::DeadLetters>> = match &r.dead_letters {
+/// The configured dead-letter destination, if any.
+fn dead_letters(r: &Resolved) -> anyhow::Result<Option<Arc<dyn shardcall::DeadLetters>>> {
+    Ok(match &r.dead_letters {
         Some(DeadLetterChoice::File(dir, topic)) => {
             let log = FileLog::open(dir, r.spool.clone())
                 .with_context(|| format!("opening the dead letters' file log {}", dir.display()))?;
@@ -264,7 +260,17 @@ fn spawn_ticket<Src: Source>(
                 .context("setting up the Kafka producer for dead letters")?,
         )),
         None => None,
-    };
+    })
+}
+
+/// Starts ticket mode on `source` with the configured handler.
+fn spawn_ticket<Src: Source>(
+    r: &Resolved,
+    store: Arc<shardcall_redis::RedisStore>,
+    source: Src,
+    observer: Option<Arc<dyn BatchObserver>>,
+) -> anyhow::Result<RunningWorker> {
+    let dead_letters = dead_letters(r)?;
     let (config, source) = (r.ticket.clone(), Arc::new(source));
     Ok(RunningWorker::Ticket(match &r.exec {
         Some(command) => TicketWorker {
@@ -297,6 +303,7 @@ fn spawn<Src: Source>(
     source: Src,
     observer: Option<Arc<dyn BatchObserver>>,
 ) -> anyhow::Result<RunningWorker> {
+    let dead_letters = dead_letters(r)?;
     let config = r.worker.clone();
     let source = Arc::new(source);
     Ok(RunningWorker::Owned(match &r.exec {
@@ -308,6 +315,7 @@ fn spawn<Src: Source>(
                 command: command.clone(),
             }),
             observer,
+            dead_letters,
         }
         .spawn()?,
         None => Worker {
@@ -316,6 +324,7 @@ fn spawn<Src: Source>(
             source,
             factory: Arc::new(r.digest),
             observer,
+            dead_letters,
         }
         .spawn()?,
     }))

@@ -264,6 +264,7 @@ async fn workers_ride_out_a_broker_that_is_down_slow_or_failing() {
                 source: Arc::new(KafkaSource::new(config(&bs, "t")).unwrap()),
                 factory: Arc::new(DigestFactory::default()),
                 observer: Some(oracle.clone()),
+                dead_letters: None,
             }
             .spawn()
             .unwrap()

@@ -4,6 +4,7 @@
 
 mod codec;
 mod error;
+mod failures;
 mod store;
 pub mod testing;
 mod tickets;

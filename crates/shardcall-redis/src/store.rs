@@ -12,6 +12,7 @@
 //! shardcall:{G}:audit         list  operator actions
 //! shardcall:{G/T/P}:grant     hash  holder, epoch, held?, coordinator epoch (a copy for fencing)
 //! shardcall:{G/T/P}:cp        hash  offset, state, epoch (the checkpoint)
+//! shardcall:{G/T/P}:failing   hash  member, epoch, attempts, since, last error of a failing handler
 //! ```
 //!
 //! Group-level keys share the tag `{G}`; a partition's grant record and
@@ -62,6 +63,8 @@ pub(crate) struct Scripts {
     sync_grant: Script,
     release_grant: Script,
     checkpoint: Script,
+    pub(crate) report_failure: Script,
+    pub(crate) clear_failure: Script,
     pub(crate) ticket_seed: Script,
     pub(crate) ticket_claim: Script,
     pub(crate) ticket_renew: Script,
@@ -89,6 +92,8 @@ impl Scripts {
             sync_grant: script(include_str!("../lua/sync_grant.lua")),
             release_grant: script(include_str!("../lua/release_grant.lua")),
             checkpoint: script(include_str!("../lua/checkpoint.lua")),
+            report_failure: script(include_str!("../lua/report_failure.lua")),
+            clear_failure: script(include_str!("../lua/clear_failure.lua")),
             ticket_seed: ticket_script(include_str!("../lua/ticket_seed.lua")),
             ticket_claim: ticket_script(include_str!("../lua/ticket_claim.lua")),
             ticket_renew: ticket_script(include_str!("../lua/ticket_renew.lua")),

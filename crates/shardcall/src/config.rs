@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use shardcall_core::{GroupConfig, GroupConfigError};
 
+use crate::failures::RetryBackoff;
+
 /// How a worker joins its group and processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerConfig {
@@ -32,6 +34,13 @@ pub struct WorkerConfig {
     /// take turns for them, as a Kafka consumer's partitions share its
     /// thread (`0`: every partition runs on its own).
     pub slots: usize,
+    /// Pauses between attempts of a failing handler call (an error, a
+    /// panic, a crashed `--exec` child): the batch is delivered again.
+    pub retry: RetryBackoff,
+    /// Failed attempts of one batch before it goes to the worker's dead
+    /// letters (`0`: retried for ever, Kafka's blocking retry; without a
+    /// dead-letter destination too).
+    pub max_attempts: u32,
 }
 
 impl Default for WorkerConfig {
@@ -46,6 +55,8 @@ impl Default for WorkerConfig {
             fetch_wait: Duration::from_millis(100),
             checkpoint_interval: Duration::from_millis(100),
             slots: 0,
+            retry: RetryBackoff::default(),
+            max_attempts: 0,
         }
     }
 }
@@ -101,6 +112,9 @@ impl WorkerConfig {
         }
         if self.weight == 0 {
             return Err(WorkerConfigError::Zero("weight"));
+        }
+        if self.retry.first.is_zero() {
+            return Err(WorkerConfigError::Zero("retry.first"));
         }
         if self.fetch_wait >= self.timing.safety_margin {
             return Err(WorkerConfigError::FetchWaitTooLong {

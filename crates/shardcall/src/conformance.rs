@@ -26,6 +26,73 @@ pub async fn run_all<S: CoordinationStore>(store: &S, prefix: &str) {
     checkpoint_bytes_round_trip(store, &format!("{prefix}-bytes")).await;
     drain_is_recorded(store, &format!("{prefix}-drain")).await;
     reset_offsets(store, &format!("{prefix}-reset")).await;
+    failure_reports_keep_the_streak(store, &format!("{prefix}-failing")).await;
+    failure_reports_clear_by_epoch(store, &format!("{prefix}-failclear")).await;
+}
+
+/// A report replaces the last one but keeps when the streak began; a new
+/// streak (attempt 1) starts the clock again; long errors are clipped.
+pub async fn failure_reports_keep_the_streak<S: CoordinationStore>(store: &S, group: &str) {
+    let a = m("a");
+    assert_eq!(store.failure(group, &p(0)).await.unwrap(), None);
+    let before = store.now().await.unwrap();
+    store
+        .report_failure(group, &p(0), &a, 3, 1, "first")
+        .await
+        .unwrap();
+    let first = store.failure(group, &p(0)).await.unwrap().unwrap();
+    assert!(first.since_ms >= before, "since is the store's now");
+    assert_eq!(
+        (
+            first.member.as_str(),
+            first.epoch,
+            first.attempts,
+            first.last_error.as_str()
+        ),
+        (a.as_str(), 3, 1, "first")
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let long = "x".repeat(crate::MAX_ERROR_CHARS + 10);
+    store
+        .report_failure(group, &p(0), &a, 3, 2, &long)
+        .await
+        .unwrap();
+    let second = store.failure(group, &p(0)).await.unwrap().unwrap();
+    assert_eq!((second.attempts, second.since_ms), (2, first.since_ms));
+    assert_eq!(second.last_error.len(), crate::MAX_ERROR_CHARS);
+    store
+        .report_failure(group, &p(0), &a, 3, 1, "again")
+        .await
+        .unwrap();
+    let again = store.failure(group, &p(0)).await.unwrap().unwrap();
+    assert!(again.since_ms > first.since_ms, "a new streak starts anew");
+    // Another partition is not touched.
+    assert_eq!(store.failure(group, &p(1)).await.unwrap(), None);
+}
+
+/// Clearing removes a report of the same or an older epoch, never a newer
+/// owner's; clearing nothing is harmless.
+pub async fn failure_reports_clear_by_epoch<S: CoordinationStore>(store: &S, group: &str) {
+    let (a, b) = (m("a"), m("b"));
+    store.clear_failure(group, &p(0), 1).await.unwrap();
+    store
+        .report_failure(group, &p(0), &b, 5, 4, "newer owner")
+        .await
+        .unwrap();
+    // A late word from the old owner (epoch 4) leaves it.
+    store.clear_failure(group, &p(0), 4).await.unwrap();
+    assert_eq!(
+        store.failure(group, &p(0)).await.unwrap().unwrap().member,
+        b
+    );
+    store.clear_failure(group, &p(0), 5).await.unwrap();
+    assert_eq!(store.failure(group, &p(0)).await.unwrap(), None);
+    store
+        .report_failure(group, &p(0), &a, 6, 1, "x")
+        .await
+        .unwrap();
+    store.clear_failure(group, &p(0), 9).await.unwrap();
+    assert_eq!(store.failure(group, &p(0)).await.unwrap(), None);
 }
 
 /// An operator reset moves only the offset, is refused while the partition

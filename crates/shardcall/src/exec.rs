@@ -18,13 +18,12 @@
 //! ```
 //!
 //! A child that exits, answers garbage or says `error` fails the call; the
-//! batch is not checkpointed and is delivered again, and the next call
-//! starts a fresh child from the last state the handler returned (restarts
-//! back off, up to a few seconds).
+//! batch is not checkpointed and is delivered again after a pause that
+//! grows with each failure in a row (the worker's retry backoff), to a
+//! fresh child started from the last checkpointed state.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -49,8 +48,6 @@ impl HandlerFactory for ExecFactory {
             ctx: ctx.clone(),
             child: None,
             state: None,
-            failures: 0,
-            next_start: Instant::now(),
         }
     }
 }
@@ -68,8 +65,6 @@ pub struct ExecHandler {
     child: Option<Running>,
     /// The last state the child returned (or was restored with).
     state: Option<Vec<u8>>,
-    failures: u32,
-    next_start: Instant,
 }
 
 impl std::fmt::Debug for ExecHandler {
@@ -99,15 +94,9 @@ impl ExecHandler {
         }
     }
 
-    /// A failure: the child is gone; the next start waits a little longer.
+    /// A failure: the child is stopped (the runtime pauses and retries).
     fn failed(&mut self, why: String) -> HandlerError {
         self.stop();
-        self.failures += 1;
-        let backoff =
-            Duration::from_millis(50 * 2u64.pow(self.failures.min(7))).min(Duration::from_secs(5));
-        self.next_start = Instant::now() + backoff;
-        tracing::warn!(partition = %self.ctx.partition, epoch = self.ctx.epoch, error = %why,
-            retry_in_ms = backoff.as_millis() as u64, "handler process failed; its batch will be redelivered");
         err(why)
     }
 
@@ -116,8 +105,6 @@ impl ExecHandler {
         if self.child.is_some() {
             return Ok(());
         }
-        let wait = self.next_start.saturating_duration_since(Instant::now());
-        std::thread::sleep(wait);
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(&self.command)
@@ -217,7 +204,6 @@ impl PartitionHandler for ExecHandler {
                 .map_err(|e| self.failed(format!("the handler's state is not base64: {e}")))?,
             None => Vec::new(),
         };
-        self.failures = 0;
         self.state = Some(state.clone());
         Ok(state)
     }

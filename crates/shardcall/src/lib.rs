@@ -13,7 +13,9 @@ pub mod conformance_tickets;
 mod dead_letters;
 mod error;
 pub mod exec;
+mod failures;
 mod handler;
+mod handler_cell;
 mod lease;
 mod memory;
 mod memory_tickets;
@@ -32,6 +34,7 @@ mod worker;
 pub use config::{WorkerConfig, WorkerConfigError};
 pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use error::WorkerError;
+pub use failures::{FailureReport, FailureReports, MAX_ERROR_CHARS, RetryBackoff, clip_error};
 pub use handler::{
     BatchObserver, BatchOutcome, BatchRecord, HandlerError, HandlerFactory, PartitionContext,
     PartitionHandler,

@@ -11,6 +11,7 @@ use shardcall_core::{
     QuarantinePolicy,
 };
 
+use crate::failures::{FailureReport, FailureReports, clip_error};
 use crate::store::{Checkpoint, CoordinationStore, StoreError, StoreResult};
 
 /// Where the store reads the time.
@@ -42,6 +43,8 @@ pub(crate) struct Inner {
     pub(crate) ticket_fences: HashMap<(String, PartitionId), Epoch>,
     /// Ticket mode: deliveries of the batch at an offset, per partition.
     pub(crate) deliveries: HashMap<(String, PartitionId), (u64, u32)>,
+    /// Failing partitions' reports.
+    failures: HashMap<(String, PartitionId), FailureReport>,
     /// Ticket mode: rung when a ticket becomes due at once.
     pub(crate) ticket_bells: HashMap<String, tokio::sync::watch::Sender<u64>>,
 }
@@ -90,6 +93,64 @@ impl MemoryStore {
             feed.send_replace(after);
         }
         out
+    }
+}
+
+#[async_trait]
+impl FailureReports for MemoryStore {
+    async fn report_failure(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        member: &MemberId,
+        epoch: Epoch,
+        attempts: u32,
+        error: &str,
+    ) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        let key = (group.to_owned(), partition.clone());
+        let since_ms = match inner.failures.get(&key) {
+            Some(before) if attempts > 1 => before.since_ms,
+            _ => now,
+        };
+        inner.failures.insert(
+            key,
+            FailureReport {
+                member: member.clone(),
+                epoch,
+                attempts,
+                since_ms,
+                last_error: clip_error(error).to_owned(),
+            },
+        );
+        Ok(())
+    }
+
+    async fn clear_failure(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()> {
+        let mut inner = self.inner.lock().expect("store lock");
+        let key = (group.to_owned(), partition.clone());
+        if inner.failures.get(&key).is_some_and(|r| r.epoch <= epoch) {
+            inner.failures.remove(&key);
+        }
+        Ok(())
+    }
+
+    async fn failure(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+    ) -> StoreResult<Option<FailureReport>> {
+        let inner = self.inner.lock().expect("store lock");
+        Ok(inner
+            .failures
+            .get(&(group.to_owned(), partition.clone()))
+            .cloned())
     }
 }
 

@@ -292,6 +292,7 @@ pub struct DigestHandler {
     work_per_record: std::time::Duration,
     refuse_prefix: Option<&'static [u8]>,
     crash_prefix: Option<&'static [u8]>,
+    panic_prefix: Option<&'static [u8]>,
 }
 
 impl PartitionHandler for DigestHandler {
@@ -330,6 +331,14 @@ impl PartitionHandler for DigestHandler {
             )));
         }
         for r in batch {
+            // Half-way through the batch, after folding what came before:
+            // a runtime that went on with this handler would count those
+            // records twice.
+            if let Some(prefix) = self.panic_prefix
+                && r.payload.starts_with(prefix)
+            {
+                panic!("digest handler: a poison record at offset {}", r.offset);
+            }
             self.state.fold(r);
         }
         if !self.work_per_record.is_zero() {
@@ -350,6 +359,9 @@ pub struct DigestFactory {
     /// A batch holding a record whose payload starts with this aborts the
     /// whole process (a poison pill that crashes its worker, for tests).
     pub crash_prefix: Option<&'static [u8]>,
+    /// The handler panics on a record whose payload starts with this,
+    /// after folding the records before it (for tests).
+    pub panic_prefix: Option<&'static [u8]>,
 }
 
 impl HandlerFactory for DigestFactory {
@@ -361,7 +373,74 @@ impl HandlerFactory for DigestFactory {
             work_per_record: self.work_per_record,
             refuse_prefix: self.refuse_prefix,
             crash_prefix: self.crash_prefix,
+            panic_prefix: self.panic_prefix,
         }
+    }
+}
+
+/// Digest handlers that panic the first `times` times a batch holds one
+/// offset of one partition, half-way through the batch (after folding the
+/// records before it): a test of what a runtime does with a handler that
+/// panicked once.
+#[derive(Debug, Clone)]
+pub struct FlakyFactory {
+    /// The handlers underneath.
+    pub digest: DigestFactory,
+    /// The partition whose record is poisoned.
+    pub partition: PartitionId,
+    /// The offset of that record.
+    pub offset: u64,
+    /// Panics left, shared by every handler made (a handler made again
+    /// after a panic panics again only while some are left).
+    pub left: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+/// A handler of [`FlakyFactory`].
+#[derive(Debug)]
+pub struct FlakyHandler {
+    inner: DigestHandler,
+    poisoned: Option<u64>,
+    left: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl HandlerFactory for FlakyFactory {
+    type Handler = FlakyHandler;
+
+    fn create(&self, ctx: &PartitionContext) -> FlakyHandler {
+        FlakyHandler {
+            inner: self.digest.create(ctx),
+            poisoned: (ctx.partition == self.partition).then_some(self.offset),
+            left: self.left.clone(),
+        }
+    }
+}
+
+impl PartitionHandler for FlakyHandler {
+    fn assigned(
+        &mut self,
+        ctx: &PartitionContext,
+        state: Option<&[u8]>,
+    ) -> Result<(), HandlerError> {
+        self.inner.assigned(ctx, state)
+    }
+
+    fn process(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+    ) -> Result<Vec<u8>, HandlerError> {
+        use std::sync::atomic::Ordering;
+        if let Some(at) = self.poisoned
+            && let Some(i) = batch.iter().position(|r| r.offset == at)
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            self.inner.process(ctx, &batch[..i])?;
+            panic!("flaky handler: panicking at offset {at}");
+        }
+        self.inner.process(ctx, batch)
     }
 }
 

@@ -7,9 +7,12 @@ use std::time::Duration;
 use shardcall_spool::Record;
 use tokio::sync::watch;
 
+use crate::dead_letters::DeadLetters;
+use crate::failures::{self, RetryBackoff, Streak};
 use crate::handler::{
-    BatchObserver, BatchOutcome, BatchRecord, HandlerError, PartitionContext, PartitionHandler,
+    BatchObserver, BatchOutcome, BatchRecord, HandlerError, HandlerFactory, PartitionContext,
 };
+use crate::handler_cell::{CallError, HandlerCell};
 use crate::lease::LocalLease;
 use crate::source::Source;
 use crate::store::{Checkpoint, CoordinationStore, StoreError};
@@ -23,8 +26,16 @@ pub enum TaskEnd {
     Lost(String),
 }
 
+/// Why a batch could not go to the dead letters.
+enum DeadLetterFailed {
+    /// The destination refused it: tried again later.
+    Unwritable,
+    /// Its checkpoint was refused: the partition is lost.
+    Fenced,
+}
+
 /// What a partition task needs.
-pub struct PartitionTask<S, Src, H> {
+pub struct PartitionTask<S, Src, F> {
     /// The group.
     pub group: String,
     /// The grant.
@@ -33,8 +44,8 @@ pub struct PartitionTask<S, Src, H> {
     pub store: Arc<S>,
     /// The source.
     pub source: Arc<Src>,
-    /// The handler (taken while one of its calls runs on a blocking thread).
-    pub handler: Option<H>,
+    /// Makes the partition's handler (again after a failed call).
+    pub factory: Arc<F>,
     /// The oracle, if any.
     pub observer: Option<Arc<dyn BatchObserver>>,
     /// The member's lease.
@@ -48,6 +59,13 @@ pub struct PartitionTask<S, Src, H> {
     /// While records keep coming, checkpoint at most this often (zero:
     /// after every batch); caught up, revoked or failing: at once.
     pub checkpoint_interval: Duration,
+    /// Pauses between attempts of a failing handler call.
+    pub retry: RetryBackoff,
+    /// Failed attempts of one batch before it goes to `dead_letters`
+    /// (`0`, or no destination: retried for ever).
+    pub max_attempts: u32,
+    /// Where a batch goes after `max_attempts` failures.
+    pub dead_letters: Option<Arc<dyn DeadLetters>>,
     /// Records processed, for statistics.
     pub processed: Arc<std::sync::atomic::AtomicU64>,
     /// The worker's handler slots, when limited: one is held per handler call.
@@ -70,27 +88,7 @@ struct Pending {
     began: std::time::Instant,
 }
 
-/// Runs `f` on a blocking thread with the handler, giving it back.
-pub(crate) async fn with_handler<H: PartitionHandler, T: Send + 'static>(
-    handler: H,
-    f: impl FnOnce(&mut H) -> T + Send + 'static,
-) -> (H, T) {
-    tokio::task::spawn_blocking(move || {
-        let mut h = handler;
-        let out = f(&mut h);
-        (h, out)
-    })
-    .await
-    .expect("handler thread panicked")
-}
-
-impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Src, H> {
-    fn take_handler(&mut self) -> H {
-        self.handler
-            .take()
-            .expect("the handler is back after each call")
-    }
-
+impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src, F> {
     fn lost(&self, why: impl Into<String>) -> TaskEnd {
         let why = why.into();
         tracing::warn!(group = %self.group, member = %self.ctx.member, partition = %self.ctx.partition,
@@ -112,6 +110,31 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         }
         source.release(&p).await;
         end
+    }
+
+    /// Waits `pause` unless revoked or the lease runs short first.
+    async fn pause(&mut self, pause: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(pause.min(self.lease.remaining())) => {}
+            _ = self.revoke.changed() => {}
+        }
+    }
+
+    /// A failed handler call: reported, then paused for (the dead letters
+    /// are the caller's).
+    async fn failed(&mut self, streak: &mut Streak, error: &HandlerError) {
+        let attempts = streak.failed();
+        let pause = self.retry.after(attempts);
+        failures::report(
+            &*self.store,
+            &self.group,
+            &self.ctx,
+            attempts,
+            &error.0,
+            Some(pause),
+        )
+        .await;
+        self.pause(pause).await;
     }
 
     /// `lag_task`: the lag gauge's look-up in flight, if any.
@@ -145,14 +168,18 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
                 }
             },
         };
-        let ctx = self.ctx.clone();
-        let (h, assigned) = with_handler(self.take_handler(), move |h| {
-            h.assigned(&ctx, state.as_deref())
-        })
-        .await;
-        self.handler = Some(h);
-        if let Err(e) = assigned {
-            return self.lost(format!("handler refused the assignment: {e}"));
+        let mut cell = HandlerCell::new(self.factory.clone(), self.ctx.clone(), state);
+        let mut streak = Streak::default();
+        // The handler is told of the grant now, not at the first record; a
+        // refusal is a failed call like any other (retried, reported).
+        while let Err(e) = cell.ready().await {
+            if *self.revoke.borrow() {
+                break;
+            }
+            if self.lease.expired() {
+                return self.lost("lease ran short");
+            }
+            self.failed(&mut streak, &e).await;
         }
         tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
             epoch = self.ctx.epoch, offset, "partition started");
@@ -160,7 +187,9 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         // Process. `offset` is where reading goes on; what was processed
         // since the last checkpoint is `pending`.
         let mut pending: Option<Pending> = None;
-        let mut attempt = 0u32;
+        // Failed attempts of the batch at `offset` (a refused assignment
+        // is not the batch's fault and does not count).
+        let mut batch_failures = 0u32;
         let mut lag_checked = std::time::Instant::now() - LAG_EVERY;
         loop {
             if *self.revoke.borrow() {
@@ -181,15 +210,15 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
                 _ = self.revoke.changed() => continue,
             };
             let batch = match fetched {
-                Ok(b) if !b.is_empty() => b,
+                Ok(b) if !b.is_empty() => Arc::new(b),
                 Ok(_) => {
-                    if !self.checkpoint(pending.take()).await {
+                    if !self.checkpoint(&mut cell, pending.take()).await {
                         return self.lost("checkpoint refused: fenced out");
                     }
                     continue;
                 }
                 Err(e) => {
-                    if !self.checkpoint(pending.take()).await {
+                    if !self.checkpoint(&mut cell, pending.take()).await {
                         return self.lost("checkpoint refused: fenced out");
                     }
                     tracing::warn!(partition = %p, error = %e, "fetch failed; retrying");
@@ -215,30 +244,68 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
                     }
                 }));
             }
-            match self.process(batch, pending.take()).await {
+            match self.process(&mut cell, batch.clone(), pending.take()).await {
                 Ok(done) => {
-                    attempt = 0;
+                    batch_failures = 0;
+                    if streak.ended() {
+                        failures::recovered(&*self.store, &self.group, &self.ctx).await;
+                    }
                     offset = done.last + 1;
                     let due = done.began.elapsed() >= self.checkpoint_interval;
                     pending = Some(done);
-                    if due && !self.checkpoint(pending.take()).await {
+                    if due && !self.checkpoint(&mut cell, pending.take()).await {
                         return self.lost("checkpoint refused: fenced out");
                     }
                 }
                 Err((earlier, e)) => {
-                    // What the handler did before this batch is kept.
-                    if !self.checkpoint(earlier).await {
+                    // What the handler did before this batch is kept; the
+                    // next handler starts from there.
+                    if !self.checkpoint(&mut cell, earlier).await {
                         return self.lost("checkpoint refused: fenced out");
                     }
-                    attempt += 1;
-                    tracing::warn!(partition = %p, error = %e, attempt, "handler failed; the batch will be retried");
-                    tokio::time::sleep(RETRY * attempt.min(20)).await;
+                    let dead_letters = self.dead_letters.clone().filter(|_| self.max_attempts > 0);
+                    match (e, dead_letters) {
+                        (CallError::Batch(e), Some(dl))
+                            if batch_failures + 1 >= self.max_attempts =>
+                        {
+                            let attempts = batch_failures + 1;
+                            match self
+                                .dead_letter(&mut cell, &*dl, &batch, attempts, &e.0)
+                                .await
+                            {
+                                Ok(()) => {
+                                    batch_failures = 0;
+                                    if streak.ended() {
+                                        failures::recovered(&*self.store, &self.group, &self.ctx)
+                                            .await;
+                                    }
+                                    offset = batch[batch.len() - 1].offset + 1;
+                                }
+                                Err(DeadLetterFailed::Fenced) => {
+                                    return self.lost("checkpoint refused: fenced out");
+                                }
+                                Err(DeadLetterFailed::Unwritable) => {
+                                    self.pause(self.retry.max).await
+                                }
+                            }
+                        }
+                        (e, _) => {
+                            if matches!(e, CallError::Batch(_)) {
+                                batch_failures += 1;
+                            }
+                            self.failed(&mut streak, e.error()).await;
+                        }
+                    }
                 }
             }
         }
         // Revoked: what was processed is checkpointed first.
-        if !self.checkpoint(pending.take()).await {
+        if !self.checkpoint(&mut cell, pending.take()).await {
             return self.lost("checkpoint refused: fenced out");
+        }
+        if streak.ended() {
+            // The next owner reports its own failures.
+            failures::recovered(&*self.store, &self.group, &self.ctx).await;
         }
 
         // Release, then back up.
@@ -257,9 +324,7 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
                 Err(e) => return self.lost(format!("release failed: {e}")),
             }
         }
-        let ctx = self.ctx.clone();
-        let (_, backup) = with_handler(self.take_handler(), move |h| h.revoked(&ctx)).await;
-        match backup {
+        match cell.revoked().await {
             Ok(()) => {
                 let _ = self
                     .store
@@ -275,18 +340,57 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
         TaskEnd::Released
     }
 
+    /// Sends `batch` to the dead letters after `attempts` failures and
+    /// checkpoints past it with the state from before it.
+    async fn dead_letter(
+        &mut self,
+        cell: &mut HandlerCell<F>,
+        dead_letters: &dyn DeadLetters,
+        batch: &[Record],
+        attempts: u32,
+        why: &str,
+    ) -> Result<(), DeadLetterFailed> {
+        let (first, last) = (batch[0].offset, batch[batch.len() - 1].offset);
+        // The oracle sees the dead-lettering as this batch's processing.
+        let started_us = self.observer.as_ref().map_or(0, |o| o.now_us());
+        if let Err(e) = dead_letters
+            .send(&self.ctx.partition, batch, attempts, why)
+            .await
+        {
+            tracing::error!(partition = %self.ctx.partition, error = %e,
+                "dead-lettering failed; the batch will be tried again");
+            return Err(DeadLetterFailed::Unwritable);
+        }
+        tracing::error!(partition = %self.ctx.partition, first, last, attempts, error = %why,
+            "batch sent to the dead letters; the partition moves on");
+        let skipped = Pending {
+            first,
+            last,
+            state: cell.checkpointed_state().unwrap_or_default().to_vec(),
+            started_us,
+            processed_us: self.observer.as_ref().map_or(0, |o| o.now_us()),
+            began: std::time::Instant::now(),
+        };
+        cell.discard();
+        if self.checkpoint(cell, Some(skipped)).await {
+            Ok(())
+        } else {
+            Err(DeadLetterFailed::Fenced)
+        }
+    }
+
     /// Runs the handler on one batch, adding it to `pending`; on failure,
     /// `pending` comes back with the error.
     async fn process(
         &mut self,
-        batch: Vec<Record>,
+        cell: &mut HandlerCell<F>,
+        batch: Arc<Vec<Record>>,
         pending: Option<Pending>,
-    ) -> Result<Pending, (Option<Pending>, HandlerError)> {
+    ) -> Result<Pending, (Option<Pending>, CallError)> {
         let first = batch[0].offset;
         let last = batch[batch.len() - 1].offset;
         let began = std::time::Instant::now();
         let started_us = self.observer.as_ref().map_or(0, |o| o.now_us());
-        let ctx = self.ctx.clone();
         let permit = match &self.slots {
             Some(slots) => Some(
                 slots
@@ -297,9 +401,8 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             ),
             None => None,
         };
-        let (h, result) = with_handler(self.take_handler(), move |h| h.process(&ctx, &batch)).await;
+        let result = cell.process(batch).await;
         drop(permit);
-        self.handler = Some(h);
         let state = match result {
             Ok(state) => state,
             Err(e) => return Err((pending, e)),
@@ -326,7 +429,7 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
 
     /// Checkpoints `pending` (if any): `false` when fenced out or the lease
     /// ran out first.
-    async fn checkpoint(&mut self, pending: Option<Pending>) -> bool {
+    async fn checkpoint(&mut self, cell: &mut HandlerCell<F>, pending: Option<Pending>) -> bool {
         let Some(done) = pending else {
             return true;
         };
@@ -390,6 +493,7 @@ impl<S: CoordinationStore, Src: Source, H: PartitionHandler> PartitionTask<S, Sr
             });
         }
         if committed {
+            cell.checkpointed(checkpoint.state);
             crate::telemetry::processed(&self.group, &self.ctx.partition, last - first + 1);
             self.source.committed(&self.ctx.partition, last + 1).await;
             self.processed

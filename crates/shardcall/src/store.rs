@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+
+use crate::failures::FailureReports;
 use shardcall_core::{
     Command, CoordinatorLease, Epoch, Fenced, GroupState, MemberId, Millis, PartitionId, Phase,
     QuarantinePolicy, StateError,
@@ -63,9 +65,10 @@ impl From<StateError> for StoreError {
 /// Result of a store call.
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// A store shared by the members of groups.
+/// A store shared by the members of groups. It keeps their failing
+/// partitions' reports too ([`FailureReports`]).
 #[async_trait]
-pub trait CoordinationStore: Send + Sync + 'static {
+pub trait CoordinationStore: FailureReports {
     /// The store's clock in milliseconds; leases and quarantines run on it.
     async fn now(&self) -> StoreResult<Millis>;
 

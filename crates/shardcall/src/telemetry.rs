@@ -51,3 +51,9 @@ pub fn fenced(group: &str) {
 pub fn store_seconds(op: &'static str, d: Duration) {
     metrics::histogram!("shardcall_store_seconds", "op" => op).record(d.as_secs_f64());
 }
+
+/// A handler call that failed (an error, a panic, a crashed child).
+pub fn handler_failure(group: &str, p: &PartitionId) {
+    metrics::counter!("shardcall_handler_failures_total", "group" => group.to_owned(), "partition" => p.to_string())
+        .increment(1);
+}

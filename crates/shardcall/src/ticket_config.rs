@@ -37,8 +37,11 @@ pub struct TicketConfig {
     /// Handler attempts on one batch before it goes to the dead letters
     /// (`0`: retry for ever, never dead-letter).
     pub max_attempts: u32,
-    /// Pause between two attempts of a failing batch.
+    /// Pause after the first failed attempt of a batch (doubling with each
+    /// further one, up to `max_retry_backoff`).
     pub retry_backoff: Duration,
+    /// The longest pause between two attempts of a failing batch.
+    pub max_retry_backoff: Duration,
     /// How often the source's partitions are listed and tickets seeded.
     pub discover_every: Duration,
     /// How long the source keeps reading ahead a partition this worker gave
@@ -64,6 +67,7 @@ impl Default for TicketConfig {
             max_idle_backoff: Duration::from_millis(500),
             max_attempts: 5,
             retry_backoff: Duration::from_millis(100),
+            max_retry_backoff: Duration::from_secs(5),
             discover_every: Duration::from_secs(1),
             keep_reading_for: Duration::from_secs(30),
         }

@@ -15,11 +15,10 @@ use tokio::task::JoinSet;
 
 use crate::dead_letters::DeadLetters;
 use crate::error::WorkerError;
-use crate::handler::{
-    BatchObserver, BatchOutcome, BatchRecord, HandlerFactory, PartitionContext, PartitionHandler,
-};
+use crate::failures::{self, RetryBackoff};
+use crate::handler::{BatchObserver, BatchOutcome, BatchRecord, HandlerFactory, PartitionContext};
+use crate::handler_cell::{CallError, HandlerCell};
 use crate::lease::LocalLease;
-use crate::partition::with_handler;
 use crate::source::Source;
 use crate::store::{Checkpoint, StoreError};
 use crate::ticket_config::TicketConfig;
@@ -111,12 +110,25 @@ struct Shared<S, Src, F: HandlerFactory> {
     stats: Arc<TicketStats>,
     kept: Mutex<HashMap<PartitionId, Kept<F::Handler>>>,
     backoff: Mutex<HashMap<PartitionId, Duration>>,
+    /// Partitions whose handler refused them (`assigned` failed), with how
+    /// many times in a row: their tickets go back backed off.
+    refused: Mutex<HashMap<PartitionId, u32>>,
     /// Partitions this worker found empty, with the offset they were empty
     /// at: watched for new records where the source can tell.
     idle: Mutex<HashMap<PartitionId, u64>>,
     /// Partitions given back that the source still reads ahead, with when;
     /// held across a release so a claim never finds its partition released.
     reading: tokio::sync::Mutex<HashMap<PartitionId, Instant>>,
+}
+
+impl<S, Src, F: HandlerFactory> Shared<S, Src, F> {
+    /// Pauses between attempts of a failing call.
+    fn retry(&self) -> RetryBackoff {
+        RetryBackoff {
+            first: self.config.retry_backoff,
+            max: self.config.max_retry_backoff,
+        }
+    }
 }
 
 impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
@@ -135,6 +147,7 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
             stats: stats.clone(),
             kept: Mutex::default(),
             backoff: Mutex::default(),
+            refused: Mutex::default(),
             idle: Mutex::default(),
             reading: tokio::sync::Mutex::default(),
         });
@@ -172,15 +185,29 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
         AbortOnDrop::spawn(async move { wake_idle(&s).await })
     };
     let mut slots = JoinSet::new();
+    let mut holders = HashMap::new();
     for n in 0..shared.config.slots {
         let holder = MemberId::new(format!("{id}/{n}"));
-        slots.spawn(slot(shared.clone(), holder, stop.clone()));
+        let task = slots.spawn(slot(shared.clone(), holder.clone(), stop.clone()));
+        holders.insert(task.id(), holder);
     }
     let mut outcome = Ok(());
-    while let Some(ended) = slots.join_next().await {
-        if let Err(e) = task_outcome(ended) {
-            outcome = Err(e);
-            slots.abort_all();
+    while let Some(ended) = slots.join_next_with_id().await {
+        match ended {
+            Ok((_, Ok(()))) => {}
+            Ok((_, Err(e))) => {
+                outcome = Err(e);
+                slots.abort_all();
+            }
+            Err(e) if e.is_cancelled() => {}
+            // A slot never ends unnoticed: one that panicked starts again
+            // (the ticket it held comes back when its lease lapses).
+            Err(e) => {
+                let holder = holders.remove(&e.id()).expect("every slot has a holder");
+                tracing::error!(holder = %holder, error = %e, "a ticket slot panicked; it starts again");
+                let task = slots.spawn(slot(shared.clone(), holder.clone(), stop.clone()));
+                holders.insert(task.id(), holder);
+            }
         }
     }
     seeding.stop().await;
@@ -274,8 +301,8 @@ enum Served {
     Busy,
     /// Nothing to read.
     Empty,
-    /// The source failed; try again later.
-    Failed,
+    /// The source or the handler failed; try again after the pause.
+    Failed(Duration),
     /// The claim was lost (lapsed or replaced): stop without giving back.
     Lost(String),
 }
@@ -285,10 +312,8 @@ struct Serving<'a, S, Src, F: HandlerFactory> {
     claim: TicketClaim,
     lease: LocalLease,
     stop: &'a watch::Receiver<bool>,
-    ctx: PartitionContext,
-    handler: Option<F::Handler>,
-    /// The state in the last checkpoint (to rebuild the handler from).
-    state: Option<Vec<u8>>,
+    /// The partition's handler, once restored.
+    cell: Option<HandlerCell<F>>,
     /// The partition's checkpoint as this claim left it.
     checkpoint: Option<(u64, Epoch)>,
     /// When the batch in hand started (the observer's clock).
@@ -307,16 +332,10 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
         let c = &shared.config;
         Self {
             lease: LocalLease::new(sent, c.claim_ttl, c.safety_margin),
-            ctx: PartitionContext {
-                partition: claim.partition.clone(),
-                epoch: claim.epoch,
-                member: claim.holder.clone(),
-            },
             claim,
             shared,
             stop,
-            handler: None,
-            state: None,
+            cell: None,
             checkpoint: None,
             batch_started_us: 0,
             next_offset: 0,
@@ -356,9 +375,9 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 backoff.insert(p.clone(), next);
                 next
             }
-            Served::Failed => RETRY,
+            Served::Failed(pause) => *pause,
         };
-        if let Some(handler) = self.handler.take() {
+        if let Some(handler) = self.cell.take().and_then(HandlerCell::into_handler) {
             s.kept.lock().expect("kept lock").insert(
                 p.clone(),
                 Kept {
@@ -396,7 +415,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             Err(StoreError::Fenced(f)) => return Err(Served::Lost(f.to_string())),
             Err(e) => {
                 tracing::warn!(partition = %p, error = %e, "restoring a claimed partition");
-                return Err(Served::Failed);
+                return Err(Served::Failed(RETRY));
             }
         };
         self.checkpoint = restored.as_ref().map(|c| (c.offset, c.epoch));
@@ -406,35 +425,59 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 Ok(o) => o,
                 Err(e) => {
                     tracing::warn!(partition = %p, error = %e, "finding the first offset");
-                    return Err(Served::Failed);
+                    return Err(Served::Failed(RETRY));
                 }
             },
         };
-        self.state = restored.map(|c| c.state);
+        let state = restored.map(|c| c.state);
+        let ctx = PartitionContext {
+            partition: p.clone(),
+            epoch: self.claim.epoch,
+            member: self.claim.holder.clone(),
+        };
+        let factory = s.factory.clone();
         let kept = s.kept.lock().expect("kept lock").remove(&p);
-        match kept {
-            Some(k) if k.checkpoint == self.checkpoint => self.handler = Some(k.handler),
-            _ => self.rebuild_handler().await?,
+        let cell = self.cell.insert(match kept {
+            Some(k) if k.checkpoint == self.checkpoint => {
+                HandlerCell::resume(factory, ctx, k.handler, state)
+            }
+            _ => HandlerCell::new(factory, ctx, state),
+        });
+        if let Err(e) = cell.ready().await {
+            return Err(self.refused(&e).await);
+        }
+        if s.refused.lock().expect("refused lock").remove(&p).is_some() {
+            failures::recovered(&*s.store, &s.config.group, cell.ctx()).await;
         }
         Ok(offset)
     }
 
-    /// A fresh handler from the last checkpointed state.
-    async fn rebuild_handler(&mut self) -> Result<(), Served> {
-        let handler = self.shared.factory.create(&self.ctx);
-        let (ctx, state) = (self.ctx.clone(), self.state.clone());
-        let (h, assigned) =
-            with_handler(handler, move |h| h.assigned(&ctx, state.as_deref())).await;
-        match assigned {
-            Ok(()) => {
-                self.handler = Some(h);
-                Ok(())
-            }
-            Err(e) => {
-                tracing::warn!(partition = %self.ctx.partition, error = %e, "the handler refused the partition");
-                Err(Served::Failed)
-            }
-        }
+    /// The handler refused the partition (`assigned` failed): no record is
+    /// to blame, so the ticket goes back, backed off more each time.
+    async fn refused(&mut self, e: &crate::HandlerError) -> Served {
+        let s = self.shared;
+        let p = self.claim.partition.clone();
+        let attempts = {
+            let mut refused = s.refused.lock().expect("refused lock");
+            let n = refused.entry(p).or_default();
+            *n += 1;
+            *n
+        };
+        let pause = s.retry().after(attempts);
+        failures::report(
+            &*s.store,
+            &s.config.group,
+            self.cell().ctx(),
+            attempts,
+            &e.0,
+            Some(pause),
+        )
+        .await;
+        Served::Failed(pause)
+    }
+
+    fn cell(&mut self) -> &mut HandlerCell<F> {
+        self.cell.as_mut().expect("restored")
     }
 
     async fn serve(&mut self, offset: u64) -> Served {
@@ -462,10 +505,10 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 .await
             {
                 Ok(b) if b.is_empty() => return if found { Served::Busy } else { Served::Empty },
-                Ok(b) => b,
+                Ok(b) => Arc::new(b),
                 Err(e) => {
                     tracing::warn!(partition = %p, error = %e, "fetch failed");
-                    return Served::Failed;
+                    return Served::Failed(RETRY);
                 }
             };
             found = true;
@@ -481,11 +524,11 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                     Err(StoreError::Fenced(f)) => return Served::Lost(f.to_string()),
                     Err(e) => {
                         tracing::warn!(partition = %p, error = %e, "counting a delivery");
-                        return Served::Failed;
+                        return Served::Failed(RETRY);
                     }
                 }
                 if attempts > c.max_attempts {
-                    let why = last_error.take().unwrap_or_else(|| {
+                    let why = last_error.clone().unwrap_or_else(|| {
                         "earlier deliveries ended without an answer (the worker stopped or crashed)"
                             .to_string()
                     });
@@ -499,31 +542,40 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             } else {
                 attempts += 1;
             }
-            let (batch, processed) = self.process(batch).await;
+            let processed = self.process(batch.clone()).await;
             match processed {
                 Ok(state) => match self.checkpoint(first, last, state).await {
                     Ok(()) => {
                         self.next_offset = last + 1;
+                        if last_error.take().is_some() {
+                            failures::recovered(&*s.store, &c.group, self.cell().ctx()).await;
+                        }
                         attempts = 0;
-                        last_error = None;
                     }
                     Err(why) => return Served::Lost(why),
                 },
-                Err(e) => {
+                Err(CallError::Assign(e)) => return self.refused(&e).await,
+                Err(CallError::Batch(e)) => {
                     if counted && attempts >= c.max_attempts {
-                        if let Err(served) = self.dead_letter(&batch, attempts, &e).await {
+                        if let Err(served) = self.dead_letter(&batch, attempts, &e.0).await {
                             return served;
                         }
                         self.next_offset = last + 1;
                         attempts = 0;
                         continue;
                     }
-                    tracing::warn!(partition = %p, attempt = attempts, error = %e, "handler failed; the batch will be retried");
-                    last_error = Some(e);
-                    tokio::time::sleep(c.retry_backoff.min(self.lease.remaining())).await;
-                    if let Err(served) = self.rebuild_handler().await {
-                        return served;
-                    }
+                    let pause = s.retry().after(attempts);
+                    failures::report(
+                        &*s.store,
+                        &c.group,
+                        self.cell().ctx(),
+                        attempts,
+                        &e.0,
+                        Some(pause),
+                    )
+                    .await;
+                    last_error = Some(e.0);
+                    tokio::time::sleep(pause.min(self.lease.remaining())).await;
                 }
             }
         }
@@ -545,18 +597,24 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
         self.batch_started_us = s.observer.as_ref().map_or(0, |o| o.now_us());
         if let Err(e) = dl.send(p, batch, attempts, why).await {
             tracing::error!(partition = %p, error = %e, "dead-lettering failed; the batch will be tried again");
-            return Err(Served::Failed);
+            return Err(Served::Failed(RETRY));
         }
         tracing::error!(partition = %p, first, last, attempts, error = %why,
             "batch sent to the dead letters; the partition moves on");
         s.stats
             .dead_lettered
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let state = self.state.clone().unwrap_or_default();
+        let state = self
+            .cell()
+            .checkpointed_state()
+            .unwrap_or_default()
+            .to_vec();
+        self.cell().discard();
         self.checkpoint(first, last, state)
             .await
             .map_err(Served::Lost)?;
-        self.rebuild_handler().await
+        failures::recovered(&*s.store, &s.config.group, self.cell().ctx()).await;
+        Ok(())
     }
 
     /// Renews the claim when half its lease is gone.
@@ -587,29 +645,14 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
         }
     }
 
-    /// Runs the handler on a batch; the new state, or the handler's error
-    /// (the handler is then dropped: it is rebuilt from the checkpoint).
-    ///
-    /// The batch comes back with the outcome (not copied: it may still go
-    /// to the dead letters).
-    async fn process(&mut self, batch: Vec<Record>) -> (Vec<Record>, Result<Vec<u8>, String>) {
-        let handler = self.handler.take().expect("a handler while serving");
+    /// Runs the handler on a batch: the new state, or why it failed (the
+    /// handler is then rebuilt from the checkpoint before the next call).
+    async fn process(&mut self, batch: Arc<Vec<Record>>) -> Result<Vec<u8>, CallError> {
         self.batch_started_us = self.shared.observer.as_ref().map_or(0, |o| o.now_us());
-        let ctx = self.ctx.clone();
         let began = Instant::now();
-        let (h, (batch, result)) = with_handler(handler, move |h| {
-            let result = h.process(&ctx, &batch);
-            (batch, result)
-        })
-        .await;
+        let result = self.cell().process(batch).await;
         crate::telemetry::batch_seconds(&self.shared.config.group, began.elapsed());
-        match result {
-            Ok(state) => {
-                self.handler = Some(h);
-                (batch, Ok(state))
-            }
-            Err(e) => (batch, Err(e.to_string())),
-        }
+        result
     }
 
     /// Checkpoints `first..=last` with `state` under the claim; the reason
@@ -669,7 +712,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             crate::telemetry::processed(&s.config.group, &self.claim.partition, n);
             s.source.committed(&self.claim.partition, last + 1).await;
             self.checkpoint = Some((cp.offset, cp.epoch));
-            self.state = Some(cp.state);
+            self.cell().checkpointed(cp.state);
         } else {
             crate::telemetry::fenced(&s.config.group);
         }

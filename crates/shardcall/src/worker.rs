@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::config::WorkerConfig;
+use crate::dead_letters::DeadLetters;
 use crate::error::WorkerError;
 use crate::handler::{BatchObserver, HandlerFactory, PartitionContext};
 use crate::lease::LocalLease;
@@ -111,12 +112,22 @@ pub struct Worker<S, Src, F> {
     pub factory: Arc<F>,
     /// Sees every batch (tests and the demo).
     pub observer: Option<Arc<dyn BatchObserver>>,
+    /// Where a batch goes after `config.max_attempts` failed attempts;
+    /// without one a failing batch is retried for ever (as a Kafka
+    /// consumer's blocking retry does).
+    pub dead_letters: Option<Arc<dyn DeadLetters>>,
 }
 
 struct Running {
     epoch: Epoch,
     revoke: watch::Sender<bool>,
     abort: tokio::task::AbortHandle,
+}
+
+impl Running {
+    fn id(&self) -> tokio::task::Id {
+        self.abort.id()
+    }
 }
 
 /// A member id unique to this incarnation: the worker's name and a suffix
@@ -488,7 +499,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         let (revoke, revoke_rx) = watch::channel(false);
         let task = PartitionTask {
             group: w.config.group.clone(),
-            handler: Some(w.factory.create(&ctx)),
+            factory: w.factory.clone(),
             ctx,
             store: w.store.clone(),
             source: w.source.clone(),
@@ -498,6 +509,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             max_batch: w.config.max_batch,
             fetch_wait: w.config.fetch_wait,
             checkpoint_interval: w.config.checkpoint_interval,
+            retry: w.config.retry,
+            max_attempts: w.config.max_attempts,
+            dead_letters: w.dead_letters.clone(),
             processed: self.stats.processed.clone(),
             slots: self.slots.clone(),
         };
@@ -523,14 +537,22 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         );
     }
 
-    /// Forgets tasks that ended.
+    /// Forgets tasks that ended, whatever the reason, so that a grant this
+    /// member still holds gets a new task at once (`reconcile`) and no
+    /// partition sits owned with nothing running it.
     fn reap(&mut self) {
-        while let Some(done) = self.tasks.try_join_next() {
-            if let Ok((p, epoch, _end)) = done
-                && self.running.get(&p).is_some_and(|r| r.epoch == epoch)
-            {
-                self.running.remove(&p);
-            }
+        while let Some(done) = self.tasks.try_join_next_with_id() {
+            let id = match done {
+                Ok((id, _)) => id,
+                Err(e) => {
+                    if e.is_panic() {
+                        tracing::error!(group = %self.worker.config.group, member = %self.id,
+                            error = %e, "a partition task panicked; it starts again from its checkpoint");
+                    }
+                    e.id()
+                }
+            };
+            self.running.retain(|_, r| r.id() != id);
         }
     }
 

@@ -125,6 +125,7 @@ async fn a_worker_through_the_spool_is_exactly_once() {
         source,
         factory: Arc::new(DigestFactory::default()),
         observer: None,
+        dead_letters: None,
     }
     .spawn()
     .unwrap();

@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shardcall::oracle::{DigestFactory, Oracle, check_final_state, check_run};
+use shardcall::oracle::{DigestFactory, FlakyFactory, Oracle, check_final_state, check_run};
 use shardcall::{
-    CoordinationStore, FileLogDeadLetters, FileLogSource, MemoryStore, TicketConfig, TicketStore,
-    TicketWorker, TicketWorkerHandle,
+    CoordinationStore, DeadLetters, FailureReports, FileLogDeadLetters, FileLogSource,
+    HandlerFactory, MemoryStore, TicketConfig, TicketStore, TicketWorker, TicketWorkerHandle,
 };
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Record, SpoolConfig};
@@ -31,6 +31,7 @@ fn config(name: &str) -> TicketConfig {
         max_idle_backoff: Duration::from_millis(100),
         max_attempts: 3,
         retry_backoff: Duration::from_millis(10),
+        max_retry_backoff: Duration::from_millis(40),
         discover_every: Duration::from_millis(100),
         keep_reading_for: Duration::from_secs(30),
     }
@@ -72,20 +73,27 @@ impl Run {
     }
 
     fn add_worker(&mut self) {
+        let factory = DigestFactory {
+            work_per_record: Duration::from_millis(1),
+            refuse_prefix: Some(b"poison"),
+            ..DigestFactory::default()
+        };
+        let dead_letters = FileLogDeadLetters::new(self.log.clone(), "t.dead");
+        self.add_worker_with(factory, Some(Arc::new(dead_letters)));
+    }
+
+    fn add_worker_with<F: HandlerFactory>(
+        &mut self,
+        factory: F,
+        dead_letters: Option<Arc<dyn DeadLetters>>,
+    ) {
         let name = format!("w{}", self.workers.len());
         let handle = TicketWorker {
             config: config(&name),
             store: self.store.clone(),
             source: self.source.clone(),
-            factory: Arc::new(DigestFactory {
-                work_per_record: Duration::from_millis(1),
-                refuse_prefix: Some(b"poison"),
-                ..DigestFactory::default()
-            }),
-            dead_letters: Some(Arc::new(FileLogDeadLetters::new(
-                self.log.clone(),
-                "t.dead",
-            ))),
+            factory: Arc::new(factory),
+            dead_letters,
             observer: Some(self.oracle.clone()),
         }
         .spawn()
@@ -292,4 +300,37 @@ async fn new_records_wake_a_backed_off_partition() {
     );
     handle.shutdown();
     handle.join().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_fails_its_batch_and_not_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Run::new(dir.path(), 3);
+    r.produce(90, "a", 0);
+    let p0 = PartitionId::new("t", 0);
+    let flaky = FlakyFactory {
+        digest: DigestFactory::default(),
+        partition: p0.clone(),
+        offset: 7,
+        left: Arc::new(std::sync::atomic::AtomicU32::new(2)),
+    };
+    // No dead letters: the batch is retried in place until it passes.
+    r.add_worker_with(flaky, None);
+    r.settle(Duration::from_secs(10)).await;
+    let w = r.workers[0].take().unwrap();
+    assert!(!w.is_finished(), "a panic in a handler ended the worker");
+    for (p, _) in r.ends() {
+        let records = r
+            .log
+            .open_partition_read_only("t", p.partition)
+            .unwrap()
+            .read(0, usize::MAX, usize::MAX)
+            .unwrap();
+        let cp = r.store.load_checkpoint(GROUP, &p).await.unwrap();
+        let v = check_final_state(&p, &records, cp.as_ref().map(|c| c.state.as_slice()));
+        assert!(v.is_none(), "{v:?}");
+    }
+    assert_eq!(r.store.failure(GROUP, &p0).await.unwrap(), None);
+    w.shutdown();
+    w.join().await.unwrap();
 }

@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shardcall::oracle::{
-    DigestFactory, DigestState, Oracle, check_commit_chain, check_coverage, check_run,
+    DigestFactory, DigestState, FlakyFactory, Oracle, check_commit_chain, check_coverage,
+    check_final_state, check_run,
 };
 use shardcall::{
-    CoordinationStore, FileLogSource, MemoryStore, Worker, WorkerConfig, WorkerHandle,
+    CoordinationStore, DeadLetters, FailureReports, FileLogDeadLetters, FileLogSource,
+    HandlerFactory, MemoryStore, RetryBackoff, Worker, WorkerConfig, WorkerHandle,
 };
 use shardcall_core::{GroupConfig, PartitionId, Phase};
 use shardcall_spool::{FileLog, SpoolConfig};
@@ -69,6 +71,15 @@ impl Cluster {
         tweak: impl FnOnce(&mut WorkerConfig),
         factory: DigestFactory,
     ) -> usize {
+        self.add_worker_full(tweak, factory, None)
+    }
+
+    fn add_worker_full<F: HandlerFactory>(
+        &mut self,
+        tweak: impl FnOnce(&mut WorkerConfig),
+        factory: F,
+        dead_letters: Option<Arc<dyn DeadLetters>>,
+    ) -> usize {
         let i = self.workers.len();
         let mut config = WorkerConfig {
             group: GROUP.into(),
@@ -85,6 +96,7 @@ impl Cluster {
             source: self.source.clone(),
             factory: Arc::new(factory),
             observer: Some(self.oracle.clone()),
+            dead_letters,
         }
         .spawn()
         .unwrap();
@@ -332,8 +344,149 @@ async fn invalid_config_is_refused_before_starting() {
         source: c.source.clone(),
         factory: Arc::new(DigestFactory::default()),
         observer: None,
+        dead_letters: None,
     }
     .spawn()
     .unwrap_err();
     assert!(err.to_string().contains("heartbeat_interval"), "{err}");
+}
+
+fn quick_retries(cfg: &mut WorkerConfig) {
+    cfg.retry = RetryBackoff {
+        first: Duration::from_millis(20),
+        max: Duration::from_millis(80),
+    };
+    cfg.max_batch = 4;
+}
+
+/// Every record of `t/p` as the log holds it.
+fn records(c: &Cluster, p: u32) -> Vec<shardcall_spool::Record> {
+    c.log
+        .open_partition_read_only("t", p)
+        .unwrap()
+        .read(0, usize::MAX, usize::MAX)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_is_retried_from_the_checkpoint_and_reported_while_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 2);
+    c.produce(40, "a");
+    let p0 = PartitionId::new("t", 0);
+    // Panics three times on t/0 at offset 5, half-way through its batch.
+    let flaky = FlakyFactory {
+        digest: DigestFactory::default(),
+        partition: p0.clone(),
+        offset: 5,
+        left: Arc::new(std::sync::atomic::AtomicU32::new(3)),
+    };
+    c.add_worker_full(quick_retries, flaky, None);
+    // While it fails, the store says so: attempts, the panic, since when.
+    let began = Instant::now();
+    let report = loop {
+        if let Some(r) = c.store.failure(GROUP, &p0).await.unwrap()
+            && r.attempts >= 2
+        {
+            break r;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "no failing partition reported"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(report.last_error.contains("panicked"), "{report:?}");
+    assert!(report.last_error.contains("offset 5"), "{report:?}");
+    // Then it goes on: every record once (the handler that panicked had
+    // folded offset 4 already; reusing it would count that twice).
+    c.settle(Duration::from_secs(10)).await;
+    for p in 0..2 {
+        let cp = c
+            .store
+            .load_checkpoint(GROUP, &PartitionId::new("t", p))
+            .await
+            .unwrap();
+        let v = check_final_state(
+            &PartitionId::new("t", p),
+            &records(&c, p),
+            cp.as_ref().map(|c| c.state.as_slice()),
+        );
+        assert!(v.is_none(), "{v:?}");
+    }
+    assert_eq!(
+        c.store.failure(GROUP, &p0).await.unwrap(),
+        None,
+        "the report is cleared once it succeeds"
+    );
+    let v = check_run(
+        &c.oracle.batches(),
+        &c.ends(),
+        QUARANTINE.as_micros() as u64,
+    );
+    assert!(v.is_empty(), "{v:?}");
+    let w = c.workers[0].take().unwrap();
+    assert!(!w.is_finished());
+    w.shutdown();
+    w.join().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_mode_sends_a_batch_that_keeps_failing_to_the_dead_letters_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 2);
+    c.produce(30, "a");
+    {
+        let mut p = c.log.producer("t").unwrap();
+        p.send(Some(b"k0"), b"poison-1", 0).unwrap();
+        p.flush().unwrap();
+    }
+    c.produce(30, "b");
+    let dead = FileLogDeadLetters::new(c.log.clone(), "t.dead");
+    let digest = DigestFactory {
+        panic_prefix: Some(b"poison"),
+        ..DigestFactory::default()
+    };
+    c.add_worker_full(
+        |cfg| {
+            quick_retries(cfg);
+            cfg.max_attempts = 3;
+        },
+        digest,
+        Some(Arc::new(dead.clone())),
+    );
+    c.settle(Duration::from_secs(10)).await;
+    let letters = dead.read_all().unwrap();
+    let poisoned: Vec<_> = letters
+        .iter()
+        .filter(|d| d.payload.starts_with(b"poison"))
+        .collect();
+    assert_eq!(poisoned.len(), 1, "{letters:?}");
+    assert_eq!(poisoned[0].attempts, 3);
+    assert!(poisoned[0].error.contains("panicked"), "{:?}", poisoned[0]);
+    // Everything else was processed once; what went to the dead letters
+    // was not processed.
+    for p in 0..2 {
+        let pid = PartitionId::new("t", p);
+        let kept: Vec<_> = records(&c, p)
+            .into_iter()
+            .filter(|r| {
+                !letters
+                    .iter()
+                    .any(|d| d.source == pid && d.offset == r.offset)
+            })
+            .collect();
+        let cp = c.store.load_checkpoint(GROUP, &pid).await.unwrap().unwrap();
+        assert_eq!(
+            DigestState::from_bytes(&cp.state).unwrap(),
+            DigestState::of(&kept),
+            "{pid}"
+        );
+    }
+    let v = check_run(
+        &c.oracle.batches(),
+        &c.ends(),
+        QUARANTINE.as_micros() as u64,
+    );
+    assert!(v.is_empty(), "{v:?}");
 }
