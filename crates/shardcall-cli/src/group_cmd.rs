@@ -279,6 +279,45 @@ async fn load_checkpoints(
         .await
 }
 
+/// The failure reports of `parts`, read as the checkpoints are.
+async fn load_failures(
+    store: &shardcall_redis::RedisStore,
+    group: &str,
+    parts: &[PartitionId],
+) -> anyhow::Result<BTreeMap<PartitionId, shardcall::FailureReport>> {
+    use futures_util::{StreamExt, TryStreamExt};
+    use shardcall::FailureReports;
+    let found: Vec<_> = futures_util::stream::iter(parts)
+        .map(|p| async move { Ok::<_, anyhow::Error>((p.clone(), store.failure(group, p).await?)) })
+        .buffer_unordered(64)
+        .try_collect()
+        .await?;
+    Ok(found
+        .into_iter()
+        .filter_map(|(p, f)| f.map(|f| (p, f)))
+        .collect())
+}
+
+/// A failure report as a status row shows it, when it is about the grant
+/// or claim the partition has now (`epoch`; `None`: any): an older owner's
+/// report is stale.
+fn failing_json(
+    report: Option<&shardcall::FailureReport>,
+    epoch: Option<u64>,
+    now: Millis,
+) -> serde_json::Value {
+    match report {
+        Some(f) if epoch.is_none_or(|e| e == f.epoch) => json!({
+            "member": f.member.to_string(),
+            "epoch": f.epoch,
+            "attempts": f.attempts,
+            "since_ms_ago": now.saturating_sub(f.since_ms),
+            "last_error": f.last_error,
+        }),
+        _ => serde_json::Value::Null,
+    }
+}
+
 async fn status_once(
     args: &StatusArgs,
     store: &shardcall_redis::RedisStore,
@@ -300,6 +339,7 @@ async fn status_once(
     }
     let ends = log.as_ref().expect("opened above").1.ends(&parts).await?;
     let checkpoints = load_checkpoints(store, &args.group, &parts).await?;
+    let failures = load_failures(store, &args.group, &parts).await?;
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {
         let cp = checkpoints.get(p).and_then(Option::as_ref);
@@ -324,6 +364,10 @@ async fn status_once(
             "backup_done": matches!(r.phase, Phase::Quarantined { backup_done: true, .. }),
             "state_bytes": cp.as_ref().map(|c| c.state.len()),
             "target": r.target.as_ref().map(ToString::to_string),
+            "failing": match &r.phase {
+                Phase::Owned { .. } | Phase::Draining { .. } => failing_json(failures.get(p), epoch, now),
+                _ => serde_json::Value::Null,
+            },
         }));
     }
     // Ticket mode: claimed tickets first (by partition), then the queue in
@@ -359,6 +403,7 @@ async fn status_once(
             "offset": offset,
             "log_end": end,
             "lag": end.map(|e| e.saturating_sub(offset.unwrap_or(0))),
+            "failing": failing_json(failures.get(p), epoch, now),
         }));
     }
     let members: Vec<_> = g
@@ -495,6 +540,40 @@ async fn status_once(
                 s("offset"),
                 s("log_end"),
                 s("lag")
+            )?;
+        }
+    }
+    let failing: Vec<&serde_json::Value> = rows
+        .iter()
+        .chain(&ticket_rows)
+        .filter(|r| !r["failing"].is_null())
+        .collect();
+    if !failing.is_empty() {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "{:<12} {:<28} {:>8} {:>9}  LAST ERROR (handler calls failing in a row)",
+            "FAILING", "MEMBER", "ATTEMPTS", "SINCE"
+        )?;
+        for r in failing {
+            let f = &r["failing"];
+            let error: String = f["last_error"]
+                .as_str()
+                .unwrap_or("")
+                .chars()
+                .take(100)
+                .collect();
+            writeln!(
+                out,
+                "{:<12} {:<28} {:>8} {:>9}  {}",
+                r["partition"].as_str().unwrap_or("-"),
+                f["member"].as_str().unwrap_or("-"),
+                f["attempts"],
+                format!(
+                    "{:.1}s",
+                    f["since_ms_ago"].as_u64().unwrap_or(0) as f64 / 1000.0
+                ),
+                error.replace('\n', " ")
             )?;
         }
     }

@@ -653,3 +653,83 @@ fn unexpected_redis_data_stops_the_worker_with_a_clear_error() {
     assert_eq!(status.code(), Some(2), "{said}");
     assert!(said.contains("unexpected data"), "{said}");
 }
+
+#[test]
+fn a_panicking_handler_shows_as_failing_in_status_and_in_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 2);
+    let url = redis.url();
+    let log_arg = log_dir.display().to_string();
+    {
+        let mut p = log.producer("t").unwrap();
+        // Round robin from t/0: ten each, then the poison record at t/0@10.
+        for i in 0..20 {
+            p.send(None, i.to_string().as_bytes(), 0).unwrap();
+        }
+        assert_eq!(p.send(None, b"poison", 0).unwrap(), 0);
+        p.sync().unwrap();
+    }
+    let port = shardcall_redis::testing::free_port();
+    let child = worker(&url, "ops", &log_arg, "w", "1000")
+        .args(["--set", "handler.digest_panic_prefix=\"poison\""])
+        .args([
+            "--set",
+            "batch.retry_backoff_ms=50",
+            "--set",
+            "batch.max_retry_backoff_ms=200",
+        ])
+        .args(["--metrics-addr", &port.to_string()])
+        .spawn()
+        .unwrap();
+    let _k = Killer(vec![child]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let doc = loop {
+        let doc = status_json(&url, &log_arg);
+        let parts = doc["partitions"].as_array().unwrap().clone();
+        let failing = parts.iter().find(|p| p["partition"] == "t/0");
+        let healthy = parts.iter().find(|p| p["partition"] == "t/1");
+        if let (Some(f), Some(h)) = (failing, healthy)
+            && f["failing"]["attempts"].as_u64() >= Some(3)
+            && h["lag"] == 0
+        {
+            break doc;
+        }
+        assert!(Instant::now() < deadline, "never seen failing: {doc:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let p0 = &doc["partitions"].as_array().unwrap()[0];
+    let f = &p0["failing"];
+    assert!(
+        f["last_error"].as_str().unwrap().contains("panicked"),
+        "{f}"
+    );
+    assert!(f["member"].as_str().unwrap().starts_with("w-"), "{f}");
+    assert!(
+        p0["offset"].as_u64().unwrap_or(0) <= 10,
+        "nothing passes the poison record: {p0}"
+    );
+    assert!(doc["partitions"][1]["failing"].is_null());
+    let table = text(
+        &shardcall(&[
+            "status", "--redis", &url, "--group", "ops", "--log", &log_arg,
+        ])
+        .stdout,
+    );
+    let line = table
+        .lines()
+        .skip_while(|l| !l.starts_with("FAILING"))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        line.starts_with("t/0") && line.contains("panicked"),
+        "{table}"
+    );
+    let body = http_get(port, "/metrics").unwrap();
+    assert!(
+        metric(
+            &body,
+            "shardcall_handler_failures_total{group=\"ops\",partition=\"t/0\"}"
+        ) >= 3.0,
+        "{body}"
+    );
+}

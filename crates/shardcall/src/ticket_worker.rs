@@ -547,7 +547,9 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 Ok(state) => match self.checkpoint(first, last, state).await {
                     Ok(()) => {
                         self.next_offset = last + 1;
-                        if last_error.take().is_some() {
+                        // Earlier deliveries may have failed in another
+                        // process (the store's count says so).
+                        if last_error.take().is_some() || attempts > 1 {
                             failures::recovered(&*s.store, &c.group, self.cell().ctx()).await;
                         }
                         attempts = 0;
