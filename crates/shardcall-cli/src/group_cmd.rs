@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::json;
-use shardcall::{Checkpoint, CoordinationStore, TicketStore, quarantine_left};
+use shardcall::{Checkpoint, CoordinationStore, StoreError, TicketStore, quarantine_left};
 use shardcall_core::{Command, GroupState, Millis, PartitionId, Phase, step};
 
 use crate::log_opts::{Log, LogOpts};
@@ -92,7 +92,7 @@ fn actor(given: &Option<String>) -> String {
 
 /// Runs `shardcall drain`: moves a member's partitions away gracefully.
 pub fn drain(args: &DrainArgs) -> anyhow::Result<ExitCode> {
-    runtime()?.block_on(async {
+    let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
         let g = store.load_group(&args.group).await?;
         let prefix = format!("{}-", args.member);
@@ -130,7 +130,8 @@ pub fn drain(args: &DrainArgs) -> anyhow::Result<ExitCode> {
             }
         }
         Ok(ExitCode::SUCCESS)
-    })
+    });
+    explained(&args.redis, &args.group, result)
 }
 
 /// Arguments of `shardcall reset-offsets`.
@@ -173,7 +174,7 @@ pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
         "give the log the group consumes: --log DIR or --kafka BROKERS"
     );
     let who = actor(&args.actor);
-    runtime()?.block_on(async {
+    let result = runtime()?.block_on(async {
         let topics = vec![args.topic.clone()];
         let log = args.log.open(&topics)?;
         let count = log.partitions(&topics).await?.len() as u32;
@@ -222,6 +223,27 @@ pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
         } else {
             ExitCode::from(1)
         })
+    });
+    explained(&args.redis, &args.group, result)
+}
+
+/// `result`, with the keys named when it failed on data of the wrong type
+/// in the group's slot (another program's keys): said once, exit status 2.
+fn explained(
+    redis: &RedisOpts,
+    group: &str,
+    result: anyhow::Result<ExitCode>,
+) -> anyhow::Result<ExitCode> {
+    let e = match result {
+        Err(e) if matches!(e.downcast_ref::<StoreError>(), Some(StoreError::Corrupt(_))) => e,
+        other => return other,
+    };
+    let store_error = e.downcast::<StoreError>().expect("checked above");
+    runtime()?.block_on(async {
+        Err(match redis.connect().await {
+            Ok(store) => store.explain(group, store_error).await.into(),
+            Err(_) => store_error.into(),
+        })
     })
 }
 
@@ -245,7 +267,7 @@ fn left(now: Millis, t: Millis) -> String {
 
 /// Runs `shardcall status`.
 pub fn status(args: &StatusArgs) -> anyhow::Result<ExitCode> {
-    runtime()?.block_on(async {
+    let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
         // The log stays open across --watch refreshes; it is opened again
         // only when the group's topics change.
@@ -261,7 +283,8 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<ExitCode> {
                 None => return Ok(ExitCode::SUCCESS),
             }
         }
-    })
+    });
+    explained(&args.redis, &args.group, result)
 }
 
 /// The checkpoints of `parts`, read with up to 64 requests in flight (one
@@ -582,7 +605,7 @@ async fn status_once(
 
 /// Runs `shardcall plan`: what the coordinator would do now, and why.
 pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
-    runtime()?.block_on(async {
+    let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
         let g = store.load_group(&args.group).await?;
         let now = store.now().await?;
@@ -640,7 +663,8 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             println!("moves: {} (the lower bound is {})", plan.moves.len(), plan.min_moves);
         }
         Ok(ExitCode::SUCCESS)
-    })
+    });
+    explained(&args.redis, &args.group, result)
 }
 
 /// Runs `shardcall release`: ends a quarantine early, audited.
@@ -656,7 +680,7 @@ pub fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("partition number {number:?}"))?,
     );
     let actor = actor(&args.actor);
-    runtime()?.block_on(async {
+    let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
         store
             .operator_release(&args.group, &partition, &actor)
@@ -664,5 +688,6 @@ pub fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("releasing {partition}"))?;
         println!("released {partition} from quarantine (audited as {actor})");
         Ok(ExitCode::SUCCESS)
-    })
+    });
+    explained(&args.redis, &args.group, result)
 }

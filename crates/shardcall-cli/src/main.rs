@@ -171,7 +171,7 @@ fn config_check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitC
                         ))
                     ),
                 },
-                r.redis.join(","),
+                shardcall_redis::redact_urls(&r.redis),
                 r.exec.as_deref().unwrap_or("built-in digest")
             );
             Ok(ExitCode::SUCCESS)

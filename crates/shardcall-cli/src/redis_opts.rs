@@ -50,6 +50,11 @@ impl RedisOpts {
         let ca = self.ca()?;
         self.connect_with(ca.as_deref())
             .await
-            .with_context(|| format!("connecting to {}", self.redis.join(",")))
+            .with_context(|| format!("connecting to {}", self.shown()))
+    }
+
+    /// The URLs as they may be shown (passwords hidden).
+    pub fn shown(&self) -> String {
+        shardcall_redis::redact_urls(&self.redis)
     }
 }

@@ -577,7 +577,8 @@ impl Settings {
         for (i, u) in self.redis.urls.iter().enumerate() {
             if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
                 errors.push(format!(
-                    "redis.urls[{i}]: {u:?} is not a redis:// or rediss:// URL"
+                    "redis.urls[{i}]: {:?} is not a redis:// or rediss:// URL",
+                    shardcall_redis::redact_url(u)
                 ));
             }
         }

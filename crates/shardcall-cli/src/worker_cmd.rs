@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use shardcall::{
-    BatchObserver, BatchRecord, FileLogDeadLetters, FileLogSource, RunningWorker, Source,
-    SpooledSource, TicketWorker, Worker,
+    BatchObserver, BatchRecord, Disposition, FileLogDeadLetters, FileLogSource, RunningWorker,
+    Source, SpooledSource, StoreError, TicketWorker, Worker, WorkerError,
 };
 use shardcall_kafka::{KafkaConfig, KafkaDeadLetters, KafkaSource};
 
@@ -212,12 +212,22 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether log lines are coloured: only on a terminal, and never when
+/// `NO_COLOR` is set to anything but the empty string (no-color.org).
+fn colour_logs(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Sends `tracing` output to stderr in the chosen format.
 pub fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(colour_logs(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_env_filter(filter);
     match format {
         LogFormat::Text => builder.init(),
@@ -368,14 +378,31 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         redis_ca: r.ca.clone(),
     };
     let ca = redis.ca()?;
-    // An unreachable server is retried with backoff, not a crash.
+    // Signals count from the start: a worker still connecting stops too.
+    let mut signals = Signals::new()?;
+    // An unreachable server is retried with backoff, not a crash; refused
+    // credentials and unreadable data are configuration errors.
     let mut backoff = Duration::from_millis(100);
     let store = loop {
         match redis.connect_with(ca.as_deref()).await {
             Ok(s) => break s,
+            Err(e)
+                if e.disposition() == Disposition::Fatal
+                    || matches!(e, StoreError::Unauthorized(_)) =>
+            {
+                tracing::error!(error = %e, redis = %redis.shown(), "cannot use Redis");
+                eprintln!("error: Redis at {}: {e}", redis.shown());
+                return Ok(ExitCode::from(2));
+            }
             Err(e) => {
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "connecting to Redis");
-                tokio::time::sleep(backoff).await;
+                tracing::warn!(error = %e, redis = %redis.shown(), retry_in_ms = backoff.as_millis() as u64, "connecting to Redis");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = signals.next() => {
+                        tracing::info!("stopped before Redis could be reached");
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
@@ -429,13 +456,11 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
             }
         });
     }
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // Until a signal, or until a worker ends on its own (an error or a
     // panic): then the process stops and says why instead of idling.
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = terminate.recv() => break,
+            _ = signals.next() => break,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
         if running.iter().any(RunningWorker::is_finished) {
@@ -443,12 +468,88 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
             break;
         }
     }
-    tracing::info!("stopping gracefully");
+    // A graceful stop finishes the batches in hand, checkpoints, releases
+    // and leaves, in every state (connecting, joining, retrying, holding,
+    // draining); it is bounded by the member lease plus a little, and a
+    // second signal ends it at once.
+    let bound = r.worker.timing.member_ttl + STOP_SLACK;
+    tracing::info!(
+        within_ms = bound.as_millis() as u64,
+        "stopping gracefully (a second signal stops at once)"
+    );
     for h in &running {
         h.shutdown();
     }
-    for h in running {
-        h.join().await?;
+    let joined = async {
+        let mut first_error = None;
+        for h in running {
+            if let Err(e) = h.join().await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error
+    };
+    tokio::select! {
+        e = joined => match e {
+            None => Ok(ExitCode::SUCCESS),
+            Some(e) => {
+                let e = match e {
+                    WorkerError::Store(e) => WorkerError::Store(store.explain(&r.worker.group, e).await),
+                    e => e,
+                };
+                tracing::error!(error = %e, "the worker stopped");
+                Ok(ExitCode::from(2))
+            }
+        },
+        _ = signals.next() => {
+            tracing::warn!("second signal: stopping at once (partitions held come back when the lease lapses)");
+            Ok(ExitCode::from(130))
+        }
+        _ = tokio::time::sleep(bound) => {
+            tracing::error!("the graceful stop outlasted its bound; stopping at once");
+            Ok(ExitCode::from(1))
+        }
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// What a graceful stop may take beyond the member lease (leaving the
+/// group, the last commit to Kafka).
+const STOP_SLACK: Duration = Duration::from_secs(5);
+
+/// SIGTERM and Ctrl-C (SIGINT), as one stream.
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next SIGTERM or SIGINT.
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour_logs;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colours_only_on_a_terminal_without_no_color() {
+        assert!(colour_logs(true, None));
+        assert!(colour_logs(true, Some(OsStr::new(""))));
+        assert!(!colour_logs(true, Some(OsStr::new("1"))));
+        assert!(!colour_logs(false, None));
+    }
 }

@@ -5,8 +5,11 @@
 mod codec;
 mod error;
 mod failures;
+mod foreign;
+mod redact;
 mod store;
 pub mod testing;
 mod tickets;
 
-pub use store::RedisStore;
+pub use redact::{redact_url, redact_urls};
+pub use store::{CONNECT_TIMEOUT, RedisStore};

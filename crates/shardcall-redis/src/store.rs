@@ -263,12 +263,42 @@ impl redis::aio::ConnectionLike for Conn {
     }
 }
 
+/// How long connecting (and the first answer) may take before it counts
+/// as failed: an unreachable server or a refused password is reported
+/// within this, not after the client's own retries.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One plain connection and a PING, with [`CONNECT_TIMEOUT`]: the client's
+/// reconnecting manager would retry a refused password for seconds before
+/// saying so.
+async fn preflight(client: &redis::Client) -> StoreResult<()> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(CONNECT_TIMEOUT));
+    let mut c = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|e| map_error(&e))?;
+    let _: String = redis::cmd("PING")
+        .query_async(&mut c)
+        .await
+        .map_err(|e| map_error(&e))?;
+    Ok(())
+}
+
+/// The reconnecting manager: each attempt bounded, as the first one was.
+fn manager_config() -> redis::aio::ConnectionManagerConfig {
+    redis::aio::ConnectionManagerConfig::new().set_connection_timeout(Some(CONNECT_TIMEOUT))
+}
+
 impl RedisStore {
     /// Connects to the server at `url`. A bad URL, a refused connection or a
-    /// wrong password is a clear error here rather than later.
+    /// wrong password is a clear error here, within [`CONNECT_TIMEOUT`],
+    /// rather than later.
     pub async fn connect(url: &str) -> StoreResult<Self> {
         let client = redis::Client::open(url).map_err(|e| map_error(&e))?;
-        let conn = ConnectionManager::new(client)
+        preflight(&client).await?;
+        let conn = ConnectionManager::new_with_config(client, manager_config())
             .await
             .map_err(|e| map_error(&e))?;
         Self::ready(Conn::new(ConnKind::Single(conn)), url, None).await
@@ -285,7 +315,8 @@ impl RedisStore {
             },
         )
         .map_err(|e| map_error(&e))?;
-        let conn = ConnectionManager::new(client)
+        preflight(&client).await?;
+        let conn = ConnectionManager::new_with_config(client, manager_config())
             .await
             .map_err(|e| map_error(&e))?;
         Self::ready(
@@ -300,13 +331,16 @@ impl RedisStore {
     /// script touches one slot, so the group spreads over the cluster: its
     /// own keys on one node, each partition's checkpoint wherever its slot is.
     pub async fn connect_cluster(nodes: &[String]) -> StoreResult<Self> {
-        let client =
-            redis::cluster::ClusterClient::new(nodes.to_vec()).map_err(|e| map_error(&e))?;
+        let first = nodes.first().cloned().unwrap_or_default();
+        preflight(&redis::Client::open(first.as_str()).map_err(|e| map_error(&e))?).await?;
+        let client = redis::cluster::ClusterClient::builder(nodes.to_vec())
+            .connection_timeout(CONNECT_TIMEOUT)
+            .build()
+            .map_err(|e| map_error(&e))?;
         let conn = client
             .get_async_connection()
             .await
             .map_err(|e| map_error(&e))?;
-        let first = nodes.first().cloned().unwrap_or_default();
         Self::ready(Conn::new(ConnKind::Cluster(conn)), &first, None).await
     }
 

@@ -16,9 +16,19 @@ async fn redis_store_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_is_a_clear_error() {
     let port = shardcall_redis::testing::free_port();
+    let asked = std::time::Instant::now();
     let err = RedisStore::connect(&format!("redis://127.0.0.1:{port}/"))
         .await
         .unwrap_err();
+    assert!(
+        asked.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(
+        matches!(err, shardcall::StoreError::Unavailable(_)),
+        "{err:?}"
+    );
     assert!(!err.is_fenced());
     assert!(err.to_string().contains("Redis"), "{err}");
 }

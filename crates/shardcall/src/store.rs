@@ -25,8 +25,10 @@ pub struct Checkpoint {
     pub epoch: Epoch,
 }
 
-/// Why a store call failed.
+/// Why a store call failed. [`StoreError::disposition`] is the one place
+/// that says what the caller does about each kind.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The caller is fenced out: stop what depends on the grant. Never retry.
     #[error("fenced: {0}")]
@@ -40,15 +42,47 @@ pub enum StoreError {
     /// The store cannot be reached or answered with an error; retry with backoff.
     #[error("store unavailable: {0}")]
     Unavailable(String),
-    /// The store holds data this version cannot read; nothing was changed.
+    /// The store holds data this version cannot read (another program's
+    /// key, another type, unparsable contents); nothing was changed. Not an
+    /// outage: retrying cannot mend it.
     #[error("unexpected data in the store: {0}")]
     Corrupt(String),
+    /// The store refused the credentials, or the user may not run a command
+    /// or touch a key (an ACL). At start that is a configuration error;
+    /// during a run it is handled like losing the store.
+    #[error("the store refused access: {0}")]
+    Unauthorized(String),
+}
+
+/// What a caller does about a [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Try again later, with backoff (the work it guards stops when its
+    /// lease runs short).
+    Retry,
+    /// Stop what depends on the grant or claim, at once; never retry it.
+    Fenced,
+    /// Stop and say why: retrying cannot mend it.
+    Fatal,
 }
 
 impl StoreError {
+    /// What the caller does about this error, during a run. (At start, a
+    /// worker also treats [`StoreError::Unauthorized`] as fatal: a wrong
+    /// password does not mend itself.)
+    pub fn disposition(&self) -> Disposition {
+        match self {
+            Self::Fenced(_) => Disposition::Fenced,
+            Self::Corrupt(_) => Disposition::Fatal,
+            Self::Conflict(_) | Self::Refused(_) | Self::Unavailable(_) | Self::Unauthorized(_) => {
+                Disposition::Retry
+            }
+        }
+    }
+
     /// Whether the caller must stop (as opposed to retrying later).
     pub fn is_fenced(&self) -> bool {
-        matches!(self, Self::Fenced(_))
+        self.disposition() == Disposition::Fenced
     }
 }
 

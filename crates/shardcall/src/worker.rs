@@ -19,7 +19,7 @@ use crate::handler::{BatchObserver, HandlerFactory, PartitionContext};
 use crate::lease::LocalLease;
 use crate::partition::{PartitionTask, TaskEnd};
 use crate::source::Source;
-use crate::store::{CoordinationStore, StoreError};
+use crate::store::{CoordinationStore, Disposition, StoreError};
 
 /// A rebalance this worker applied as coordinator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,9 +164,12 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
         loop {
             match self.store.configure(group, timing.quarantine()).await {
                 Ok(()) => break,
+                Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
                 Err(e) => {
                     tracing::warn!(group, error = %e, "configuring the group; retrying");
-                    tokio::time::sleep(timing.heartbeat_interval).await;
+                    if stopped_while_waiting(&mut stop, timing.heartbeat_interval).await {
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -199,12 +202,12 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
             {
                 Ok(_) => {}
                 Err(StoreError::Fenced(_) | StoreError::Refused(_)) => continue,
-                Err(StoreError::Corrupt(e)) => {
-                    return Err(WorkerError::Store(StoreError::Corrupt(e)));
-                }
+                Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
                 Err(e) => {
                     tracing::warn!(group, member = %id, error = %e, "joining; retrying");
-                    tokio::time::sleep(timing.heartbeat_interval).await;
+                    if stopped_while_waiting(stop, timing.heartbeat_interval).await {
+                        return Ok(());
+                    }
                     continue;
                 }
             }
@@ -238,6 +241,19 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
             }
         }
     }
+}
+
+/// Waits `d` unless a graceful stop is asked for first (or was already):
+/// whether it was.
+async fn stopped_while_waiting(stop: &mut watch::Receiver<Stop>, d: Duration) -> bool {
+    if *stop.borrow() == Stop::Graceful {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stop.changed() => {}
+    }
+    *stop.borrow() == Stop::Graceful
 }
 
 enum Ended {
@@ -378,7 +394,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             self.reap();
             if let Err(e) = self.coordinate().await {
                 match e {
-                    StoreError::Corrupt(_) => return Err(e.into()),
+                    e if e.disposition() == Disposition::Fatal => return Err(e.into()),
                     e => {
                         tracing::debug!(group = %cfg.group, member = %self.id, error = %e, "coordinator tick")
                     }
@@ -386,7 +402,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             }
             match self.reconcile().await {
                 Ok(()) => {}
-                Err(StoreError::Corrupt(e)) => return Err(StoreError::Corrupt(e).into()),
+                Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
                 Err(e) => {
                     tracing::warn!(group = %cfg.group, member = %self.id, error = %e, "reading the member view")
                 }

@@ -79,6 +79,24 @@ impl Workers {
         self.newest(name).wait().unwrap()
     }
 
+    /// Waits up to `d` for the newest worker `name` to exit: its status and
+    /// how long it took, or `None` if it still runs.
+    pub fn wait_within(
+        &mut self,
+        name: &str,
+        d: std::time::Duration,
+    ) -> Option<(ExitStatus, std::time::Duration)> {
+        let began = std::time::Instant::now();
+        let child = self.newest(name);
+        while began.elapsed() < d {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some((status, began.elapsed()));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Kills the newest worker `name` (SIGKILL) and waits for it.
     pub fn kill_9(&mut self, name: &str) {
         let child = self.newest(name);
