@@ -83,7 +83,7 @@ pub struct DrainArgs {
     wait: bool,
 }
 
-fn actor(given: &Option<String>) -> String {
+pub(crate) fn actor(given: &Option<String>) -> String {
     given
         .clone()
         .or_else(|| std::env::var("USER").ok())
@@ -229,7 +229,7 @@ pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
 
 /// `result`, with the keys named when it failed on data of the wrong type
 /// in the group's slot (another program's keys): said once, exit status 2.
-fn explained(
+pub(crate) fn explained(
     redis: &RedisOpts,
     group: &str,
     result: anyhow::Result<ExitCode>,
@@ -247,7 +247,7 @@ fn explained(
     })
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
@@ -349,6 +349,7 @@ async fn status_once(
     use std::fmt::Write;
     let g: GroupState = store.load_group(&args.group).await?;
     let tickets = store.ticket_view(&args.group).await?;
+    let policy = store.load_policy(&args.group).await?;
     let now = store.now().await?;
     let mut parts: Vec<PartitionId> = g.partitions.keys().cloned().collect();
     parts.extend(tickets.partitions());
@@ -450,6 +451,8 @@ async fn status_once(
                 "member": c.holder.to_string(), "epoch": c.epoch,
                 "lease_left_ms": c.expires_at.saturating_sub(now)})),
             "quarantine": g.policy,
+            "quarantine_set_by": policy.as_ref().map(|p| &p.set_by),
+            "quarantine_set_at_ms": policy.as_ref().map(|p| p.set_at),
             "members": members,
             "partitions": rows,
             "tickets": ticket_rows,
@@ -467,16 +470,16 @@ async fn status_once(
     });
     writeln!(
         out,
-        "GROUP {}  version {}  coordinator {}  quarantine >= {} ms{}",
+        "GROUP {}  version {}  coordinator {}  quarantine {}{}",
         args.group,
         g.version,
         coord,
-        g.policy.min_ms,
-        if g.policy.wait_for_backup {
-            " and until backup done"
-        } else {
-            ""
-        }
+        g.policy,
+        policy.as_ref().map_or(String::new(), |p| format!(
+            " (set by {}{})",
+            p.set_by,
+            crate::policy_cmd::ago(now, p.set_at)
+        ))
     )?;
     writeln!(out)?;
     writeln!(

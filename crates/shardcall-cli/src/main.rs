@@ -11,6 +11,7 @@ mod demo;
 mod demo_ticket;
 mod group_cmd;
 mod log_opts;
+mod policy_cmd;
 mod produce;
 mod progress;
 mod redis_opts;
@@ -46,6 +47,8 @@ enum Command {
     Status(group_cmd::StatusArgs),
     /// Dry run of the coordinator's next decisions, with the reason for each move.
     Plan(group_cmd::PlanArgs),
+    /// Show a group's quarantine rule and who set it, or change it (audited).
+    Policy(policy_cmd::PolicyArgs),
     /// End a partition's quarantine early (recorded in the group's audit log).
     Release(group_cmd::ReleaseArgs),
     /// Check a configuration file, or print an example of one.
@@ -195,6 +198,7 @@ fn main() -> ExitCode {
         Command::Status(args) => group_cmd::status(&args),
         Command::Plan(args) => group_cmd::plan(&args),
         Command::Release(args) => group_cmd::release(&args),
+        Command::Policy(args) => policy_cmd::run(&args),
         Command::Drain(args) => group_cmd::drain(&args),
         Command::Config(ConfigCommand::Example) => {
             print!("{}", settings::EXAMPLE);

@@ -733,3 +733,79 @@ fn a_panicking_handler_shows_as_failing_in_status_and_in_metrics() {
         "{body}"
     );
 }
+
+#[test]
+fn a_worker_with_another_quarantine_does_not_change_the_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, _log) = redis_and_log(dir.path(), 2);
+    let url = redis.url();
+    let log_arg = log_dir.display().to_string();
+    let members = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let doc = status_json(&url, &log_arg);
+            if doc["members"].as_array().unwrap().len() == n {
+                return doc;
+            }
+            assert!(Instant::now() < deadline, "never {n} members: {doc:#}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let mut procs = Killer(vec![
+        worker(&url, "ops", &log_arg, "a", "5000").spawn().unwrap(),
+    ]);
+    members(1);
+    let b_log = dir.path().join("b.log");
+    let mut b = worker(&url, "ops", &log_arg, "b", "0");
+    b.stderr(std::fs::File::create(&b_log).unwrap());
+    procs.0.push(b.spawn().unwrap());
+    let doc = members(2);
+    assert_eq!(doc["quarantine"]["min_ms"], 5000, "{doc:#}");
+    assert_eq!(doc["quarantine_set_by"], "a", "{doc:#}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&b_log)
+        .unwrap()
+        .contains("differs from the group's")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "b did not say its setting differs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let shown = shardcall(&["policy", "--redis", &url, "--group", "ops"]);
+    let shown = text(&shown.stdout);
+    assert!(shown.contains("at least 5000 ms (set by a"), "{shown}");
+    // An operator changes it on purpose: audited, and in force.
+    let out = shardcall(&[
+        "policy",
+        "--redis",
+        &url,
+        "--group",
+        "ops",
+        "--quarantine-ms",
+        "700",
+        "--actor",
+        "alice",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc = status_json(&url, &log_arg);
+    assert_eq!(doc["quarantine"]["min_ms"], 700, "{doc:#}");
+    assert_eq!(doc["quarantine_set_by"], "alice", "{doc:#}");
+    let audit = Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis.port.to_string(),
+            "LRANGE",
+            "shardcall:{ops}:audit",
+            "0",
+            "-1",
+        ])
+        .output()
+        .unwrap();
+    let audit = text(&audit.stdout);
+    assert!(
+        audit.contains("alice") && audit.contains("from at least 5000 ms to at least 700 ms"),
+        "{audit}"
+    );
+}

@@ -97,6 +97,19 @@ impl Default for QuarantinePolicy {
     }
 }
 
+impl std::fmt::Display for QuarantinePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "at least {} ms", self.min_ms)?;
+        if self.wait_for_backup {
+            write!(f, ", until the backup is done (at most {} ms)", self.max_ms)?;
+        }
+        if self.release_on_backup_done {
+            write!(f, ", ended early once the backup is done")?;
+        }
+        Ok(())
+    }
+}
+
 /// When a quarantine can end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuarantineEnd {

@@ -7,7 +7,7 @@
 //! shardcall:{G}:lock          hash  holder, epoch, lease end of the coordinator lock
 //! shardcall:{G}:lockseq       int   last coordinator epoch handed out (INCR)
 //! shardcall:{G}:version       int   bumped by every change to the table or members
-//! shardcall:{G}:policy        json  the quarantine rule
+//! shardcall:{G}:policy        json  the quarantine rule, who set it and when
 //! shardcall:{G}:table         hash  "topic/partition" -> {phase, holder, epoch, since, target, ...}
 //! shardcall:{G}:audit         list  operator actions
 //! shardcall:{G/T/P}:grant     hash  holder, epoch, held?, coordinator epoch (a copy for fencing)
@@ -28,7 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
-use shardcall::{Checkpoint, CoordinationStore, StoreError, StoreResult};
+use shardcall::{Checkpoint, CoordinationStore, GroupPolicy, StoreError, StoreResult};
 use shardcall_core::{
     AuditEntry, Command, CoordinatorLease, Epoch, Fenced, GroupState, MemberId, MemberRecord,
     Millis, PartitionId, Phase, QuarantinePolicy,
@@ -63,6 +63,8 @@ pub(crate) struct Scripts {
     sync_grant: Script,
     release_grant: Script,
     checkpoint: Script,
+    ensure_policy: Script,
+    set_policy: Script,
     pub(crate) report_failure: Script,
     pub(crate) clear_failure: Script,
     pub(crate) ticket_seed: Script,
@@ -92,6 +94,8 @@ impl Scripts {
             sync_grant: script(include_str!("../lua/sync_grant.lua")),
             release_grant: script(include_str!("../lua/release_grant.lua")),
             checkpoint: script(include_str!("../lua/checkpoint.lua")),
+            ensure_policy: script(include_str!("../lua/ensure_policy.lua")),
+            set_policy: script(include_str!("../lua/set_policy.lua")),
             report_failure: script(include_str!("../lua/report_failure.lua")),
             clear_failure: script(include_str!("../lua/clear_failure.lua")),
             ticket_seed: ticket_script(include_str!("../lua/ticket_seed.lua")),
@@ -517,14 +521,64 @@ impl CoordinationStore for RedisStore {
         Ok(secs * 1000 + micros / 1000)
     }
 
-    async fn configure(&self, group: &str, policy: QuarantinePolicy) -> StoreResult<()> {
-        let mut c = self.conn.clone();
+    async fn ensure_policy(
+        &self,
+        group: &str,
+        proposed: QuarantinePolicy,
+        actor: &str,
+    ) -> StoreResult<GroupPolicy> {
+        let k = keys(group);
+        let json = serde_json::to_string(&proposed).expect("policy serialises");
+        let raw: String = self
+            .invoke(
+                self.scripts
+                    .ensure_policy
+                    .key(&k.policy)
+                    .key(k.audit)
+                    .key(k.version)
+                    .arg(json)
+                    .arg(actor)
+                    .arg(proposed.to_string()),
+            )
+            .await?;
+        self.announce(group).await;
+        codec::decode_policy(&k.policy, &raw)
+    }
+
+    async fn set_policy(
+        &self,
+        group: &str,
+        policy: QuarantinePolicy,
+        actor: &str,
+    ) -> StoreResult<GroupPolicy> {
+        let k = keys(group);
+        let before = match self.load_policy(group).await? {
+            Some(p) => p.policy.to_string(),
+            None => "none".to_owned(),
+        };
         let json = serde_json::to_string(&policy).expect("policy serialises");
-        let _: () = c
-            .set(keys(group).policy, json)
-            .await
-            .map_err(|e| map_error(&e))?;
-        Ok(())
+        let raw: String = self
+            .invoke(
+                self.scripts
+                    .set_policy
+                    .key(&k.policy)
+                    .key(k.audit)
+                    .key(k.version)
+                    .arg(json)
+                    .arg(actor)
+                    .arg(policy.to_string())
+                    .arg(before),
+            )
+            .await?;
+        self.announce(group).await;
+        codec::decode_policy(&k.policy, &raw)
+    }
+
+    async fn load_policy(&self, group: &str) -> StoreResult<Option<GroupPolicy>> {
+        let key = keys(group).policy;
+        let mut c = self.conn.clone();
+        let raw: Option<String> = c.get(&key).await.map_err(|e| map_error(&e))?;
+        raw.map(|r| codec::decode_policy(&key, &r)).transpose()
     }
 
     async fn join(

@@ -27,7 +27,69 @@ pub async fn run_all<S: CoordinationStore>(store: &S, prefix: &str) {
     drain_is_recorded(store, &format!("{prefix}-drain")).await;
     reset_offsets(store, &format!("{prefix}-reset")).await;
     failure_reports_keep_the_streak(store, &format!("{prefix}-failing")).await;
+    the_first_member_sets_the_policy(store, &format!("{prefix}-policy")).await;
+    operators_change_the_policy_audited(store, &format!("{prefix}-setpolicy")).await;
     failure_reports_clear_by_epoch(store, &format!("{prefix}-failclear")).await;
+}
+
+fn policy(min_ms: u64) -> QuarantinePolicy {
+    QuarantinePolicy {
+        min_ms,
+        ..QuarantinePolicy::default()
+    }
+}
+
+/// The first `ensure_policy` sets the group's rule (audited, with who and
+/// when); later ones, whatever they propose, get that rule unchanged.
+pub async fn the_first_member_sets_the_policy<S: CoordinationStore>(store: &S, group: &str) {
+    assert_eq!(store.load_policy(group).await.unwrap(), None);
+    let before = store.now().await.unwrap();
+    let first = store
+        .ensure_policy(group, policy(5000), "w1")
+        .await
+        .unwrap();
+    assert_eq!((first.policy, first.set_by.as_str()), (policy(5000), "w1"));
+    assert!(first.set_at >= before);
+    let second = store.ensure_policy(group, policy(0), "w2").await.unwrap();
+    assert_eq!(
+        second, first,
+        "a member with another setting changed the group's rule"
+    );
+    assert_eq!(store.load_policy(group).await.unwrap(), Some(first));
+    let g = store.load_group(group).await.unwrap();
+    assert_eq!(g.policy, policy(5000));
+    assert_eq!(g.audit.len(), 1, "{:?}", g.audit);
+    assert_eq!(g.audit[0].actor, "w1");
+    assert!(g.audit[0].action.contains("5000"), "{:?}", g.audit);
+}
+
+/// An operator's change takes effect for the group (its version moves, so
+/// coordinators read it) and is audited with the rule before and after.
+pub async fn operators_change_the_policy_audited<S: CoordinationStore>(store: &S, group: &str) {
+    store
+        .ensure_policy(group, policy(5000), "w1")
+        .await
+        .unwrap();
+    let version = store.load_group(group).await.unwrap().version;
+    let set = store.set_policy(group, policy(700), "ops").await.unwrap();
+    assert_eq!((set.policy, set.set_by.as_str()), (policy(700), "ops"));
+    let g = store.load_group(group).await.unwrap();
+    assert!(g.version > version);
+    assert_eq!(g.policy, policy(700));
+    let last = g.audit.last().unwrap();
+    assert_eq!(last.actor, "ops");
+    assert!(
+        last.action.contains("5000") && last.action.contains("700"),
+        "{last:?}"
+    );
+    assert_eq!(
+        store
+            .ensure_policy(group, policy(1), "w3")
+            .await
+            .unwrap()
+            .policy,
+        policy(700)
+    );
 }
 
 /// A report replaces the last one but keeps when the streak began; a new
@@ -415,7 +477,7 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
 pub async fn quarantine_and_release<S: CoordinationStore>(store: &S, group: &str) {
     let a = m("a");
     store
-        .configure(
+        .set_policy(
             group,
             QuarantinePolicy {
                 min_ms: 300,
@@ -423,6 +485,7 @@ pub async fn quarantine_and_release<S: CoordinationStore>(store: &S, group: &str
                 max_ms: 60_000,
                 release_on_backup_done: false,
             },
+            "test",
         )
         .await
         .unwrap();

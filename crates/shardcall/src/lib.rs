@@ -45,7 +45,7 @@ pub use partition::TaskEnd;
 pub use running::RunningWorker;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
-pub use store::{Checkpoint, CoordinationStore, Disposition, StoreError, StoreResult};
+pub use store::{Checkpoint, CoordinationStore, Disposition, GroupPolicy, StoreError, StoreResult};
 pub use ticket_config::{TicketConfig, TicketConfigError};
 pub use ticket_store::{ClaimAttempt, TicketStore, TicketView, claim_with_wait};
 pub use ticket_worker::{TicketStats, TicketWorker, TicketWorkerHandle};

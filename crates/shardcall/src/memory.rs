@@ -12,7 +12,7 @@ use shardcall_core::{
 };
 
 use crate::failures::{FailureReport, FailureReports, clip_error};
-use crate::store::{Checkpoint, CoordinationStore, StoreError, StoreResult};
+use crate::store::{Checkpoint, CoordinationStore, GroupPolicy, StoreError, StoreResult};
 
 /// Where the store reads the time.
 pub trait Clock: Send + Sync + 'static {
@@ -43,6 +43,8 @@ pub(crate) struct Inner {
     pub(crate) ticket_fences: HashMap<(String, PartitionId), Epoch>,
     /// Ticket mode: deliveries of the batch at an offset, per partition.
     pub(crate) deliveries: HashMap<(String, PartitionId), (u64, u32)>,
+    /// Who set each group's quarantine rule, and when.
+    policies: HashMap<String, (String, Millis)>,
     /// Failing partitions' reports.
     failures: HashMap<(String, PartitionId), FailureReport>,
     /// Ticket mode: rung when a ticket becomes due at once.
@@ -77,6 +79,56 @@ impl MemoryStore {
         Self {
             clock,
             inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Sets the rule and records who did it, in one step under the lock;
+    /// with `only_if_unset`, an existing rule is returned unchanged.
+    fn set_policy_as(
+        &self,
+        group: &str,
+        policy: QuarantinePolicy,
+        actor: &str,
+        only_if_unset: bool,
+    ) -> GroupPolicy {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        let inner = &mut *inner;
+        let g = inner.groups.entry(group.to_owned()).or_default();
+        if let Some((set_by, set_at)) = inner.policies.get(group)
+            && only_if_unset
+        {
+            return GroupPolicy {
+                policy: g.policy,
+                set_by: set_by.clone(),
+                set_at: *set_at,
+            };
+        }
+        let action = if inner.policies.contains_key(group) {
+            format!(
+                "changed the quarantine policy from {} to {policy}",
+                g.policy
+            )
+        } else {
+            format!("created the quarantine policy: {policy}")
+        };
+        g.policy = policy;
+        g.version += 1;
+        g.audit.push(shardcall_core::AuditEntry {
+            at: now,
+            actor: actor.to_owned(),
+            action,
+        });
+        if let Some(feed) = inner.feeds.get(group) {
+            feed.send_replace(g.version);
+        }
+        inner
+            .policies
+            .insert(group.to_owned(), (actor.to_owned(), now));
+        GroupPolicy {
+            policy,
+            set_by: actor.to_owned(),
+            set_at: now,
         }
     }
 
@@ -160,9 +212,38 @@ impl CoordinationStore for MemoryStore {
         Ok(self.clock.now_ms())
     }
 
-    async fn configure(&self, group: &str, policy: QuarantinePolicy) -> StoreResult<()> {
-        self.with_group(group, |g, _| g.policy = policy);
-        Ok(())
+    async fn ensure_policy(
+        &self,
+        group: &str,
+        proposed: QuarantinePolicy,
+        actor: &str,
+    ) -> StoreResult<GroupPolicy> {
+        Ok(self.set_policy_as(group, proposed, actor, true))
+    }
+
+    async fn set_policy(
+        &self,
+        group: &str,
+        policy: QuarantinePolicy,
+        actor: &str,
+    ) -> StoreResult<GroupPolicy> {
+        Ok(self.set_policy_as(group, policy, actor, false))
+    }
+
+    async fn load_policy(&self, group: &str) -> StoreResult<Option<GroupPolicy>> {
+        let inner = self.inner.lock().expect("store lock");
+        Ok(inner
+            .policies
+            .get(group)
+            .map(|(set_by, set_at)| GroupPolicy {
+                policy: inner
+                    .groups
+                    .get(group)
+                    .map(|g| g.policy)
+                    .unwrap_or_default(),
+                set_by: set_by.clone(),
+                set_at: *set_at,
+            }))
     }
 
     async fn join(

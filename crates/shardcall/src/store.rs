@@ -25,6 +25,19 @@ pub struct Checkpoint {
     pub epoch: Epoch,
 }
 
+/// A group's quarantine rule and who set it when: group state, created by
+/// the first member that joins and changed only by an operator (audited),
+/// never silently by a member with another setting.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GroupPolicy {
+    /// The rule.
+    pub policy: QuarantinePolicy,
+    /// Who set it (a worker's name, or an operator).
+    pub set_by: String,
+    /// When, on the store's clock (0: before this was recorded).
+    pub set_at: Millis,
+}
+
 /// Why a store call failed. [`StoreError::disposition`] is the one place
 /// that says what the caller does about each kind.
 #[derive(Debug, thiserror::Error)]
@@ -106,8 +119,28 @@ pub trait CoordinationStore: FailureReports {
     /// The store's clock in milliseconds; leases and quarantines run on it.
     async fn now(&self) -> StoreResult<Millis>;
 
-    /// Sets the group's quarantine rule (members of one group share it).
-    async fn configure(&self, group: &str, policy: QuarantinePolicy) -> StoreResult<()>;
+    /// The group's quarantine rule. If the group has none yet, `proposed`
+    /// becomes it, set by `actor` now (audited); an existing rule is never
+    /// changed here, whatever `proposed` says.
+    async fn ensure_policy(
+        &self,
+        group: &str,
+        proposed: QuarantinePolicy,
+        actor: &str,
+    ) -> StoreResult<GroupPolicy>;
+
+    /// Sets the group's quarantine rule on an operator's word (audited, with
+    /// the rule before and after); members apply it from their next tick.
+    /// Returns the rule as it is now.
+    async fn set_policy(
+        &self,
+        group: &str,
+        policy: QuarantinePolicy,
+        actor: &str,
+    ) -> StoreResult<GroupPolicy>;
+
+    /// The group's quarantine rule, if one was set.
+    async fn load_policy(&self, group: &str) -> StoreResult<Option<GroupPolicy>>;
 
     /// Registers a new member with a lease of `ttl` from the store's now,
     /// returning when it ends. Refuses an id that is registered.

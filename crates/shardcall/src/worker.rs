@@ -162,8 +162,19 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
         let group = cfg.group.as_str();
         let timing = &cfg.timing;
         loop {
-            match self.store.configure(group, timing.quarantine()).await {
-                Ok(()) => break,
+            match self
+                .store
+                .ensure_policy(group, timing.quarantine(), &cfg.name)
+                .await
+            {
+                Ok(set) => {
+                    if set.policy != timing.quarantine() {
+                        tracing::warn!(group, ours = %timing.quarantine(), group_policy = %set.policy,
+                            set_by = %set.set_by, "this worker's quarantine setting differs from the group's; \
+                            running under the group's (an operator changes it with `shardcall policy`)");
+                    }
+                    break;
+                }
                 Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
                 Err(e) => {
                     tracing::warn!(group, error = %e, "configuring the group; retrying");
