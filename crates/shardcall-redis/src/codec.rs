@@ -232,6 +232,28 @@ pub fn decode_apply_reply(out: &[redis::Value]) -> Result<(u64, Vec<GrantSync>),
     Ok((version, syncs))
 }
 
+/// The group's quarantine rule as kept at `key`: the rule's fields plus
+/// `set_by` and `set_at` (absent in groups made before they were kept).
+pub fn decode_policy(key: &str, raw: &str) -> shardcall::StoreResult<shardcall::GroupPolicy> {
+    #[derive(serde::Deserialize)]
+    struct Kept {
+        #[serde(flatten)]
+        policy: shardcall_core::QuarantinePolicy,
+        #[serde(default)]
+        set_by: Option<String>,
+        #[serde(default)]
+        set_at: Option<f64>,
+    }
+    let kept: Kept = serde_json::from_str(raw).map_err(|e| {
+        StoreError::Corrupt(format!("{key}: not a quarantine policy ({e}): {raw:?}"))
+    })?;
+    Ok(shardcall::GroupPolicy {
+        policy: kept.policy,
+        set_by: kept.set_by.unwrap_or_else(|| "unknown".into()),
+        set_at: kept.set_at.map_or(0, |t| t as u64),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,26 +280,4 @@ mod tests {
             Err(StoreError::Corrupt(_))
         ));
     }
-}
-
-/// The group's quarantine rule as kept at `key`: the rule's fields plus
-/// `set_by` and `set_at` (absent in groups made before they were kept).
-pub fn decode_policy(key: &str, raw: &str) -> shardcall::StoreResult<shardcall::GroupPolicy> {
-    #[derive(serde::Deserialize)]
-    struct Kept {
-        #[serde(flatten)]
-        policy: shardcall_core::QuarantinePolicy,
-        #[serde(default)]
-        set_by: Option<String>,
-        #[serde(default)]
-        set_at: Option<f64>,
-    }
-    let kept: Kept = serde_json::from_str(raw).map_err(|e| {
-        StoreError::Corrupt(format!("{key}: not a quarantine policy ({e}): {raw:?}"))
-    })?;
-    Ok(shardcall::GroupPolicy {
-        policy: kept.policy,
-        set_by: kept.set_by.unwrap_or_else(|| "unknown".into()),
-        set_at: kept.set_at.map_or(0, |t| t as u64),
-    })
 }
