@@ -368,8 +368,15 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
     if let Some(addr) = r.metrics {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
+            // A gauge not set for a while is about a partition this worker
+            // gave up: it stops being exported.
+            .idle_timeout(
+                metrics_util::MetricKindMask::GAUGE,
+                Some(shardcall::telemetry::GAUGE_IDLE),
+            )
             .install()
             .with_context(|| format!("serving metrics on {addr}"))?;
+        shardcall::telemetry::describe();
         tracing::info!(%addr, "metrics at /metrics");
     }
     let redis = crate::redis_opts::RedisOpts {

@@ -2,6 +2,7 @@
 //! `status` (table and JSON), `plan` (dry run with reasons) and `release`
 //! (an audited early end of a quarantine).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -808,4 +809,73 @@ fn a_worker_with_another_quarantine_does_not_change_the_groups() {
         audit.contains("alice") && audit.contains("from at least 5000 ms to at least 700 ms"),
         "{audit}"
     );
+}
+
+/// The `shardcall_lag_records` series of a metrics page, by partition.
+fn lag_series(body: &str) -> BTreeMap<String, f64> {
+    body.lines()
+        .filter(|l| l.starts_with("shardcall_lag_records{"))
+        .filter_map(|l| {
+            let partition = l.split("partition=\"").nth(1)?.split('"').next()?;
+            Some((partition.to_owned(), l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn metrics_follow_the_truth_after_a_burst_and_after_a_move() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 4);
+    let url = redis.url();
+    let log_arg = log_dir.display().to_string();
+    let port = shardcall_redis::testing::free_port();
+    let a = worker(&url, "ops", &log_arg, "a", "0")
+        .args(["--metrics-addr", &port.to_string()])
+        .spawn()
+        .unwrap();
+    let mut procs = Killer(vec![a]);
+    let scrape = || http_get(port, "/metrics").unwrap_or_default();
+    let wait_for = |what: &str, ok: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let body = scrape();
+            if ok(&body) {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "never {what}: {body}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("owning 4", &|b| {
+        metric(b, "shardcall_owned_partitions") == 4.0
+    });
+    // A burst, processed: the gauges come back to zero although nothing
+    // new arrives.
+    produce_numbers(&log, 2000);
+    let body = wait_for("caught up", &|b| {
+        let lags = lag_series(b);
+        metric(b, "shardcall_records_processed_total") >= 2000.0
+            && lags.len() == 4
+            && lags.values().all(|&v| v == 0.0)
+    });
+    for line in body.lines().filter(|l| l.starts_with("shardcall_")) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        let family = name.trim_end_matches("_sum").trim_end_matches("_count");
+        assert!(
+            body.contains(&format!("# HELP {family} ")),
+            "no HELP for {family}: {body}"
+        );
+    }
+    assert!(
+        body.contains("shardcall_store_seconds_count{op=\"heartbeat\"}"),
+        "{body}"
+    );
+    // Another worker takes half: the series of partitions `a` gave up go.
+    procs
+        .0
+        .push(worker(&url, "ops", &log_arg, "b", "0").spawn().unwrap());
+    let body = wait_for("the moved partitions' series gone", &|b| {
+        metric(b, "shardcall_owned_partitions") == 2.0 && lag_series(b).len() == 2
+    });
+    assert!(lag_series(&body).values().all(|&v| v == 0.0), "{body}");
 }

@@ -215,6 +215,13 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                     if !self.checkpoint(&mut cell, pending.take()).await {
                         return self.lost("checkpoint refused: fenced out");
                     }
+                    // Caught up and checkpointed: no lag. Said again once
+                    // an interval, so the gauge of a partition held but
+                    // idle stays (and one no longer held ages out).
+                    if lag_checked.elapsed() >= LAG_EVERY {
+                        lag_checked = std::time::Instant::now();
+                        crate::telemetry::lag(&self.group, &p, 0);
+                    }
                     continue;
                 }
                 Err(e) => {

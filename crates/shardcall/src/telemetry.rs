@@ -1,8 +1,75 @@
 //! The runtime's metrics, through the `metrics` facade: nothing is recorded
 //! unless the application installs a recorder (the `shardcall worker`
 //! command installs a Prometheus exporter on an address of your choice).
+//!
+//! Gauges are set again at least once every [`GAUGE_REFRESH`] while they
+//! hold: a recorder that forgets gauges not set for longer (the worker's
+//! exporter does, after [`GAUGE_IDLE`]) stops exporting the series of a
+//! partition this worker no longer holds.
 
 use std::time::Duration;
+
+/// How often a gauge that holds is set again, at the most.
+pub const GAUGE_REFRESH: Duration = Duration::from_secs(1);
+
+/// After this long without being set, a gauge is about something this
+/// worker no longer does (a partition it gave up).
+pub const GAUGE_IDLE: Duration = Duration::from_secs(5);
+
+/// Describes every metric (the `# HELP` lines), once the recorder is in.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "shardcall_records_processed_total",
+        Unit::Count,
+        "Records processed and checkpointed, per partition"
+    );
+    describe_histogram!(
+        "shardcall_batch_seconds",
+        Unit::Seconds,
+        "One batch's handler call (waiting for a handler slot included)"
+    );
+    describe_gauge!(
+        "shardcall_lag_records",
+        Unit::Count,
+        "Records between a held partition's position and the end of its log"
+    );
+    describe_gauge!(
+        "shardcall_owned_partitions",
+        Unit::Count,
+        "Partitions this worker runs now (owned mode)"
+    );
+    describe_counter!(
+        "shardcall_rebalances_total",
+        Unit::Count,
+        "Rebalances this worker applied as coordinator"
+    );
+    describe_counter!(
+        "shardcall_partitions_moved_total",
+        Unit::Count,
+        "Partitions moved by the rebalances this worker applied"
+    );
+    describe_histogram!(
+        "shardcall_quarantine_seconds",
+        Unit::Seconds,
+        "How long a revoked partition stayed quarantined"
+    );
+    describe_counter!(
+        "shardcall_fenced_writes_total",
+        Unit::Count,
+        "Writes refused because this worker was fenced out"
+    );
+    describe_histogram!(
+        "shardcall_store_seconds",
+        Unit::Seconds,
+        "Latency of calls to the coordination store, by operation (heartbeat, checkpoint)"
+    );
+    describe_counter!(
+        "shardcall_handler_failures_total",
+        Unit::Count,
+        "Handler calls that failed (an error, a panic, a crashed child), per partition"
+    );
+}
 
 use shardcall_core::PartitionId;
 

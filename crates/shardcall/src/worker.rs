@@ -380,12 +380,13 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             }
             if Instant::now() >= next_heartbeat {
                 let sent = Instant::now();
-                match self
+                let renewed = self
                     .worker
                     .store
                     .renew(&cfg.group, &self.id, timing.member_ttl)
-                    .await
-                {
+                    .await;
+                crate::telemetry::store_seconds("heartbeat", sent.elapsed());
+                match renewed {
                     Ok(_) => self.lease.renewed(sent),
                     Err(StoreError::Fenced(_)) => {
                         self.stop_all();
