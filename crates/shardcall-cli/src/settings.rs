@@ -243,11 +243,15 @@ pub struct SpoolSettings {
 }
 
 /// `[handler]`
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HandlerSettings {
     /// A command speaking the line-delimited JSON protocol; none: the built-in digest handler.
     pub exec: Option<String>,
+    /// How long one handler call may take, in either mode: a warning at
+    /// half; past it the call fails (an `--exec` child is killed and
+    /// restarted from the checkpoint) or the partition is given up.
+    pub call_timeout_ms: u64,
     /// Microseconds the built-in digest handler spends per record (to
     /// simulate work in demos and tests).
     pub digest_work_us: u64,
@@ -260,6 +264,19 @@ pub struct HandlerSettings {
     /// The built-in digest handler panics on such a record, after folding
     /// the records before it in the batch (for tests).
     pub digest_panic_prefix: Option<String>,
+}
+
+impl Default for HandlerSettings {
+    fn default() -> Self {
+        Self {
+            exec: None,
+            call_timeout_ms: WorkerConfig::default().call_deadline.as_millis() as u64,
+            digest_work_us: 0,
+            digest_refuse_prefix: None,
+            digest_crash_prefix: None,
+            digest_panic_prefix: None,
+        }
+    }
 }
 
 /// `[metrics]`
@@ -638,6 +655,7 @@ impl Settings {
             max_attempts: tk.max_attempts,
             retry_backoff: Duration::from_millis(tk.retry_backoff_ms),
             max_retry_backoff: Duration::from_millis(tk.max_retry_backoff_ms),
+            call_deadline: Duration::from_millis(self.handler.call_timeout_ms),
             idle_backoff: Duration::from_millis(tk.idle_backoff_ms),
             max_idle_backoff: Duration::from_millis(tk.max_idle_backoff_ms),
             keep_reading_for: Duration::from_millis(tk.keep_reading_for_ms),
@@ -699,6 +717,7 @@ impl Settings {
                 max: Duration::from_millis(self.batch.max_retry_backoff_ms),
             },
             max_attempts: self.batch.max_attempts,
+            call_deadline: Duration::from_millis(self.handler.call_timeout_ms),
         };
         if !self.group.is_empty()
             && let Err(e) = worker.validate()
@@ -911,6 +930,8 @@ fsync_interval_ms = 100
 
 [handler]
 # exec = "python3 examples/handlers/digest.py"   # none: the built-in digest handler
+call_timeout_ms = 300000             # one call's deadline: warned at half; then it fails (an
+                                     # exec child is killed) or the partition is given up
 digest_work_us = 0                   # the built-in handler's simulated work per record
 # digest_refuse_prefix = "poison"    # test knobs of the built-in handler: fail batches
 # digest_crash_prefix = "poison"     # holding such a record / abort the process on one

@@ -879,3 +879,86 @@ fn metrics_follow_the_truth_after_a_burst_and_after_a_move() {
     });
     assert!(lag_series(&body).values().all(|&v| v == 0.0), "{body}");
 }
+
+#[test]
+fn a_hung_exec_handler_is_killed_at_its_deadline_and_restarted_from_the_checkpoint() {
+    use shardcall::oracle::DigestState;
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 1);
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/handlers/digest.py");
+    let stderr = dir.path().join("worker.log");
+    let mut w = worker(
+        &redis.url(),
+        "ops",
+        &log_dir.display().to_string(),
+        "w",
+        "0",
+    );
+    w.arg("--exec")
+        .arg(format!("python3 {}", script.display()))
+        .args(["--set", "handler.call_timeout_ms=1500"])
+        .stderr(std::fs::File::create(&stderr).unwrap());
+    let child = w.spawn().unwrap();
+    let worker_pid = child.id();
+    let _k = Killer(vec![child]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let p = shardcall_core::PartitionId::new("t", 0);
+    let checkpointed = |at: u64| {
+        rt.block_on(async {
+            use shardcall::CoordinationStore;
+            let store = shardcall_redis::RedisStore::connect(&redis.url())
+                .await
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(cp) = store.load_checkpoint("ops", &p).await.unwrap()
+                    && cp.offset >= at
+                {
+                    return cp;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "never checkpointed at {at}: {}",
+                    std::fs::read_to_string(&stderr).unwrap()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    produce_numbers(&log, 100);
+    checkpointed(100);
+    // The child hangs (SIGSTOP, its whole process group: the shell and
+    // Python) while records keep coming.
+    let children = Command::new("pgrep")
+        .args(["-P", &worker_pid.to_string()])
+        .output()
+        .unwrap();
+    let children = text(&children.stdout);
+    assert!(!children.trim().is_empty(), "no handler process");
+    for pid in children.split_whitespace() {
+        let frozen = Command::new("kill")
+            .args(["-s", "STOP", "--", &format!("-{pid}")])
+            .status()
+            .unwrap();
+        assert!(frozen.success());
+    }
+    produce_numbers(&log, 100);
+    let cp = checkpointed(200);
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    assert!(said.contains("used half its deadline"), "{said}");
+    assert!(said.contains("outlived its deadline"), "{said}");
+    let records = log
+        .open_partition_read_only("t", 0)
+        .unwrap()
+        .read(0, usize::MAX, usize::MAX)
+        .unwrap();
+    assert_eq!(
+        DigestState::from_bytes(&cp.state),
+        Some(DigestState::of(&records)),
+        "not exactly once across the killed child"
+    );
+}

@@ -37,6 +37,11 @@ pub struct WorkerConfig {
     /// Pauses between attempts of a failing handler call (an error, a
     /// panic, a crashed `--exec` child): the batch is delivered again.
     pub retry: RetryBackoff,
+    /// How long one handler call may take (Kafka's `max.poll.interval.ms`):
+    /// a warning at half of it; past it the call fails (an `--exec` child is
+    /// killed and restarted from the checkpoint) or, when it cannot be
+    /// stopped, the partition is given up.
+    pub call_deadline: Duration,
     /// Failed attempts of one batch before it goes to the worker's dead
     /// letters (`0`: retried for ever, Kafka's blocking retry; without a
     /// dead-letter destination too).
@@ -56,6 +61,7 @@ impl Default for WorkerConfig {
             checkpoint_interval: Duration::from_millis(100),
             slots: 0,
             retry: RetryBackoff::default(),
+            call_deadline: crate::handler_cell::DEFAULT_DEADLINE,
             max_attempts: 0,
         }
     }
@@ -112,6 +118,9 @@ impl WorkerConfig {
         }
         if self.weight == 0 {
             return Err(WorkerConfigError::Zero("weight"));
+        }
+        if self.call_deadline.is_zero() {
+            return Err(WorkerConfigError::Zero("call_deadline"));
         }
         if self.retry.first.is_zero() {
             return Err(WorkerConfigError::Zero("retry.first"));

@@ -22,15 +22,19 @@
 //! grows with each failure in a row (the worker's retry backoff), to a
 //! fresh child started from the last checkpointed state.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use shardcall_spool::Record;
 
-use crate::handler::{HandlerError, HandlerFactory, PartitionContext, PartitionHandler};
+use crate::handler::{HandlerError, HandlerFactory, Interrupt, PartitionContext, PartitionHandler};
 
 /// Makes an [`ExecHandler`] per partition, running `command` with `sh -c`.
 #[derive(Debug, Clone)]
@@ -47,15 +51,49 @@ impl HandlerFactory for ExecFactory {
             command: self.command.clone(),
             ctx: ctx.clone(),
             child: None,
+            current: Arc::default(),
             state: None,
         }
     }
 }
 
 struct Running {
-    child: Child,
+    /// Shared with the handler's [`Interrupt`], which kills it from another
+    /// thread when a call outlives its deadline.
+    child: Arc<Mutex<Child>>,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The last lines the child wrote to stderr (each also goes to the
+    /// worker's own stderr, named after the partition).
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    stderr_reader: std::thread::JoinHandle<()>,
+}
+
+/// How many of a child's last stderr lines a failure message quotes.
+const STDERR_TAIL: usize = 5;
+
+/// Kills the child a call is waiting on.
+struct KillChild(Arc<Mutex<Option<Arc<Mutex<Child>>>>>);
+
+impl Interrupt for KillChild {
+    fn interrupt(&self) {
+        if let Some(child) = self.0.lock().expect("child lock").as_ref() {
+            kill(&mut child.lock().expect("child lock"));
+        }
+    }
+}
+
+/// Kills the child and everything it started: it runs in a process group
+/// of its own, and a shell's own child (`sh -c "a; b"`) would otherwise
+/// keep the pipes open after the shell is gone. (std has no killpg; the
+/// `kill` command does it without unsafe code.)
+fn kill(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-s", "KILL", "--"])
+        .arg(format!("-{}", child.id()))
+        .stderr(Stdio::null())
+        .status();
+    let _ = child.kill();
 }
 
 /// One partition's child process.
@@ -63,6 +101,8 @@ pub struct ExecHandler {
     command: String,
     ctx: PartitionContext,
     child: Option<Running>,
+    /// The running child, for the interrupter.
+    current: Arc<Mutex<Option<Arc<Mutex<Child>>>>>,
     /// The last state the child returned (or was restored with).
     state: Option<Vec<u8>>,
 }
@@ -88,9 +128,11 @@ fn err(msg: impl Into<String>) -> HandlerError {
 
 impl ExecHandler {
     fn stop(&mut self) {
-        if let Some(mut r) = self.child.take() {
-            let _ = r.child.kill();
-            let _ = r.child.wait();
+        *self.current.lock().expect("child lock") = None;
+        if let Some(r) = self.child.take() {
+            let mut child = r.child.lock().expect("child lock");
+            kill(&mut child);
+            let _ = child.wait();
         }
     }
 
@@ -110,15 +152,33 @@ impl ExecHandler {
             .arg(&self.command)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
+            .process_group(0)
             .spawn()
             .map_err(|e| err(format!("starting {:?}: {e}", self.command)))?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let stderr = BufReader::new(child.stderr.take().expect("piped"));
+        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+        let (tail, partition) = (stderr_tail.clone(), self.ctx.partition.clone());
+        let stderr_reader = std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                eprintln!("handler {partition}: {line}");
+                let mut tail = tail.lock().expect("stderr lock");
+                if tail.len() == STDERR_TAIL {
+                    tail.pop_front();
+                }
+                tail.push_back(line);
+            }
+        });
+        let child = Arc::new(Mutex::new(child));
+        *self.current.lock().expect("child lock") = Some(child.clone());
         self.child = Some(Running {
             child,
             stdin,
             stdout,
+            stderr_tail,
+            stderr_reader,
         });
         let init = json!({
             "action": "initialize",
@@ -146,8 +206,36 @@ impl ExecHandler {
                 .read_line(&mut answer)
                 .map_err(|e| format!("reading from the handler: {e}"))?;
             if n == 0 {
-                let status = r.child.wait().map(|s| s.to_string()).unwrap_or_default();
-                return Err(format!("the handler exited ({status})"));
+                let status = r
+                    .child
+                    .lock()
+                    .expect("child lock")
+                    .wait()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                // Its last words, once its stderr is drained (a grandchild
+                // holding the pipe open gets a moment, not a wait).
+                let waited = Instant::now();
+                while !r.stderr_reader.is_finished()
+                    && waited.elapsed() < Duration::from_millis(200)
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let tail: Vec<String> = r
+                    .stderr_tail
+                    .lock()
+                    .expect("stderr lock")
+                    .iter()
+                    .cloned()
+                    .collect();
+                return Err(if tail.is_empty() {
+                    format!("the handler exited ({status}) without a word on stderr")
+                } else {
+                    format!(
+                        "the handler exited ({status}); its last stderr lines: {}",
+                        tail.join(" | ")
+                    )
+                });
             }
             let v: Value = serde_json::from_str(answer.trim()).map_err(|e| {
                 format!(
@@ -214,6 +302,10 @@ impl PartitionHandler for ExecHandler {
         self.stop();
         out
     }
+
+    fn interrupter(&self) -> Option<Arc<dyn Interrupt>> {
+        Some(Arc::new(KillChild(self.current.clone())))
+    }
 }
 
 #[cfg(test)]
@@ -269,6 +361,20 @@ mod tests {
             "{}",
             err.0
         );
+    }
+
+    #[test]
+    fn a_child_that_dies_is_reported_with_its_status_and_last_words() {
+        let script =
+            r#"read l; echo '{"action":"ok"}'; read l; echo "no such table: orders" >&2; exit 3"#;
+        let mut h = ExecFactory {
+            command: script.into(),
+        }
+        .create(&ctx());
+        h.assigned(&ctx(), None).unwrap();
+        let err = h.process(&ctx(), &batch()).unwrap_err();
+        assert!(err.0.contains("exit status: 3"), "{}", err.0);
+        assert!(err.0.contains("no such table: orders"), "{}", err.0);
     }
 
     #[test]

@@ -20,8 +20,16 @@ pub struct PartitionContext {
 #[error("{0}")]
 pub struct HandlerError(pub String);
 
+/// Makes a handler call that outlived its deadline return soon, from
+/// another thread (see [`PartitionHandler::interrupter`]).
+pub trait Interrupt: Send + Sync + 'static {
+    /// Stops the call in progress, if any: it then returns an error.
+    fn interrupt(&self);
+}
+
 /// Stateful, ordered processing of one partition. Calls come one at a time,
-/// on a thread where blocking is fine.
+/// on a thread where blocking is fine, each within the worker's handler
+/// deadline (a call that outlives it counts as failed).
 pub trait PartitionHandler: Send + 'static {
     /// The partition was granted; `state` is its last checkpointed state
     /// (`None` the first time).
@@ -45,6 +53,15 @@ pub trait PartitionHandler: Send + 'static {
     fn revoked(&mut self, ctx: &PartitionContext) -> Result<(), HandlerError> {
         let _ = ctx;
         Ok(())
+    }
+
+    /// What can stop a call of this handler from another thread when it
+    /// outlives its deadline (an `--exec` handler kills its child). Without
+    /// one (the default) such a call is abandoned: a thread cannot be
+    /// killed, so it runs on, and the partition is given up for another
+    /// member to process with a handler of its own.
+    fn interrupter(&self) -> Option<std::sync::Arc<dyn Interrupt>> {
+        None
     }
 }
 

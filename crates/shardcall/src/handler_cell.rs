@@ -11,6 +11,10 @@ use shardcall_spool::Record;
 
 use crate::handler::{HandlerError, HandlerFactory, PartitionContext, PartitionHandler};
 
+/// A handler call's deadline unless set otherwise (Kafka's
+/// `max.poll.interval.ms` default).
+pub const DEFAULT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// A partition's handler, built on demand from the last checkpointed state.
 pub(crate) struct HandlerCell<F: HandlerFactory> {
     factory: Arc<F>,
@@ -20,6 +24,8 @@ pub(crate) struct HandlerCell<F: HandlerFactory> {
     /// The state a new handler starts from: the last checkpointed one
     /// (`None` before the partition's first checkpoint).
     restore: Option<Vec<u8>>,
+    /// How long one call may take.
+    deadline: std::time::Duration,
 }
 
 /// Why a call through the cell failed.
@@ -30,13 +36,17 @@ pub(crate) enum CallError {
     Assign(HandlerError),
     /// The batch failed.
     Batch(HandlerError),
+    /// A call outlived its deadline and could not be stopped: the handler
+    /// is abandoned and the partition must be given up (another member, or
+    /// a later grant, processes it with a handler of its own).
+    Stuck(HandlerError),
 }
 
 impl CallError {
     /// The handler's error.
     pub(crate) fn error(&self) -> &HandlerError {
         match self {
-            Self::Assign(e) | Self::Batch(e) => e,
+            Self::Assign(e) | Self::Batch(e) | Self::Stuck(e) => e,
         }
     }
 }
@@ -50,14 +60,32 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(a panic without a message)".to_owned())
 }
 
-/// Runs `f` with `handler` on a blocking thread. The handler comes back
-/// unless the call panicked: a panic becomes the call's error and the
-/// handler is dropped (its drop is guarded too).
+/// How a call went wrong.
+enum Failure {
+    /// It returned an error, panicked, or was interrupted at its deadline.
+    Failed(HandlerError),
+    /// It outlived its deadline and could not be stopped: its thread runs
+    /// on with the handler.
+    Stuck(HandlerError),
+}
+
+/// After an interrupt, how long a call has to return before it counts as
+/// stuck.
+const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs `f` with `handler` on a blocking thread, within `deadline`. The
+/// handler comes back unless the call panicked (a panic becomes the call's
+/// error and the handler is dropped, its drop guarded too) or got stuck.
+/// A call that passes half its deadline is warned about; one that passes
+/// all of it is interrupted (if the handler can be) and fails.
 async fn call<H: PartitionHandler, T: Send + 'static>(
     handler: H,
+    ctx: &PartitionContext,
+    deadline: std::time::Duration,
     f: impl FnOnce(&mut H) -> Result<T, HandlerError> + Send + 'static,
-) -> (Option<H>, Result<T, HandlerError>) {
-    let joined = tokio::task::spawn_blocking(move || {
+) -> (Option<H>, Result<T, Failure>) {
+    let interrupter = handler.interrupter();
+    let mut task = tokio::task::spawn_blocking(move || {
         let mut handler = handler;
         match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut handler))) {
             Ok(result) => (Some(handler), result),
@@ -67,15 +95,62 @@ async fn call<H: PartitionHandler, T: Send + 'static>(
                 (None, Err(HandlerError(why)))
             }
         }
-    })
-    .await;
+    });
+    let half = deadline / 2;
+    let mut joined = tokio::time::timeout(half, &mut task).await;
+    if joined.is_err() {
+        tracing::warn!(partition = %ctx.partition, epoch = ctx.epoch, running_ms = half.as_millis() as u64,
+            deadline_ms = deadline.as_millis() as u64, "a handler call has used half its deadline");
+        joined = tokio::time::timeout(deadline - half, &mut task).await;
+    }
+    let mut interrupted = false;
+    if joined.is_err()
+        && let Some(i) = &interrupter
+    {
+        tracing::error!(partition = %ctx.partition, epoch = ctx.epoch, deadline_ms = deadline.as_millis() as u64,
+            "a handler call outlived its deadline; interrupting it");
+        i.interrupt();
+        interrupted = true;
+        joined = tokio::time::timeout(INTERRUPT_GRACE, &mut task).await;
+    }
+    let overdue = || format!("the handler call outlived its deadline of {deadline:?}");
     match joined {
-        Ok(out) => out,
+        Ok(Ok((handler, Ok(out)))) if !interrupted => (handler, Ok(out)),
+        Ok(Ok((handler, result))) => {
+            let error = match result {
+                Err(e) if interrupted => {
+                    HandlerError(format!("{} and was interrupted: {e}", overdue()))
+                }
+                Err(e) => e,
+                Ok(_) => HandlerError(format!("{} (it was interrupted)", overdue())),
+            };
+            (handler, Err(Failure::Failed(error)))
+        }
         // Only a runtime shutting down cancels a blocking task.
-        Err(e) => (
+        Ok(Err(e)) => (
             None,
-            Err(HandlerError(format!("the handler call ended: {e}"))),
+            Err(Failure::Failed(HandlerError(format!(
+                "the handler call ended: {e}"
+            )))),
         ),
+        Err(_) => {
+            crate::telemetry::handler_stuck(&ctx.partition);
+            let why = format!(
+                "{}; it cannot be stopped and is abandoned (its thread runs on)",
+                overdue()
+            );
+            tracing::error!(partition = %ctx.partition, epoch = ctx.epoch, "{why}");
+            (None, Err(Failure::Stuck(HandlerError(why))))
+        }
+    }
+}
+
+impl From<Failure> for CallError {
+    fn from(f: Failure) -> Self {
+        match f {
+            Failure::Failed(e) => Self::Batch(e),
+            Failure::Stuck(e) => Self::Stuck(e),
+        }
     }
 }
 
@@ -88,7 +163,14 @@ impl<F: HandlerFactory> HandlerCell<F> {
             ctx,
             handler: None,
             restore,
+            deadline: DEFAULT_DEADLINE,
         }
+    }
+
+    /// Each call may take at most `deadline`.
+    pub(crate) fn with_deadline(mut self, deadline: std::time::Duration) -> Self {
+        self.deadline = deadline;
+        self
     }
 
     /// Goes on with a handler kept from an earlier grant or claim, whose
@@ -127,30 +209,40 @@ impl<F: HandlerFactory> HandlerCell<F> {
 
     /// Builds the handler if there is none, handing it the checkpointed
     /// state (`assigned`).
-    pub(crate) async fn ready(&mut self) -> Result<(), HandlerError> {
+    pub(crate) async fn ready(&mut self) -> Result<(), CallError> {
         if self.handler.is_some() {
             return Ok(());
         }
         let handler = self.factory.create(&self.ctx);
         let (ctx, state) = (self.ctx.clone(), self.restore.clone());
-        let (handler, result) = call(handler, move |h| h.assigned(&ctx, state.as_deref())).await;
-        if result.is_ok() {
-            self.handler = handler;
+        let (handler, result) = call(handler, &self.ctx, self.deadline, move |h| {
+            h.assigned(&ctx, state.as_deref())
+        })
+        .await;
+        match result {
+            Ok(()) => {
+                self.handler = handler;
+                Ok(())
+            }
+            Err(Failure::Failed(e)) => Err(CallError::Assign(e)),
+            Err(Failure::Stuck(e)) => Err(CallError::Stuck(e)),
         }
-        result
     }
 
     /// Processes `batch` (building the handler first if needed): the new
     /// state, or why it failed (the handler is then dropped).
     pub(crate) async fn process(&mut self, batch: Arc<Vec<Record>>) -> Result<Vec<u8>, CallError> {
-        self.ready().await.map_err(CallError::Assign)?;
+        self.ready().await?;
         let handler = self.handler.take().expect("ready");
         let ctx = self.ctx.clone();
-        let (handler, result) = call(handler, move |h| h.process(&ctx, &batch)).await;
+        let (handler, result) = call(handler, &self.ctx, self.deadline, move |h| {
+            h.process(&ctx, &batch)
+        })
+        .await;
         if result.is_ok() {
             self.handler = handler;
         }
-        result.map_err(CallError::Batch)
+        result.map_err(CallError::from)
     }
 
     /// The partition was released: tells a handler that exists (one that
@@ -160,9 +252,12 @@ impl<F: HandlerFactory> HandlerCell<F> {
             return Ok(());
         };
         let ctx = self.ctx.clone();
-        let (handler, result) = call(handler, move |h| h.revoked(&ctx)).await;
+        let (handler, result) =
+            call(handler, &self.ctx, self.deadline, move |h| h.revoked(&ctx)).await;
         self.handler = handler;
-        result
+        result.map_err(|f| match f {
+            Failure::Failed(e) | Failure::Stuck(e) => e,
+        })
     }
 
     /// The handler, if one is built and sound (to keep for a later claim).
@@ -227,11 +322,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panic_is_a_failed_call_and_the_next_call_starts_from_the_checkpoint() {
-        let ctx = PartitionContext {
-            partition: PartitionId::new("t", 0),
-            epoch: 1,
-            member: MemberId::new("m"),
-        };
+        let ctx = ctx();
         let mut cell = HandlerCell::new(Arc::new(Factory), ctx, Some(10u64.to_le_bytes().into()));
         let state = cell.process(batch(&["a", "b"])).await.unwrap();
         assert_eq!(count(&state), 12);
@@ -249,5 +340,78 @@ mod tests {
         cell.checkpointed(11u64.to_le_bytes().into());
         cell.process(batch(&["boom"])).await.unwrap_err();
         assert_eq!(count(&cell.process(batch(&["d"])).await.unwrap()), 12);
+    }
+
+    /// Sleeps through every batch.
+    struct Sleepy;
+
+    impl PartitionHandler for Sleepy {
+        fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
+            Ok(())
+        }
+
+        fn process(&mut self, _: &PartitionContext, _: &[Record]) -> Result<Vec<u8>, HandlerError> {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            Ok(Vec::new())
+        }
+    }
+
+    struct SleepyFactory;
+
+    impl HandlerFactory for SleepyFactory {
+        type Handler = Sleepy;
+        fn create(&self, _: &PartitionContext) -> Sleepy {
+            Sleepy
+        }
+    }
+
+    fn ctx() -> PartitionContext {
+        PartitionContext {
+            partition: PartitionId::new("t", 0),
+            epoch: 1,
+            member: MemberId::new("m"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_past_its_deadline_that_cannot_be_stopped_is_abandoned() {
+        let deadline = std::time::Duration::from_millis(200);
+        let mut cell =
+            HandlerCell::new(Arc::new(SleepyFactory), ctx(), None).with_deadline(deadline);
+        let began = std::time::Instant::now();
+        let err = cell.process(batch(&["a"])).await.unwrap_err();
+        assert!(matches!(err, CallError::Stuck(_)), "{err:?}");
+        assert!(err.error().0.contains("deadline"), "{err:?}");
+        // The deadline, then the interrupt's grace is not waited for (there
+        // is nothing to interrupt).
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            began.elapsed()
+        );
+        assert!(cell.into_handler().is_none());
+    }
+
+    #[tokio::test]
+    async fn an_exec_child_past_its_deadline_is_killed_and_the_call_fails() {
+        let factory = crate::exec::ExecFactory {
+            command: r#"read l; echo '{"action":"ok"}'; read l; sleep 30"#.into(),
+        };
+        let deadline = std::time::Duration::from_millis(300);
+        let mut cell = HandlerCell::new(Arc::new(factory), ctx(), None).with_deadline(deadline);
+        let began = std::time::Instant::now();
+        let err = cell.process(batch(&["a"])).await.unwrap_err();
+        let CallError::Batch(e) = &err else {
+            panic!("a child that can be killed is not stuck: {err:?}")
+        };
+        assert!(
+            e.0.contains("deadline") && e.0.contains("interrupted"),
+            "{e}"
+        );
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(3),
+            "{:?}",
+            began.elapsed()
+        );
     }
 }

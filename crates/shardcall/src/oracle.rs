@@ -378,10 +378,10 @@ impl HandlerFactory for DigestFactory {
     }
 }
 
-/// Digest handlers that panic the first `times` times a batch holds one
-/// offset of one partition, half-way through the batch (after folding the
-/// records before it): a test of what a runtime does with a handler that
-/// panicked once.
+/// Digest handlers that panic (or hang) the first `left` times a batch
+/// holds one offset of one partition, half-way through the batch (after
+/// folding the records before it): a test of what a runtime does with a
+/// handler that panicked or hung once.
 #[derive(Debug, Clone)]
 pub struct FlakyFactory {
     /// The handlers underneath.
@@ -393,6 +393,8 @@ pub struct FlakyFactory {
     /// Panics left, shared by every handler made (a handler made again
     /// after a panic panics again only while some are left).
     pub left: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    /// Instead of panicking, hang this long (then go on with the batch).
+    pub hang: Option<std::time::Duration>,
 }
 
 /// A handler of [`FlakyFactory`].
@@ -401,6 +403,7 @@ pub struct FlakyHandler {
     inner: DigestHandler,
     poisoned: Option<u64>,
     left: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    hang: Option<std::time::Duration>,
 }
 
 impl HandlerFactory for FlakyFactory {
@@ -411,6 +414,7 @@ impl HandlerFactory for FlakyFactory {
             inner: self.digest.create(ctx),
             poisoned: (ctx.partition == self.partition).then_some(self.offset),
             left: self.left.clone(),
+            hang: self.hang,
         }
     }
 }
@@ -438,7 +442,11 @@ impl PartitionHandler for FlakyHandler {
                 .is_ok()
         {
             self.inner.process(ctx, &batch[..i])?;
-            panic!("flaky handler: panicking at offset {at}");
+            match self.hang {
+                Some(d) => std::thread::sleep(d),
+                None => panic!("flaky handler: panicking at offset {at}"),
+            }
+            return self.inner.process(ctx, &batch[i..]);
         }
         self.inner.process(ctx, batch)
     }

@@ -61,6 +61,8 @@ pub struct PartitionTask<S, Src, F> {
     pub checkpoint_interval: Duration,
     /// Pauses between attempts of a failing handler call.
     pub retry: RetryBackoff,
+    /// How long one handler call may take.
+    pub call_deadline: Duration,
     /// Failed attempts of one batch before it goes to `dead_letters`
     /// (`0`, or no destination: retried for ever).
     pub max_attempts: u32,
@@ -137,6 +139,21 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
         self.pause(pause).await;
     }
 
+    /// A call that could not be stopped: reported (it shows in `status`
+    /// until the next owner's handler succeeds).
+    async fn stuck(&mut self, streak: &mut Streak, error: &HandlerError) {
+        let attempts = streak.failed();
+        failures::report(
+            &*self.store,
+            &self.group,
+            &self.ctx,
+            attempts,
+            &error.0,
+            None,
+        )
+        .await;
+    }
+
     /// `lag_task`: the lag gauge's look-up in flight, if any.
     async fn serve(mut self, lag_task: &mut Option<tokio::task::JoinHandle<()>>) -> TaskEnd {
         let p = self.ctx.partition.clone();
@@ -168,8 +185,12 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 }
             },
         };
-        let mut cell = HandlerCell::new(self.factory.clone(), self.ctx.clone(), state);
+        let mut cell = HandlerCell::new(self.factory.clone(), self.ctx.clone(), state)
+            .with_deadline(self.call_deadline);
         let mut streak = Streak::default();
+        // A handler call that could not be stopped at its deadline: the
+        // partition is given up (released) for a handler of its own elsewhere.
+        let mut stuck = false;
         // The handler is told of the grant now, not at the first record; a
         // refusal is a failed call like any other (retried, reported).
         while let Err(e) = cell.ready().await {
@@ -179,7 +200,12 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             if self.lease.expired() {
                 return self.lost("lease ran short");
             }
-            self.failed(&mut streak, &e).await;
+            if let CallError::Stuck(e) = &e {
+                self.stuck(&mut streak, e).await;
+                stuck = true;
+                break;
+            }
+            self.failed(&mut streak, e.error()).await;
         }
         tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
             epoch = self.ctx.epoch, offset, "partition started");
@@ -191,7 +217,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
         // is not the batch's fault and does not count).
         let mut batch_failures = 0u32;
         let mut lag_checked = std::time::Instant::now() - LAG_EVERY;
-        loop {
+        while !stuck {
             if *self.revoke.borrow() {
                 break;
             }
@@ -272,6 +298,10 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                     }
                     let dead_letters = self.dead_letters.clone().filter(|_| self.max_attempts > 0);
                     match (e, dead_letters) {
+                        (CallError::Stuck(e), _) => {
+                            self.stuck(&mut streak, &e).await;
+                            stuck = true;
+                        }
                         (CallError::Batch(e), Some(dl))
                             if batch_failures + 1 >= self.max_attempts =>
                         {
@@ -310,7 +340,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
         if !self.checkpoint(&mut cell, pending.take()).await {
             return self.lost("checkpoint refused: fenced out");
         }
-        if streak.ended() {
+        if !stuck && streak.ended() {
             // The next owner reports its own failures.
             failures::recovered(&*self.store, &self.group, &self.ctx).await;
         }
@@ -330,6 +360,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 }
                 Err(e) => return self.lost(format!("release failed: {e}")),
             }
+        }
+        if stuck {
+            tracing::error!(group = %self.group, member = %self.ctx.member, partition = %p,
+                epoch = self.ctx.epoch, "partition given up: its handler is stuck in a call");
+            return TaskEnd::Released;
         }
         match cell.revoked().await {
             Ok(()) => {

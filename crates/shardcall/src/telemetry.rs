@@ -65,6 +65,11 @@ pub fn describe() {
         "Latency of calls to the coordination store, by operation (heartbeat, checkpoint)"
     );
     describe_counter!(
+        "shardcall_handler_stuck_total",
+        Unit::Count,
+        "Handler calls that outlived their deadline and could not be stopped (abandoned), per partition"
+    );
+    describe_counter!(
         "shardcall_handler_failures_total",
         Unit::Count,
         "Handler calls that failed (an error, a panic, a crashed child), per partition"
@@ -123,4 +128,9 @@ pub fn store_seconds(op: &'static str, d: Duration) {
 pub fn handler_failure(group: &str, p: &PartitionId) {
     metrics::counter!("shardcall_handler_failures_total", "group" => group.to_owned(), "partition" => p.to_string())
         .increment(1);
+}
+
+/// A handler call that outlived its deadline and could not be stopped.
+pub fn handler_stuck(p: &PartitionId) {
+    metrics::counter!("shardcall_handler_stuck_total", "partition" => p.to_string()).increment(1);
 }

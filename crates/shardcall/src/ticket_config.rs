@@ -42,6 +42,10 @@ pub struct TicketConfig {
     pub retry_backoff: Duration,
     /// The longest pause between two attempts of a failing batch.
     pub max_retry_backoff: Duration,
+    /// How long one handler call may take: past it the call fails (an
+    /// `--exec` child is killed) or, when it cannot be stopped, the handler
+    /// is abandoned and the ticket goes back.
+    pub call_deadline: Duration,
     /// How often the source's partitions are listed and tickets seeded.
     pub discover_every: Duration,
     /// How long the source keeps reading ahead a partition this worker gave
@@ -68,6 +72,7 @@ impl Default for TicketConfig {
             max_attempts: 5,
             retry_backoff: Duration::from_millis(100),
             max_retry_backoff: Duration::from_secs(5),
+            call_deadline: crate::handler_cell::DEFAULT_DEADLINE,
             discover_every: Duration::from_secs(1),
             keep_reading_for: Duration::from_secs(30),
         }
@@ -125,6 +130,7 @@ impl TicketConfig {
             ("slots", self.slots == 0),
             ("max_batch", self.max_batch == 0),
             ("budget", self.budget.is_zero()),
+            ("call_deadline", self.call_deadline.is_zero()),
             ("claim_ttl", self.claim_ttl.is_zero()),
             ("claim_wait", self.claim_wait.is_zero()),
             ("discover_every", self.discover_every.is_zero()),

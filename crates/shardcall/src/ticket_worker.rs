@@ -437,19 +437,34 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
         };
         let factory = s.factory.clone();
         let kept = s.kept.lock().expect("kept lock").remove(&p);
-        let cell = self.cell.insert(match kept {
-            Some(k) if k.checkpoint == self.checkpoint => {
-                HandlerCell::resume(factory, ctx, k.handler, state)
+        let cell = self.cell.insert(
+            match kept {
+                Some(k) if k.checkpoint == self.checkpoint => {
+                    HandlerCell::resume(factory, ctx, k.handler, state)
+                }
+                _ => HandlerCell::new(factory, ctx, state),
             }
-            _ => HandlerCell::new(factory, ctx, state),
-        });
+            .with_deadline(s.config.call_deadline),
+        );
         if let Err(e) = cell.ready().await {
-            return Err(self.refused(&e).await);
+            return Err(match e {
+                CallError::Stuck(e) => self.abandoned(&e).await,
+                e => self.refused(e.error()).await,
+            });
         }
         if s.refused.lock().expect("refused lock").remove(&p).is_some() {
             failures::recovered(&*s.store, &s.config.group, cell.ctx()).await;
         }
         Ok(offset)
+    }
+
+    /// A handler call could not be stopped at its deadline: the handler is
+    /// abandoned (its thread runs on) and the ticket goes back for a slot
+    /// with a handler of its own.
+    async fn abandoned(&mut self, e: &crate::HandlerError) -> Served {
+        let s = self.shared;
+        failures::report(&*s.store, &s.config.group, self.cell().ctx(), 1, &e.0, None).await;
+        Served::Failed(RETRY)
     }
 
     /// The handler refused the partition (`assigned` failed): no record is
@@ -557,6 +572,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                     Err(why) => return Served::Lost(why),
                 },
                 Err(CallError::Assign(e)) => return self.refused(&e).await,
+                Err(CallError::Stuck(e)) => return self.abandoned(&e).await,
                 Err(CallError::Batch(e)) => {
                     if counted && attempts >= c.max_attempts {
                         if let Err(served) = self.dead_letter(&batch, attempts, &e.0).await {

@@ -538,6 +538,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             fetch_wait: w.config.fetch_wait,
             checkpoint_interval: w.config.checkpoint_interval,
             retry: w.config.retry,
+            call_deadline: w.config.call_deadline,
             max_attempts: w.config.max_attempts,
             dead_letters: w.dead_letters.clone(),
             processed: self.stats.processed.clone(),

@@ -32,6 +32,7 @@ fn config(name: &str) -> TicketConfig {
         max_attempts: 3,
         retry_backoff: Duration::from_millis(10),
         max_retry_backoff: Duration::from_millis(40),
+        call_deadline: Duration::from_secs(10),
         discover_every: Duration::from_millis(100),
         keep_reading_for: Duration::from_secs(30),
     }
@@ -313,6 +314,7 @@ async fn a_panicking_handler_fails_its_batch_and_not_the_worker() {
         partition: p0.clone(),
         offset: 7,
         left: Arc::new(std::sync::atomic::AtomicU32::new(2)),
+        hang: None,
     };
     // No dead letters: the batch is retried in place until it passes.
     r.add_worker_with(flaky, None);

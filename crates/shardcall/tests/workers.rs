@@ -380,6 +380,7 @@ async fn a_handler_that_panics_is_retried_from_the_checkpoint_and_reported_while
         partition: p0.clone(),
         offset: 5,
         left: Arc::new(std::sync::atomic::AtomicU32::new(3)),
+        hang: None,
     };
     c.add_worker_full(quick_retries, flaky, None);
     // While it fails, the store says so: attempts, the panic, since when.
@@ -482,6 +483,57 @@ async fn owned_mode_sends_a_batch_that_keeps_failing_to_the_dead_letters_when_as
             DigestState::of(&kept),
             "{pid}"
         );
+    }
+    let v = check_run(
+        &c.oracle.batches(),
+        &c.ends(),
+        QUARANTINE.as_micros() as u64,
+    );
+    assert!(v.is_empty(), "{v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_stuck_past_its_deadline_gives_the_partition_up_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 2);
+    c.produce(40, "a");
+    let p0 = PartitionId::new("t", 0);
+    // Hangs once, 2 s, on t/0 at offset 5; the deadline is 300 ms.
+    let hangs = FlakyFactory {
+        digest: DigestFactory::default(),
+        partition: p0.clone(),
+        offset: 5,
+        left: Arc::new(std::sync::atomic::AtomicU32::new(1)),
+        hang: Some(Duration::from_secs(2)),
+    };
+    c.add_worker_full(
+        |cfg| {
+            quick_retries(cfg);
+            cfg.call_deadline = Duration::from_millis(300);
+        },
+        hangs,
+        None,
+    );
+    c.settle(Duration::from_secs(10)).await;
+    // Given up (released, quarantined) and processed again under a new
+    // grant with a new handler, long before the stuck call returned.
+    let epochs: std::collections::BTreeSet<u64> = c
+        .oracle
+        .batches()
+        .iter()
+        .filter(|b| b.partition == p0 && b.committed())
+        .map(|b| b.epoch)
+        .collect();
+    assert!(epochs.len() >= 2, "t/0 was not given up: {epochs:?}");
+    for p in 0..2 {
+        let pid = PartitionId::new("t", p);
+        let cp = c.store.load_checkpoint(GROUP, &pid).await.unwrap();
+        let v = check_final_state(
+            &pid,
+            &records(&c, p),
+            cp.as_ref().map(|c| c.state.as_slice()),
+        );
+        assert!(v.is_none(), "{v:?}");
     }
     let v = check_run(
         &c.oracle.batches(),
