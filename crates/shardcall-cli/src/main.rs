@@ -3,6 +3,7 @@
 mod any_source;
 mod bench_assign;
 mod bench_hol;
+mod bench_idle;
 mod bench_kafka;
 mod bench_rebalance;
 mod bench_spool;
@@ -98,6 +99,8 @@ enum BenchCommand {
     Kafka(bench_kafka::BenchKafkaArgs),
     /// Head-of-line blocking: owned mode, ticket mode and the ideal bound on one workload.
     Hol(bench_hol::BenchHolArgs),
+    /// CPU of idle workers holding many file-log partitions, and kill -9 failover next to its bound.
+    Idle(bench_idle::BenchIdleArgs),
 }
 
 /// When appended records are forced to disk (command-line form).
@@ -212,6 +215,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Spool(args)) => bench_spool::run(&args),
         Command::Bench(BenchCommand::Kafka(args)) => bench_kafka::run(&args),
         Command::Bench(BenchCommand::Hol(args)) => bench_hol::run(&args),
+        Command::Bench(BenchCommand::Idle(args)) => bench_idle::run(&args),
         Command::Bench(BenchCommand::Assign(args)) => bench_assign::run(&args),
         Command::Bench(BenchCommand::Rebalance(args)) => bench_rebalance::run(&args),
     };

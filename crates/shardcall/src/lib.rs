@@ -17,6 +17,7 @@ mod failures;
 mod handler;
 mod handler_cell;
 mod lease;
+mod log_watch;
 mod memory;
 mod memory_tickets;
 pub mod oracle;

@@ -8,6 +8,8 @@ use async_trait::async_trait;
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Record, Spool, SpoolError};
 
+use crate::log_watch::{Bell, LogWatch};
+
 /// Why a source call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -61,12 +63,24 @@ pub trait Source: Send + Sync + 'static {
     async fn release(&self, _partition: &PartitionId) {}
 }
 
-/// The embedded file log as a source; other processes may write it.
+/// The embedded file log as a source; other processes may write it. An
+/// idle partition costs nothing: writes wake its readers through one
+/// file-system watcher per source ([`crate::log_watch`]), and a partition
+/// with no write since its last look is not looked at again.
 #[derive(Debug, Clone)]
 pub struct FileLogSource {
     log: FileLog,
     topics: Vec<String>,
-    readers: Arc<Mutex<HashMap<PartitionId, Spool>>>,
+    readers: Arc<Mutex<HashMap<PartitionId, Reader>>>,
+    watch: Arc<LogWatch>,
+}
+
+/// A partition's read-only spool and, where the system can watch its
+/// files, its bell.
+#[derive(Debug, Clone)]
+struct Reader {
+    spool: Spool,
+    bell: Option<Arc<Bell>>,
 }
 
 impl FileLogSource {
@@ -76,17 +90,76 @@ impl FileLogSource {
             log,
             topics,
             readers: Arc::default(),
+            watch: Arc::new(LogWatch::new()),
         }
     }
 
-    fn reader(&self, p: &PartitionId) -> Result<Spool, SourceError> {
+    fn reader(&self, p: &PartitionId) -> Result<Reader, SourceError> {
         let mut readers = self.readers.lock().expect("readers lock");
-        if let Some(s) = readers.get(p) {
-            return Ok(s.clone());
+        if let Some(r) = readers.get(p) {
+            return Ok(r.clone());
         }
+        // Watched before it is first read: no write is missed.
+        let dir =
+            shardcall_spool::layout::Layout::new(self.log.partition_dir(&p.topic, p.partition)?)
+                .data;
+        let bell = self.watch.bell(&dir);
         let spool = self.log.open_partition_read_only(&p.topic, p.partition)?;
-        readers.insert(p.clone(), spool.clone());
-        Ok(spool)
+        let reader = Reader { spool, bell };
+        readers.insert(p.clone(), reader.clone());
+        Ok(reader)
+    }
+}
+
+impl Reader {
+    /// The log end, from the bell when nothing was written since it was
+    /// last read; else read from the files (and remembered).
+    async fn end(&self) -> Result<u64, SourceError> {
+        if let Some(end) = self.bell.as_ref().and_then(|b| b.quiet_end()) {
+            return Ok(end);
+        }
+        let rings = self.bell.as_ref().map(|b| b.rings());
+        let spool = self.spool.clone();
+        let end = blocking(move || Ok(spool.end_offset()?)).await?;
+        if let (Some(bell), Some(rings)) = (&self.bell, rings) {
+            bell.saw(rings, end);
+        }
+        Ok(end)
+    }
+
+    /// Up to `max` records from `offset`, waiting up to `wait` for the
+    /// first: on the bell where there is one, polling the files elsewhere.
+    async fn fetch(
+        &self,
+        offset: u64,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Record>, SourceError> {
+        let Some(bell) = &self.bell else {
+            let spool = self.spool.clone();
+            return blocking(move || read_or_wait(&spool, offset, max, wait)).await;
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Subscribed before looking: a write after the look rings it.
+            let mut rung = bell.subscribe();
+            if self.end().await? > offset {
+                let spool = self.spool.clone();
+                let got = blocking(move || Ok(spool.read(offset, max, 4 << 20)?)).await?;
+                if !got.is_empty() {
+                    return Ok(got);
+                }
+            }
+            // A ring may be another change of the folder (a new segment
+            // file before its first record): look again until the wait is
+            // over.
+            if tokio::time::timeout_at(deadline, rung.changed())
+                .await
+                .is_err()
+            {
+                return Ok(Vec::new());
+            }
+        }
     }
 }
 
@@ -124,7 +197,7 @@ impl Source for FileLogSource {
     }
 
     async fn initial_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {
-        Ok(self.reader(partition)?.start_offset())
+        Ok(self.reader(partition)?.spool.start_offset())
     }
 
     async fn fetch(
@@ -134,13 +207,11 @@ impl Source for FileLogSource {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError> {
-        let spool = self.reader(partition)?;
-        blocking(move || read_or_wait(&spool, offset, max, wait)).await
+        self.reader(partition)?.fetch(offset, max, wait).await
     }
 
     async fn end_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {
-        let spool = self.reader(partition)?;
-        blocking(move || Ok(spool.end_offset()?)).await
+        self.reader(partition)?.end().await
     }
 
     async fn has_records_from(&self, partition: &PartitionId, offset: u64) -> Option<bool> {

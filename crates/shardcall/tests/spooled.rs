@@ -171,3 +171,60 @@ async fn a_worker_through_the_spool_is_exactly_once() {
     handle.shutdown();
     handle.join().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_file_log_partition_wakes_on_a_write_and_its_end_follows() {
+    use shardcall::Source;
+    let dir = tempfile::tempdir().unwrap();
+    let log = shardcall_spool::FileLog::open(dir.path(), shardcall_spool::SpoolConfig::default())
+        .unwrap();
+    log.ensure_topic("t", 1).unwrap();
+    let source = shardcall::FileLogSource::new(log.clone(), vec!["t".into()]);
+    let p = shardcall_core::PartitionId::new("t", 0);
+    assert_eq!(source.end_offset(&p).await.unwrap(), 0);
+    assert_eq!(source.has_records_from(&p, 0).await, Some(false));
+    // Nothing comes: the wait runs out.
+    let began = std::time::Instant::now();
+    assert!(
+        source
+            .fetch(&p, 0, 10, Duration::from_millis(200))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(began.elapsed() >= Duration::from_millis(200));
+    // A record written by another handle (as another process would) while
+    // a fetch waits wakes it long before its wait is over.
+    let writer = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let mut prod = log.producer("t").unwrap();
+            prod.send(None, b"hello", 0).unwrap();
+            prod.flush().unwrap();
+        })
+    };
+    let began = std::time::Instant::now();
+    let got = source
+        .fetch(&p, 0, 10, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(
+        began.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        began.elapsed()
+    );
+    writer.join().unwrap();
+    // The end a quiet partition reports follows writes.
+    assert_eq!(source.end_offset(&p).await.unwrap(), 1);
+    let mut prod = log.producer("t").unwrap();
+    prod.send(None, b"again", 0).unwrap();
+    prod.flush().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while source.end_offset(&p).await.unwrap() != 2 {
+        assert!(std::time::Instant::now() < deadline, "the end never moved");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(source.has_records_from(&p, 1).await, Some(true));
+}
