@@ -1,7 +1,7 @@
 //! `shardcall demo`: owned mode end to end on the embedded default. A file
 //! log and an in-process store; workers join, one is killed, one stops
 //! gracefully, while records keep coming; then the run is checked against
-//! DESIGN.md's properties from what was really processed.
+//! the properties of docs/design.md from what was really processed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;

@@ -1,7 +1,7 @@
 //! Fault tests with real processes: `shardcall worker` processes share a file
 //! log through a real redis-server started on a free port. Every batch goes
 //! to an oracle file; after kill -9, SIGSTOP past the lease, and a graceful
-//! stop, the oracle and the final state are checked against DESIGN.md.
+//! stop, the oracle and the final state are checked against docs/design.md.
 
 mod common;
 

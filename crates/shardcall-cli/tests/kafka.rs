@@ -1,7 +1,7 @@
 //! Kafka end to end: a real Kafka-protocol broker (tansu), records produced
 //! by an independent client (Python's kafka-python), `shardcall worker`
 //! processes in owned mode coordinated by a real redis-server. The oracle
-//! checks DESIGN.md's properties through a kill -9, a join and partitions
+//! checks the properties of docs/design.md through a kill -9, a join and partitions
 //! added while running; the offsets the workers committed to the Kafka group
 //! are read back by the independent client; `status --kafka` shows lag.
 

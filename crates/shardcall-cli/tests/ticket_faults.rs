@@ -2,7 +2,7 @@
 //! processes share a file log through a real redis-server on a free port.
 //! A worker is killed (kill -9) while it holds tickets, another is stopped
 //! (SIGSTOP) past its claims' leases and resumed, a third stops gracefully;
-//! the oracle files and the final states are checked against DESIGN.md.
+//! the oracle files and the final states are checked against docs/design.md.
 
 mod common;
 

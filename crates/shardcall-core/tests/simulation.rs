@@ -1,7 +1,7 @@
 //! Deterministic simulation of a group: many members on a fake clock, with
 //! joins, crashes, pauses past the lease (a SIGSTOP), late heartbeats and a
 //! coordinator that changes hands. Every processed batch goes to an oracle,
-//! which then checks DESIGN.md's properties: no two members process a
+//! which then checks the properties of docs/design.md: no two members process a
 //! partition at overlapping times, a revoked partition is left alone for the
 //! whole quarantine, every rebalance moves exactly the lower bound, and the
 //! group ends balanced with every partition processed.

@@ -149,7 +149,7 @@ impl Run {
         out
     }
 
-    /// DESIGN.md's properties, ticket mode: no two holders of a partition
+    /// the properties of docs/design.md, ticket mode: no two holders of a partition
     /// process at once, every offset is covered, each record is in the final
     /// state exactly once unless it went to the dead letters, and the pool
     /// holds each partition once.

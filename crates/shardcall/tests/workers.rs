@@ -142,7 +142,7 @@ impl Cluster {
         }
     }
 
-    /// Every property of DESIGN.md that a run can show.
+    /// Every property of docs/design.md that a run can show.
     async fn verify(&self) {
         let batches = self.oracle.batches();
         let ends = self.ends();
