@@ -75,6 +75,11 @@ pub struct BenchKafkaArgs {
     /// (0: after every batch).
     #[arg(long, default_value_t = WorkerConfig::default().checkpoint_interval.as_millis() as u64)]
     checkpoint_interval_ms: u64,
+    /// Run the handler as one whose calls may block (each on a blocking
+    /// thread, under the deadline), as handlers are by default; without it
+    /// the no-op handler declares that it never blocks and runs inline.
+    #[arg(long)]
+    blocking_handler: bool,
     /// A librdkafka property given to both consumers, KEY=VALUE (repeatable).
     #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
     kafka_properties: Vec<String>,
@@ -82,7 +87,7 @@ pub struct BenchKafkaArgs {
 
 /// A handler that does nothing (the state is empty) but note when it was
 /// first handed records.
-struct Noop(Arc<OnceLock<Instant>>);
+struct Noop(Arc<OnceLock<Instant>>, bool);
 
 impl PartitionHandler for Noop {
     fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
@@ -92,14 +97,17 @@ impl PartitionHandler for Noop {
         self.0.get_or_init(Instant::now);
         Ok(Vec::new())
     }
+    fn blocks(&self) -> bool {
+        self.1
+    }
 }
 
-struct NoopFactory(Arc<OnceLock<Instant>>);
+struct NoopFactory(Arc<OnceLock<Instant>>, bool);
 
 impl HandlerFactory for NoopFactory {
     type Handler = Noop;
     fn create(&self, _: &PartitionContext) -> Noop {
-        Noop(self.0.clone())
+        Noop(self.0.clone(), self.1)
     }
 }
 
@@ -217,7 +225,7 @@ async fn through_shardcall(
         config,
         store: store.clone(),
         source: Arc::new(source),
-        factory: Arc::new(NoopFactory(first_handled.clone())),
+        factory: Arc::new(NoopFactory(first_handled.clone(), args.blocking_handler)),
         observer: None,
         dead_letters: None,
     }
@@ -407,6 +415,7 @@ async fn bench(args: &BenchKafkaArgs) -> anyhow::Result<ExitCode> {
                     "partitions": args.partitions, "rounds": args.rounds,
                     "handler": "no-op", "checkpoints": "redis",
                     "checkpoint_interval_ms": args.checkpoint_interval_ms,
+                    "blocking_handler": args.blocking_handler,
                     "max_batch": args.max_batch, "max_buffered_bytes": args.max_buffered_bytes,
                 },
                 "broker_high_watermark_wrong": watermark_quirk,

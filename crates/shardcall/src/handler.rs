@@ -63,6 +63,16 @@ pub trait PartitionHandler: Send + 'static {
     fn interrupter(&self) -> Option<std::sync::Arc<dyn Interrupt>> {
         None
     }
+
+    /// Whether a call may block (I/O, sleeps, long computation): then it
+    /// runs on a thread of its own, under the deadline (the default). A
+    /// handler whose calls always return at once may say `false`: its calls
+    /// run on the worker's own threads, which saves a thread hand-off per
+    /// call (the largest cost of a cheap handler), but such a call has no
+    /// deadline and, if it did block, would hold up other partitions.
+    fn blocks(&self) -> bool {
+        true
+    }
 }
 
 /// Makes a handler for each partition a worker is granted.

@@ -77,7 +77,8 @@ const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// handler comes back unless the call panicked (a panic becomes the call's
 /// error and the handler is dropped, its drop guarded too) or got stuck.
 /// A call that passes half its deadline is warned about; one that passes
-/// all of it is interrupted (if the handler can be) and fails.
+/// all of it is interrupted (if the handler can be) and fails. A handler
+/// that declares its calls never block is called here instead.
 async fn call<H: PartitionHandler, T: Send + 'static>(
     handler: H,
     ctx: &PartitionContext,
@@ -85,7 +86,8 @@ async fn call<H: PartitionHandler, T: Send + 'static>(
     f: impl FnOnce(&mut H) -> Result<T, HandlerError> + Send + 'static,
 ) -> (Option<H>, Result<T, Failure>) {
     let interrupter = handler.interrupter();
-    let mut task = tokio::task::spawn_blocking(move || {
+    let blocks = handler.blocks();
+    let guarded = move || {
         let mut handler = handler;
         match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut handler))) {
             Ok(result) => (Some(handler), result),
@@ -95,7 +97,13 @@ async fn call<H: PartitionHandler, T: Send + 'static>(
                 (None, Err(HandlerError(why)))
             }
         }
-    });
+    };
+    if !blocks {
+        // Declared not to block: here, with no hand-off and no deadline.
+        let (handler, result) = guarded();
+        return (handler, result.map_err(Failure::Failed));
+    }
+    let mut task = tokio::task::spawn_blocking(guarded);
     let half = deadline / 2;
     let mut joined = tokio::time::timeout(half, &mut task).await;
     if joined.is_err() {
