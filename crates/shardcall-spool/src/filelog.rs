@@ -106,7 +106,18 @@ impl FileLog {
         Spool::open_read_only(self.partition_dir(topic, partition)?, self.config.clone())
     }
 
+    /// Whether partition `partition` of `topic` exists (one look at its
+    /// own folder).
+    pub fn partition_exists(&self, topic: &str, partition: u32) -> Result<bool> {
+        Ok(Layout::is_spool(&self.partition_dir(topic, partition)?))
+    }
+
     fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {
+        // One look at the partition's own folder, not a listing of the
+        // topic: opening each of 10,000 partitions must not cost 10,000².
+        if self.partition_exists(topic, partition)? {
+            return Ok(());
+        }
         let count = self.partition_count(topic)?;
         if partition >= count {
             return Err(SpoolError::Layout {

@@ -21,8 +21,10 @@ pub struct WorkerConfig {
     pub timing: GroupConfig,
     /// Most records handed to the handler at once.
     pub max_batch: usize,
-    /// How long a fetch waits for new records before the partition task
-    /// looks for a revoke again.
+    /// How long an idle partition's fetch waits for a new record before
+    /// its task looks around again (never past the point where the lease
+    /// runs short; a revoke and a new record end the wait at once). Longer
+    /// waits make idle partitions cheaper.
     pub fetch_wait: Duration,
     /// While a partition's records keep coming, its checkpoint is written
     /// at most this often, covering every batch since the last one (zero:
@@ -57,7 +59,7 @@ impl Default for WorkerConfig {
             weight: 1,
             timing: GroupConfig::default(),
             max_batch: 500,
-            fetch_wait: Duration::from_millis(100),
+            fetch_wait: Duration::from_millis(1000),
             checkpoint_interval: Duration::from_millis(100),
             slots: 0,
             retry: RetryBackoff::default(),

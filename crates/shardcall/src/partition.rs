@@ -229,7 +229,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             let wait = if pending.is_some() {
                 Duration::ZERO
             } else {
-                self.fetch_wait
+                // Woken by a record or a revoke; never asleep past the lease.
+                self.fetch_wait.min(self.lease.remaining())
             };
             let fetched = tokio::select! {
                 r = self.source.fetch(&p, offset, self.max_batch, wait) => r,

@@ -73,6 +73,8 @@ pub struct FileLogSource {
     topics: Vec<String>,
     readers: Arc<Mutex<HashMap<PartitionId, Reader>>>,
     watch: Arc<LogWatch>,
+    /// Each topic's partition count as last seen.
+    counts: Arc<Mutex<HashMap<String, u32>>>,
 }
 
 /// A partition's read-only spool and, where the system can watch its
@@ -91,7 +93,28 @@ impl FileLogSource {
             topics,
             readers: Arc::default(),
             watch: Arc::new(LogWatch::new()),
+            counts: Arc::default(),
         }
+    }
+
+    /// The partitions of `topic`: listed (and checked) once, then only the
+    /// next folder is looked for, as partitions are added in order and
+    /// never removed — a look every tick costs one `stat`, not a listing of
+    /// every partition.
+    fn partition_count(&self, topic: &str) -> Result<u32, SourceError> {
+        let known = self.counts.lock().expect("counts lock").get(topic).copied();
+        let mut n = match known {
+            Some(n) => n,
+            None => self.log.partition_count(topic)?,
+        };
+        while known.is_some() && self.log.partition_exists(topic, n)? {
+            n += 1;
+        }
+        self.counts
+            .lock()
+            .expect("counts lock")
+            .insert(topic.to_owned(), n);
+        Ok(n)
     }
 
     fn reader(&self, p: &PartitionId) -> Result<Reader, SourceError> {
@@ -191,7 +214,7 @@ impl Source for FileLogSource {
     async fn partitions(&self) -> Result<Vec<PartitionId>, SourceError> {
         let mut out = Vec::new();
         for t in &self.topics {
-            out.extend(PartitionId::range(t, self.log.partition_count(t)?));
+            out.extend(PartitionId::range(t, self.partition_count(t)?));
         }
         Ok(out)
     }
