@@ -272,12 +272,16 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         // The log stays open across --watch refreshes; it is opened again
         // only when the group's topics change.
         let mut log: Option<(Vec<String>, Log)> = None;
+        // Watching on a terminal redraws the screen; into a pipe it writes
+        // one document after another (JSON: one object a line).
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
         loop {
             let text = status_once(args, &store, &mut log).await?;
-            if args.watch.is_some() {
+            if args.watch.is_some() && terminal {
                 print!("\x1b[2J\x1b[H");
             }
             print!("{text}");
+            std::io::Write::flush(&mut std::io::stdout())?;
             match args.watch {
                 Some(secs) => tokio::time::sleep(Duration::from_secs_f64(secs.max(0.2))).await,
                 None => return Ok(ExitCode::SUCCESS),
@@ -351,6 +355,19 @@ async fn status_once(
     let tickets = store.ticket_view(&args.group).await?;
     let policy = store.load_policy(&args.group).await?;
     let now = store.now().await?;
+    // (Watching a group that does not exist yet shows it empty until it does.)
+    if args.watch.is_none()
+        && g.version == 0
+        && g.members.is_empty()
+        && g.partitions.is_empty()
+        && tickets.partitions().is_empty()
+        && policy.is_none()
+    {
+        anyhow::bail!(
+            "group {:?} does not exist in this Redis (no member, partition, ticket or quarantine rule); check --group",
+            args.group
+        );
+    }
     let mut parts: Vec<PartitionId> = g.partitions.keys().cloned().collect();
     parts.extend(tickets.partitions());
     parts.sort();
@@ -457,7 +474,14 @@ async fn status_once(
             "partitions": rows,
             "tickets": ticket_rows,
         });
-        return Ok(format!("{}\n", serde_json::to_string_pretty(&doc)?));
+        return Ok(format!(
+            "{}\n",
+            if args.watch.is_some() {
+                serde_json::to_string(&doc)?
+            } else {
+                serde_json::to_string_pretty(&doc)?
+            }
+        ));
     }
     let mut out = String::new();
     let coord = g.coordinator.as_ref().map_or("none".to_string(), |c| {

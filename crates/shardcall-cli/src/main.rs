@@ -12,11 +12,13 @@ mod demo;
 mod demo_ticket;
 mod group_cmd;
 mod log_opts;
+mod pipes;
 mod policy_cmd;
 mod produce;
 mod progress;
 mod redis_opts;
 mod settings;
+mod settings_errors;
 mod spool_cmd;
 mod worker_cmd;
 
@@ -193,6 +195,7 @@ fn config_check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitC
 }
 
 fn main() -> ExitCode {
+    pipes::quiet_on_closed_pipe();
     let cli = Cli::parse();
 
     let result = match cli.command {
@@ -221,6 +224,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        Err(e) if pipes::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)

@@ -55,6 +55,12 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("opening file log {}", args.log.display()))?;
     let partitions = log.ensure_topic(&args.topic, args.partitions)?;
     let mut producer = log.producer(&args.topic)?;
+    // Unkeyed lines spread over the partitions across runs too (as Kafka's
+    // default partitioner picks a random start).
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() ^ std::process::id());
+    producer.start_round_robin_at(nanos);
     let mut per_partition = vec![0u64; partitions as usize];
     let mut produced = 0u64;
     let progress = crate::progress::bar(None, "records produced");
@@ -109,7 +115,8 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<ExitCode> {
         args.topic,
         partitions
     );
-    for (p, n) in per_partition.iter().enumerate() {
+    // Only the partitions written to.
+    for (p, n) in per_partition.iter().enumerate().filter(|(_, n)| **n > 0) {
         println!("  partition {p:>3}: {n}");
     }
     Ok(ExitCode::SUCCESS)

@@ -17,7 +17,7 @@ use shardcall_spool::{Durability, SpoolConfig};
 
 /// The whole file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct Settings {
     /// The group to join.
     pub group: String,
@@ -55,7 +55,7 @@ pub struct Settings {
 
 /// `[redis]`
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct RedisSettings {
     /// URLs (`redis://`, `rediss://`); several are a cluster's seed nodes.
     pub urls: Vec<String>,
@@ -67,12 +67,15 @@ pub struct RedisSettings {
 
 /// `[source]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct SourceSettings {
     /// `file` (the embedded file log) or `kafka`.
     pub kind: String,
-    /// The file log's folder (`file`).
+    /// The file log's folder (`file`); it must exist unless `create_log`.
     pub log: Option<PathBuf>,
+    /// Create the file log's folder if it does not exist (`file`; off, so
+    /// a mistyped path is an error rather than an empty log).
+    pub create_log: bool,
     /// Bootstrap brokers, `host:port` separated by commas (`kafka`).
     pub brokers: Option<String>,
     /// Where a partition with no checkpoint starts, and where one whose
@@ -100,7 +103,6 @@ pub struct SourceSettings {
 
 /// `[[topics]]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TopicSettings {
     /// The topic.
     pub name: String,
@@ -112,7 +114,7 @@ pub struct TopicSettings {
 
 /// `[ticket]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct TicketSettings {
     /// Partitions this worker serves at once.
     pub slots: usize,
@@ -146,7 +148,7 @@ pub struct TicketSettings {
 
 /// `[dead_letters]`
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct DeadLetterSettings {
     /// The topic batches go to after `batch.max_attempts` (owned mode) or
     /// `ticket.max_attempts` failed attempts, where the source lives (the
@@ -184,7 +186,7 @@ fn owned() -> String {
 
 /// `[timing]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct TimingSettings {
     /// Member lease.
     pub member_ttl_ms: u64,
@@ -210,7 +212,7 @@ pub struct TimingSettings {
 
 /// `[batch]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct BatchSettings {
     /// Most records a batch.
     pub max_records: usize,
@@ -230,7 +232,7 @@ pub struct BatchSettings {
 
 /// `[spool]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct SpoolSettings {
     /// Largest record.
     pub max_record_bytes: usize,
@@ -244,7 +246,7 @@ pub struct SpoolSettings {
 
 /// `[handler]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct HandlerSettings {
     /// A command speaking the line-delimited JSON protocol; none: the built-in digest handler.
     pub exec: Option<String>,
@@ -281,7 +283,7 @@ impl Default for HandlerSettings {
 
 /// `[metrics]`
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct MetricsSettings {
     /// Address to serve `/metrics` on; none: off.
     pub addr: Option<String>,
@@ -289,7 +291,7 @@ pub struct MetricsSettings {
 
 /// `[log]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct LogSettings {
     /// `text` or `json`.
     pub format: String,
@@ -323,6 +325,7 @@ impl Default for SourceSettings {
         Self {
             kind: "file".into(),
             log: None,
+            create_log: false,
             brokers: None,
             start: k.start.to_string(),
             group_id: None,
@@ -447,15 +450,19 @@ pub fn load(
     env: impl IntoIterator<Item = (String, String)>,
     sets: &[String],
 ) -> Result<Settings, Vec<String>> {
-    let mut table = match file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| vec![format!("{}: {e}", path.display())])?;
-            toml::from_str::<toml::Table>(&text)
-                .map_err(|e| vec![format!("{}: not valid TOML: {e}", path.display())])?
-        }
-        None => toml::Table::new(),
+    let file_text = match file {
+        Some(path) => Some(
+            std::fs::read_to_string(path).map_err(|e| vec![format!("{}: {e}", path.display())])?,
+        ),
+        None => None,
     };
+    let mut table = match (&file_text, file) {
+        (Some(text), Some(path)) => toml::from_str::<toml::Table>(text)
+            .map_err(|e| vec![format!("{}: not valid TOML: {e}", path.display())])?,
+        _ => toml::Table::new(),
+    };
+    // Where each key set outside the file came from.
+    let mut origins: Vec<(String, String)> = Vec::new();
     let mut errors = Vec::new();
     let mut vars: Vec<(String, String)> = env
         .into_iter()
@@ -470,6 +477,7 @@ pub fn load(
         if let Err(e) = set_path(&mut table, &path, parse_value(&v)) {
             errors.push(format!("environment variable {k}: {e}"));
         }
+        origins.push((path.join("."), format!("environment variable {k}")));
     }
     for s in sets {
         match s.split_once('=') {
@@ -478,6 +486,8 @@ pub fn load(
                 if let Err(e) = set_path(&mut table, &path, parse_value(v.trim())) {
                     errors.push(format!("--set {s}: {e}"));
                 }
+                // The key only: the value may be a secret.
+                origins.push((path.join("."), format!("--set {}", path.join("."))));
             }
             None => errors.push(format!(
                 "--set {s}: use PATH=VALUE, e.g. timing.member_ttl_ms=5000"
@@ -487,7 +497,56 @@ pub fn load(
     if !errors.is_empty() {
         return Err(errors);
     }
-    Settings::deserialize(toml::Value::Table(table)).map_err(|e| vec![e.to_string()])
+    // Every key no setting reads is reported, each with where it came from
+    // (a line of the file, a variable, a --set), not just the first.
+    let mut unknown = Vec::new();
+    let settings: Settings = serde_ignored::deserialize(toml::Value::Table(table), |path| {
+        unknown.push(path.to_string())
+    })
+    .map_err(|e| vec![e.to_string()])?;
+    if unknown.is_empty() {
+        return Ok(settings);
+    }
+    Err(unknown
+        .iter()
+        .map(|path| match origins.iter().rev().find(|(p, _)| p == path) {
+            Some((_, from)) => format!("{from}: unknown key {path}"),
+            None => match (file, file_text.as_deref().and_then(|t| line_of(t, path))) {
+                (Some(f), Some(line)) => format!("{}:{line}: unknown key {path}", f.display()),
+                (Some(f), None) => format!("{}: unknown key {path}", f.display()),
+                (None, _) => format!("unknown key {path}"),
+            },
+        })
+        .collect())
+}
+
+/// The line (from 1) of `text` that sets the last part of the dotted
+/// `path`, inside the table its first parts name.
+fn line_of(text: &str, path: &str) -> Option<usize> {
+    let (table, key) = match path.rsplit_once('.') {
+        Some((t, k)) => (Some(t), k),
+        None => (None, path),
+    };
+    let mut in_table = table.is_none();
+    for (i, line) in text.lines().enumerate() {
+        let l = line.trim();
+        if let Some(header) = l.strip_prefix('[') {
+            let name = header
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim();
+            in_table = table.is_some_and(|t| t == name || t.split('.').next() == Some(name));
+            continue;
+        }
+        let set = l.split('=').next().unwrap_or("").trim().trim_matches('"');
+        let matches = set == key || table.is_some_and(|t| set == format!("{t}.{key}"));
+        if (in_table || set.contains('.')) && matches {
+            return Some(i + 1);
+        }
+    }
+    None
 }
 
 /// The source a worker reads.
@@ -513,6 +572,8 @@ pub enum DeadLetterChoice {
 /// What a worker runs with, checked.
 #[derive(Debug, Clone)]
 pub struct Resolved {
+    /// Create the file log's folder if it does not exist.
+    pub create_log: bool,
     /// The worker's configuration.
     pub worker: WorkerConfig,
     /// Redis URLs.
@@ -600,7 +661,9 @@ impl Settings {
             }
         }
         if self.topics.is_empty() {
-            errors.push("topics: at least one [[topics]] with a name".into());
+            errors.push(
+                "topics: none given; name one with --topic T (owned mode) or --ticket-topic T, or a [[topics]] table with a name".into(),
+            );
         }
         let source = match self.source.kind.as_str() {
             "file" if self.source.spool.is_some() => {
@@ -722,7 +785,7 @@ impl Settings {
         if !self.group.is_empty()
             && let Err(e) = worker.validate()
         {
-            errors.push(format!("timing/batch: {e}"));
+            errors.push(crate::settings_errors::explain(&e));
         }
         let durability = match self.spool.fsync.as_str() {
             "batch" => Some(Durability::EveryBatch),
@@ -773,6 +836,7 @@ impl Settings {
             return Err(errors);
         }
         Ok(Resolved {
+            create_log: self.source.create_log,
             worker,
             redis: self.redis.urls.clone(),
             cluster: self.redis.cluster,
@@ -834,9 +898,14 @@ fn one_of<T: Clone + PartialEq>(
 
 /// A metrics address: a bare port binds to loopback; an address is taken as given.
 pub fn metrics_addr(text: &str) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
     match text.parse::<u16>() {
         Ok(port) => Some(SocketAddr::from(([127, 0, 0, 1], port))),
-        Err(_) => text.parse().ok(),
+        // An address, or a host name with a port (localhost:9479).
+        Err(_) => text
+            .parse()
+            .ok()
+            .or_else(|| text.to_socket_addrs().ok()?.next()),
     }
 }
 
@@ -963,6 +1032,11 @@ mod tests {
             Some(SocketAddr::from(([0, 0, 0, 0], 1)))
         );
         assert_eq!(metrics_addr("nope"), None);
+        assert_eq!(
+            metrics_addr("localhost:9479").map(|a| a.port()),
+            Some(9479),
+            "a host name with a port"
+        );
     }
 
     #[test]

@@ -43,9 +43,12 @@ pub struct WorkerArgs {
     /// The group to join.
     #[arg(long)]
     group: Option<String>,
-    /// Folder of the file log to consume.
+    /// Folder of the file log to consume (it must exist, unless --create-log).
     #[arg(long, conflicts_with = "kafka")]
     log: Option<Dir>,
+    /// Create the file log's folder if it does not exist.
+    #[arg(long, requires = "log")]
+    create_log: bool,
     /// Consume Kafka: the bootstrap brokers (host:port, comma separated).
     #[arg(long)]
     kafka: Option<String>,
@@ -127,6 +130,7 @@ impl WorkerArgs {
             s.source.kind = "file".into();
             s.source.log = Some(l.clone());
         }
+        s.source.create_log |= self.create_log;
         if let Some(b) = &self.kafka {
             s.source.kind = "kafka".into();
             s.source.brokers = Some(b.clone());
@@ -379,6 +383,15 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         shardcall::telemetry::describe();
         tracing::info!(%addr, "metrics at /metrics");
     }
+    // A mistyped log path is an error before anything else, not a new
+    // empty log.
+    if let SourceChoice::File(dir) = &r.source {
+        anyhow::ensure!(
+            r.create_log || dir.is_dir(),
+            "source.log (--log): {} is not a folder; create the log with `shardcall produce --log {0} ...`, or allow a new one with --create-log (source.create_log = true)",
+            dir.display()
+        );
+    }
     let redis = crate::redis_opts::RedisOpts {
         redis: r.redis.clone(),
         redis_cluster: r.cluster,
@@ -443,6 +456,12 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
             SourceChoice::File(dir) => {
                 let log = FileLog::open(dir, r.spool.clone())
                     .with_context(|| format!("opening file log {}", dir.display()))?;
+                for t in topics {
+                    if log.partition_count(t)? == 0 {
+                        tracing::warn!(topic = %t, log = %dir.display(),
+                            "unknown topic: it has no partitions in this log; nothing to consume until it is created (shardcall produce --log ... --topic ...)");
+                    }
+                }
                 start(AnySource::File(FileLogSource::new(log, topics.clone())))?
             }
             SourceChoice::Kafka(k, spool) => {

@@ -355,19 +355,41 @@ fn config_example_checks_and_errors_are_explained() {
     let said = text(&out.stdout);
     assert!(said.contains("3 problem(s)"), "{said}");
     assert!(
-        said.contains("heartbeat_interval")
+        said.contains("timing.heartbeat_ms (--heartbeat-ms)")
             && said.contains("topics[0].mode")
             && said.contains("spool.fsync"),
         "{said}"
     );
-    // A misspelt key is refused by name.
-    std::fs::write(&path, "group = \"g\"\n[timing]\nmember_ttl = 5\n").unwrap();
-    let out = shardcall(&["config", "check", &path.display().to_string()], "");
-    assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stdout).contains("member_ttl"),
-        "{}",
-        text(&out.stdout)
+        !said.contains("heartbeat_interval"),
+        "not the user's words: {said}"
+    );
+    // Every misspelt key is refused by name, with its line, and one from
+    // the environment is said to come from there.
+    std::fs::write(
+        &path,
+        "group = \"g\"\n[timing]\nmember_ttl = 5\n\n[batch]\nmax_recrods = 3\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args(["config", "check", &path.display().to_string()])
+        .env("SHARDCALL_TIMING__TICK", "5")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stdout);
+    assert!(said.contains("3 problem(s)"), "{said}");
+    assert!(
+        said.contains("worker.toml:3: unknown key timing.member_ttl"),
+        "{said}"
+    );
+    assert!(
+        said.contains("worker.toml:6: unknown key batch.max_recrods"),
+        "{said}"
+    );
+    assert!(
+        said.contains("environment variable SHARDCALL_TIMING__TICK: unknown key timing.tick"),
+        "{said}"
     );
 }
 

@@ -50,6 +50,7 @@ impl Default for GroupConfig {
 
 /// A configuration that cannot work, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GroupConfigError {
     /// A duration that must be positive is zero.
     #[error("{0} must be greater than zero")]

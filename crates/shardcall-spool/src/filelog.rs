@@ -211,6 +211,13 @@ impl Producer {
         }
     }
 
+    /// Unkeyed records go round the partitions starting at `partition`
+    /// (modulo the count): a command that writes a few records per run
+    /// starts somewhere else each time, not always at partition 0.
+    pub fn start_round_robin_at(&mut self, partition: u32) {
+        self.next_round_robin = partition % self.partitions().max(1);
+    }
+
     /// Looks again at the topic's partition count, so later records spread
     /// over partitions added since.
     pub fn refresh_partitions(&mut self) -> Result<u32> {

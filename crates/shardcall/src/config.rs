@@ -71,6 +71,7 @@ impl Default for WorkerConfig {
 
 /// A worker configuration that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WorkerConfigError {
     /// The group timing is inconsistent.
     #[error(transparent)]

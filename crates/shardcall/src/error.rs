@@ -6,6 +6,7 @@ use crate::store::StoreError;
 
 /// Why a worker stopped with an error.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WorkerError {
     /// The configuration cannot work.
     #[error("invalid worker configuration: {0}")]

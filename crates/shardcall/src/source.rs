@@ -12,6 +12,7 @@ use crate::log_watch::{Bell, LogWatch};
 
 /// Why a source call failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SourceError {
     /// The embedded file log failed.
     #[error(transparent)]

@@ -81,6 +81,7 @@ impl Default for TicketConfig {
 
 /// A ticket configuration that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TicketConfigError {
     /// A count or duration that must be positive is zero.
     #[error("{0} must be more than zero")]
