@@ -58,8 +58,10 @@ pub struct ReleaseArgs {
     /// The group.
     #[arg(long)]
     group: String,
-    /// The quarantined partition to release, as TOPIC/PARTITION.
-    partition: String,
+    /// The quarantined partitions to release: TOPIC/PARTITION, or TOPIC
+    /// for every quarantined partition of a topic (several may be given).
+    #[arg(required = true)]
+    partitions: Vec<String>,
     /// Who releases it, for the audit log (default: $USER).
     #[arg(long)]
     actor: Option<String>,
@@ -113,6 +115,17 @@ pub fn drain(args: &DrainArgs) -> anyhow::Result<ExitCode> {
                     .join(", ")
             ),
         };
+        let now = store.now().await?;
+        let others = g
+            .members
+            .values()
+            .filter(|m| m.id != member && m.is_live(now) && !m.draining)
+            .count();
+        if others == 0 {
+            eprintln!(
+                "warning: {member} is the last live member that is not draining: nothing will process its partitions until another worker joins"
+            );
+        }
         let who = actor(&args.actor);
         store.drain(&args.group, &member, &who).await?;
         println!(
@@ -492,79 +505,166 @@ async fn status_once(
             left(now, c.expires_at)
         )
     });
-    writeln!(
-        out,
-        "GROUP {}  version {}  coordinator {}  quarantine {}{}",
-        args.group,
-        g.version,
-        coord,
-        g.policy,
-        policy.as_ref().map_or(String::new(), |p| format!(
-            " (set by {}{})",
-            p.set_by,
-            crate::policy_cmd::ago(now, p.set_at)
-        ))
-    )?;
-    writeln!(out)?;
-    writeln!(
-        out,
-        "{:<24} {:<14} {:>6} {:>10} {:>10} {:>10}",
-        "MEMBER", "HOST", "WEIGHT", "PARTITIONS", "HEARTBEAT", "LEASE LEFT"
-    )?;
-    for m in g.members.values() {
+    let ticket_only = g.members.is_empty() && g.partitions.is_empty() && !ticket_rows.is_empty();
+    if ticket_only {
+        // Ticket mode has no members, coordinator or quarantine: its workers
+        // show through the claims they hold.
+        let mut workers: BTreeMap<&str, usize> = BTreeMap::new();
+        for c in &tickets.claimed {
+            let worker = c
+                .holder
+                .as_str()
+                .rsplit_once('/')
+                .map_or(c.holder.as_str(), |(w, _)| w);
+            *workers.entry(worker).or_default() += 1;
+        }
         writeln!(
             out,
-            "{:<24} {:<14} {:>6} {:>10} {:>10} {:>10}",
-            if m.draining {
-                format!("{} (draining)", m.id)
-            } else {
-                m.id.to_string()
-            },
-            m.host,
-            m.weight,
-            g.held_by(&m.id).len(),
-            format!("{} ago", ago(now, m.last_heartbeat)),
-            left(now, m.lease_expires_at)
+            "GROUP {}  ticket mode: {} tickets, {} claimed, {} queued",
+            args.group,
+            ticket_rows.len(),
+            tickets.claimed.len(),
+            tickets.queued.len()
+        )?;
+        writeln!(out)?;
+        writeln!(out, "{:<40} {:>6}", "WORKER (holding claims now)", "CLAIMS")?;
+        for (w, n) in &workers {
+            writeln!(out, "{w:<40} {n:>6}")?;
+        }
+        if workers.is_empty() {
+            writeln!(out, "(no claim held right now)")?;
+        }
+    } else {
+        writeln!(
+            out,
+            "GROUP {}  version {}  coordinator {}  quarantine {}{}",
+            args.group,
+            g.version,
+            coord,
+            g.policy,
+            policy.as_ref().map_or(String::new(), |p| format!(
+                " (set by {}{})",
+                p.set_by,
+                crate::policy_cmd::ago(now, p.set_at)
+            ))
         )?;
     }
     writeln!(out)?;
-    writeln!(
-        out,
-        "{:<12} {:<12} {:<24} {:>6} {:>9} {:>9} {:>7} {:>11} {:>7}",
-        "PARTITION", "PHASE", "OWNER", "EPOCH", "OFFSET", "LOG END", "LAG", "QUARANTINE", "STATE"
-    )?;
-    for r in &rows {
-        let s = |k: &str| match &r[k] {
-            serde_json::Value::Null => "-".to_string(),
-            serde_json::Value::String(s) => s.clone(),
-            v => v.to_string(),
-        };
-        let q = match r["quarantine_left_ms"].as_u64() {
-            Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
-            None => "-".into(),
-        };
-        let state = r["state_bytes"]
-            .as_u64()
-            .map_or("-".into(), |b| format!("{b} B"));
+    // Columns as wide as the longest name in them, so long member names
+    // keep the table aligned.
+    let member_name = |m: &shardcall_core::MemberRecord| {
+        if m.draining {
+            format!("{} (draining)", m.id)
+        } else {
+            m.id.to_string()
+        }
+    };
+    let mw = g
+        .members
+        .values()
+        .map(|m| member_name(m).len())
+        .chain(
+            rows.iter()
+                .map(|r| r["holder"].as_str().map_or(1, str::len)),
+        )
+        .chain(
+            rows.iter()
+                .map(|r| r["target"].as_str().map_or(1, str::len)),
+        )
+        .chain(
+            ticket_rows
+                .iter()
+                .map(|r| r["holder"].as_str().map_or(1, str::len)),
+        )
+        .max()
+        .unwrap_or(0)
+        .max(12);
+    let hw = g
+        .members
+        .values()
+        .map(|m| m.host.len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    let pw = rows
+        .iter()
+        .chain(&ticket_rows)
+        .map(|r| r["partition"].as_str().map_or(1, str::len))
+        .max()
+        .unwrap_or(0)
+        .max(12);
+    if !ticket_only {
         writeln!(
             out,
-            "{:<12} {:<12} {:<24} {:>6} {:>9} {:>9} {:>7} {:>11} {:>7}",
-            s("partition"),
-            s("phase"),
-            s("holder"),
-            s("epoch"),
-            s("offset"),
-            s("log_end"),
-            s("lag"),
-            q,
-            state
+            "{:<mw$} {:<hw$} {:>6} {:>10} {:>10} {:>10}",
+            "MEMBER", "HOST", "WEIGHT", "PARTITIONS", "HEARTBEAT", "LEASE LEFT"
         )?;
+        for m in g.members.values() {
+            writeln!(
+                out,
+                "{:<mw$} {:<hw$} {:>6} {:>10} {:>10} {:>10}",
+                member_name(m),
+                m.host,
+                m.weight,
+                g.held_by(&m.id).len(),
+                format!("{} ago", ago(now, m.last_heartbeat)),
+                left(now, m.lease_expires_at)
+            )?;
+        }
+        writeln!(out)?;
+        writeln!(
+            out,
+            "{:<pw$} {:<12} {:<mw$} {:<mw$} {:>6} {:>9} {:>9} {:>7} {:>11} {:>7}",
+            "PARTITION",
+            "PHASE",
+            "OWNER",
+            "NEXT",
+            "EPOCH",
+            "OFFSET",
+            "LOG END",
+            "LAG",
+            "QUARANTINE",
+            "STATE"
+        )?;
+        for r in &rows {
+            let s = |k: &str| match &r[k] {
+                serde_json::Value::Null => "-".to_string(),
+                serde_json::Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            let q = match r["quarantine_left_ms"].as_u64() {
+                Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
+                None => "-".into(),
+            };
+            let state = r["state_bytes"]
+                .as_u64()
+                .map_or("-".into(), |b| format!("{b} B"));
+            // Where a draining or quarantined partition goes next.
+            let next = match (r["target"].as_str(), r["holder"].as_str()) {
+                (Some(t), h) if Some(t) != h => t.to_owned(),
+                _ => "-".to_owned(),
+            };
+            writeln!(
+                out,
+                "{:<pw$} {:<12} {:<mw$} {:<mw$} {:>6} {:>9} {:>9} {:>7} {:>11} {:>7}",
+                s("partition"),
+                s("phase"),
+                s("holder"),
+                next,
+                s("epoch"),
+                s("offset"),
+                s("log_end"),
+                s("lag"),
+                q,
+                state
+            )?;
+        }
     }
     if !ticket_rows.is_empty() {
         writeln!(out)?;
         writeln!(
             out,
-            "{:<12} {:<8} {:<28} {:>6} {:>10} {:>9} {:>9} {:>7}",
+            "{:<pw$} {:<8} {:<mw$} {:>6} {:>10} {:>9} {:>9} {:>7}",
             "TICKET", "STATE", "HOLDER", "EPOCH", "LEASE/DUE", "OFFSET", "LOG END", "LAG"
         )?;
         for r in &ticket_rows {
@@ -581,7 +681,7 @@ async fn status_once(
             };
             writeln!(
                 out,
-                "{:<12} {:<8} {:<28} {:>6} {:>10} {:>9} {:>9} {:>7}",
+                "{:<pw$} {:<8} {:<mw$} {:>6} {:>10} {:>9} {:>9} {:>7}",
                 s("partition"),
                 s("state"),
                 s("holder"),
@@ -602,7 +702,7 @@ async fn status_once(
         writeln!(out)?;
         writeln!(
             out,
-            "{:<12} {:<28} {:>8} {:>9}  LAST ERROR (handler calls failing in a row)",
+            "{:<pw$} {:<mw$} {:>8} {:>9}  LAST ERROR (handler calls failing in a row)",
             "FAILING", "MEMBER", "ATTEMPTS", "SINCE"
         )?;
         for r in failing {
@@ -615,7 +715,7 @@ async fn status_once(
                 .collect();
             writeln!(
                 out,
-                "{:<12} {:<28} {:>8} {:>9}  {}",
+                "{:<pw$} {:<mw$} {:>8} {:>9}  {}",
                 r["partition"].as_str().unwrap_or("-"),
                 f["member"].as_str().unwrap_or("-"),
                 f["attempts"],
@@ -696,25 +796,61 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
 
 /// Runs `shardcall release`: ends a quarantine early, audited.
 pub fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
-    let (topic, number) = args
-        .partition
-        .rsplit_once('/')
-        .context("the partition is TOPIC/PARTITION, e.g. orders/3")?;
-    let partition = PartitionId::new(
-        topic,
-        number
-            .parse()
-            .with_context(|| format!("partition number {number:?}"))?,
-    );
     let actor = actor(&args.actor);
     let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
-        store
-            .operator_release(&args.group, &partition, &actor)
-            .await
-            .with_context(|| format!("releasing {partition}"))?;
-        println!("released {partition} from quarantine (audited as {actor})");
-        Ok(ExitCode::SUCCESS)
+        let g = store.load_group(&args.group).await?;
+        // Each argument is TOPIC/PARTITION, or TOPIC for every quarantined
+        // partition of the topic.
+        let mut chosen = Vec::new();
+        for wanted in &args.partitions {
+            match wanted.rsplit_once('/') {
+                Some((topic, number)) => {
+                    let p = PartitionId::new(
+                        topic,
+                        number.parse().with_context(|| {
+                            format!("{wanted}: the partition number {number:?}")
+                        })?,
+                    );
+                    anyhow::ensure!(
+                        g.partitions.contains_key(&p),
+                        "unknown partition {p}: group {} has no such partition",
+                        args.group
+                    );
+                    chosen.push(p);
+                }
+                None => {
+                    let before = chosen.len();
+                    chosen.extend(
+                        g.partitions
+                            .iter()
+                            .filter(|(p, r)| {
+                                *p.topic == **wanted && matches!(r.phase, Phase::Quarantined { .. })
+                            })
+                            .map(|(p, _)| p.clone()),
+                    );
+                    if chosen.len() == before {
+                        println!("{wanted}: no partition of this topic is quarantined");
+                    }
+                }
+            }
+        }
+        let mut refused = 0;
+        for p in chosen {
+            match store.operator_release(&args.group, &p, &actor).await {
+                Ok(()) => println!("released {p} from quarantine (audited as {actor})"),
+                Err(e) => {
+                    refused += 1;
+                    let phase = g.partitions.get(&p).map_or("unknown", |r| r.phase.name());
+                    println!("{p}: not released: it is {phase}, not quarantined ({e})");
+                }
+            }
+        }
+        Ok(if refused == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
     });
     explained(&args.redis, &args.group, result)
 }

@@ -1,6 +1,7 @@
 //! `shardcall`: the command-line tool.
 
 mod any_source;
+mod audit_cmd;
 mod bench_assign;
 mod bench_hol;
 mod bench_idle;
@@ -50,9 +51,11 @@ enum Command {
     Status(group_cmd::StatusArgs),
     /// Dry run of the coordinator's next decisions, with the reason for each move.
     Plan(group_cmd::PlanArgs),
+    /// The group's audit log: operator actions and quarantine rule changes.
+    Audit(audit_cmd::AuditArgs),
     /// Show a group's quarantine rule and who set it, or change it (audited).
     Policy(policy_cmd::PolicyArgs),
-    /// End a partition's quarantine early (recorded in the group's audit log).
+    /// End quarantines early: partitions or whole topics (audited).
     Release(group_cmd::ReleaseArgs),
     /// Check a configuration file, or print an example of one.
     #[command(subcommand)]
@@ -205,6 +208,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => group_cmd::plan(&args),
         Command::Release(args) => group_cmd::release(&args),
         Command::Policy(args) => policy_cmd::run(&args),
+        Command::Audit(args) => audit_cmd::run(&args),
         Command::Drain(args) => group_cmd::drain(&args),
         Command::Config(ConfigCommand::Example) => {
             print!("{}", settings::EXAMPLE);

@@ -1218,7 +1218,7 @@ mod tests {
             "redis.urls",
             "source.brokers",
             "topics[0].mode",
-            "heartbeat_interval",
+            "timing.heartbeat_ms (--heartbeat-ms)",
             "spool.fsync",
         ] {
             assert!(all.contains(needle), "{needle} missing from:\n{all}");

@@ -228,3 +228,50 @@ fn produce_spreads_unkeyed_lines_across_runs_and_names_only_the_partitions_writt
         "every run wrote to the same partition: {written:?}"
     );
 }
+
+#[test]
+fn status_of_a_ticket_only_group_shows_tickets_not_an_owned_mode_quarantine() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log = log_with(dir.path(), 40);
+    let mut w = Workers::new(dir.path());
+    let mut cmd = shardcall_command();
+    cmd.args([
+        "worker",
+        "--redis",
+        &server.url(),
+        "--group",
+        "tk",
+        "--log",
+        &log,
+    ])
+    .args(["--ticket-topic", "t", "--name", "a"]);
+    w.start("a", cmd);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let out = shardcall_command()
+            .args([
+                "status",
+                "--redis",
+                &server.url(),
+                "--group",
+                "tk",
+                "--log",
+                &log,
+            ])
+            .output()
+            .unwrap();
+        let said = text(&out.stdout);
+        if out.status.success() && said.contains("TICKET") {
+            let header = said.lines().next().unwrap();
+            assert!(header.contains("ticket mode: 4 tickets"), "{said}");
+            assert!(
+                !header.contains("quarantine") && !said.contains("MEMBER"),
+                "{said}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{said}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -86,12 +86,24 @@ impl Drop for Killer {
     }
 }
 
+/// `status --json` of group `ops`, once the group exists (its first worker
+/// may still be starting: until then status says it does not exist).
 fn status_json(url: &str, log: &str) -> serde_json::Value {
-    let out = shardcall(&[
-        "status", "--redis", url, "--group", "ops", "--log", log, "--json",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = shardcall(&[
+            "status", "--redis", url, "--group", "ops", "--log", log, "--json",
+        ]);
+        if out.status.success() {
+            return serde_json::from_slice(&out.stdout).unwrap();
+        }
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("does not exist") && Instant::now() < deadline,
+            "{err}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -296,11 +308,11 @@ fn status_plan_and_release() {
         "ops",
         &quarantined[0],
     ]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("not quarantined") || text(&out.stderr).contains("wrong phase"),
+        text(&out.stdout).contains("it is owned, not quarantined"),
         "{}",
-        text(&out.stderr)
+        text(&out.stdout)
     );
 }
 
@@ -961,4 +973,96 @@ fn a_hung_exec_handler_is_killed_at_its_deadline_and_restarted_from_the_checkpoi
         Some(DigestState::of(&records)),
         "not exactly once across the killed child"
     );
+}
+
+#[test]
+fn the_tools_a_kafka_user_reaches_for_audit_release_by_topic_and_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 4);
+    let url = redis.url();
+    let log_arg = log_dir.display().to_string();
+    produce_numbers(&log, 40);
+    let long = "a-very-long-worker-name-that-used-to-push-the-status-columns";
+    let _procs = Killer(vec![
+        worker(&url, "ops", &log_arg, long, "60000")
+            .spawn()
+            .unwrap(),
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let doc = status_json(&url, &log_arg);
+        let parts = doc["partitions"].as_array().unwrap();
+        if parts.len() == 4 && parts.iter().all(|p| p["phase"] == "owned" && p["lag"] == 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never settled: {doc:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Long names keep the columns: every row's phase starts under PHASE.
+    let table = text(
+        &shardcall(&[
+            "status", "--redis", &url, "--group", "ops", "--log", &log_arg,
+        ])
+        .stdout,
+    );
+    let header = table.lines().find(|l| l.starts_with("PARTITION")).unwrap();
+    let at = header.find("PHASE").unwrap();
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("t/")).collect();
+    assert_eq!(rows.len(), 4, "{table}");
+    for row in rows {
+        assert_eq!(row.find("owned"), Some(at), "{table}");
+        assert!(row.contains(long), "{table}");
+    }
+    // Draining the last live member warns that nobody will take over.
+    let out = shardcall(&[
+        "drain", "--redis", &url, "--group", "ops", long, "--actor", "bob",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("last live member"),
+        "{}",
+        text(&out.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let doc = status_json(&url, &log_arg);
+        let parts = doc["partitions"].as_array().unwrap();
+        if parts.iter().all(|p| p["phase"] == "quarantined") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never quarantined: {doc:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A whole topic's quarantines end at once; an unknown partition says so.
+    let out = shardcall(&[
+        "release", "--redis", &url, "--group", "ops", "t", "--actor", "bob",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).matches("released t/").count(),
+        4,
+        "{}",
+        text(&out.stdout)
+    );
+    let out = shardcall(&["release", "--redis", &url, "--group", "ops", "t/9"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("unknown partition t/9"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The audit log, read with shardcall, not redis-cli.
+    let out = shardcall(&["audit", "--redis", &url, "--group", "ops"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let audit = text(&out.stdout);
+    assert!(audit.contains("created the quarantine policy"), "{audit}");
+    assert!(
+        audit.contains("bob") && audit.contains("released t/3 from quarantine"),
+        "{audit}"
+    );
+    let out = shardcall(&[
+        "audit", "--redis", &url, "--group", "ops", "--json", "--last", "1",
+    ]);
+    let last: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(last["actor"], "bob");
 }

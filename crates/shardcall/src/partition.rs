@@ -72,6 +72,10 @@ pub struct PartitionTask<S, Src, F> {
     pub processed: Arc<std::sync::atomic::AtomicU64>,
     /// The worker's handler slots, when limited: one is held per handler call.
     pub slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Set once the partition is released: the task then only runs the
+    /// handler's backup, which the worker must let finish although the
+    /// grant is gone.
+    pub released: Arc<std::sync::atomic::AtomicBool>,
 }
 
 const RETRY: Duration = Duration::from_millis(100);
@@ -353,7 +357,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 .release(&self.group, &self.ctx.member, &p, self.ctx.epoch)
                 .await
             {
-                Ok(()) => break,
+                Ok(()) => {
+                    self.released
+                        .store(true, std::sync::atomic::Ordering::Release);
+                    break;
+                }
                 Err(StoreError::Fenced(f)) => return self.lost(format!("release refused: {f}")),
                 Err(e) if !self.lease.expired() => {
                     tracing::warn!(partition = %p, error = %e, "release failed; retrying");
@@ -367,19 +375,21 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 epoch = self.ctx.epoch, "partition given up: its handler is stuck in a call");
             return TaskEnd::Released;
         }
+        tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
+            epoch = self.ctx.epoch, "partition released; the handler backs it up");
         match cell.revoked().await {
             Ok(()) => {
                 let _ = self
                     .store
                     .backup_done(&self.group, &self.ctx.member, &p, self.ctx.epoch)
                     .await;
+                tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
+                    epoch = self.ctx.epoch, "backup done");
             }
             Err(e) => {
                 tracing::warn!(partition = %p, error = %e, "backup failed; the quarantine runs to its maximum")
             }
         }
-        tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
-            epoch = self.ctx.epoch, "partition released");
         TaskEnd::Released
     }
 

@@ -3,7 +3,7 @@
 //! stopping them on revoke, on a lost lease, and at shutdown.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -122,6 +122,8 @@ struct Running {
     epoch: Epoch,
     revoke: watch::Sender<bool>,
     abort: tokio::task::AbortHandle,
+    /// The task released its grant and only runs the handler's backup.
+    released: Arc<AtomicBool>,
 }
 
 impl Running {
@@ -481,14 +483,17 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         let group = w.config.group.as_str();
         let view = w.store.member_view(group, &self.id).await?;
         let held: HashMap<&PartitionId, &Phase> = view.iter().map(|(p, ph)| (p, ph)).collect();
-        // Tasks whose grant is gone stop at once.
+        // Tasks whose grant is gone stop at once — except one that gave the
+        // grant up itself and is running the handler's backup.
         let lost: Vec<PartitionId> = self
             .running
             .iter()
             .filter(|(p, r)| {
-                held.get(p)
-                    .and_then(|ph| ph.holder())
-                    .is_none_or(|(_, e)| e != r.epoch)
+                !r.released.load(Ordering::Acquire)
+                    && held
+                        .get(p)
+                        .and_then(|ph| ph.holder())
+                        .is_none_or(|(_, e)| e != r.epoch)
             })
             .map(|(p, _)| p.clone())
             .collect();
@@ -525,7 +530,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             member: self.id.clone(),
         };
         let (revoke, revoke_rx) = watch::channel(false);
+        let released = Arc::new(AtomicBool::new(false));
         let task = PartitionTask {
+            released: released.clone(),
             group: w.config.group.clone(),
             factory: w.factory.clone(),
             ctx,
@@ -562,6 +569,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                 epoch,
                 revoke,
                 abort,
+                released,
             },
         );
     }
