@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
+
+use crate::bench_target::{Goal, target};
 use shardcall::{Checkpoint, CoordinationStore};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_redis::RedisStore;
@@ -88,10 +90,18 @@ pub fn run(args: &BenchIdleArgs) -> anyhow::Result<ExitCode> {
             let cpu = m.idle_cpu_percent.iter().copied().fold(0.0, f64::max);
             let ratio = m.failover.as_secs_f64() / bound().as_secs_f64();
             [
-                json!({"name": format!("idle worker CPU at {CPU_TARGET_AT} partitions and {} workers (percent of a core, the busiest worker)", args.workers),
-                    "threshold": CPU_TARGET_PERCENT, "measured": cpu, "met": cpu < CPU_TARGET_PERCENT}),
-                json!({"name": format!("kill -9 failover at {CPU_TARGET_AT} partitions / bound (lease + quarantine)"),
-                    "threshold": FAILOVER_TARGET_RATIO, "measured": ratio, "met": ratio <= FAILOVER_TARGET_RATIO}),
+                target(
+                    &format!("idle worker CPU at {CPU_TARGET_AT} partitions and {} workers (percent of a core, the busiest worker)", args.workers),
+                    Goal::AtMost,
+                    CPU_TARGET_PERCENT,
+                    cpu,
+                ),
+                target(
+                    &format!("kill -9 failover at {CPU_TARGET_AT} partitions / bound (lease + quarantine)"),
+                    Goal::AtMost,
+                    FAILOVER_TARGET_RATIO,
+                    ratio,
+                ),
             ]
         })
         .collect();

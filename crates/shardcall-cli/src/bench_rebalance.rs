@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
+
+use crate::bench_target::{Goal, target};
 use shardcall::oracle::{DigestFactory, Oracle};
 use shardcall::{
     BatchObserver, Checkpoint, CoordinationStore, FileLogSource, Worker, WorkerConfig, WorkerHandle,
@@ -105,6 +107,10 @@ async fn bench(args: &BenchRebalanceArgs) -> anyhow::Result<ExitCode> {
             "checkpoints": {"per_s_one_node": cp_rate, "raw_hset_per_s": hset_rate,
                             "ratio_to_raw": cp_rate / hset_rate,
                             "nodes_for_100k_partitions_at_10_per_s": needed.ceil()},
+            "targets": [
+                target("kill -9 failover / bound", Goal::AtMost, 1.2, failover_ms / bound_ms),
+                target("join to balanced / bound", Goal::AtMost, 1.2, join_ms / bound_ms),
+            ],
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);

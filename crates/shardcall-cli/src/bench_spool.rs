@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde_json::json;
+
+use crate::bench_target::{Goal, target};
 use shardcall_spool::frame::frame_len;
 use shardcall_spool::{Durability, NewRecord, Spool, SpoolConfig};
 
@@ -280,14 +282,29 @@ fn report(
     let (read_small, append_small) = read_ratio(20);
     let (read_large, append_large) = read_ratio(1024);
     let targets = [
-        ("1 KiB interval-fsync bandwidth >= 0.8 x dd", vs_dd >= 0.8),
-        (
-            "20 B records >= 3,000,000 records/s (interval fsync)",
-            small_interval >= 3e6,
+        target(
+            "1 KiB interval-fsync bandwidth / dd",
+            Goal::AtLeast,
+            0.8,
+            vs_dd,
         ),
-        (
-            "read-back >= append (both sizes)",
-            read_small >= append_small && read_large >= append_large,
+        target(
+            "20 B records/s (interval fsync)",
+            Goal::AtLeast,
+            3e6,
+            small_interval,
+        ),
+        target(
+            "read-back / append, 20 B",
+            Goal::AtLeast,
+            1.0,
+            read_small / append_small,
+        ),
+        target(
+            "read-back / append, 1 KiB",
+            Goal::AtLeast,
+            1.0,
+            read_large / append_large,
         ),
     ];
     if args.json {
@@ -320,7 +337,7 @@ fn report(
                 "large_read_vs_best_append": read_large / append_large,
             },
             "small_best_records_per_s": small_best,
-            "targets": targets.iter().map(|(name, ok)| json!({"target": name, "met": ok})).collect::<Vec<_>>(),
+            "targets": targets,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
@@ -370,8 +387,15 @@ fn report(
         read_small / append_small,
         read_large / append_large
     );
-    for (name, ok) in targets {
-        println!("target {name}: {}", if ok { "met" } else { "MISSED" });
+    for t in &targets {
+        println!(
+            "target {}: {:.2} ({} {}) {}",
+            t["name"].as_str().unwrap_or(""),
+            t["measured"].as_f64().unwrap_or(0.0),
+            t["goal"].as_str().unwrap_or(""),
+            t["threshold"],
+            if t["met"] == true { "met" } else { "MISSED" }
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -8,6 +8,7 @@ mod bench_idle;
 mod bench_kafka;
 mod bench_rebalance;
 mod bench_spool;
+mod bench_target;
 mod consume;
 mod demo;
 mod demo_ticket;

@@ -197,6 +197,7 @@ fn bench_spool_json_has_figures_baseline_and_ratios() {
             > 0.0
     );
     assert!(doc["ratios"]["large_interval_disk_vs_dd"].as_f64().unwrap() > 0.0);
+    assert_targets(&doc, 4);
     for case in doc["cases"].as_array().unwrap() {
         assert!(case["records_per_s"].as_f64().unwrap() > 0.0);
     }
@@ -282,6 +283,7 @@ fn bench_assign_reports_against_its_baseline() {
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(doc["baseline"]["sort_partitions_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(doc["cases"].as_array().unwrap().len(), 4);
+    assert_targets(&doc, 1);
 }
 
 #[test]
@@ -402,4 +404,24 @@ fn worker_refuses_a_configuration_that_cannot_work() {
         err.contains("redis.urls") && err.contains("source.log") && err.contains("topics"),
         "{err}"
     );
+}
+
+/// A benchmark's `targets`: each with a name, a threshold, the measured
+/// value and whether it was met (consistent with the two).
+fn assert_targets(doc: &serde_json::Value, n: usize) {
+    let targets = doc["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), n, "{doc:#}");
+    for t in targets {
+        let (threshold, measured) = (
+            t["threshold"].as_f64().unwrap(),
+            t["measured"].as_f64().unwrap(),
+        );
+        assert!(!t["name"].as_str().unwrap().is_empty());
+        let met = match t["goal"].as_str().unwrap() {
+            "at_least" => measured >= threshold,
+            "at_most" => measured <= threshold,
+            other => panic!("goal {other}"),
+        };
+        assert_eq!(t["met"].as_bool(), Some(met), "{t}");
+    }
 }
