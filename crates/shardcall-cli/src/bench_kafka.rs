@@ -36,7 +36,7 @@ pub enum BrokerKind {
     Mock,
     /// A tansu broker started for the run, serving from memory. Records are
     /// produced one per batch and fetches wait at most 20 ms, around two
-    /// tansu 0.6 quirks (see the README).
+    /// tansu 0.6 quirks (see docs/kafka.md).
     Tansu,
 }
 

@@ -99,7 +99,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     oracle: Option<PathBuf>,
     /// Run this command (with `sh -c`) as the handler, one process per
-    /// partition, speaking line-delimited JSON (see the README); without it
+    /// partition, speaking line-delimited JSON (see docs/operating.md); without it
     /// the built-in reference digest handler runs.
     #[arg(long)]
     exec: Option<String>,
