@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shardcall::{
-    CoordinationStore, FileLogSource, HandlerError, HandlerFactory, MemoryStore,
-    PartitionContext, PartitionHandler, Worker, WorkerConfig,
+    CoordinationStore, FileLogSource, HandlerError, HandlerFactory, MemoryStore, PartitionContext,
+    PartitionHandler, Worker, WorkerConfig,
 };
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Record, SpoolConfig};
@@ -38,7 +38,10 @@ impl PartitionHandler for RunningTotal {
                 .and_then(|s| s.parse().ok())
                 .ok_or_else(|| HandlerError(format!("{}: unreadable state", ctx.partition)))?,
         };
-        println!("{} assigned to {} (epoch {}), total {}", ctx.partition, ctx.member, ctx.epoch, self.sum);
+        println!(
+            "{} assigned to {} (epoch {}), total {}",
+            ctx.partition, ctx.member, ctx.epoch, self.sum
+        );
         Ok(())
     }
 
@@ -52,7 +55,10 @@ impl PartitionHandler for RunningTotal {
             // A bad record fails the batch: it is delivered again (with a
             // growing pause) and `status` shows the partition failing.
             let n: i64 = text.trim().parse().map_err(|_| {
-                HandlerError(format!("{}@{}: {text:?} is not a number", ctx.partition, r.offset))
+                HandlerError(format!(
+                    "{}@{}: {text:?} is not a number",
+                    ctx.partition, r.offset
+                ))
             })?;
             self.sum += n;
         }
@@ -114,7 +120,9 @@ async fn main() -> anyhow::Result<()> {
         let mut total = 0i64;
         let mut done = true;
         for p in &parts {
-            let end = log.open_partition_read_only("numbers", p.partition)?.end_offset()?;
+            let end = log
+                .open_partition_read_only("numbers", p.partition)?
+                .end_offset()?;
             match store.load_checkpoint("totals", p).await? {
                 Some(cp) if cp.offset == end => {
                     total += String::from_utf8(cp.state)?.parse::<i64>()?;
@@ -123,7 +131,9 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         if done {
-            println!("every record counted once: the totals add up to {total} (1 + 2 + ... + 1000 = 500500)");
+            println!(
+                "every record counted once: the totals add up to {total} (1 + 2 + ... + 1000 = 500500)"
+            );
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
