@@ -172,9 +172,14 @@ pub struct ResetArgs {
     /// until the partition next moves; drain it first to avoid that).
     #[arg(long)]
     force: bool,
-    /// Show what would change without changing it.
+    /// Show what would change without changing it (refusals included).
     #[arg(long)]
     dry_run: bool,
+    /// Also empty each partition's state bytes (otherwise kept, as Kafka
+    /// keeps everything but the offset: a handler that adds up then counts
+    /// the replayed records again).
+    #[arg(long)]
+    reset_state: bool,
     /// Who resets, for the audit log (default: $USER).
     #[arg(long)]
     actor: Option<String>,
@@ -200,36 +205,67 @@ pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
             None => (0..count).collect(),
         };
         let store = args.redis.connect().await?;
+        let group = store.load_group(&args.group).await?;
         let mut refused = 0;
+        let mut replays_with_state = 0;
         let progress = crate::progress::bar(Some(parts.len() as u64), "partitions");
         for p in parts {
             progress.inc(1);
             let id = PartitionId::new(&args.topic, p);
             let offset = log.target(&id, &args.to).await?;
+            let checkpoint = store.load_checkpoint(&args.group, &id).await?;
+            if checkpoint
+                .as_ref()
+                .is_some_and(|c| offset < c.offset && !c.state.is_empty())
+            {
+                replays_with_state += 1;
+            }
             if args.dry_run {
-                let now = store
-                    .load_checkpoint(&args.group, &id)
-                    .await?
-                    .map(|c| c.offset);
-                println!(
-                    "{id}: {} -> {offset} (dry run)",
-                    now.map_or("none".into(), |o| o.to_string())
-                );
+                // What the real run would do: held partitions are refused
+                // unless forced.
+                let held = match group.partitions.get(&id).map(|r| &r.phase) {
+                    Some(Phase::Owned { member, .. } | Phase::Draining { member, .. })
+                        if !args.force =>
+                    {
+                        Some(member.to_string())
+                    }
+                    _ => None,
+                };
+                let now = checkpoint.map(|c| c.offset);
+                match held {
+                    Some(owner) => {
+                        refused += 1;
+                        println!(
+                            "{id}: would not be reset: held by {owner} (drain its owner first, or --force) (dry run)"
+                        );
+                    }
+                    None => println!(
+                        "{id}: {} -> {offset}{} (dry run)",
+                        now.map_or("none".into(), |o| o.to_string()),
+                        if args.reset_state { ", state cleared" } else { "" }
+                    ),
+                }
                 continue;
             }
             match store
-                .reset_offset(&args.group, &id, offset, args.force, &who)
+                .reset_offset(&args.group, &id, offset, args.force, args.reset_state, &who)
                 .await
             {
                 Ok(prev) => println!(
-                    "{id}: {} -> {offset}",
-                    prev.map_or("none".into(), |o| o.to_string())
+                    "{id}: {} -> {offset}{}",
+                    prev.map_or("none".into(), |o| o.to_string()),
+                    if args.reset_state { ", state cleared" } else { "" }
                 ),
                 Err(e) => {
                     refused += 1;
                     println!("{id}: not reset: {e}");
                 }
             }
+        }
+        if replays_with_state > 0 && !args.reset_state {
+            eprintln!(
+                "warning: {replays_with_state} partition(s) go back with their state kept: the records replayed are applied to a state that already counts them (--reset-state empties it)"
+            );
         }
         Ok(if refused == 0 {
             ExitCode::SUCCESS

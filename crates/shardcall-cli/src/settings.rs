@@ -226,6 +226,9 @@ pub struct BatchSettings {
     pub max_attempts: u32,
     /// Owned mode: pause after a failed handler call (doubling each time).
     pub retry_backoff_ms: u64,
+    /// Owned mode: release a partition after this many failed calls in a
+    /// row here (0: never).
+    pub give_up_after: u32,
     /// Owned mode: the longest such pause.
     pub max_retry_backoff_ms: u64,
 }
@@ -393,6 +396,7 @@ impl Default for BatchSettings {
             checkpoint_interval_ms: w.checkpoint_interval.as_millis() as u64,
             max_attempts: w.max_attempts,
             retry_backoff_ms: w.retry.first.as_millis() as u64,
+            give_up_after: w.give_up_after,
             max_retry_backoff_ms: w.retry.max.as_millis() as u64,
         }
     }
@@ -780,6 +784,7 @@ impl Settings {
                 max: Duration::from_millis(self.batch.max_retry_backoff_ms),
             },
             max_attempts: self.batch.max_attempts,
+            give_up_after: self.batch.give_up_after,
             call_deadline: Duration::from_millis(self.handler.call_timeout_ms),
         };
         if !self.group.is_empty()
@@ -990,6 +995,7 @@ checkpoint_interval_ms = 100         # owned mode: busy partitions checkpoint th
 max_attempts = 0                     # owned mode: failed attempts before the dead letters (0: retry for ever)
 retry_backoff_ms = 100               # owned mode: pause after a failed handler call, doubling...
 max_retry_backoff_ms = 5000          # ...up to this
+give_up_after = 0                    # owned mode: release a partition after this many failures in a row here (0: never)
 
 [spool]
 max_record_bytes = 1048576

@@ -49,6 +49,10 @@ pub struct WorkerArgs {
     /// Create the file log's folder if it does not exist.
     #[arg(long, requires = "log")]
     create_log: bool,
+    /// Owned mode: release a partition after this many failed handler calls
+    /// in a row here (same as batch.give_up_after; 0: never).
+    #[arg(long)]
+    give_up_after: Option<u32>,
     /// Consume Kafka: the bootstrap brokers (host:port, comma separated).
     #[arg(long)]
     kafka: Option<String>,
@@ -131,6 +135,9 @@ impl WorkerArgs {
             s.source.log = Some(l.clone());
         }
         s.source.create_log |= self.create_log;
+        if let Some(n) = self.give_up_after {
+            s.batch.give_up_after = n;
+        }
         if let Some(b) = &self.kafka {
             s.source.kind = "kafka".into();
             s.source.brokers = Some(b.clone());

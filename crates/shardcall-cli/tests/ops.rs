@@ -230,6 +230,26 @@ fn status_plan_and_release() {
         .unwrap()
         .to_owned();
     let (topic_o, num_o) = owned.split_once('/').unwrap();
+    // The dry run shows the refusal the real run makes.
+    let out = reset(
+        &url,
+        &log_arg,
+        &[
+            "--topic",
+            topic_o,
+            "--partition",
+            num_o,
+            "--to",
+            "earliest",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("would not be reset: held by"),
+        "{}",
+        text(&out.stdout)
+    );
     let out = reset(
         &url,
         &log_arg,
@@ -240,6 +260,32 @@ fn status_plan_and_release() {
         text(&out.stdout).contains("not reset"),
         "{}",
         text(&out.stdout)
+    );
+    // Going back with the state kept is warned about; --reset-state empties
+    // it (a dry run of each, so the owner's partition is left alone).
+    let back = |extra: &[&str]| {
+        let mut a = vec!["--topic", topic_o, "--partition", num_o, "--to", "earliest"];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--force", "--dry-run"]);
+        reset(&url, &log_arg, &a)
+    };
+    let out = back(&[]);
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("state kept"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = back(&["--reset-state"]);
+    assert!(
+        text(&out.stdout).contains("state cleared"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        !text(&out.stderr).contains("state kept"),
+        "{}",
+        text(&out.stderr)
     );
     let out = reset(&url, &log_arg, &["--topic", "t", "--to", "999999"]);
     assert_eq!(

@@ -1,11 +1,13 @@
--- Partition slot. KEYS: grant, checkpoint   ARGV: offset, force (0/1)
--- Moves only the offset (state and epoch stay); refused while held unless forced.
+-- Partition slot. KEYS: grant, checkpoint   ARGV: offset, force (0/1), clear state (0/1)
+-- Moves the offset (the epoch stays; the state too unless cleared); refused
+-- while held unless forced.
 if ARGV[2] ~= '1' and redis.call('HGET', KEYS[1], 'h') == '1' then
   return fail('WRONGPHASE', 'held (drain its owner first, or force)')
 end
 local prev = redis.call('HGET', KEYS[2], 'offset')
 if prev then
   redis.call('HSET', KEYS[2], 'offset', ARGV[1])
+  if ARGV[3] == '1' then redis.call('HSET', KEYS[2], 'state', '') end
 else
   redis.call('HSET', KEYS[2], 'offset', ARGV[1], 'state', '', 'epoch', '0')
 end

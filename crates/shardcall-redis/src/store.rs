@@ -965,6 +965,7 @@ impl CoordinationStore for RedisStore {
         partition: &PartitionId,
         offset: u64,
         force: bool,
+        clear_state: bool,
         actor: &str,
     ) -> StoreResult<Option<u64>> {
         // The table decides first; the partition's copy is checked again in
@@ -985,7 +986,8 @@ impl CoordinationStore for RedisStore {
                     .key(grant_key(group, partition))
                     .key(checkpoint_key(group, partition))
                     .arg(offset)
-                    .arg(u8::from(force)),
+                    .arg(u8::from(force))
+                    .arg(u8::from(clear_state)),
             )
             .await?;
         let previous = u64::try_from(prev).ok();
@@ -993,8 +995,9 @@ impl CoordinationStore for RedisStore {
             "at": self.now().await?,
             "actor": actor,
             "action": format!(
-                "reset {partition} from {} to {offset}",
-                previous.map_or("none".to_string(), |o| o.to_string())
+                "reset {partition} from {} to {offset}{}",
+                previous.map_or("none".to_string(), |o| o.to_string()),
+                if clear_state { " and cleared its state" } else { "" }
             ),
         });
         let mut c = self.conn.clone();

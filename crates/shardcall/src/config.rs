@@ -48,6 +48,12 @@ pub struct WorkerConfig {
     /// letters (`0`: retried for ever, Kafka's blocking retry; without a
     /// dead-letter destination too).
     pub max_attempts: u32,
+    /// After this many failed handler calls in a row the worker gives the
+    /// partition up: it is released (quarantined, then granted again,
+    /// perhaps elsewhere) instead of retried here for ever — for failures
+    /// that belong to one machine, such as a handler command missing there
+    /// (`0`: never).
+    pub give_up_after: u32,
 }
 
 impl Default for WorkerConfig {
@@ -65,6 +71,7 @@ impl Default for WorkerConfig {
             retry: RetryBackoff::default(),
             call_deadline: crate::handler_cell::DEFAULT_DEADLINE,
             max_attempts: 0,
+            give_up_after: 0,
         }
     }
 }

@@ -170,7 +170,9 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
     };
     store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
     assert!(matches!(
-        store.reset_offset(group, &p(0), 10, false, "ops").await,
+        store
+            .reset_offset(group, &p(0), 10, false, false, "ops")
+            .await,
         Err(StoreError::Refused(_))
     ));
     assert_eq!(
@@ -184,7 +186,7 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
     );
     assert_eq!(
         store
-            .reset_offset(group, &p(0), 10, true, "ops")
+            .reset_offset(group, &p(0), 10, true, false, "ops")
             .await
             .unwrap(),
         Some(50)
@@ -200,7 +202,7 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
     store.release(group, &a, &p(1), epochs[1]).await.unwrap();
     assert_eq!(
         store
-            .reset_offset(group, &p(1), 7, false, "ops")
+            .reset_offset(group, &p(1), 7, false, false, "ops")
             .await
             .unwrap(),
         None
@@ -219,6 +221,19 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
         g.audit
             .iter()
             .any(|e| e.actor == "ops" && e.action.contains("topic/1"))
+    );
+    // Asked to, a reset clears the state as it moves the offset (audited).
+    store
+        .reset_offset(group, &p(0), 3, true, true, "ops")
+        .await
+        .unwrap();
+    let cleared = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
+    assert_eq!((cleared.offset, cleared.state.len()), (3, 0));
+    let g = store.load_group(group).await.unwrap();
+    assert!(
+        g.audit
+            .iter()
+            .any(|e| e.action.contains("cleared its state"))
     );
 }
 

@@ -358,6 +358,7 @@ impl CoordinationStore for MemoryStore {
         partition: &PartitionId,
         offset: u64,
         force: bool,
+        clear_state: bool,
         actor: &str,
     ) -> StoreResult<Option<u64>> {
         let now = self.clock.now_ms();
@@ -365,8 +366,13 @@ impl CoordinationStore for MemoryStore {
         let key = (group.to_owned(), partition.clone());
         let previous = inner.checkpoints.get(&key).map(|c| c.offset);
         let what = format!(
-            "reset {partition} from {} to {offset}",
-            previous.map_or("none".to_string(), |o| o.to_string())
+            "reset {partition} from {} to {offset}{}",
+            previous.map_or("none".to_string(), |o| o.to_string()),
+            if clear_state {
+                " and cleared its state"
+            } else {
+                ""
+            }
         );
         inner
             .groups
@@ -379,6 +385,9 @@ impl CoordinationStore for MemoryStore {
             epoch: 0,
         });
         cp.offset = offset;
+        if clear_state {
+            cp.state.clear();
+        }
         Ok(previous)
     }
 

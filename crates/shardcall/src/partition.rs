@@ -68,6 +68,9 @@ pub struct PartitionTask<S, Src, F> {
     pub max_attempts: u32,
     /// Where a batch goes after `max_attempts` failures.
     pub dead_letters: Option<Arc<dyn DeadLetters>>,
+    /// Give the partition up (release it) after this many failed calls in
+    /// a row (`0`: never).
+    pub give_up_after: u32,
     /// Records processed, for statistics.
     pub processed: Arc<std::sync::atomic::AtomicU64>,
     /// The worker's handler slots, when limited: one is held per handler call.
@@ -127,9 +130,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
     }
 
     /// A failed handler call: reported, then paused for (the dead letters
-    /// are the caller's).
-    async fn failed(&mut self, streak: &mut Streak, error: &HandlerError) {
+    /// are the caller's). Whether the partition is to be given up instead
+    /// (`give_up_after` failures in a row).
+    async fn failed(&mut self, streak: &mut Streak, error: &HandlerError) -> bool {
         let attempts = streak.failed();
+        let give_up = self.give_up_after > 0 && attempts >= self.give_up_after;
         let pause = self.retry.after(attempts);
         failures::report(
             &*self.store,
@@ -137,10 +142,13 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             &self.ctx,
             attempts,
             &error.0,
-            Some(pause),
+            (!give_up).then_some(pause),
         )
         .await;
-        self.pause(pause).await;
+        if !give_up {
+            self.pause(pause).await;
+        }
+        give_up
     }
 
     /// A call that could not be stopped: reported (it shows in `status`
@@ -192,9 +200,10 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
         let mut cell = HandlerCell::new(self.factory.clone(), self.ctx.clone(), state)
             .with_deadline(self.call_deadline);
         let mut streak = Streak::default();
-        // A handler call that could not be stopped at its deadline: the
-        // partition is given up (released) for a handler of its own elsewhere.
-        let mut stuck = false;
+        // Why the partition is given up (released for another member with a
+        // handler of its own), if it is: a call that could not be stopped
+        // at its deadline, or too many failures in a row.
+        let mut give_up: Option<&str> = None;
         // The handler is told of the grant now, not at the first record; a
         // refusal is a failed call like any other (retried, reported).
         while let Err(e) = cell.ready().await {
@@ -206,10 +215,13 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             }
             if let CallError::Stuck(e) = &e {
                 self.stuck(&mut streak, e).await;
-                stuck = true;
+                give_up = Some("its handler is stuck in a call");
                 break;
             }
-            self.failed(&mut streak, e.error()).await;
+            if self.failed(&mut streak, e.error()).await {
+                give_up = Some("its handler failed too many times in a row here");
+                break;
+            }
         }
         tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
             epoch = self.ctx.epoch, offset, "partition started");
@@ -221,7 +233,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
         // is not the batch's fault and does not count).
         let mut batch_failures = 0u32;
         let mut lag_checked = std::time::Instant::now() - LAG_EVERY;
-        while !stuck {
+        while give_up.is_none() {
             if *self.revoke.borrow() {
                 break;
             }
@@ -305,7 +317,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                     match (e, dead_letters) {
                         (CallError::Stuck(e), _) => {
                             self.stuck(&mut streak, &e).await;
-                            stuck = true;
+                            give_up = Some("its handler is stuck in a call");
                         }
                         (CallError::Batch(e), Some(dl))
                             if batch_failures + 1 >= self.max_attempts =>
@@ -335,7 +347,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                             if matches!(e, CallError::Batch(_)) {
                                 batch_failures += 1;
                             }
-                            self.failed(&mut streak, e.error()).await;
+                            if self.failed(&mut streak, e.error()).await {
+                                give_up = Some("its handler failed too many times in a row here");
+                            }
                         }
                     }
                 }
@@ -345,7 +359,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
         if !self.checkpoint(&mut cell, pending.take()).await {
             return self.lost("checkpoint refused: fenced out");
         }
-        if !stuck && streak.ended() {
+        if give_up.is_none() && streak.ended() {
             // The next owner reports its own failures.
             failures::recovered(&*self.store, &self.group, &self.ctx).await;
         }
@@ -370,9 +384,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 Err(e) => return self.lost(format!("release failed: {e}")),
             }
         }
-        if stuck {
+        if let Some(why) = give_up {
             tracing::error!(group = %self.group, member = %self.ctx.member, partition = %p,
-                epoch = self.ctx.epoch, "partition given up: its handler is stuck in a call");
+                epoch = self.ctx.epoch, reason = why, "partition given up");
             return TaskEnd::Released;
         }
         tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,

@@ -245,8 +245,10 @@ pub trait CoordinationStore: FailureReports {
     /// partitions move away gracefully and it gets nothing new.
     async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()>;
 
-    /// Sets a partition's checkpointed offset on an operator's word, keeping
-    /// its state bytes (like Kafka, only the position moves); audited.
+    /// Sets a partition's checkpointed offset on an operator's word; audited.
+    /// Like Kafka, only the position moves unless `clear_state`: then the
+    /// state bytes are emptied too (a handler that adds up would otherwise
+    /// count the replayed records twice).
     /// Refused while a member holds the partition unless `force` (the holder
     /// then keeps its own position until the partition next moves). Returns
     /// the previous offset, if there was a checkpoint.
@@ -256,6 +258,7 @@ pub trait CoordinationStore: FailureReports {
         partition: &PartitionId,
         offset: u64,
         force: bool,
+        clear_state: bool,
         actor: &str,
     ) -> StoreResult<Option<u64>>;
 

@@ -547,6 +547,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             retry: w.config.retry,
             call_deadline: w.config.call_deadline,
             max_attempts: w.config.max_attempts,
+            give_up_after: w.config.give_up_after,
             dead_letters: w.dead_letters.clone(),
             processed: self.stats.processed.clone(),
             slots: self.slots.clone(),

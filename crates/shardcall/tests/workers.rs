@@ -542,3 +542,53 @@ async fn a_call_stuck_past_its_deadline_gives_the_partition_up_and_loses_nothing
     );
     assert!(v.is_empty(), "{v:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_whose_handler_keeps_failing_here_is_given_up_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 1);
+    c.produce(10, "a");
+    let p0 = PartitionId::new("t", 0);
+    // Three panics in a row, then it works: with give_up_after = 2 the
+    // first grant gives up after two and a later one (with a new handler)
+    // gets past the third.
+    let flaky = FlakyFactory {
+        digest: DigestFactory::default(),
+        partition: p0.clone(),
+        offset: 0,
+        left: Arc::new(std::sync::atomic::AtomicU32::new(3)),
+        hang: None,
+    };
+    c.add_worker_full(
+        |cfg| {
+            quick_retries(cfg);
+            cfg.give_up_after = 2;
+        },
+        flaky,
+        None,
+    );
+    c.settle(Duration::from_secs(10)).await;
+    let epochs: std::collections::BTreeSet<u64> = c
+        .oracle
+        .batches()
+        .iter()
+        .filter(|b| b.committed())
+        .map(|b| b.epoch)
+        .collect();
+    let g = c.store.load_group(GROUP).await.unwrap();
+    let epoch = match &g.partitions[&p0].phase {
+        Phase::Owned { epoch, .. } => *epoch,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        epoch >= 2,
+        "never given up: epoch {epoch}, committed under {epochs:?}"
+    );
+    let cp = c.store.load_checkpoint(GROUP, &p0).await.unwrap();
+    let v = check_final_state(
+        &p0,
+        &records(&c, 0),
+        cp.as_ref().map(|c| c.state.as_slice()),
+    );
+    assert!(v.is_none(), "{v:?}");
+}
