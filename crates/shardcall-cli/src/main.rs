@@ -13,6 +13,7 @@ mod consume;
 mod demo;
 mod demo_ticket;
 mod group_cmd;
+mod groups_cmd;
 mod log_opts;
 mod pipes;
 mod policy_cmd;
@@ -52,6 +53,10 @@ enum Command {
     Status(group_cmd::StatusArgs),
     /// Dry run of the coordinator's next decisions, with the reason for each move.
     Plan(group_cmd::PlanArgs),
+    /// The groups in this Redis, with their members, partitions, tickets and lag.
+    Groups(groups_cmd::GroupsArgs),
+    /// Delete a group nobody runs any more (refused while a member is live).
+    DeleteGroup(groups_cmd::DeleteGroupArgs),
     /// The group's audit log: operator actions and quarantine rule changes.
     Audit(audit_cmd::AuditArgs),
     /// Show a group's quarantine rule and who set it, or change it (audited).
@@ -210,6 +215,8 @@ fn main() -> ExitCode {
         Command::Release(args) => group_cmd::release(&args),
         Command::Policy(args) => policy_cmd::run(&args),
         Command::Audit(args) => audit_cmd::run(&args),
+        Command::Groups(args) => groups_cmd::list(&args),
+        Command::DeleteGroup(args) => groups_cmd::delete(&args),
         Command::Drain(args) => group_cmd::drain(&args),
         Command::Config(ConfigCommand::Example) => {
             print!("{}", settings::EXAMPLE);

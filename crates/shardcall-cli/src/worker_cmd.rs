@@ -477,7 +477,7 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
                     ..k.clone()
                 };
                 let source = KafkaSource::new(k.clone()).context("setting up the Kafka client")?;
-                tracing::info!(brokers = %k.brokers, topics = ?k.topics, kafka_group = %k.group_id, ticket, "consuming Kafka");
+                tracing::info!(brokers = %k.brokers, topics = %k.topics.join(","), kafka_group = %k.group_id, ticket, "consuming Kafka");
                 match spool {
                     None => start(AnySource::Kafka(source))?,
                     Some((dir, backlog)) => {

@@ -275,3 +275,142 @@ fn status_of_a_ticket_only_group_shows_tickets_not_an_owned_mode_quarantine() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn a_handler_command_that_cannot_start_backs_off_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log = log_with(dir.path(), 20);
+    let mut w = Workers::new(dir.path());
+    let mut cmd = shardcall_command();
+    // A relative script path from the wrong folder: Python cannot open it.
+    cmd.current_dir(dir.path())
+        .args([
+            "worker",
+            "--redis",
+            &server.url(),
+            "--group",
+            "x",
+            "--log",
+            &log,
+        ])
+        .args([
+            "--topic",
+            "t",
+            "--name",
+            "a",
+            "--exec",
+            "python3 examples/handlers/digest.py",
+        ]);
+    w.start("a", cmd);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let failing = loop {
+        let out = shardcall_command()
+            .args(["status", "--redis", &server.url(), "--group", "x", "--json"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let failing: Vec<serde_json::Value> = doc["partitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| !p["failing"].is_null())
+                .map(|p| p["failing"].clone())
+                .collect();
+            if failing.len() == 4 {
+                break failing;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for f in &failing {
+        let e = f["last_error"].as_str().unwrap();
+        assert!(
+            e.contains("exit status: 2") && e.contains("No such file"),
+            "{e}"
+        );
+    }
+    // Backing off, not restarting the child every half second.
+    std::thread::sleep(Duration::from_secs(4));
+    let said = w.log("a");
+    let failures = said.matches("handler call failed").count();
+    assert!(failures < 48, "{failures} failures logged: {said}");
+    assert!(!said.contains("refused the assignment"), "{said}");
+}
+
+#[test]
+fn groups_are_listed_and_a_group_nobody_runs_can_be_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log = log_with(dir.path(), 40);
+    let mut w = Workers::new(dir.path());
+    for group in ["alpha", "beta"] {
+        let mut cmd = shardcall_command();
+        cmd.args([
+            "worker",
+            "--redis",
+            &server.url(),
+            "--group",
+            group,
+            "--log",
+            &log,
+        ])
+        .args(["--topic", "t", "--name", group, "--quarantine-ms", "0"]);
+        w.start(group, cmd);
+    }
+    let groups = || {
+        let out = shardcall_command()
+            .args(["groups", "--redis", &server.url(), "--log", &log, "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let docs = groups();
+        let settled = docs.len() == 2
+            && docs
+                .iter()
+                .all(|d| d["live_members"] == 1 && d["partitions"] == 4 && d["lag"] == 0);
+        if settled {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{docs:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let delete = |group: &str| {
+        shardcall_command()
+            .args(["delete-group", "--redis", &server.url(), "--group", group])
+            .output()
+            .unwrap()
+    };
+    // Refused while a member runs it.
+    let out = delete("beta");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("live members"),
+        "{}",
+        text(&out.stderr)
+    );
+    w.signal("beta", "-TERM");
+    assert!(w.wait("beta").success());
+    let out = delete("beta");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let names: Vec<String> = groups()
+        .iter()
+        .map(|d| d["group"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["alpha"]);
+    let out = delete("beta");
+    assert!(
+        text(&out.stderr).contains("does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
+}

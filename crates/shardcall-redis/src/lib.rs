@@ -6,6 +6,7 @@ mod codec;
 mod error;
 mod failures;
 mod foreign;
+mod groups;
 mod redact;
 mod store;
 pub mod testing;

@@ -462,7 +462,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         if !plan.moves.is_empty() {
             crate::telemetry::rebalance(group, plan.moves.len());
             for mv in &plan.moves {
-                tracing::info!(group, partition = %mv.partition, from = ?mv.from.as_ref().map(MemberId::as_str),
+                tracing::info!(group, partition = %mv.partition, from = mv.from.as_ref().map_or("nobody", MemberId::as_str),
                     to = %mv.to, reason = %mv.reason, "assignment moves");
             }
             self.stats
