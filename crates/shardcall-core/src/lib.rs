@@ -11,8 +11,10 @@
 //! - [`membership`]: when a member must stop its own partitions.
 //! - [`config`]: a group's timing, validated.
 //! - [`tickets`]: ticket mode's pool of partition tickets.
+//! - [`bisect`]: isolating the records that make a batch fail.
 
 pub mod assign;
+pub mod bisect;
 pub mod config;
 pub mod coordinator;
 pub mod ids;
@@ -22,6 +24,7 @@ pub mod state;
 pub mod tickets;
 
 pub use assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
+pub use bisect::{Bisect, BisectStep};
 pub use config::{GroupConfig, GroupConfigError};
 pub use coordinator::{Plan, StepOptions, step, step_with};
 pub use ids::{Epoch, MemberId, Millis, PartitionId};

@@ -7,6 +7,8 @@ use std::time::Duration;
 use shardcall_spool::Record;
 use tokio::sync::watch;
 
+use shardcall_core::{Bisect, BisectStep};
+
 use crate::dead_letters::DeadLetters;
 use crate::failures::{self, RetryBackoff, Streak};
 use crate::handler::{
@@ -28,7 +30,8 @@ pub enum TaskEnd {
 
 /// Why a batch could not go to the dead letters.
 enum DeadLetterFailed {
-    /// The destination refused it: tried again later.
+    /// The destination refused it (or the handler refused the partition
+    /// half-way): tried again later.
     Unwritable,
     /// Its checkpoint was refused: the partition is lost.
     Fenced,
@@ -324,7 +327,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                         {
                             let attempts = batch_failures + 1;
                             match self
-                                .dead_letter(&mut cell, &*dl, &batch, attempts, &e.0)
+                                .isolate(&mut cell, &*dl, &batch, attempts, &e.0, &mut offset)
                                 .await
                             {
                                 Ok(()) => {
@@ -333,7 +336,6 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                                         failures::recovered(&*self.store, &self.group, &self.ctx)
                                             .await;
                                     }
-                                    offset = batch[batch.len() - 1].offset + 1;
                                 }
                                 Err(DeadLetterFailed::Fenced) => {
                                     return self.lost("checkpoint refused: fenced out");
@@ -405,6 +407,56 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             }
         }
         TaskEnd::Released
+    }
+
+    /// A batch failed `attempts` times: it is retried in halves (in
+    /// offset order, each half that passes checkpointed) until the records
+    /// that fail on their own are found; only they go to the dead letters.
+    /// `offset` follows what was checkpointed.
+    async fn isolate(
+        &mut self,
+        cell: &mut HandlerCell<F>,
+        dead_letters: &dyn DeadLetters,
+        batch: &[Record],
+        attempts: u32,
+        why: &str,
+        offset: &mut u64,
+    ) -> Result<(), DeadLetterFailed> {
+        let mut bisect = Bisect::new(batch.len());
+        let mut last_error = why.to_owned();
+        loop {
+            match bisect.next_step() {
+                BisectStep::Try(range) => {
+                    if self.lease.expired() {
+                        return Err(DeadLetterFailed::Fenced);
+                    }
+                    let part = Arc::new(batch[range].to_vec());
+                    match self.process(cell, part, None).await {
+                        Ok(done) => {
+                            let next = done.last + 1;
+                            if !self.checkpoint(cell, Some(done)).await {
+                                return Err(DeadLetterFailed::Fenced);
+                            }
+                            *offset = next;
+                            bisect.passed();
+                        }
+                        // A refused assignment blames no record: stop
+                        // here and retry later from what was checkpointed.
+                        Err((_, CallError::Assign(_))) => return Err(DeadLetterFailed::Unwritable),
+                        Err((_, e)) => {
+                            last_error = e.error().0.clone();
+                            bisect.failed();
+                        }
+                    }
+                }
+                BisectStep::DeadLetter(i) => {
+                    self.dead_letter(cell, dead_letters, &batch[i..=i], attempts, &last_error)
+                        .await?;
+                    *offset = batch[i].offset + 1;
+                }
+                BisectStep::Done => return Ok(()),
+            }
+        }
     }
 
     /// Sends `batch` to the dead letters after `attempts` failures and

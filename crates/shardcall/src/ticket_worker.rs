@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use shardcall_core::{Epoch, MemberId, PartitionId, TicketClaim};
+use shardcall_core::{Bisect, BisectStep, Epoch, MemberId, PartitionId, TicketClaim};
 use shardcall_spool::Record;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -575,10 +575,9 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 Err(CallError::Stuck(e)) => return self.abandoned(&e).await,
                 Err(CallError::Batch(e)) => {
                     if counted && attempts >= c.max_attempts {
-                        if let Err(served) = self.dead_letter(&batch, attempts, &e.0).await {
+                        if let Err(served) = self.isolate(&batch, attempts, &e.0).await {
                             return served;
                         }
-                        self.next_offset = last + 1;
                         attempts = 0;
                         continue;
                     }
@@ -595,6 +594,44 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                     last_error = Some(e.0);
                     tokio::time::sleep(pause.min(self.lease.remaining())).await;
                 }
+            }
+        }
+    }
+
+    /// A batch failed `attempts` times: retried in halves (in offset
+    /// order, each half that passes checkpointed) until the records that
+    /// fail on their own are found; only they go to the dead letters.
+    async fn isolate(&mut self, batch: &[Record], attempts: u32, why: &str) -> Result<(), Served> {
+        let mut bisect = Bisect::new(batch.len());
+        let mut last_error = why.to_owned();
+        loop {
+            match bisect.next_step() {
+                BisectStep::Try(range) => {
+                    self.keep_lease().await.map_err(Served::Lost)?;
+                    let part = Arc::new(batch[range].to_vec());
+                    let (first, last) = (part[0].offset, part[part.len() - 1].offset);
+                    match self.process(part).await {
+                        Ok(state) => {
+                            self.checkpoint(first, last, state)
+                                .await
+                                .map_err(Served::Lost)?;
+                            self.next_offset = last + 1;
+                            bisect.passed();
+                        }
+                        Err(CallError::Assign(e)) => return Err(self.refused(&e).await),
+                        Err(CallError::Stuck(e)) => return Err(self.abandoned(&e).await),
+                        Err(CallError::Batch(e)) => {
+                            last_error = e.0;
+                            bisect.failed();
+                        }
+                    }
+                }
+                BisectStep::DeadLetter(i) => {
+                    self.dead_letter(&batch[i..=i], attempts, &last_error)
+                        .await?;
+                    self.next_offset = batch[i].offset + 1;
+                }
+                BisectStep::Done => return Ok(()),
             }
         }
     }

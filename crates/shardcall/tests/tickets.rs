@@ -144,6 +144,8 @@ impl Run {
                 "dead letters keep their partition"
             );
             assert!(d.error.contains("cannot digest"));
+            // Only poison records, isolated from their batch-mates.
+            assert!(d.payload.starts_with(b"poison"), "{d:?}");
             out.entry(d.stored_in).or_default().insert(d.offset);
         }
         out

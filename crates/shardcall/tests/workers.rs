@@ -463,6 +463,9 @@ async fn owned_mode_sends_a_batch_that_keeps_failing_to_the_dead_letters_when_as
         .filter(|d| d.payload.starts_with(b"poison"))
         .collect();
     assert_eq!(poisoned.len(), 1, "{letters:?}");
+    // The poison record alone: its batch-mates were isolated from it and
+    // processed.
+    assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(poisoned[0].attempts, 3);
     assert!(poisoned[0].error.contains("panicked"), "{:?}", poisoned[0]);
     // Everything else was processed once; what went to the dead letters
