@@ -63,17 +63,8 @@ fn an_unknown_topic_and_an_unknown_group_are_said_so() {
     let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
     let log = log_with(dir.path(), 10);
     let mut w = Workers::new(dir.path());
-    let mut cmd = shardcall_command();
-    cmd.args([
-        "worker",
-        "--redis",
-        &server.url(),
-        "--group",
-        "g",
-        "--log",
-        &log,
-    ])
-    .args(["--topic", "nosuchtopic", "--name", "a"]);
+    let mut cmd = worker(&server.url(), "g", &log);
+    cmd.args(["--topic", "nosuchtopic", "--name", "a"]);
     w.start("a", cmd);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !w.log("a").contains("unknown topic") {
@@ -90,6 +81,14 @@ fn an_unknown_topic_and_an_unknown_group_are_said_so() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// `shardcall worker` of `group` over the file log `log`; the caller adds
+/// the topics and the rest.
+fn worker(url: &str, group: &str, log: &str) -> Command {
+    let mut c = shardcall_command();
+    c.args(["worker", "--redis", url, "--group", group, "--log", log]);
+    c
 }
 
 /// Runs `cmd` with its stdout read for one line, then closed (as `| head -1`
@@ -150,17 +149,8 @@ fn watching_status_into_a_pipe_writes_one_json_object_a_line() {
     let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
     let log = log_with(dir.path(), 10);
     let mut w = Workers::new(dir.path());
-    let mut cmd = shardcall_command();
-    cmd.args([
-        "worker",
-        "--redis",
-        &server.url(),
-        "--group",
-        "g",
-        "--log",
-        &log,
-    ])
-    .args(["--topic", "t", "--name", "a"]);
+    let mut cmd = worker(&server.url(), "g", &log);
+    cmd.args(["--topic", "t", "--name", "a"]);
     w.start("a", cmd);
     let mut child = shardcall_command()
         .args([
@@ -235,17 +225,8 @@ fn status_of_a_ticket_only_group_shows_tickets_not_an_owned_mode_quarantine() {
     let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
     let log = log_with(dir.path(), 40);
     let mut w = Workers::new(dir.path());
-    let mut cmd = shardcall_command();
-    cmd.args([
-        "worker",
-        "--redis",
-        &server.url(),
-        "--group",
-        "tk",
-        "--log",
-        &log,
-    ])
-    .args(["--ticket-topic", "t", "--name", "a"]);
+    let mut cmd = worker(&server.url(), "tk", &log);
+    cmd.args(["--ticket-topic", "t", "--name", "a"]);
     w.start("a", cmd);
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     loop {
@@ -282,26 +263,16 @@ fn a_handler_command_that_cannot_start_backs_off_and_says_why() {
     let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
     let log = log_with(dir.path(), 20);
     let mut w = Workers::new(dir.path());
-    let mut cmd = shardcall_command();
+    let mut cmd = worker(&server.url(), "x", &log);
     // A relative script path from the wrong folder: Python cannot open it.
-    cmd.current_dir(dir.path())
-        .args([
-            "worker",
-            "--redis",
-            &server.url(),
-            "--group",
-            "x",
-            "--log",
-            &log,
-        ])
-        .args([
-            "--topic",
-            "t",
-            "--name",
-            "a",
-            "--exec",
-            "python3 examples/handlers/digest.py",
-        ]);
+    cmd.current_dir(dir.path()).args([
+        "--topic",
+        "t",
+        "--name",
+        "a",
+        "--exec",
+        "python3 examples/handlers/digest.py",
+    ]);
     w.start("a", cmd);
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     let failing = loop {
@@ -347,17 +318,8 @@ fn groups_are_listed_and_a_group_nobody_runs_can_be_deleted() {
     let log = log_with(dir.path(), 40);
     let mut w = Workers::new(dir.path());
     for group in ["alpha", "beta"] {
-        let mut cmd = shardcall_command();
-        cmd.args([
-            "worker",
-            "--redis",
-            &server.url(),
-            "--group",
-            group,
-            "--log",
-            &log,
-        ])
-        .args(["--topic", "t", "--name", group, "--quarantine-ms", "0"]);
+        let mut cmd = worker(&server.url(), group, &log);
+        cmd.args(["--topic", "t", "--name", group, "--quarantine-ms", "0"]);
         w.start(group, cmd);
     }
     let groups = || {

@@ -63,7 +63,6 @@ pub(crate) struct Scripts {
     sync_grant: Script,
     release_grant: Script,
     checkpoint: Script,
-    ensure_policy: Script,
     set_policy: Script,
     pub(crate) report_failure: Script,
     pub(crate) clear_failure: Script,
@@ -94,7 +93,6 @@ impl Scripts {
             sync_grant: script(include_str!("../lua/sync_grant.lua")),
             release_grant: script(include_str!("../lua/release_grant.lua")),
             checkpoint: script(include_str!("../lua/checkpoint.lua")),
-            ensure_policy: script(include_str!("../lua/ensure_policy.lua")),
             set_policy: script(include_str!("../lua/set_policy.lua")),
             report_failure: script(include_str!("../lua/report_failure.lua")),
             clear_failure: script(include_str!("../lua/clear_failure.lua")),
@@ -486,6 +484,40 @@ impl RedisStore {
             .unwrap_or(0)
     }
 
+    /// Sets the group's quarantine rule (`only_if_unset`: unless it has
+    /// one); the rule as it is now.
+    async fn write_policy(
+        &self,
+        group: &str,
+        policy: QuarantinePolicy,
+        actor: &str,
+        only_if_unset: bool,
+    ) -> StoreResult<GroupPolicy> {
+        let k = keys(group);
+        let before = match self.load_policy(group).await? {
+            Some(p) if only_if_unset => return Ok(p),
+            Some(p) => p.policy.to_string(),
+            None => "none".to_owned(),
+        };
+        let json = serde_json::to_string(&policy).expect("policy serialises");
+        let raw: String = self
+            .invoke(
+                self.scripts
+                    .set_policy
+                    .key(&k.policy)
+                    .key(k.audit)
+                    .key(k.version)
+                    .arg(json)
+                    .arg(actor)
+                    .arg(policy.to_string())
+                    .arg(before)
+                    .arg(u8::from(only_if_unset)),
+            )
+            .await?;
+        self.announce(group).await;
+        codec::decode_policy(&k.policy, &raw)
+    }
+
     async fn try_checkpoint(
         &self,
         group: &str,
@@ -527,22 +559,7 @@ impl CoordinationStore for RedisStore {
         proposed: QuarantinePolicy,
         actor: &str,
     ) -> StoreResult<GroupPolicy> {
-        let k = keys(group);
-        let json = serde_json::to_string(&proposed).expect("policy serialises");
-        let raw: String = self
-            .invoke(
-                self.scripts
-                    .ensure_policy
-                    .key(&k.policy)
-                    .key(k.audit)
-                    .key(k.version)
-                    .arg(json)
-                    .arg(actor)
-                    .arg(proposed.to_string()),
-            )
-            .await?;
-        self.announce(group).await;
-        codec::decode_policy(&k.policy, &raw)
+        self.write_policy(group, proposed, actor, true).await
     }
 
     async fn set_policy(
@@ -551,27 +568,7 @@ impl CoordinationStore for RedisStore {
         policy: QuarantinePolicy,
         actor: &str,
     ) -> StoreResult<GroupPolicy> {
-        let k = keys(group);
-        let before = match self.load_policy(group).await? {
-            Some(p) => p.policy.to_string(),
-            None => "none".to_owned(),
-        };
-        let json = serde_json::to_string(&policy).expect("policy serialises");
-        let raw: String = self
-            .invoke(
-                self.scripts
-                    .set_policy
-                    .key(&k.policy)
-                    .key(k.audit)
-                    .key(k.version)
-                    .arg(json)
-                    .arg(actor)
-                    .arg(policy.to_string())
-                    .arg(before),
-            )
-            .await?;
-        self.announce(group).await;
-        codec::decode_policy(&k.policy, &raw)
+        self.write_policy(group, policy, actor, false).await
     }
 
     async fn load_policy(&self, group: &str) -> StoreResult<Option<GroupPolicy>> {

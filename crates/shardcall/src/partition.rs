@@ -28,6 +28,15 @@ pub enum TaskEnd {
     Lost(String),
 }
 
+/// Why a partition is given up.
+fn give_up_reason(stuck: bool) -> &'static str {
+    if stuck {
+        "its handler is stuck in a call"
+    } else {
+        "its handler failed too many times in a row here"
+    }
+}
+
 /// Why a batch could not go to the dead letters.
 enum DeadLetterFailed {
     /// The destination refused it (or the handler refused the partition
@@ -134,10 +143,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
 
     /// A failed handler call: reported, then paused for (the dead letters
     /// are the caller's). Whether the partition is to be given up instead
-    /// (`give_up_after` failures in a row).
-    async fn failed(&mut self, streak: &mut Streak, error: &HandlerError) -> bool {
+    /// (`give_up_after` failures in a row, or a call that could not be
+    /// stopped: `stuck`).
+    async fn failed(&mut self, streak: &mut Streak, error: &HandlerError, stuck: bool) -> bool {
         let attempts = streak.failed();
-        let give_up = self.give_up_after > 0 && attempts >= self.give_up_after;
+        let give_up = stuck || (self.give_up_after > 0 && attempts >= self.give_up_after);
         let pause = self.retry.after(attempts);
         failures::report(
             &*self.store,
@@ -152,21 +162,6 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             self.pause(pause).await;
         }
         give_up
-    }
-
-    /// A call that could not be stopped: reported (it shows in `status`
-    /// until the next owner's handler succeeds).
-    async fn stuck(&mut self, streak: &mut Streak, error: &HandlerError) {
-        let attempts = streak.failed();
-        failures::report(
-            &*self.store,
-            &self.group,
-            &self.ctx,
-            attempts,
-            &error.0,
-            None,
-        )
-        .await;
     }
 
     /// `lag_task`: the lag gauge's look-up in flight, if any.
@@ -216,13 +211,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             if self.lease.expired() {
                 return self.lost("lease ran short");
             }
-            if let CallError::Stuck(e) = &e {
-                self.stuck(&mut streak, e).await;
-                give_up = Some("its handler is stuck in a call");
-                break;
-            }
-            if self.failed(&mut streak, e.error()).await {
-                give_up = Some("its handler failed too many times in a row here");
+            let stuck = matches!(e, CallError::Stuck(_));
+            if self.failed(&mut streak, e.error(), stuck).await {
+                give_up = Some(give_up_reason(stuck));
                 break;
             }
         }
@@ -319,8 +310,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                     let dead_letters = self.dead_letters.clone().filter(|_| self.max_attempts > 0);
                     match (e, dead_letters) {
                         (CallError::Stuck(e), _) => {
-                            self.stuck(&mut streak, &e).await;
-                            give_up = Some("its handler is stuck in a call");
+                            self.failed(&mut streak, &e, true).await;
+                            give_up = Some(give_up_reason(true));
                         }
                         (CallError::Batch(e), Some(dl))
                             if batch_failures + 1 >= self.max_attempts =>
@@ -349,8 +340,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                             if matches!(e, CallError::Batch(_)) {
                                 batch_failures += 1;
                             }
-                            if self.failed(&mut streak, e.error()).await {
-                                give_up = Some("its handler failed too many times in a row here");
+                            if self.failed(&mut streak, e.error(), false).await {
+                                give_up = Some(give_up_reason(false));
                             }
                         }
                     }

@@ -359,6 +359,28 @@ fn quick_retries(cfg: &mut WorkerConfig) {
     cfg.max_batch = 4;
 }
 
+/// Every property a run of these tests can show: each partition's final
+/// state is its records folded once, in order, and the oracle finds no
+/// overlap, no gap and a sound chain of checkpoints.
+async fn assert_exactly_once(c: &Cluster) {
+    for p in 0..c.log.partition_count("t").unwrap() {
+        let pid = PartitionId::new("t", p);
+        let cp = c.store.load_checkpoint(GROUP, &pid).await.unwrap();
+        let v = check_final_state(
+            &pid,
+            &records(c, p),
+            cp.as_ref().map(|c| c.state.as_slice()),
+        );
+        assert!(v.is_none(), "{v:?}");
+    }
+    let v = check_run(
+        &c.oracle.batches(),
+        &c.ends(),
+        QUARANTINE.as_micros() as u64,
+    );
+    assert!(v.is_empty(), "{v:?}");
+}
+
 /// Every record of `t/p` as the log holds it.
 fn records(c: &Cluster, p: u32) -> Vec<shardcall_spool::Record> {
     c.log
@@ -402,30 +424,12 @@ async fn a_handler_that_panics_is_retried_from_the_checkpoint_and_reported_while
     // Then it goes on: every record once (the handler that panicked had
     // folded offset 4 already; reusing it would count that twice).
     c.settle(Duration::from_secs(10)).await;
-    for p in 0..2 {
-        let cp = c
-            .store
-            .load_checkpoint(GROUP, &PartitionId::new("t", p))
-            .await
-            .unwrap();
-        let v = check_final_state(
-            &PartitionId::new("t", p),
-            &records(&c, p),
-            cp.as_ref().map(|c| c.state.as_slice()),
-        );
-        assert!(v.is_none(), "{v:?}");
-    }
+    assert_exactly_once(&c).await;
     assert_eq!(
         c.store.failure(GROUP, &p0).await.unwrap(),
         None,
         "the report is cleared once it succeeds"
     );
-    let v = check_run(
-        &c.oracle.batches(),
-        &c.ends(),
-        QUARANTINE.as_micros() as u64,
-    );
-    assert!(v.is_empty(), "{v:?}");
     let w = c.workers[0].take().unwrap();
     assert!(!w.is_finished());
     w.shutdown();
@@ -528,22 +532,7 @@ async fn a_call_stuck_past_its_deadline_gives_the_partition_up_and_loses_nothing
         .map(|b| b.epoch)
         .collect();
     assert!(epochs.len() >= 2, "t/0 was not given up: {epochs:?}");
-    for p in 0..2 {
-        let pid = PartitionId::new("t", p);
-        let cp = c.store.load_checkpoint(GROUP, &pid).await.unwrap();
-        let v = check_final_state(
-            &pid,
-            &records(&c, p),
-            cp.as_ref().map(|c| c.state.as_slice()),
-        );
-        assert!(v.is_none(), "{v:?}");
-    }
-    let v = check_run(
-        &c.oracle.batches(),
-        &c.ends(),
-        QUARANTINE.as_micros() as u64,
-    );
-    assert!(v.is_empty(), "{v:?}");
+    assert_exactly_once(&c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -587,11 +576,5 @@ async fn a_partition_whose_handler_keeps_failing_here_is_given_up_when_asked() {
         epoch >= 2,
         "never given up: epoch {epoch}, committed under {epochs:?}"
     );
-    let cp = c.store.load_checkpoint(GROUP, &p0).await.unwrap();
-    let v = check_final_state(
-        &p0,
-        &records(&c, 0),
-        cp.as_ref().map(|c| c.state.as_slice()),
-    );
-    assert!(v.is_none(), "{v:?}");
+    assert_exactly_once(&c).await;
 }
