@@ -290,8 +290,8 @@ fn spawn_ticket<Src: Source>(
     store: Arc<shardcall_redis::RedisStore>,
     source: Src,
     observer: Option<Arc<dyn BatchObserver>>,
+    dead_letters: Option<Arc<dyn shardcall::DeadLetters>>,
 ) -> anyhow::Result<RunningWorker> {
-    let dead_letters = dead_letters(r)?;
     let (config, source) = (r.ticket.clone(), Arc::new(source));
     Ok(RunningWorker::Ticket(match &r.exec {
         Some(command) => TicketWorker {
@@ -323,8 +323,8 @@ fn spawn<Src: Source>(
     store: Arc<shardcall_redis::RedisStore>,
     source: Src,
     observer: Option<Arc<dyn BatchObserver>>,
+    dead_letters: Option<Arc<dyn shardcall::DeadLetters>>,
 ) -> anyhow::Result<RunningWorker> {
-    let dead_letters = dead_letters(r)?;
     let config = r.worker.clone();
     let source = Arc::new(source);
     Ok(RunningWorker::Owned(match &r.exec {
@@ -447,6 +447,8 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let store = Arc::new(store);
+    // One destination (one Kafka producer) for both modes.
+    let dead_letters = dead_letters(&r)?;
     let mut running = Vec::new();
     for (ticket, topics) in [(false, &r.topics), (true, &r.ticket_topics)] {
         if topics.is_empty() {
@@ -454,9 +456,21 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         }
         let start = |source| {
             if ticket {
-                spawn_ticket(&r, store.clone(), source, observer.clone())
+                spawn_ticket(
+                    &r,
+                    store.clone(),
+                    source,
+                    observer.clone(),
+                    dead_letters.clone(),
+                )
             } else {
-                spawn(&r, store.clone(), source, observer.clone())
+                spawn(
+                    &r,
+                    store.clone(),
+                    source,
+                    observer.clone(),
+                    dead_letters.clone(),
+                )
             }
         };
         running.push(match &r.source {
