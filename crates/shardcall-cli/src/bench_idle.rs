@@ -15,7 +15,7 @@ use anyhow::Context;
 use serde_json::json;
 
 use crate::bench_target::{Goal, target};
-use shardcall::{Checkpoint, CoordinationStore};
+use shardcall::CoordinationStore;
 use shardcall_core::{PartitionId, Phase};
 use shardcall_redis::RedisStore;
 use shardcall_redis::testing::RedisServer;
@@ -270,7 +270,6 @@ async fn settled(
     not_by: &[String],
     within: Duration,
 ) -> anyhow::Result<()> {
-    use futures_util::{StreamExt, TryStreamExt};
     let deadline = Instant::now() + within;
     let parts: Vec<PartitionId> = PartitionId::range(TOPIC, partitions);
     let ends: BTreeMap<PartitionId, u64> = parts
@@ -291,13 +290,7 @@ async fn settled(
                 _ => false,
             });
         if owned {
-            let cps: Vec<(PartitionId, Option<Checkpoint>)> = futures_util::stream::iter(&parts)
-                .map(|p| async move {
-                    Ok::<_, anyhow::Error>((p.clone(), store.load_checkpoint(GROUP, p).await?))
-                })
-                .buffer_unordered(64)
-                .try_collect()
-                .await?;
+            let cps = crate::group_cmd::load_checkpoints(store, GROUP, &parts).await?;
             if cps
                 .iter()
                 .all(|(p, cp)| cp.as_ref().map(|c| c.offset) == ends.get(p).copied())

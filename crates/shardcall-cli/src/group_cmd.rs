@@ -340,34 +340,44 @@ pub fn status(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     explained(&args.redis, &args.group, result)
 }
 
-/// The checkpoints of `parts`, read with up to 64 requests in flight (one
+/// `read` of every one of `parts`, with up to 64 requests in flight (one
 /// connection pipelines them) instead of one round trip after another.
-async fn load_checkpoints(
-    store: &shardcall_redis::RedisStore,
-    group: &str,
-    parts: &[PartitionId],
-) -> anyhow::Result<BTreeMap<PartitionId, Option<Checkpoint>>> {
+pub(crate) async fn per_partition<'a, T, E, Fut>(
+    parts: &'a [PartitionId],
+    read: impl Fn(&'a PartitionId) -> Fut,
+) -> anyhow::Result<BTreeMap<PartitionId, T>>
+where
+    Fut: std::future::Future<Output = Result<T, E>>,
+    anyhow::Error: From<E>,
+{
     use futures_util::{StreamExt, TryStreamExt};
     futures_util::stream::iter(parts)
-        .map(|p| async move { Ok((p.clone(), store.load_checkpoint(group, p).await?)) })
+        .map(|p| {
+            let reading = read(p);
+            async move { Ok::<_, anyhow::Error>((p.clone(), reading.await?)) }
+        })
         .buffer_unordered(64)
         .try_collect()
         .await
 }
 
-/// The failure reports of `parts`, read as the checkpoints are.
+/// The checkpoints of `parts`.
+pub(crate) async fn load_checkpoints(
+    store: &shardcall_redis::RedisStore,
+    group: &str,
+    parts: &[PartitionId],
+) -> anyhow::Result<BTreeMap<PartitionId, Option<Checkpoint>>> {
+    per_partition(parts, |p| store.load_checkpoint(group, p)).await
+}
+
+/// The failure reports of the failing ones of `parts`.
 async fn load_failures(
     store: &shardcall_redis::RedisStore,
     group: &str,
     parts: &[PartitionId],
 ) -> anyhow::Result<BTreeMap<PartitionId, shardcall::FailureReport>> {
-    use futures_util::{StreamExt, TryStreamExt};
     use shardcall::FailureReports;
-    let found: Vec<_> = futures_util::stream::iter(parts)
-        .map(|p| async move { Ok::<_, anyhow::Error>((p.clone(), store.failure(group, p).await?)) })
-        .buffer_unordered(64)
-        .try_collect()
-        .await?;
+    let found = per_partition(parts, |p| store.failure(group, p)).await?;
     Ok(found
         .into_iter()
         .filter_map(|(p, f)| f.map(|f| (p, f)))

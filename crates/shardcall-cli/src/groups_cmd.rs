@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use shardcall::{CoordinationStore, TicketStore};
 
-use crate::group_cmd::{actor, runtime};
+use crate::group_cmd::{actor, load_checkpoints, runtime};
 use crate::log_opts::LogOpts;
 use crate::redis_opts::RedisOpts;
 
@@ -64,15 +64,18 @@ pub fn list(args: &GroupsArgs) -> anyhow::Result<ExitCode> {
                 topics.sort();
                 topics.dedup();
                 let ends = args.log.open(&topics)?.ends(&parts).await?;
-                let mut lag = 0u64;
-                for (p, end) in &ends {
-                    let at = store
-                        .load_checkpoint(&name, p)
-                        .await?
-                        .map_or(0, |c| c.offset);
-                    lag += end.saturating_sub(at);
-                }
-                Some(lag)
+                let checkpoints = load_checkpoints(&store, &name, &parts).await?;
+                let at = |p| {
+                    checkpoints
+                        .get(p)
+                        .and_then(Option::as_ref)
+                        .map_or(0, |c| c.offset)
+                };
+                Some(
+                    ends.iter()
+                        .map(|(p, end)| end.saturating_sub(at(p)))
+                        .sum::<u64>(),
+                )
             } else {
                 None
             };
