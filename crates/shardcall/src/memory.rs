@@ -91,54 +91,61 @@ impl MemoryStore {
         actor: &str,
         only_if_unset: bool,
     ) -> GroupPolicy {
+        self.with_group_and_policy(group, |g, origin, now| {
+            if let Some((set_by, set_at)) = origin.as_ref()
+                && only_if_unset
+            {
+                return GroupPolicy {
+                    policy: g.policy,
+                    set_by: set_by.clone(),
+                    set_at: *set_at,
+                };
+            }
+            let action = match origin {
+                Some(_) => format!(
+                    "changed the quarantine policy from {} to {policy}",
+                    g.policy
+                ),
+                None => format!("created the quarantine policy: {policy}"),
+            };
+            g.policy = policy;
+            g.version += 1;
+            g.audit.push(shardcall_core::AuditEntry {
+                at: now,
+                actor: actor.to_owned(),
+                action,
+            });
+            *origin = Some((actor.to_owned(), now));
+            GroupPolicy {
+                policy,
+                set_by: actor.to_owned(),
+                set_at: now,
+            }
+        })
+    }
+
+    fn with_group<T>(&self, group: &str, f: impl FnOnce(&mut GroupState, Millis) -> T) -> T {
+        self.with_group_and_policy(group, |g, _, now| f(g, now))
+    }
+
+    /// Runs `f` on the group's state (and who set its quarantine rule, and
+    /// when) under the lock; a change of version wakes the group's feed.
+    fn with_group_and_policy<T>(
+        &self,
+        group: &str,
+        f: impl FnOnce(&mut GroupState, &mut Option<(String, Millis)>, Millis) -> T,
+    ) -> T {
         let now = self.clock.now_ms();
         let mut inner = self.inner.lock().expect("store lock");
         let inner = &mut *inner;
         let g = inner.groups.entry(group.to_owned()).or_default();
-        if let Some((set_by, set_at)) = inner.policies.get(group)
-            && only_if_unset
-        {
-            return GroupPolicy {
-                policy: g.policy,
-                set_by: set_by.clone(),
-                set_at: *set_at,
-            };
-        }
-        let action = if inner.policies.contains_key(group) {
-            format!(
-                "changed the quarantine policy from {} to {policy}",
-                g.policy
-            )
-        } else {
-            format!("created the quarantine policy: {policy}")
-        };
-        g.policy = policy;
-        g.version += 1;
-        g.audit.push(shardcall_core::AuditEntry {
-            at: now,
-            actor: actor.to_owned(),
-            action,
-        });
-        if let Some(feed) = inner.feeds.get(group) {
-            feed.send_replace(g.version);
-        }
-        inner
-            .policies
-            .insert(group.to_owned(), (actor.to_owned(), now));
-        GroupPolicy {
-            policy,
-            set_by: actor.to_owned(),
-            set_at: now,
-        }
-    }
-
-    fn with_group<T>(&self, group: &str, f: impl FnOnce(&mut GroupState, Millis) -> T) -> T {
-        let now = self.clock.now_ms();
-        let mut inner = self.inner.lock().expect("store lock");
-        let g = inner.groups.entry(group.to_owned()).or_default();
+        let mut origin = inner.policies.get(group).cloned();
         let before = g.version;
-        let out = f(g, now);
+        let out = f(g, &mut origin, now);
         let after = g.version;
+        if let Some(o) = origin {
+            inner.policies.insert(group.to_owned(), o);
+        }
         if after != before
             && let Some(feed) = inner.feeds.get(group)
         {
