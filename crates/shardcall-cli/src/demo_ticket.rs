@@ -90,7 +90,10 @@ impl Demo {
                 claim_ttl: self.claim_ttl,
                 safety_margin: self.claim_ttl / 3,
                 max_attempts: 3,
-                retry_backoff: Duration::from_millis(20),
+                retry: shardcall::RetryBackoff {
+                    first: Duration::from_millis(20),
+                    ..shardcall::RetryBackoff::default()
+                },
                 ..TicketConfig::default()
             },
             store: self.store.clone(),

@@ -169,8 +169,8 @@ impl Default for TicketSettings {
             claim_wait_ms: t.claim_wait.as_millis() as u64,
             fetch_wait_ms: t.fetch_wait.as_millis() as u64,
             max_attempts: t.max_attempts,
-            retry_backoff_ms: t.retry_backoff.as_millis() as u64,
-            max_retry_backoff_ms: t.max_retry_backoff.as_millis() as u64,
+            retry_backoff_ms: t.retry.first.as_millis() as u64,
+            max_retry_backoff_ms: t.retry.max.as_millis() as u64,
             idle_backoff_ms: t.idle_backoff.as_millis() as u64,
             max_idle_backoff_ms: t.max_idle_backoff.as_millis() as u64,
             keep_reading_for_ms: t.keep_reading_for.as_millis() as u64,
@@ -720,8 +720,10 @@ impl Settings {
             claim_wait: Duration::from_millis(tk.claim_wait_ms),
             fetch_wait: Duration::from_millis(tk.fetch_wait_ms),
             max_attempts: tk.max_attempts,
-            retry_backoff: Duration::from_millis(tk.retry_backoff_ms),
-            max_retry_backoff: Duration::from_millis(tk.max_retry_backoff_ms),
+            retry: shardcall::RetryBackoff {
+                first: Duration::from_millis(tk.retry_backoff_ms),
+                max: Duration::from_millis(tk.max_retry_backoff_ms),
+            },
             call_deadline: Duration::from_millis(self.handler.call_timeout_ms),
             idle_backoff: Duration::from_millis(tk.idle_backoff_ms),
             max_idle_backoff: Duration::from_millis(tk.max_idle_backoff_ms),
@@ -1100,7 +1102,7 @@ mod tests {
             (
                 r.ticket.claim_wait,
                 r.ticket.fetch_wait,
-                r.ticket.retry_backoff
+                r.ticket.retry.first
             ),
             (
                 Duration::from_millis(250),

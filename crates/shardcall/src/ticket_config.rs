@@ -37,11 +37,9 @@ pub struct TicketConfig {
     /// Handler attempts on one batch before it goes to the dead letters
     /// (`0`: retry for ever, never dead-letter).
     pub max_attempts: u32,
-    /// Pause after the first failed attempt of a batch (doubling with each
-    /// further one, up to `max_retry_backoff`).
-    pub retry_backoff: Duration,
-    /// The longest pause between two attempts of a failing batch.
-    pub max_retry_backoff: Duration,
+    /// Pauses between attempts of a failing batch (doubling from the
+    /// first), as owned mode's `WorkerConfig::retry`.
+    pub retry: crate::failures::RetryBackoff,
     /// How long one handler call may take: past it the call fails (an
     /// `--exec` child is killed) or, when it cannot be stopped, the handler
     /// is abandoned and the ticket goes back.
@@ -70,8 +68,7 @@ impl Default for TicketConfig {
             idle_backoff: Duration::from_millis(20),
             max_idle_backoff: Duration::from_millis(500),
             max_attempts: 5,
-            retry_backoff: Duration::from_millis(100),
-            max_retry_backoff: Duration::from_secs(5),
+            retry: crate::failures::RetryBackoff::default(),
             call_deadline: crate::handler_cell::DEFAULT_DEADLINE,
             discover_every: Duration::from_secs(1),
             keep_reading_for: Duration::from_secs(30),

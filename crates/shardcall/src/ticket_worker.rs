@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::dead_letters::DeadLetters;
 use crate::error::WorkerError;
-use crate::failures::{self, RetryBackoff};
+use crate::failures;
 use crate::handler::{BatchObserver, BatchOutcome, BatchRecord, HandlerFactory, PartitionContext};
 use crate::handler_cell::{CallError, HandlerCell};
 use crate::lease::LocalLease;
@@ -119,16 +119,6 @@ struct Shared<S, Src, F: HandlerFactory> {
     /// Partitions given back that the source still reads ahead, with when;
     /// held across a release so a claim never finds its partition released.
     reading: tokio::sync::Mutex<HashMap<PartitionId, Instant>>,
-}
-
-impl<S, Src, F: HandlerFactory> Shared<S, Src, F> {
-    /// Pauses between attempts of a failing call.
-    fn retry(&self) -> RetryBackoff {
-        RetryBackoff {
-            first: self.config.retry_backoff,
-            max: self.config.max_retry_backoff,
-        }
-    }
 }
 
 impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
@@ -478,7 +468,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             *n += 1;
             *n
         };
-        let pause = s.retry().after(attempts);
+        let pause = s.config.retry.after(attempts);
         failures::report(
             &*s.store,
             &s.config.group,
@@ -581,7 +571,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                         attempts = 0;
                         continue;
                     }
-                    let pause = s.retry().after(attempts);
+                    let pause = s.config.retry.after(attempts);
                     failures::report(
                         &*s.store,
                         &c.group,

@@ -30,8 +30,10 @@ fn config(name: &str) -> TicketConfig {
         idle_backoff: Duration::from_millis(10),
         max_idle_backoff: Duration::from_millis(100),
         max_attempts: 3,
-        retry_backoff: Duration::from_millis(10),
-        max_retry_backoff: Duration::from_millis(40),
+        retry: shardcall::RetryBackoff {
+            first: Duration::from_millis(10),
+            max: Duration::from_millis(40),
+        },
         call_deadline: Duration::from_secs(10),
         discover_every: Duration::from_millis(100),
         keep_reading_for: Duration::from_secs(30),
