@@ -402,6 +402,28 @@ pub struct FlakyFactory {
     pub hang: Option<std::time::Duration>,
 }
 
+impl FlakyFactory {
+    /// Digest handlers that panic the first `times` times a batch holds
+    /// `offset` of `partition`.
+    pub fn panicking(partition: PartitionId, offset: u64, times: u32) -> Self {
+        Self {
+            digest: DigestFactory::default(),
+            partition,
+            offset,
+            left: std::sync::Arc::new(std::sync::atomic::AtomicU32::new(times)),
+            hang: None,
+        }
+    }
+
+    /// The same handlers hanging for `d` instead of panicking.
+    pub fn hanging(self, d: std::time::Duration) -> Self {
+        Self {
+            hang: Some(d),
+            ..self
+        }
+    }
+}
+
 /// A handler of [`FlakyFactory`].
 #[derive(Debug)]
 pub struct FlakyHandler {

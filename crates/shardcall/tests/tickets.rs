@@ -313,13 +313,7 @@ async fn a_panicking_handler_fails_its_batch_and_not_the_worker() {
     let mut r = Run::new(dir.path(), 3);
     r.produce(90, "a", 0);
     let p0 = PartitionId::new("t", 0);
-    let flaky = FlakyFactory {
-        digest: DigestFactory::default(),
-        partition: p0.clone(),
-        offset: 7,
-        left: Arc::new(std::sync::atomic::AtomicU32::new(2)),
-        hang: None,
-    };
+    let flaky = FlakyFactory::panicking(p0.clone(), 7, 2);
     // No dead letters: the batch is retried in place until it passes.
     r.add_worker_with(flaky, None);
     r.settle(Duration::from_secs(10)).await;

@@ -397,13 +397,7 @@ async fn a_handler_that_panics_is_retried_from_the_checkpoint_and_reported_while
     c.produce(40, "a");
     let p0 = PartitionId::new("t", 0);
     // Panics three times on t/0 at offset 5, half-way through its batch.
-    let flaky = FlakyFactory {
-        digest: DigestFactory::default(),
-        partition: p0.clone(),
-        offset: 5,
-        left: Arc::new(std::sync::atomic::AtomicU32::new(3)),
-        hang: None,
-    };
+    let flaky = FlakyFactory::panicking(p0.clone(), 5, 3);
     c.add_worker_full(quick_retries, flaky, None);
     // While it fails, the store says so: attempts, the panic, since when.
     let began = Instant::now();
@@ -506,13 +500,7 @@ async fn a_call_stuck_past_its_deadline_gives_the_partition_up_and_loses_nothing
     c.produce(40, "a");
     let p0 = PartitionId::new("t", 0);
     // Hangs once, 2 s, on t/0 at offset 5; the deadline is 300 ms.
-    let hangs = FlakyFactory {
-        digest: DigestFactory::default(),
-        partition: p0.clone(),
-        offset: 5,
-        left: Arc::new(std::sync::atomic::AtomicU32::new(1)),
-        hang: Some(Duration::from_secs(2)),
-    };
+    let hangs = FlakyFactory::panicking(p0.clone(), 5, 1).hanging(Duration::from_secs(2));
     c.add_worker_full(
         |cfg| {
             quick_retries(cfg);
@@ -544,13 +532,7 @@ async fn a_partition_whose_handler_keeps_failing_here_is_given_up_when_asked() {
     // Three panics in a row, then it works: with give_up_after = 2 the
     // first grant gives up after two and a later one (with a new handler)
     // gets past the third.
-    let flaky = FlakyFactory {
-        digest: DigestFactory::default(),
-        partition: p0.clone(),
-        offset: 0,
-        left: Arc::new(std::sync::atomic::AtomicU32::new(3)),
-        hang: None,
-    };
+    let flaky = FlakyFactory::panicking(p0.clone(), 0, 3);
     c.add_worker_full(
         |cfg| {
             quick_retries(cfg);
