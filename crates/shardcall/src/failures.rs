@@ -5,7 +5,7 @@
 //! A failing batch is never skipped silently: it is retried with a growing
 //! pause, and only goes to the dead letters when the user set a limit.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use shardcall_core::{Epoch, MemberId, Millis, PartitionId};
@@ -107,26 +107,23 @@ impl RetryBackoff {
     }
 }
 
-/// One partition's run of failed handler calls.
+/// One partition's run of failed handler calls (the store keeps when it
+/// began, on its own clock).
 #[derive(Debug, Default)]
 pub(crate) struct Streak {
     attempts: u32,
-    began: Option<Instant>,
 }
 
 impl Streak {
     /// One more failure; how many in a row now.
     pub(crate) fn failed(&mut self) -> u32 {
         self.attempts += 1;
-        self.began.get_or_insert_with(Instant::now);
         self.attempts
     }
 
     /// The streak ended; whether there was one.
     pub(crate) fn ended(&mut self) -> bool {
-        let was = self.began.is_some();
-        *self = Self::default();
-        was
+        std::mem::take(&mut self.attempts) > 0
     }
 }
 
