@@ -14,6 +14,7 @@ mod demo;
 mod demo_ticket;
 mod group_cmd;
 mod groups_cmd;
+mod log_format;
 mod log_opts;
 mod pipes;
 mod policy_cmd;

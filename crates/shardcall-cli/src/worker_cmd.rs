@@ -242,7 +242,10 @@ pub fn init_logs(format: LogFormat) {
         .with_env_filter(filter);
     match format {
         LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Json => builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(crate::log_format::FlatJson)
+            .init(),
     }
 }
 

@@ -468,6 +468,66 @@ fn json_logs_name_the_group_member_partition_and_epoch() {
     }
 }
 
+#[test]
+fn text_logs_name_each_field_once_and_show_no_option_wrappers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, _log) = redis_and_log(dir.path(), 2);
+    let err_path = dir.path().join("w.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args(["worker", "--redis", &redis.url(), "--group", "logs"])
+        .args(["--topic", "t", "--name", "w", "--tick-ms", "100"])
+        .arg("--log")
+        .arg(&log_dir)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&err_path)
+        .unwrap_or_default()
+        .matches("partition started")
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no partition log lines");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A graceful stop logs every partition's release and the leave.
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(child.wait().unwrap().success());
+    let text = std::fs::read_to_string(&err_path).unwrap();
+    let started: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("partition started"))
+        .collect();
+    assert_eq!(started.len(), 2, "{text}");
+    for line in &started {
+        for field in ["group=", "member=", "partition=", "epoch="] {
+            assert_eq!(line.matches(field).count(), 1, "{field} once in {line}");
+        }
+        assert!(
+            line.contains("group=logs") && line.contains("member=w-"),
+            "{line}"
+        );
+    }
+    assert_eq!(text.matches("partition released").count(), 2, "{text}");
+    for line in text.lines() {
+        assert!(!line.contains("Some(") && !line.contains("None"), "{line}");
+        assert!(
+            !line.contains('\u{1b}'),
+            "no colour codes off a terminal: {line}"
+        );
+    }
+}
+
 fn http_get(port: u16, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;

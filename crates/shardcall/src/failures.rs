@@ -140,7 +140,7 @@ pub(crate) async fn report<S: FailureReports + ?Sized>(
     retry_in: Option<Duration>,
 ) {
     crate::telemetry::handler_failure(group, &ctx.partition);
-    tracing::warn!(group, partition = %ctx.partition, epoch = ctx.epoch, attempt = attempts,
+    tracing::warn!(attempt = attempts,
         retry_in_ms = retry_in.map(|d| d.as_millis() as u64), error = %error,
         "handler call failed; the batch will be delivered again");
     if let Err(e) = store
@@ -154,7 +154,7 @@ pub(crate) async fn report<S: FailureReports + ?Sized>(
         )
         .await
     {
-        tracing::debug!(partition = %ctx.partition, error = %e, "reporting a failing partition");
+        tracing::debug!(error = %e, "reporting a failing partition");
     }
 }
 
@@ -164,9 +164,9 @@ pub(crate) async fn recovered<S: FailureReports + ?Sized>(
     group: &str,
     ctx: &crate::handler::PartitionContext,
 ) {
-    tracing::info!(group, partition = %ctx.partition, epoch = ctx.epoch, "handler calls succeed again");
+    tracing::info!("handler calls succeed again");
     if let Err(e) = store.clear_failure(group, &ctx.partition, ctx.epoch).await {
-        tracing::debug!(partition = %ctx.partition, error = %e, "clearing a failing partition's report");
+        tracing::debug!(error = %e, "clearing a failing partition's report");
     }
 }
 

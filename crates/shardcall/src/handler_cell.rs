@@ -107,16 +107,21 @@ async fn call<H: PartitionHandler, T: Send + 'static>(
     let half = deadline / 2;
     let mut joined = tokio::time::timeout(half, &mut task).await;
     if joined.is_err() {
-        tracing::warn!(partition = %ctx.partition, epoch = ctx.epoch, running_ms = half.as_millis() as u64,
-            deadline_ms = deadline.as_millis() as u64, "a handler call has used half its deadline");
+        tracing::warn!(
+            running_ms = half.as_millis() as u64,
+            deadline_ms = deadline.as_millis() as u64,
+            "a handler call has used half its deadline"
+        );
         joined = tokio::time::timeout(deadline - half, &mut task).await;
     }
     let mut interrupted = false;
     if joined.is_err()
         && let Some(i) = &interrupter
     {
-        tracing::error!(partition = %ctx.partition, epoch = ctx.epoch, deadline_ms = deadline.as_millis() as u64,
-            "a handler call outlived its deadline; interrupting it");
+        tracing::error!(
+            deadline_ms = deadline.as_millis() as u64,
+            "a handler call outlived its deadline; interrupting it"
+        );
         i.interrupt();
         interrupted = true;
         joined = tokio::time::timeout(INTERRUPT_GRACE, &mut task).await;
@@ -147,7 +152,7 @@ async fn call<H: PartitionHandler, T: Send + 'static>(
                 "{}; it cannot be stopped and is abandoned (its thread runs on)",
                 overdue()
             );
-            tracing::error!(partition = %ctx.partition, epoch = ctx.epoch, "{why}");
+            tracing::error!("{why}");
             (None, Err(Failure::Stuck(HandlerError(why))))
         }
     }

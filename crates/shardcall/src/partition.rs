@@ -112,8 +112,7 @@ struct Pending {
 impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src, F> {
     fn lost(&self, why: impl Into<String>) -> TaskEnd {
         let why = why.into();
-        tracing::warn!(group = %self.group, member = %self.ctx.member, partition = %self.ctx.partition,
-            epoch = self.ctx.epoch, reason = %why, "partition stopped");
+        tracing::warn!(reason = %why, "partition stopped");
         TaskEnd::Lost(why)
     }
 
@@ -175,7 +174,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             match self.store.load_checkpoint(&self.group, &p).await {
                 Ok(cp) => break cp,
                 Err(e) => {
-                    tracing::warn!(partition = %p, error = %e, "loading checkpoint");
+                    tracing::warn!(error = %e, "loading checkpoint");
                     tokio::time::sleep(RETRY).await;
                 }
             }
@@ -189,7 +188,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                         if self.lease.expired() {
                             return self.lost("lease ran short before restore");
                         }
-                        tracing::warn!(partition = %p, error = %e, "finding the first offset");
+                        tracing::warn!(error = %e, "finding the first offset");
                         tokio::time::sleep(RETRY).await;
                     }
                 }
@@ -217,8 +216,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 break;
             }
         }
-        tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
-            epoch = self.ctx.epoch, offset, "partition started");
+        tracing::info!(offset, "partition started");
 
         // Process. `offset` is where reading goes on; what was processed
         // since the last checkpoint is `pending`.
@@ -265,7 +263,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                     if !self.checkpoint(&mut cell, pending.take()).await {
                         return self.lost("checkpoint refused: fenced out");
                     }
-                    tracing::warn!(partition = %p, error = %e, "fetch failed; retrying");
+                    tracing::warn!(error = %e, "fetch failed; retrying");
                     tokio::time::sleep(RETRY).await;
                     continue;
                 }
@@ -371,30 +369,27 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 }
                 Err(StoreError::Fenced(f)) => return self.lost(format!("release refused: {f}")),
                 Err(e) if !self.lease.expired() => {
-                    tracing::warn!(partition = %p, error = %e, "release failed; retrying");
+                    tracing::warn!(error = %e, "release failed; retrying");
                     tokio::time::sleep(RETRY).await;
                 }
                 Err(e) => return self.lost(format!("release failed: {e}")),
             }
         }
         if let Some(why) = give_up {
-            tracing::error!(group = %self.group, member = %self.ctx.member, partition = %p,
-                epoch = self.ctx.epoch, reason = why, "partition given up");
+            tracing::error!(reason = %why, "partition given up");
             return TaskEnd::Released;
         }
-        tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
-            epoch = self.ctx.epoch, "partition released; the handler backs it up");
+        tracing::info!("partition released; the handler backs it up");
         match cell.revoked().await {
             Ok(()) => {
                 let _ = self
                     .store
                     .backup_done(&self.group, &self.ctx.member, &p, self.ctx.epoch)
                     .await;
-                tracing::info!(group = %self.group, member = %self.ctx.member, partition = %p,
-                    epoch = self.ctx.epoch, "backup done");
+                tracing::info!("backup done");
             }
             Err(e) => {
-                tracing::warn!(partition = %p, error = %e, "backup failed; the quarantine runs to its maximum")
+                tracing::warn!(error = %e, "backup failed; the quarantine runs to its maximum")
             }
         }
         TaskEnd::Released
@@ -467,11 +462,10 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             .send(&self.ctx.partition, batch, attempts, why)
             .await
         {
-            tracing::error!(partition = %self.ctx.partition, error = %e,
-                "dead-lettering failed; the batch will be tried again");
+            tracing::error!(error = %e, "dead-lettering failed; the batch will be tried again");
             return Err(DeadLetterFailed::Unwritable);
         }
-        tracing::error!(partition = %self.ctx.partition, first, last, attempts, error = %why,
+        tracing::error!(first, last, attempts, error = %why,
             "batch sent to the dead letters; the partition moves on");
         let skipped = Pending {
             first,
@@ -579,7 +573,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 }
                 Ok(Err(e)) => {
                     unanswered = true;
-                    tracing::warn!(partition = %self.ctx.partition, error = %e, "checkpoint failed; retrying");
+                    tracing::warn!(error = %e, "checkpoint failed; retrying");
                     tokio::time::sleep(RETRY.min(left)).await;
                 }
             }

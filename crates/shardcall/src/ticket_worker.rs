@@ -12,6 +12,7 @@ use shardcall_core::{Bisect, BisectStep, Epoch, MemberId, PartitionId, TicketCla
 use shardcall_spool::Record;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::dead_letters::DeadLetters;
 use crate::error::WorkerError;
@@ -141,17 +142,19 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
             idle: Mutex::default(),
             reading: tokio::sync::Mutex::default(),
         });
-        let task = tokio::spawn(run(shared, stop_rx));
+        let id = incarnation_id(&shared.config.name);
+        let span = tracing::info_span!("worker", group = %shared.config.group, member = %id);
+        let task = tokio::spawn(run(shared, id, stop_rx).instrument(span));
         Ok(TicketWorkerHandle { stop, task, stats })
     }
 }
 
 async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
     shared: Arc<Shared<S, Src, F>>,
+    id: MemberId,
     stop: watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
-    let id = incarnation_id(&shared.config.name);
-    tracing::info!(group = %shared.config.group, member = %id, slots = shared.config.slots, "serving tickets");
+    tracing::info!(slots = shared.config.slots, "serving tickets");
     let seeding = {
         let s = shared.clone();
         AbortOnDrop::spawn(async move {
@@ -176,10 +179,14 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
     };
     let mut slots = JoinSet::new();
     let mut holders = HashMap::new();
-    for n in 0..shared.config.slots {
+    let start = |slots: &mut JoinSet<_>, holders: &mut HashMap<_, _>, n: usize| {
         let holder = MemberId::new(format!("{id}/{n}"));
-        let task = slots.spawn(slot(shared.clone(), holder.clone(), stop.clone()));
-        holders.insert(task.id(), holder);
+        let span = tracing::info_span!("slot", slot = n);
+        let task = slots.spawn(slot(shared.clone(), holder, stop.clone()).instrument(span));
+        holders.insert(task.id(), n);
+    };
+    for n in 0..shared.config.slots {
+        start(&mut slots, &mut holders, n);
     }
     let mut outcome = Ok(());
     while let Some(ended) = slots.join_next_with_id().await {
@@ -193,16 +200,15 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
             // A slot never ends unnoticed: one that panicked starts again
             // (the ticket it held comes back when its lease lapses).
             Err(e) => {
-                let holder = holders.remove(&e.id()).expect("every slot has a holder");
-                tracing::error!(holder = %holder, error = %e, "a ticket slot panicked; it starts again");
-                let task = slots.spawn(slot(shared.clone(), holder.clone(), stop.clone()));
-                holders.insert(task.id(), holder);
+                let n = holders.remove(&e.id()).expect("every slot has a number");
+                tracing::error!(slot = n, error = %e, "a ticket slot panicked; it starts again");
+                start(&mut slots, &mut holders, n);
             }
         }
     }
     seeding.stop().await;
     waking.stop().await;
-    tracing::info!(group = %shared.config.group, member = %id, "stopped serving tickets");
+    tracing::info!("stopped serving tickets");
     outcome
 }
 
@@ -272,12 +278,16 @@ async fn slot<S: TicketStore, Src: Source, F: HandlerFactory>(
         {
             Ok(Some(claim)) => {
                 shared.stats.claims.fetch_add(1, Ordering::Relaxed);
-                Serving::new(&shared, claim, sent, &stop).run().await?;
+                let span = tracing::info_span!("ticket", partition = %claim.partition, epoch = claim.epoch);
+                Serving::new(&shared, claim, sent, &stop)
+                    .run()
+                    .instrument(span)
+                    .await?;
             }
             Ok(None) => {}
             Err(StoreError::Corrupt(e)) => return Err(StoreError::Corrupt(e).into()),
             Err(e) => {
-                tracing::warn!(holder = %holder, error = %e, "claiming a ticket; retrying");
+                tracing::warn!(error = %e, "claiming a ticket; retrying");
                 tokio::time::sleep(RETRY).await;
             }
         }
@@ -343,7 +353,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
         let delay = match &served {
             Served::Lost(why) => {
                 s.stats.fenced.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition = %p, holder = %self.claim.holder, epoch = self.claim.epoch, reason = %why, "ticket lost");
+                tracing::warn!(reason = %why, "ticket lost");
                 s.source.release(&p).await;
                 return Ok(());
             }
@@ -384,11 +394,11 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             Ok(()) => {}
             Err(StoreError::Fenced(f)) => {
                 s.stats.fenced.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition = %p, error = %f, "ticket lapsed before it was given back");
+                tracing::warn!(error = %f, "ticket lapsed before it was given back");
             }
             Err(e) => {
                 // It comes back by itself when the lease lapses.
-                tracing::warn!(partition = %p, error = %e, "giving the ticket back failed");
+                tracing::warn!(error = %e, "giving the ticket back failed");
             }
         }
         // Kept reading ahead for the next claim here; released if none comes.
@@ -404,7 +414,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             Ok(cp) => cp,
             Err(StoreError::Fenced(f)) => return Err(Served::Lost(f.to_string())),
             Err(e) => {
-                tracing::warn!(partition = %p, error = %e, "restoring a claimed partition");
+                tracing::warn!(error = %e, "restoring a claimed partition");
                 return Err(Served::Failed(RETRY));
             }
         };
@@ -414,7 +424,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             None => match s.source.initial_offset(&p).await {
                 Ok(o) => o,
                 Err(e) => {
-                    tracing::warn!(partition = %p, error = %e, "finding the first offset");
+                    tracing::warn!(error = %e, "finding the first offset");
                     return Err(Served::Failed(RETRY));
                 }
             },
@@ -512,7 +522,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 Ok(b) if b.is_empty() => return if found { Served::Busy } else { Served::Empty },
                 Ok(b) => Arc::new(b),
                 Err(e) => {
-                    tracing::warn!(partition = %p, error = %e, "fetch failed");
+                    tracing::warn!(error = %e, "fetch failed");
                     return Served::Failed(RETRY);
                 }
             };
@@ -528,7 +538,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                     Ok(n) => attempts = n,
                     Err(StoreError::Fenced(f)) => return Served::Lost(f.to_string()),
                     Err(e) => {
-                        tracing::warn!(partition = %p, error = %e, "counting a delivery");
+                        tracing::warn!(error = %e, "counting a delivery");
                         return Served::Failed(RETRY);
                     }
                 }
@@ -641,10 +651,10 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
         // The oracle sees the dead-lettering as this batch's processing.
         self.batch_started_us = s.observer.as_ref().map_or(0, |o| o.now_us());
         if let Err(e) = dl.send(p, batch, attempts, why).await {
-            tracing::error!(partition = %p, error = %e, "dead-lettering failed; the batch will be tried again");
+            tracing::error!(error = %e, "dead-lettering failed; the batch will be tried again");
             return Err(Served::Failed(RETRY));
         }
-        tracing::error!(partition = %p, first, last, attempts, error = %why,
+        tracing::error!(first, last, attempts, error = %why,
             "batch sent to the dead letters; the partition moves on");
         s.stats
             .dead_lettered
@@ -684,7 +694,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
             }
             Err(StoreError::Fenced(f)) => Err(f.to_string()),
             Err(e) => {
-                tracing::warn!(partition = %self.claim.partition, error = %e, "renewing a claim");
+                tracing::warn!(error = %e, "renewing a claim");
                 Ok(())
             }
         }
@@ -729,7 +739,7 @@ impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> 
                 }
                 Ok(Err(e)) => {
                     unanswered = true;
-                    tracing::warn!(partition = %self.claim.partition, error = %e, "checkpoint failed; retrying");
+                    tracing::warn!(error = %e, "checkpoint failed; retrying");
                     tokio::time::sleep(RETRY.min(left)).await;
                 }
             }

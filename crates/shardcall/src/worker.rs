@@ -151,7 +151,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
         let (stop, stop_rx) = watch::channel(Stop::Run);
         let stats = Arc::new(WorkerStats::default());
         let s = stats.clone();
-        let task = tokio::spawn(async move { self.run(stop_rx, s).await });
+        let span = tracing::info_span!("worker", group = %self.config.group);
+        let task = tokio::spawn(async move { self.run(stop_rx, s).await }.instrument(span));
         Ok(WorkerHandle { stop, task, stats })
     }
 
@@ -171,7 +172,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
             {
                 Ok(set) => {
                     if set.policy != timing.quarantine() {
-                        tracing::warn!(group, ours = %timing.quarantine(), group_policy = %set.policy,
+                        tracing::warn!(ours = %timing.quarantine(), group_policy = %set.policy,
                             set_by = %set.set_by, "this worker's quarantine setting differs from the group's; \
                             running under the group's (an operator changes it with `shardcall policy`)");
                     }
@@ -179,7 +180,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 }
                 Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
                 Err(e) => {
-                    tracing::warn!(group, error = %e, "configuring the group; retrying");
+                    tracing::warn!(error = %e, "configuring the group; retrying");
                     if stopped_while_waiting(&mut stop, timing.heartbeat_interval).await {
                         return Ok(());
                     }
@@ -217,14 +218,14 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 Err(StoreError::Fenced(_) | StoreError::Refused(_)) => continue,
                 Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
                 Err(e) => {
-                    tracing::warn!(group, member = %id, error = %e, "joining; retrying");
+                    tracing::warn!(member = %id, error = %e, "joining; retrying");
                     if stopped_while_waiting(stop, timing.heartbeat_interval).await {
                         return Ok(());
                     }
                     continue;
                 }
             }
-            tracing::info!(group, member = %id, "joined");
+            tracing::info!(member = %id, "joined");
             *stats.member.lock().expect("stats lock") = Some(id.clone());
             let lease = Arc::new(LocalLease::new(
                 sent,
@@ -244,12 +245,13 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 slots: slots.clone(),
             }
             .run(stop)
+            .instrument(tracing::info_span!("member", member = %id))
             .await?;
             match outcome {
                 Ended::Shutdown => return Ok(()),
                 Ended::Fenced => {
                     stats.rejoins.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(group, member = %id, "fenced out; rejoining as a new member");
+                    tracing::warn!(member = %id, "fenced out; rejoining as a new member");
                 }
             }
         }
@@ -294,9 +296,10 @@ struct Incarnation<'a, S, Src, F> {
 pub(crate) struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
 
 impl AbortOnDrop {
-    /// Runs `task` in the background until stopped or dropped.
+    /// Runs `task` in the background until stopped or dropped, in the
+    /// span of whoever started it (its log lines name the group).
     pub(crate) fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
-        Self(Some(tokio::spawn(task)))
+        Self(Some(tokio::spawn(task.in_current_span())))
     }
 
     /// Aborts the task and waits until it is gone, with what it held.
@@ -395,7 +398,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                         return Ok(Ended::Fenced);
                     }
                     Err(e) => {
-                        tracing::warn!(group = %cfg.group, member = %self.id, error = %e, "heartbeat failed")
+                        tracing::warn!(error = %e, "heartbeat failed")
                     }
                 }
                 next_heartbeat = sent + timing.heartbeat_interval;
@@ -410,7 +413,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                 match e {
                     e if e.disposition() == Disposition::Fatal => return Err(e.into()),
                     e => {
-                        tracing::debug!(group = %cfg.group, member = %self.id, error = %e, "coordinator tick")
+                        tracing::debug!(error = %e, "coordinator tick")
                     }
                 }
             }
@@ -418,7 +421,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                 Ok(()) => {}
                 Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
                 Err(e) => {
-                    tracing::warn!(group = %cfg.group, member = %self.id, error = %e, "reading the member view")
+                    tracing::warn!(error = %e, "reading the member view")
                 }
             }
             self.publish();
@@ -462,7 +465,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         if !plan.moves.is_empty() {
             crate::telemetry::rebalance(group, plan.moves.len());
             for mv in &plan.moves {
-                tracing::info!(group, partition = %mv.partition, from = mv.from.as_ref().map_or("nobody", MemberId::as_str),
+                tracing::info!(partition = %mv.partition, from = %mv.from.as_ref().map_or("nobody", MemberId::as_str),
                     to = %mv.to, reason = %mv.reason, "assignment moves");
             }
             self.stats
@@ -558,8 +561,6 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             .spawn(
                 async move { (key, epoch, task.run().await) }.instrument(tracing::info_span!(
                     "partition",
-                    group = %w.config.group,
-                    member = %self.id,
                     partition = %p,
                     epoch
                 )),
@@ -584,8 +585,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                 Ok((id, _)) => id,
                 Err(e) => {
                     if e.is_panic() {
-                        tracing::error!(group = %self.worker.config.group, member = %self.id,
-                            error = %e, "a partition task panicked; it starts again from its checkpoint");
+                        tracing::error!(error = %e, "a partition task panicked; it starts again from its checkpoint");
                     }
                     e.id()
                 }
@@ -625,7 +625,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         let deadline = w.config.timing.member_ttl;
         let wait_all = async { while self.tasks.join_next().await.is_some() {} };
         if tokio::time::timeout(deadline, wait_all).await.is_err() {
-            tracing::warn!(group, member = %self.id, "partitions did not stop in time; leaving anyway");
+            tracing::warn!("partitions did not stop in time; leaving anyway");
         }
         self.running.clear();
         self.publish();
@@ -633,9 +633,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             let _ = w.store.release_coordinator(group, &self.id, c.epoch).await;
         }
         if let Err(e) = w.store.leave(group, &self.id).await {
-            tracing::warn!(group, member = %self.id, error = %e, "leaving");
+            tracing::warn!(error = %e, "leaving");
         }
-        tracing::info!(group, member = %self.id, "left");
+        tracing::info!("left");
     }
 }
 
