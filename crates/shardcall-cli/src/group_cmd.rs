@@ -420,6 +420,7 @@ async fn status_once(
         && g.members.is_empty()
         && g.partitions.is_empty()
         && tickets.partitions().is_empty()
+        && tickets.workers.is_empty()
         && policy.is_none()
     {
         anyhow::bail!(
@@ -506,6 +507,7 @@ async fn status_once(
             "failing": failing_json(failures.get(p), epoch, now),
         }));
     }
+    let ticket_workers = ticket_workers(&tickets);
     let members: Vec<_> = g
         .members
         .values()
@@ -532,6 +534,7 @@ async fn status_once(
             "members": members,
             "partitions": rows,
             "tickets": ticket_rows,
+            "ticket_workers": ticket_workers,
         });
         return Ok(format!(
             "{}\n",
@@ -551,19 +554,12 @@ async fn status_once(
             left(now, c.expires_at)
         )
     });
-    let ticket_only = g.members.is_empty() && g.partitions.is_empty() && !ticket_rows.is_empty();
+    let ticket_only = g.members.is_empty()
+        && g.partitions.is_empty()
+        && (!ticket_rows.is_empty() || !ticket_workers.is_empty());
     if ticket_only {
-        // Ticket mode has no members, coordinator or quarantine: its workers
-        // show through the claims they hold.
-        let mut workers: BTreeMap<&str, usize> = BTreeMap::new();
-        for c in &tickets.claimed {
-            let worker = c
-                .holder
-                .as_str()
-                .rsplit_once('/')
-                .map_or(c.holder.as_str(), |(w, _)| w);
-            *workers.entry(worker).or_default() += 1;
-        }
+        // Ticket mode has no members, coordinator or quarantine: its
+        // workers announce themselves with the rules they serve under.
         writeln!(
             out,
             "GROUP {}  ticket mode: {} tickets, {} claimed, {} queued",
@@ -572,14 +568,6 @@ async fn status_once(
             tickets.claimed.len(),
             tickets.queued.len()
         )?;
-        writeln!(out)?;
-        writeln!(out, "{:<40} {:>6}", "WORKER (holding claims now)", "CLAIMS")?;
-        for (w, n) in &workers {
-            writeln!(out, "{w:<40} {n:>6}")?;
-        }
-        if workers.is_empty() {
-            writeln!(out, "(no claim held right now)")?;
-        }
     } else {
         writeln!(
             out,
@@ -705,6 +693,13 @@ async fn status_once(
                 state
             )?;
         }
+    }
+    // A ticket-only group's first table; a mixed group's after the rest.
+    if ticket_only || !ticket_workers.is_empty() {
+        if !ticket_only {
+            writeln!(out)?;
+        }
+        write_ticket_workers(&mut out, &ticket_workers)?;
     }
     if !ticket_rows.is_empty() {
         writeln!(out)?;
@@ -899,4 +894,87 @@ pub fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
         })
     });
     explained(&args.redis, &args.group, result)
+}
+
+/// The ticket workers for `status`: every announced one (idle ones too),
+/// and any that holds a claim without an announcement (it stopped
+/// announcing, or its announcement lapsed), with how many claims each holds.
+fn ticket_workers(tickets: &shardcall::TicketView) -> Vec<serde_json::Value> {
+    let mut claims: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &tickets.claimed {
+        // Slots hold claims as WORKER/SLOT.
+        let worker = c
+            .holder
+            .as_str()
+            .rsplit_once('/')
+            .map_or(c.holder.as_str(), |(w, _)| w);
+        *claims.entry(worker).or_default() += 1;
+    }
+    let mut out: Vec<serde_json::Value> = tickets
+        .workers
+        .iter()
+        .map(|w| {
+            json!({
+                "member": w.member.to_string(), "host": w.host, "slots": w.slots,
+                "claims": claims.remove(w.member.as_str()).unwrap_or(0),
+                "budget_ms": w.budget_ms, "claim_ttl_ms": w.claim_ttl_ms,
+                "max_attempts": w.max_attempts, "announced": true,
+            })
+        })
+        .collect();
+    out.extend(
+        claims
+            .into_iter()
+            .map(|(member, n)| json!({"member": member, "claims": n, "announced": false})),
+    );
+    out
+}
+
+/// The ticket workers' table.
+fn write_ticket_workers(out: &mut String, workers: &[serde_json::Value]) -> std::fmt::Result {
+    use std::fmt::Write;
+    if workers.is_empty() {
+        return writeln!(out, "(no ticket worker is running)");
+    }
+    let name_width = workers
+        .iter()
+        .map(|w| w["member"].as_str().map_or(0, str::len))
+        .max()
+        .unwrap_or(0)
+        .max(12);
+    let host_width = workers
+        .iter()
+        .map(|w| w["host"].as_str().map_or(1, str::len))
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    writeln!(
+        out,
+        "{:<name_width$} {:<host_width$} {:>5} {:>6} {:>8} {:>9} {:>12}",
+        "WORKER", "HOST", "SLOTS", "CLAIMS", "BUDGET", "CLAIM TTL", "MAX ATTEMPTS"
+    )?;
+    // Seconds, as the rest of `status` shows durations.
+    let ms = |v: &serde_json::Value| {
+        v.as_u64()
+            .map_or("-".to_string(), |m| format!("{:.1}s", m as f64 / 1000.0))
+    };
+    let or_dash = |v: &serde_json::Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
+    for w in workers {
+        let attempts = match w["max_attempts"].as_u64() {
+            Some(0) => "never".to_string(),
+            _ => or_dash(&w["max_attempts"]),
+        };
+        writeln!(
+            out,
+            "{:<name_width$} {:<host_width$} {:>5} {:>6} {:>8} {:>9} {:>12}",
+            w["member"].as_str().unwrap_or("-"),
+            w["host"].as_str().unwrap_or("-"),
+            or_dash(&w["slots"]),
+            or_dash(&w["claims"]),
+            ms(&w["budget_ms"]),
+            ms(&w["claim_ttl_ms"]),
+            attempts,
+        )?;
+    }
+    Ok(())
 }

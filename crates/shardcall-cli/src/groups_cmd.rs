@@ -79,13 +79,16 @@ pub fn list(args: &GroupsArgs) -> anyhow::Result<ExitCode> {
             } else {
                 None
             };
-            let live = g.members.values().filter(|m| m.is_live(now)).count();
+            // Ticket workers are members of the group too, as an operator
+            // counts them.
+            let live =
+                g.members.values().filter(|m| m.is_live(now)).count() + tickets.workers.len();
             if args.json {
                 println!(
                     "{}",
                     serde_json::json!({"group": name, "live_members": live,
                         "partitions": g.partitions.len(), "tickets": tickets.partitions().len(),
-                        "lag": lag})
+                        "ticket_workers": tickets.workers.len(), "lag": lag})
                 );
             } else {
                 println!(

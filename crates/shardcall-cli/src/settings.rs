@@ -708,10 +708,14 @@ impl Settings {
                 ));
             }
         }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "unknown".into());
         let tk = &self.ticket;
         let ticket = shardcall::TicketConfig {
             group: self.group.clone(),
             name: self.name.clone(),
+            host: host.clone(),
             slots: tk.slots,
             max_batch: self.batch.max_records,
             budget: Duration::from_millis(tk.budget_ms),
@@ -772,9 +776,7 @@ impl Settings {
         let worker = WorkerConfig {
             group: self.group.clone(),
             name: self.name.clone(),
-            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|s| s.trim().to_owned())
-                .unwrap_or_else(|_| "unknown".into()),
+            host,
             weight: self.weight,
             timing,
             max_batch: self.batch.max_records,

@@ -220,28 +220,38 @@ fn produce_spreads_unkeyed_lines_across_runs_and_names_only_the_partitions_writt
 }
 
 #[test]
-fn status_of_a_ticket_only_group_shows_tickets_not_an_owned_mode_quarantine() {
+fn status_of_a_ticket_only_group_shows_its_workers_and_their_rules_not_a_quarantine() {
     let dir = tempfile::tempdir().unwrap();
     let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
     let log = log_with(dir.path(), 40);
     let mut w = Workers::new(dir.path());
     let mut cmd = worker(&server.url(), "tk", &log);
-    cmd.args(["--ticket-topic", "t", "--name", "a"]);
+    cmd.args(["--ticket-topic", "t", "--name", "a"]).args([
+        "--set",
+        "ticket.slots=3",
+        "--set",
+        "ticket.budget_ms=300",
+    ]);
     w.start("a", cmd);
+    let status = |json: bool| {
+        let mut cmd = shardcall_command();
+        cmd.args([
+            "status",
+            "--redis",
+            &server.url(),
+            "--group",
+            "tk",
+            "--log",
+            &log,
+        ]);
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().unwrap()
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     loop {
-        let out = shardcall_command()
-            .args([
-                "status",
-                "--redis",
-                &server.url(),
-                "--group",
-                "tk",
-                "--log",
-                &log,
-            ])
-            .output()
-            .unwrap();
+        let out = status(false);
         let said = text(&out.stdout);
         if out.status.success() && said.contains("TICKET") {
             let header = said.lines().next().unwrap();
@@ -250,11 +260,48 @@ fn status_of_a_ticket_only_group_shows_tickets_not_an_owned_mode_quarantine() {
                 !header.contains("quarantine") && !said.contains("MEMBER"),
                 "{said}"
             );
+            // The worker shows with the rules it serves under, busy or idle.
+            let row = said
+                .lines()
+                .find(|l| l.starts_with("a-"))
+                .unwrap_or_else(|| panic!("no row for worker a: {said}"));
+            let cells: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!(cells[2], "3", "slots: {row}");
+            assert_eq!(cells[4], "0.3s", "budget: {row}");
+            assert_eq!(cells[5], "10.0s", "claim lease: {row}");
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{said}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    let doc: serde_json::Value = serde_json::from_slice(&status(true).stdout).unwrap();
+    let workers = doc["ticket_workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 1, "{doc:#}");
+    assert_eq!(workers[0]["slots"], 3);
+    assert_eq!(workers[0]["budget_ms"], 300);
+    assert_eq!(workers[0]["announced"], true);
+    // An idle worker would seed the pool again: deleting is refused.
+    let delete = || {
+        shardcall_command()
+            .args(["delete-group", "--redis", &server.url(), "--group", "tk"])
+            .output()
+            .unwrap()
+    };
+    let out = delete();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("live ticket workers (a-"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A stopped worker leaves the table at once (it retires its record).
+    w.signal("a", "-TERM");
+    assert!(w.wait("a").success());
+    let said = text(&status(false).stdout);
+    assert!(said.contains("(no ticket worker is running)"), "{said}");
+    assert!(!said.lines().any(|l| l.starts_with("a-")), "{said}");
+    let out = delete();
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
 #[test]

@@ -21,6 +21,7 @@ const GROUP_KEYS: &[(&str, &str)] = &[
     ("tickets:leases", "zset"),
     ("tickets:epochs", "hash"),
     ("tickets:arrivals", "string"),
+    ("tickets:workers", "hash"),
 ];
 
 impl RedisStore {

@@ -68,6 +68,13 @@ impl RedisStore {
             )));
         }
         let tickets = self.ticket_view(group).await?;
+        if !tickets.workers.is_empty() {
+            let names: Vec<&str> = tickets.workers.iter().map(|w| w.member.as_str()).collect();
+            return Err(StoreError::Refused(format!(
+                "group {group} has live ticket workers ({}): stop them first",
+                names.join(", ")
+            )));
+        }
         if tickets.claimed.iter().any(|c| c.expires > now) {
             return Err(StoreError::Refused(format!(
                 "group {group} has ticket claims running: stop its workers first"

@@ -9,7 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::Value;
 use shardcall::{
-    Checkpoint, ClaimAttempt, StoreError, StoreResult, TicketStore, TicketView, claim_with_wait,
+    Checkpoint, ClaimAttempt, CoordinationStore, StoreError, StoreResult, TicketStore, TicketView,
+    TicketWorkerInfo, claim_with_wait,
 };
 use shardcall_core::{MemberId, PartitionId, TicketClaim};
 
@@ -27,6 +28,7 @@ struct TicketKeys {
     epochs: String,
     arrivals: String,
     bell: String,
+    workers: String,
 }
 
 fn ticket_keys(group: &str) -> TicketKeys {
@@ -38,6 +40,7 @@ fn ticket_keys(group: &str) -> TicketKeys {
         epochs: k("epochs"),
         arrivals: k("arrivals"),
         bell: k("bell"),
+        workers: k("workers"),
     }
 }
 
@@ -266,7 +269,12 @@ impl TicketStore for RedisStore {
     async fn ticket_view(&self, group: &str) -> StoreResult<TicketView> {
         let k = ticket_keys(group);
         let mut c = self.conn.clone();
-        let (queue, claims): (Vec<(String, f64)>, Vec<(String, String)>) = redis::pipe()
+        type Reply = (
+            Vec<(String, f64)>,
+            Vec<(String, String)>,
+            Vec<(String, String)>,
+        );
+        let (queue, claims, workers): Reply = redis::pipe()
             .cmd("ZRANGE")
             .arg(&k.queue)
             .arg(0)
@@ -274,9 +282,12 @@ impl TicketStore for RedisStore {
             .arg("WITHSCORES")
             .cmd("HGETALL")
             .arg(&k.claims)
+            .cmd("HGETALL")
+            .arg(&k.workers)
             .query_async(&mut c)
             .await
             .map_err(|e| map_error(&e))?;
+        let now = self.now().await?;
         let mut view = TicketView::default();
         for (field, score) in queue {
             view.queued
@@ -299,6 +310,43 @@ impl TicketStore for RedisStore {
             });
         }
         view.claimed.sort_by(|a, b| a.partition.cmp(&b.partition));
+        for (member, raw) in workers {
+            let w: TicketWorkerInfo = serde_json::from_str(&raw).map_err(|e| {
+                StoreError::Corrupt(format!("ticket worker {member:?}: {raw:?}: {e}"))
+            })?;
+            if w.expires > now {
+                view.workers.push(w);
+            }
+        }
+        view.workers.sort_by(|a, b| a.member.cmp(&b.member));
         Ok(view)
+    }
+
+    async fn announce_ticket_worker(
+        &self,
+        group: &str,
+        worker: &TicketWorkerInfo,
+        ttl: Duration,
+    ) -> StoreResult<()> {
+        let record = serde_json::to_string(worker)
+            .map_err(|e| StoreError::Corrupt(format!("encoding a ticket worker: {e}")))?;
+        let mut call = self.scripts.ticket_announce.prepare_invoke();
+        call.key(ticket_keys(group).workers)
+            .arg(worker.member.as_str())
+            .arg(record)
+            .arg(ms(ttl));
+        let _: i64 = self.invoke(&mut call).await?;
+        Ok(())
+    }
+
+    async fn retire_ticket_worker(&self, group: &str, member: &MemberId) -> StoreResult<()> {
+        let mut c = self.conn.clone();
+        let _: i64 = redis::cmd("HDEL")
+            .arg(ticket_keys(group).workers)
+            .arg(member.as_str())
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        Ok(())
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use shardcall_core::{MemberId, PartitionId, TicketClaim};
 
 use crate::store::{Checkpoint, StoreError};
-use crate::ticket_store::TicketStore;
+use crate::ticket_store::{TicketStore, TicketWorkerInfo};
 
 const TTL: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(30);
@@ -59,6 +59,68 @@ pub async fn run_all<S: TicketStore>(store: &S, prefix: &str) {
     backed_off_tickets_wait_and_wake(store, &format!("{prefix}-tk-backoff")).await;
     a_waiting_claim_gets_a_returned_ticket(store, &format!("{prefix}-tk-wait")).await;
     deliveries_are_counted_across_claims(store, &format!("{prefix}-tk-count")).await;
+    workers_are_seen_while_their_announcement_runs(store, &format!("{prefix}-tk-workers")).await;
+}
+
+fn worker_info(member: &str, slots: u32) -> TicketWorkerInfo {
+    TicketWorkerInfo {
+        member: h(member),
+        host: "box".into(),
+        slots,
+        budget_ms: 200,
+        claim_ttl_ms: 10_000,
+        max_attempts: 5,
+        expires: 0,
+    }
+}
+
+/// An announced worker is in the view with its settings until its
+/// announcement lapses or it retires; announcing again replaces the record
+/// (one per worker) and moves its end; groups do not see each other's.
+pub async fn workers_are_seen_while_their_announcement_runs<S: TicketStore>(
+    store: &S,
+    group: &str,
+) {
+    let before = store.now().await.unwrap();
+    store
+        .announce_ticket_worker(group, &worker_info("a", 2), TTL)
+        .await
+        .unwrap();
+    store
+        .announce_ticket_worker(group, &worker_info("b", 1), LONG)
+        .await
+        .unwrap();
+    store
+        .announce_ticket_worker(group, &worker_info("a", 3), TTL)
+        .await
+        .unwrap();
+    let view = store.ticket_view(group).await.unwrap();
+    let names: Vec<&str> = view.workers.iter().map(|w| w.member.as_str()).collect();
+    assert_eq!(names, ["a", "b"], "one record per worker, by id");
+    let a = &view.workers[0];
+    assert_eq!(a.slots, 3, "the newer announcement replaced the older");
+    assert_eq!(
+        (a.host.as_str(), a.budget_ms, a.max_attempts),
+        ("box", 200, 5)
+    );
+    let ttl_ms = TTL.as_millis() as u64;
+    assert!(
+        a.expires >= before + ttl_ms && a.expires <= before + ttl_ms + 5_000,
+        "the store sets the end from its clock: {} vs {before}",
+        a.expires
+    );
+    let other = store.ticket_view(&format!("{group}-other")).await.unwrap();
+    assert!(other.workers.is_empty(), "another group's workers");
+    tokio::time::sleep(TTL + Duration::from_millis(150)).await;
+    let view = store.ticket_view(group).await.unwrap();
+    let names: Vec<&str> = view.workers.iter().map(|w| w.member.as_str()).collect();
+    assert_eq!(names, ["b"], "a's announcement lapsed");
+    store.retire_ticket_worker(group, &h("b")).await.unwrap();
+    store
+        .retire_ticket_worker(group, &h("nobody"))
+        .await
+        .unwrap();
+    assert!(store.ticket_view(group).await.unwrap().workers.is_empty());
 }
 
 /// A batch's deliveries are counted across claims (a crashed worker's count

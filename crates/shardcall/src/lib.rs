@@ -48,6 +48,6 @@ pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
 pub use store::{Checkpoint, CoordinationStore, Disposition, GroupPolicy, StoreError, StoreResult};
 pub use ticket_config::{TicketConfig, TicketConfigError};
-pub use ticket_store::{ClaimAttempt, TicketStore, TicketView, claim_with_wait};
+pub use ticket_store::{ClaimAttempt, TicketStore, TicketView, TicketWorkerInfo, claim_with_wait};
 pub use ticket_worker::{TicketStats, TicketWorker, TicketWorkerHandle};
 pub use worker::{RebalanceStat, Worker, WorkerHandle, WorkerStats, quarantine_left};

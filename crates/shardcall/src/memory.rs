@@ -49,6 +49,11 @@ pub(crate) struct Inner {
     failures: HashMap<(String, PartitionId), FailureReport>,
     /// Ticket mode: rung when a ticket becomes due at once.
     pub(crate) ticket_bells: HashMap<String, tokio::sync::watch::Sender<u64>>,
+    /// Ticket mode: each group's announced workers.
+    pub(crate) ticket_workers: HashMap<
+        String,
+        std::collections::BTreeMap<MemberId, crate::ticket_store::TicketWorkerInfo>,
+    >,
 }
 
 /// The in-process store.

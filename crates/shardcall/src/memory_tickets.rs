@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use crate::memory::{Inner, MemoryStore, ms};
 use crate::store::{Checkpoint, StoreError, StoreResult};
-use crate::ticket_store::{TicketStore, TicketView, claim_with_wait};
+use crate::ticket_store::{TicketStore, TicketView, TicketWorkerInfo, claim_with_wait};
 
 impl MemoryStore {
     fn bell(&self, group: &str) -> watch::Receiver<u64> {
@@ -192,14 +192,52 @@ impl TicketStore for MemoryStore {
     }
 
     async fn ticket_view(&self, group: &str) -> StoreResult<TicketView> {
+        let now = self.clock.now_ms();
         let inner = self.inner.lock().expect("store lock");
-        Ok(inner
+        let mut view = inner
             .tickets
             .get(group)
             .map(|pool| TicketView {
                 queued: pool.queued(),
                 claimed: pool.claims(),
+                workers: Vec::new(),
             })
-            .unwrap_or_default())
+            .unwrap_or_default();
+        if let Some(workers) = inner.ticket_workers.get(group) {
+            view.workers = workers
+                .values()
+                .filter(|w| w.expires > now)
+                .cloned()
+                .collect();
+        }
+        Ok(view)
+    }
+
+    async fn announce_ticket_worker(
+        &self,
+        group: &str,
+        worker: &TicketWorkerInfo,
+        ttl: Duration,
+    ) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        let workers = inner.ticket_workers.entry(group.to_owned()).or_default();
+        workers.retain(|_, w| w.expires > now);
+        workers.insert(
+            worker.member.clone(),
+            TicketWorkerInfo {
+                expires: now + ms(ttl),
+                ..worker.clone()
+            },
+        );
+        Ok(())
+    }
+
+    async fn retire_ticket_worker(&self, group: &str, member: &MemberId) -> StoreResult<()> {
+        let mut inner = self.inner.lock().expect("store lock");
+        if let Some(workers) = inner.ticket_workers.get_mut(group) {
+            workers.remove(member);
+        }
+        Ok(())
     }
 }

@@ -11,6 +11,8 @@ pub struct TicketConfig {
     pub group: String,
     /// This worker's name; each slot holds tickets as `NAME-SUFFIX/SLOT`.
     pub name: String,
+    /// The machine it runs on, for operators.
+    pub host: String,
     /// Partitions served at once by this worker (one per slot).
     pub slots: usize,
     /// Most records handed to the handler at once.
@@ -58,6 +60,7 @@ impl Default for TicketConfig {
         Self {
             group: "default".into(),
             name: "worker".into(),
+            host: "localhost".into(),
             slots: 2,
             max_batch: 100,
             budget: Duration::from_millis(200),

@@ -18,6 +18,31 @@ pub struct TicketView {
     pub queued: Vec<(PartitionId, Millis)>,
     /// Held claims.
     pub claimed: Vec<TicketClaim>,
+    /// The ticket workers whose announcement still runs, by member id.
+    pub workers: Vec<TicketWorkerInfo>,
+}
+
+/// A ticket worker as it announces itself to the group: who it is and the
+/// rules it serves under, so an operator sees idle workers too (a claim
+/// shows only the busy ones) and what each one does with a ticket.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TicketWorkerInfo {
+    /// The worker's id; its slots hold claims as `ID/SLOT`.
+    pub member: MemberId,
+    /// The machine it runs on.
+    pub host: String,
+    /// Partitions it serves at once.
+    pub slots: u32,
+    /// How long a slot keeps a ticket while records remain (ms).
+    pub budget_ms: u64,
+    /// The lease of a claim (ms).
+    pub claim_ttl_ms: u64,
+    /// Handler attempts on a batch before its failing record goes to the
+    /// dead letters (`0`: never).
+    pub max_attempts: u32,
+    /// When the announcement lapses unless repeated (store ms); the store
+    /// sets it.
+    pub expires: Millis,
 }
 
 impl TicketView {
@@ -147,6 +172,22 @@ pub trait TicketStore: CoordinationStore {
         checkpoint: &Checkpoint,
     ) -> StoreResult<()>;
 
-    /// The group's tickets.
+    /// The group's tickets, and the ticket workers whose announcement runs
+    /// at the store's now.
     async fn ticket_view(&self, group: &str) -> StoreResult<TicketView>;
+
+    /// Records `worker` as serving the group until `ttl` from the store's
+    /// now, replacing its earlier announcement (one record per member id;
+    /// `worker.expires` is ignored), and forgets workers whose announcement
+    /// lapsed. Presence only: it grants nothing and fences nothing.
+    async fn announce_ticket_worker(
+        &self,
+        group: &str,
+        worker: &TicketWorkerInfo,
+        ttl: Duration,
+    ) -> StoreResult<()>;
+
+    /// Forgets `member`'s announcement (it stopped); nothing when there is
+    /// none.
+    async fn retire_ticket_worker(&self, group: &str, member: &MemberId) -> StoreResult<()>;
 }

@@ -23,7 +23,7 @@ use crate::lease::LocalLease;
 use crate::source::Source;
 use crate::store::{Checkpoint, StoreError};
 use crate::ticket_config::TicketConfig;
-use crate::ticket_store::TicketStore;
+use crate::ticket_store::{TicketStore, TicketWorkerInfo};
 use crate::worker::{AbortOnDrop, incarnation_id, task_outcome};
 
 const RETRY: Duration = Duration::from_millis(100);
@@ -155,10 +155,28 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
     stop: watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
     tracing::info!(slots = shared.config.slots, "serving tickets");
+    let info = TicketWorkerInfo {
+        member: id.clone(),
+        host: shared.config.host.clone(),
+        slots: shared.config.slots as u32,
+        budget_ms: shared.config.budget.as_millis() as u64,
+        claim_ttl_ms: shared.config.claim_ttl.as_millis() as u64,
+        max_attempts: shared.config.max_attempts,
+        expires: 0,
+    };
     let seeding = {
         let s = shared.clone();
         AbortOnDrop::spawn(async move {
+            // Seen by operators for three rounds after the last one.
+            let presence = s.config.discover_every * 3;
             loop {
+                if let Err(e) = s
+                    .store
+                    .announce_ticket_worker(&s.config.group, &info, presence)
+                    .await
+                {
+                    tracing::debug!(error = %e, "announcing this worker; retrying");
+                }
                 match s.source.partitions().await {
                     Ok(list) => {
                         if let Err(e) = s.store.seed_tickets(&s.config.group, &list).await {
@@ -208,6 +226,13 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
     }
     seeding.stop().await;
     waking.stop().await;
+    if let Err(e) = shared
+        .store
+        .retire_ticket_worker(&shared.config.group, &id)
+        .await
+    {
+        tracing::debug!(error = %e, "retiring this worker's announcement");
+    }
     tracing::info!("stopped serving tickets");
     outcome
 }

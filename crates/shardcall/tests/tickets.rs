@@ -20,6 +20,7 @@ fn config(name: &str) -> TicketConfig {
     TicketConfig {
         group: GROUP.into(),
         name: name.into(),
+        host: "test".into(),
         slots: 2,
         max_batch: 20,
         budget: Duration::from_millis(30),
