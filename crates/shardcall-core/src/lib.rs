@@ -12,6 +12,9 @@
 //! - [`config`]: a group's timing, validated.
 //! - [`tickets`]: ticket mode's pool of partition tickets.
 //! - [`bisect`]: isolating the records that make a batch fail.
+//! - [`partition_engine`]: one partition's processing under a grant or a
+//!   claim, shared by owned and ticket mode.
+//! - [`retry`]: pauses between attempts of a failing call.
 
 pub mod assign;
 pub mod bisect;
@@ -20,6 +23,8 @@ pub mod coordinator;
 pub mod ids;
 pub mod lifecycle;
 pub mod membership;
+pub mod partition_engine;
+pub mod retry;
 pub mod state;
 pub mod tickets;
 
@@ -30,6 +35,11 @@ pub use coordinator::{Plan, StepOptions, step, step_with};
 pub use ids::{Epoch, MemberId, Millis, PartitionId};
 pub use lifecycle::{Phase, QuarantineEnd, QuarantinePolicy};
 pub use membership::LeaseRule;
+pub use partition_engine::{
+    CallFailure, CheckpointAnswer, End, Env, Event, Grant, PartitionEngine, PartitionRules, Served,
+    StateOf, StoreAnswer, TicketHistory, TicketRules,
+};
+pub use retry::RetryBackoff;
 pub use state::{
     AuditEntry, Command, CoordinatorLease, Fenced, GroupState, MemberRecord, PartitionRecord,
     StateError,

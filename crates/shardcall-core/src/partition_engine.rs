@@ -1,0 +1,1378 @@
+//! One partition's processing under one grant (owned mode) or one claim
+//! (ticket mode), from restore to its end, as a sans-IO state machine.
+//!
+//! The engine decides; a driver carries out. Each call of
+//! [`PartitionEngine::step`] takes what the last command came to (an
+//! [`Event`]) and the driver's view of the moment ([`Env`]: the time, how
+//! much of the lease is left, whether the partition is revoked) and returns
+//! the next [`Command`]. The driver runs that command against the store, the
+//! source and the handler and feeds its answer back, until
+//! [`Command::Done`]. One command is outstanding at a time: a partition is
+//! processed in order, by one task.
+//!
+//! Both modes run the same engine; what differs is the [`Grant`]: an owned
+//! partition runs until revoked, accumulates batches between checkpoints,
+//! and at the end is released and backed up; a ticket is served for a time
+//! budget, checkpointed after every batch, renewed at half its lease and
+//! given back. Failing calls are handled alike: a pause that doubles, a
+//! report to the store, dead letters after `max_attempts` (by bisecting the
+//! batch until the failing records stand alone), and giving the partition
+//! up when the handler is stuck or fails too often in a row.
+//!
+//! The engine never holds records or state bytes: it knows a batch by its
+//! records' offsets and says which of them to process, checkpoint or
+//! dead-letter; the driver keeps the records and the handler's state.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::Duration;
+
+use crate::bisect::{Bisect, BisectStep};
+use crate::ids::Millis;
+use crate::retry::RetryBackoff;
+
+/// The pause after a store or source call failed (no fault of the
+/// handler's, so no backoff).
+pub const STORE_RETRY: Duration = Duration::from_millis(100);
+
+/// Who granted the partition, and so how its processing ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grant {
+    /// Owned mode: the member's until revoked; then released and backed up.
+    Owned,
+    /// Ticket mode: a claim served for a time budget, then given back.
+    Ticket(TicketRules),
+}
+
+/// How a ticket is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TicketRules {
+    /// How long the claim is served while records remain; a failing batch
+    /// in hand is retried past it.
+    pub budget: Duration,
+    /// The claim is renewed once no more than this much of its lease is
+    /// left (half the lease).
+    pub renew_below: Duration,
+    /// The first backoff of a partition found empty.
+    pub idle_backoff: Duration,
+    /// The longest.
+    pub max_idle_backoff: Duration,
+    /// What earlier claims of the partition on this worker learnt.
+    pub history: TicketHistory,
+}
+
+/// What a worker remembers of a partition between its claims.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TicketHistory {
+    /// The handler refused the partition this many claims in a row.
+    pub refusals: u32,
+    /// The partition was found empty and backed off this long last time.
+    pub empty_backoff: Option<Duration>,
+}
+
+/// The rules one partition is processed under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionRules {
+    /// Owned or ticket.
+    pub grant: Grant,
+    /// Most records a fetch asks for.
+    pub max_batch: usize,
+    /// How long a fetch with nothing pending waits for a record.
+    pub fetch_wait: Duration,
+    /// While records keep coming, checkpoint at most this often (zero:
+    /// after every batch); caught up, failing or ending: at once.
+    pub checkpoint_interval: Duration,
+    /// Pauses between attempts of a failing call.
+    pub retry: RetryBackoff,
+    /// Deliveries of one batch before its failing records go to the dead
+    /// letters (`0`: retried for ever).
+    pub max_attempts: u32,
+    /// Whether there is a dead-letter destination.
+    pub dead_letters: bool,
+    /// Count each delivery in the store before the handler runs, so that a
+    /// handler that kills its process still uses up attempts (ticket mode,
+    /// where the next delivery may be on another worker).
+    pub count_in_store: bool,
+    /// Give the partition up after this many failed calls in a row (`0`:
+    /// never).
+    pub give_up_after: u32,
+}
+
+impl PartitionRules {
+    fn dead_lettering(&self) -> bool {
+        self.dead_letters && self.max_attempts > 0
+    }
+}
+
+/// The driver's view of the moment, given with every event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Env {
+    /// The driver's clock (monotonic milliseconds).
+    pub now: Millis,
+    /// How much of the lease (the member's, or the claim's) may still be
+    /// used; zero: none, stop touching the partition.
+    pub lease_left: Duration,
+    /// The partition is revoked (owned) or the worker stops (both).
+    pub revoked: bool,
+}
+
+/// Which state a checkpoint writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateOf {
+    /// The handler's state after the last record processed.
+    Processed,
+    /// The state as last checkpointed (records skipped to the dead
+    /// letters change nothing); the driver then rebuilds the handler.
+    Checkpointed,
+}
+
+/// What the driver is to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Read the partition's checkpoint (a ticket: restore it under the
+    /// claim, fencing older claims). Answer: [`Event::Restored`].
+    Restore,
+    /// Find where a partition with no checkpoint starts. Answer:
+    /// [`Event::FoundStart`].
+    FindStart,
+    /// Make the handler from the restored state (or keep the one this
+    /// worker had) and tell it of the grant. Answer:
+    /// [`Event::HandlerStarted`].
+    StartHandler,
+    /// Extend the claim's lease. Answer: [`Event::Renewed`].
+    Renew,
+    /// Read up to `max` records from `from`, waiting up to `wait` for the
+    /// first; a revoke may cut the wait short. Answer: [`Event::Fetched`]
+    /// or [`Event::Interrupted`].
+    Fetch {
+        /// The first offset wanted.
+        from: u64,
+        /// Most records.
+        max: usize,
+        /// Longest wait for a record.
+        wait: Duration,
+    },
+    /// Count one more delivery of the batch starting at `first`. Answer:
+    /// [`Event::Counted`].
+    CountDelivery {
+        /// The batch's first offset.
+        first: u64,
+    },
+    /// Run the handler on the records `range` of the batch in hand.
+    /// Answer: [`Event::Processed`].
+    Process {
+        /// Indices into the batch.
+        range: Range<usize>,
+    },
+    /// Write the offset after `last` and the state, under the grant.
+    /// Answer: [`Event::Checkpointed`].
+    Checkpoint {
+        /// The first record covered (for the oracle and statistics).
+        first: u64,
+        /// The last record covered.
+        last: u64,
+        /// Which state.
+        state: StateOf,
+    },
+    /// Send the records `range` of the batch in hand to the dead letters.
+    /// Answer: [`Event::DeadLettered`].
+    DeadLetter {
+        /// Indices into the batch.
+        range: Range<usize>,
+        /// Deliveries it had.
+        attempts: u32,
+        /// Why the last one failed.
+        error: String,
+    },
+    /// Tell the store (and the log and metrics) that calls are failing.
+    /// Answer: [`Event::Done`].
+    ReportFailure {
+        /// Failed calls in a row.
+        attempts: u32,
+        /// Why the last failed.
+        error: String,
+        /// When the next attempt comes (`None`: none here).
+        retry_in: Option<Duration>,
+    },
+    /// Calls succeed again: clear the report. Answer: [`Event::Done`].
+    ClearFailure,
+    /// Wait this long; a revoke may cut it short. Answer: [`Event::Done`]
+    /// or [`Event::Interrupted`].
+    Pause(Duration),
+    /// Give the grant back to the coordinator (owned). Answer:
+    /// [`Event::Released`].
+    Release,
+    /// Run the handler's backup and report it done (owned). Answer:
+    /// [`Event::Done`].
+    Backup,
+    /// Give the ticket back, due again after `delay`. Answer:
+    /// [`Event::Done`].
+    GiveBack {
+        /// When the partition is due again.
+        delay: Duration,
+    },
+    /// The end; no more commands.
+    Done(End),
+}
+
+/// How a partition's processing ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// Revoked: checkpointed, released, backed up.
+    Released,
+    /// Released without a backup, for another member with a handler of
+    /// its own.
+    GivenUp(&'static str),
+    /// Fenced out or out of lease: stopped without releasing or giving
+    /// back.
+    Lost(String),
+    /// The ticket went back.
+    GaveBack {
+        /// Why it went back.
+        served: Served,
+        /// When it is due again.
+        delay: Duration,
+        /// What to remember for the next claim here.
+        history: TicketHistory,
+    },
+}
+
+/// How serving a ticket went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Records were found (and more may remain).
+    Busy,
+    /// Nothing to read.
+    Empty,
+    /// Something failed; it is due again after the pause.
+    Failed,
+}
+
+/// A store call's answer, as the engine needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreAnswer<T> {
+    /// It worked.
+    Ok(T),
+    /// The grant or claim is no longer ours.
+    Fenced(String),
+    /// It failed and may be tried again.
+    Failed(String),
+}
+
+/// Why a handler call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallFailure {
+    /// The handler failed the records (an error or a panic).
+    Batch(String),
+    /// A handler rebuilt after a failure refused the partition: no record
+    /// is to blame.
+    Refused(String),
+    /// The call outlived its deadline and could not be stopped: the
+    /// handler is abandoned.
+    Stuck(String),
+}
+
+/// A checkpoint write's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointAnswer {
+    /// Written.
+    Committed,
+    /// Refused: the grant or claim is no longer ours.
+    Fenced(String),
+    /// Failed and may be tried again while the lease runs.
+    Failed(String),
+    /// No answer while the lease ran: it may have landed.
+    Unanswered,
+}
+
+/// The answer to the last command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Begin (the first call).
+    Start,
+    /// The checkpoint's offset, if there is one.
+    Restored(StoreAnswer<Option<u64>>),
+    /// Where the partition starts (`None`: the source could not say).
+    FoundStart(Option<u64>),
+    /// The handler is ready, or why not.
+    HandlerStarted(Result<(), CallFailure>),
+    /// The claim was renewed (the driver renewed its lease with it).
+    Renewed(StoreAnswer<()>),
+    /// The records read, by offset (`None`: the source failed).
+    Fetched(Option<Vec<u64>>),
+    /// Deliveries of the batch so far, this one included.
+    Counted(StoreAnswer<u32>),
+    /// The handler call's outcome.
+    Processed(Result<(), CallFailure>),
+    /// The checkpoint's outcome.
+    Checkpointed(CheckpointAnswer),
+    /// Whether the dead letters took the records.
+    DeadLettered(bool),
+    /// The release's outcome.
+    Released(StoreAnswer<()>),
+    /// A command without an answer of its own is done.
+    Done,
+    /// A revoke cut a fetch or a pause short.
+    Interrupted,
+}
+
+/// Where the engine is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Restoring,
+    FindingStart,
+    StartingHandler,
+    Running,
+    Finishing,
+    Releasing,
+    Ended,
+}
+
+/// Records processed but not checkpointed yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pending {
+    first: u64,
+    last: u64,
+    /// When its first batch was processed.
+    began: Millis,
+}
+
+/// The failing batch being split.
+#[derive(Debug, Clone)]
+struct Isolation {
+    bisect: Bisect,
+    /// Deliveries the batch had.
+    attempts: u32,
+}
+
+/// Why a partition is given up.
+const STUCK: &str = "its handler is stuck in a call";
+const FAILING: &str = "its handler failed too many times in a row here";
+
+/// One partition's engine.
+#[derive(Debug, Clone)]
+pub struct PartitionEngine {
+    rules: PartitionRules,
+    stage: Stage,
+    /// Commands decided ahead, issued before anything else.
+    queue: VecDeque<Command>,
+    /// The command whose answer is awaited.
+    awaiting: Option<Command>,
+    /// Where reading goes on.
+    next_offset: u64,
+    /// The offsets of the batch in hand.
+    batch: Vec<u64>,
+    pending: Option<Pending>,
+    /// Deliveries of the batch at `next_offset`.
+    attempts: u32,
+    /// Failed calls in a row.
+    streak: u32,
+    last_error: Option<String>,
+    isolation: Option<Isolation>,
+    /// Whether a ticket found records.
+    found: bool,
+    /// When serving began (a ticket's budget).
+    began: Option<Millis>,
+    /// A renewal failed this round: fetch without trying again.
+    renew_failed: bool,
+    give_up: Option<&'static str>,
+    /// A ticket's outcome and delay, once decided.
+    served: Option<(Served, Duration)>,
+    history: TicketHistory,
+}
+
+impl PartitionEngine {
+    /// An engine for one grant or claim under `rules`.
+    pub fn new(rules: PartitionRules) -> Self {
+        let history = match &rules.grant {
+            Grant::Ticket(t) => t.history,
+            Grant::Owned => TicketHistory::default(),
+        };
+        Self {
+            rules,
+            stage: Stage::Restoring,
+            queue: VecDeque::new(),
+            awaiting: None,
+            next_offset: 0,
+            batch: Vec::new(),
+            pending: None,
+            attempts: 0,
+            streak: 0,
+            last_error: None,
+            isolation: None,
+            found: false,
+            began: None,
+            renew_failed: false,
+            give_up: None,
+            served: None,
+            history,
+        }
+    }
+
+    /// Where reading goes on (for the driver's lag gauge and logs).
+    pub fn next_offset(&self) -> u64 {
+        self.next_offset
+    }
+
+    /// The offsets of the batch in hand.
+    pub fn batch(&self) -> &[u64] {
+        &self.batch
+    }
+
+    /// The next command, given the last one's answer.
+    ///
+    /// # Panics
+    /// When the event does not answer the command issued last (a driver
+    /// bug), or after [`Command::Done`].
+    pub fn step(&mut self, event: Event, env: Env) -> Command {
+        assert!(self.stage != Stage::Ended, "the engine has ended");
+        if self.began.is_none() {
+            self.began = Some(env.now);
+        }
+        let awaited = self.awaiting.take();
+        self.absorb(awaited, event, env);
+        let next = match self.queue.pop_front() {
+            Some(c) => c,
+            None => self.decide(env),
+        };
+        if let Command::Done(_) = next {
+            self.stage = Stage::Ended;
+        }
+        self.awaiting = Some(next.clone());
+        next
+    }
+
+    fn ticket(&self) -> Option<&TicketRules> {
+        match &self.rules.grant {
+            Grant::Ticket(t) => Some(t),
+            Grant::Owned => None,
+        }
+    }
+
+    /// Stops here: nothing queued goes out.
+    fn lose(&mut self, why: impl Into<String>) {
+        self.queue.clear();
+        self.queue.push_back(Command::Done(End::Lost(why.into())));
+    }
+
+    /// Ends the serving part: what is pending is checkpointed, then the
+    /// grant released or the ticket given back.
+    fn finish(&mut self, served: Served, delay: Duration) {
+        if self.served.is_none() {
+            self.served = Some((served, delay));
+        }
+        self.stage = Stage::Finishing;
+    }
+
+    /// A store or source call failed before processing began: an owned
+    /// partition pauses and tries again, a ticket goes back.
+    fn retry_or_give_back(&mut self) {
+        if self.ticket().is_some() {
+            self.finish(Served::Failed, STORE_RETRY);
+        } else {
+            self.queue.push_back(Command::Pause(STORE_RETRY));
+        }
+    }
+
+    /// The pending records' checkpoint, queued.
+    fn checkpoint_pending(&mut self) {
+        if let Some(p) = self.pending {
+            self.queue.push_back(Command::Checkpoint {
+                first: p.first,
+                last: p.last,
+                state: StateOf::Processed,
+            });
+        }
+    }
+
+    /// A call succeeded (or its records went to the dead letters): the
+    /// batch's attempts start again, and a failing partition's report is
+    /// cleared — also when the failures were earlier deliveries elsewhere
+    /// (the store's count says so).
+    fn succeeded(&mut self) {
+        let earlier = std::mem::take(&mut self.attempts) > 1;
+        let streak = std::mem::take(&mut self.streak) > 0;
+        if streak || self.last_error.take().is_some() || earlier {
+            self.queue.push_back(Command::ClearFailure);
+        }
+    }
+
+    /// A failed call that is not the batch's to pay for by dead letters:
+    /// reported, then paused for, or the partition given up.
+    fn call_failed(&mut self, error: String) {
+        self.streak += 1;
+        let attempts = self.streak.max(self.attempts);
+        let give_up_after = self.rules.give_up_after;
+        if give_up_after > 0 && self.streak >= give_up_after {
+            self.queue.push_back(Command::ReportFailure {
+                attempts,
+                error,
+                retry_in: None,
+            });
+            self.give_up = Some(FAILING);
+            self.finish(Served::Failed, STORE_RETRY);
+            return;
+        }
+        let pause = self.rules.retry.after(attempts);
+        self.queue.push_back(Command::ReportFailure {
+            attempts,
+            error: error.clone(),
+            retry_in: Some(pause),
+        });
+        self.queue.push_back(Command::Pause(pause));
+        self.last_error = Some(error);
+    }
+
+    /// The handler could not be stopped: it is abandoned, the partition
+    /// given up (a ticket goes back for a slot with a handler of its own).
+    fn stuck(&mut self, error: String) {
+        self.streak += 1;
+        self.queue.push_back(Command::ReportFailure {
+            attempts: self.streak.max(self.attempts),
+            error,
+            retry_in: None,
+        });
+        self.give_up = Some(STUCK);
+        self.finish(Served::Failed, STORE_RETRY);
+    }
+
+    /// The handler refused the partition. Owned: a failed call like any
+    /// other. Ticket: the ticket goes back, backed off more each claim.
+    fn refused(&mut self, error: String) {
+        if self.ticket().is_none() {
+            return self.call_failed(error);
+        }
+        self.history.refusals += 1;
+        let pause = self.rules.retry.after(self.history.refusals);
+        self.queue.push_back(Command::ReportFailure {
+            attempts: self.history.refusals,
+            error,
+            retry_in: Some(pause),
+        });
+        self.finish(Served::Failed, pause);
+    }
+
+    fn absorb(&mut self, awaited: Option<Command>, event: Event, env: Env) {
+        match (awaited, event) {
+            (None, Event::Start) => {}
+            (Some(Command::Restore), Event::Restored(answer)) => match answer {
+                StoreAnswer::Ok(Some(offset)) => {
+                    self.next_offset = offset;
+                    self.stage = Stage::StartingHandler;
+                }
+                StoreAnswer::Ok(None) => self.stage = Stage::FindingStart,
+                StoreAnswer::Fenced(why) => self.lose(why),
+                StoreAnswer::Failed(_) => self.retry_or_give_back(),
+            },
+            (Some(Command::FindStart), Event::FoundStart(found)) => match found {
+                Some(offset) => {
+                    self.next_offset = offset;
+                    self.stage = Stage::StartingHandler;
+                }
+                None => self.retry_or_give_back(),
+            },
+            (Some(Command::StartHandler), Event::HandlerStarted(result)) => match result {
+                Ok(()) => {
+                    self.stage = Stage::Running;
+                    if std::mem::take(&mut self.history.refusals) > 0 {
+                        self.queue.push_back(Command::ClearFailure);
+                    }
+                }
+                Err(CallFailure::Stuck(e)) => self.stuck(e),
+                Err(CallFailure::Batch(e) | CallFailure::Refused(e)) => self.refused(e),
+            },
+            (Some(Command::Renew), Event::Renewed(answer)) => match answer {
+                StoreAnswer::Ok(()) => {}
+                StoreAnswer::Fenced(why) => self.lose(why),
+                StoreAnswer::Failed(_) => self.renew_failed = true,
+            },
+            (Some(Command::Fetch { .. }), Event::Fetched(fetched)) => {
+                self.renew_failed = false;
+                self.fetched(fetched);
+            }
+            (Some(Command::CountDelivery { .. }), Event::Counted(answer)) => match answer {
+                StoreAnswer::Ok(n) => {
+                    self.attempts = n;
+                    if n > self.rules.max_attempts {
+                        // Earlier deliveries used the attempts up (maybe
+                        // crashing their worker): no further call.
+                        let error = self.last_error.clone().unwrap_or_else(|| {
+                            "earlier deliveries ended without an answer \
+                             (the worker stopped or crashed)"
+                                .to_string()
+                        });
+                        self.queue.push_back(Command::DeadLetter {
+                            range: 0..self.batch.len(),
+                            attempts: n - 1,
+                            error,
+                        });
+                    } else {
+                        self.queue.push_back(Command::Process {
+                            range: 0..self.batch.len(),
+                        });
+                    }
+                }
+                StoreAnswer::Fenced(why) => self.lose(why),
+                StoreAnswer::Failed(_) => self.finish(Served::Failed, STORE_RETRY),
+            },
+            (Some(Command::Process { range }), Event::Processed(result)) => {
+                self.processed(range, result, env)
+            }
+            (Some(cmd @ Command::Checkpoint { first, last, .. }), Event::Checkpointed(answer)) => {
+                match answer {
+                    CheckpointAnswer::Committed => {
+                        if self
+                            .pending
+                            .is_some_and(|p| p.first == first && p.last == last)
+                        {
+                            self.pending = None;
+                        }
+                    }
+                    CheckpointAnswer::Fenced(why) => {
+                        self.lose(format!("checkpoint refused: {why}"))
+                    }
+                    CheckpointAnswer::Unanswered => {
+                        self.lose("checkpoint unanswered while the lease ran")
+                    }
+                    CheckpointAnswer::Failed(_) if env.lease_left.is_zero() => {
+                        self.lose("lease ran short before the checkpoint")
+                    }
+                    CheckpointAnswer::Failed(_) => {
+                        // The same write again after a pause, before
+                        // anything else.
+                        self.queue.push_front(cmd);
+                        self.queue
+                            .push_front(Command::Pause(STORE_RETRY.min(env.lease_left)));
+                    }
+                }
+            }
+            (Some(Command::DeadLetter { range, .. }), Event::DeadLettered(sent)) => {
+                self.dead_lettered(range, sent)
+            }
+            (Some(Command::Release), Event::Released(answer)) => match answer {
+                StoreAnswer::Ok(()) => match self.give_up {
+                    Some(why) => self.queue.push_back(Command::Done(End::GivenUp(why))),
+                    None => {
+                        self.queue.push_back(Command::Backup);
+                        self.queue.push_back(Command::Done(End::Released));
+                    }
+                },
+                StoreAnswer::Fenced(why) => self.lose(format!("release refused: {why}")),
+                StoreAnswer::Failed(why) if env.lease_left.is_zero() => {
+                    self.lose(format!("release failed: {why}"))
+                }
+                StoreAnswer::Failed(_) => self.queue.push_back(Command::Pause(STORE_RETRY)),
+            },
+            (Some(Command::Pause(_) | Command::Fetch { .. }), Event::Interrupted) => {}
+            (
+                Some(
+                    Command::Pause(_)
+                    | Command::ReportFailure { .. }
+                    | Command::ClearFailure
+                    | Command::Backup
+                    | Command::GiveBack { .. },
+                ),
+                Event::Done,
+            ) => {}
+            (awaited, event) => panic!("{event:?} does not answer {awaited:?}"),
+        }
+    }
+
+    fn fetched(&mut self, fetched: Option<Vec<u64>>) {
+        let ticket = self.ticket().is_some();
+        match fetched {
+            None => {
+                if ticket {
+                    self.finish(Served::Failed, STORE_RETRY);
+                } else {
+                    self.checkpoint_pending();
+                    self.queue.push_back(Command::Pause(STORE_RETRY));
+                }
+            }
+            Some(offsets) if offsets.is_empty() => {
+                if ticket {
+                    let served = if self.found {
+                        Served::Busy
+                    } else {
+                        Served::Empty
+                    };
+                    self.finish(served, Duration::ZERO);
+                } else {
+                    // Caught up: what is pending is checkpointed now.
+                    self.checkpoint_pending();
+                }
+            }
+            Some(offsets) => {
+                self.found = true;
+                self.batch = offsets;
+                if self.rules.count_in_store && self.rules.dead_lettering() {
+                    self.queue.push_back(Command::CountDelivery {
+                        first: self.batch[0],
+                    });
+                } else {
+                    self.attempts += 1;
+                    self.queue.push_back(Command::Process {
+                        range: 0..self.batch.len(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn processed(&mut self, range: Range<usize>, result: Result<(), CallFailure>, env: Env) {
+        let first = self.batch[range.start];
+        let last = self.batch[range.end - 1];
+        if let Some(iso) = &mut self.isolation {
+            match result {
+                Ok(()) => {
+                    iso.bisect.passed();
+                    self.next_offset = last + 1;
+                    self.queue.push_back(Command::Checkpoint {
+                        first,
+                        last,
+                        state: StateOf::Processed,
+                    });
+                }
+                Err(CallFailure::Batch(e)) => {
+                    iso.bisect.failed();
+                    self.last_error = Some(e);
+                }
+                Err(CallFailure::Stuck(e)) => {
+                    self.isolation = None;
+                    self.stuck(e);
+                }
+                Err(CallFailure::Refused(e)) => {
+                    // No record to blame: from what was checkpointed, later.
+                    self.isolation = None;
+                    if self.ticket().is_some() {
+                        self.refused(e);
+                    } else {
+                        self.last_error = Some(e);
+                        self.queue.push_back(Command::Pause(self.rules.retry.max));
+                    }
+                }
+            }
+            return;
+        }
+        match result {
+            Ok(()) => {
+                self.succeeded();
+                self.next_offset = last + 1;
+                let pending = self.pending.get_or_insert(Pending {
+                    first,
+                    last,
+                    began: env.now,
+                });
+                pending.last = last;
+                let due = env.now.saturating_sub(pending.began)
+                    >= self.rules.checkpoint_interval.as_millis() as u64;
+                if due {
+                    self.checkpoint_pending();
+                }
+            }
+            Err(failure) => {
+                // What was processed before this batch is kept.
+                self.checkpoint_pending();
+                match failure {
+                    CallFailure::Stuck(e) => self.stuck(e),
+                    CallFailure::Refused(e) => {
+                        // The delivery never reached a handler.
+                        self.attempts = self.attempts.saturating_sub(1);
+                        self.refused(e)
+                    }
+                    CallFailure::Batch(e)
+                        if self.rules.dead_lettering()
+                            && self.attempts >= self.rules.max_attempts =>
+                    {
+                        self.last_error = Some(e);
+                        self.isolation = Some(Isolation {
+                            bisect: Bisect::new(self.batch.len()),
+                            attempts: self.attempts,
+                        });
+                    }
+                    CallFailure::Batch(e) => self.call_failed(e),
+                }
+            }
+        }
+    }
+
+    fn dead_lettered(&mut self, range: Range<usize>, sent: bool) {
+        let whole = self.isolation.is_none();
+        if !sent {
+            // Tried again later, from what was checkpointed.
+            self.isolation = None;
+            if self.ticket().is_some() {
+                self.finish(Served::Failed, STORE_RETRY);
+            } else {
+                self.queue.push_back(Command::Pause(self.rules.retry.max));
+            }
+            return;
+        }
+        let (first, last) = (self.batch[range.start], self.batch[range.end - 1]);
+        self.next_offset = last + 1;
+        self.queue.push_back(Command::Checkpoint {
+            first,
+            last,
+            state: StateOf::Checkpointed,
+        });
+        if whole {
+            self.succeeded();
+        }
+    }
+
+    /// The next command when nothing is queued.
+    fn decide(&mut self, env: Env) -> Command {
+        loop {
+            match self.stage {
+                Stage::Restoring | Stage::FindingStart | Stage::StartingHandler
+                    if env.lease_left.is_zero() =>
+                {
+                    return Command::Done(End::Lost("lease ran short before restore".into()));
+                }
+                Stage::Restoring => return Command::Restore,
+                Stage::FindingStart => return Command::FindStart,
+                Stage::StartingHandler if env.revoked => self.finish(Served::Busy, Duration::ZERO),
+                Stage::StartingHandler => return Command::StartHandler,
+                Stage::Running => {
+                    if let Some(c) = self.running(env) {
+                        return c;
+                    }
+                }
+                Stage::Finishing => {
+                    self.stage = Stage::Releasing;
+                    self.checkpoint_pending();
+                    if let Some(c) = self.queue.pop_front() {
+                        return c;
+                    }
+                }
+                Stage::Releasing => return self.end(),
+                Stage::Ended => unreachable!("nothing is decided after the end"),
+            }
+        }
+    }
+
+    /// The next step of a running partition; `None` when it just finished.
+    fn running(&mut self, env: Env) -> Option<Command> {
+        if env.lease_left.is_zero() {
+            return Some(Command::Done(End::Lost("lease ran short".into())));
+        }
+        if let Some(iso) = &mut self.isolation {
+            match iso.bisect.next_step() {
+                BisectStep::Try(range) => return Some(Command::Process { range }),
+                BisectStep::DeadLetter(i) => {
+                    let attempts = iso.attempts;
+                    return Some(Command::DeadLetter {
+                        range: i..i + 1,
+                        attempts,
+                        error: self.last_error.clone().unwrap_or_default(),
+                    });
+                }
+                BisectStep::Done => {
+                    self.isolation = None;
+                    self.succeeded();
+                    return Some(self.queue.pop_front().unwrap_or(Command::ClearFailure));
+                }
+            }
+        }
+        if env.revoked {
+            self.finish(Served::Busy, Duration::ZERO);
+            return None;
+        }
+        let mut wait = if self.pending.is_some() {
+            Duration::ZERO
+        } else {
+            self.rules.fetch_wait.min(env.lease_left)
+        };
+        if let Some(t) = self.ticket() {
+            let budget_over = env.now.saturating_sub(self.began.unwrap_or(env.now))
+                >= t.budget.as_millis() as u64;
+            if budget_over && self.attempts == 0 {
+                self.finish(Served::Busy, Duration::ZERO);
+                return None;
+            }
+            if env.lease_left <= t.renew_below && !self.renew_failed {
+                return Some(Command::Renew);
+            }
+            wait = self.rules.fetch_wait;
+        }
+        Some(Command::Fetch {
+            from: self.next_offset,
+            max: self.rules.max_batch,
+            wait,
+        })
+    }
+
+    /// After the last checkpoint: release (owned) or give back (ticket).
+    fn end(&mut self) -> Command {
+        let Some(t) = self.ticket().cloned() else {
+            if self.give_up.is_none() && std::mem::take(&mut self.streak) > 0 {
+                // The next owner reports its own failures.
+                self.queue.push_back(Command::Release);
+                return Command::ClearFailure;
+            }
+            return Command::Release;
+        };
+        let (served, mut delay) = self.served.unwrap_or((Served::Busy, Duration::ZERO));
+        match served {
+            Served::Busy => self.history.empty_backoff = None,
+            Served::Empty => {
+                let next = self
+                    .history
+                    .empty_backoff
+                    .map_or(t.idle_backoff, |d| (d * 2).min(t.max_idle_backoff));
+                self.history.empty_backoff = Some(next);
+                delay = next;
+            }
+            Served::Failed => {}
+        }
+        self.queue.push_back(Command::Done(End::GaveBack {
+            served,
+            delay,
+            history: self.history,
+        }));
+        Command::GiveBack { delay }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeSet, HashMap};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn owned() -> PartitionRules {
+        PartitionRules {
+            grant: Grant::Owned,
+            max_batch: 8,
+            fetch_wait: Duration::from_millis(50),
+            checkpoint_interval: Duration::ZERO,
+            retry: RetryBackoff::default(),
+            max_attempts: 3,
+            dead_letters: true,
+            count_in_store: false,
+            give_up_after: 0,
+        }
+    }
+
+    fn ticket(history: TicketHistory) -> PartitionRules {
+        PartitionRules {
+            grant: Grant::Ticket(TicketRules {
+                budget: Duration::from_millis(1_000),
+                renew_below: Duration::from_secs(5),
+                idle_backoff: Duration::from_millis(20),
+                max_idle_backoff: Duration::from_millis(70),
+                history,
+            }),
+            count_in_store: true,
+            ..owned()
+        }
+    }
+
+    /// A driver over a pretend log, handler and store, carrying out every
+    /// command as the runtime would and recording what happened.
+    #[derive(Default)]
+    struct World {
+        /// The log's records.
+        log: Vec<u64>,
+        /// Records the handler always fails.
+        poison: BTreeSet<u64>,
+        /// The next this many handler calls fail whatever they hold.
+        flaky: u32,
+        /// The next this many checkpoint writes fail (retryably).
+        failing_writes: u32,
+        /// The handler hangs past its deadline on this record.
+        stuck_on: Option<u64>,
+        /// The checkpoint fences from this write on.
+        fenced_from_write: Option<usize>,
+        /// Revoke once caught up with nothing pending (owned).
+        revoke_when_caught_up: bool,
+        now: Millis,
+        lease_left: Duration,
+        revoked: bool,
+        checkpoint: Option<u64>,
+        /// Records processed since the last checkpoint (the handler state).
+        processed: Vec<u64>,
+        committed: Vec<u64>,
+        dead: Vec<u64>,
+        deliveries: HashMap<u64, u32>,
+        writes: usize,
+        calls: u32,
+        commands: Vec<Command>,
+    }
+
+    impl World {
+        fn new(records: u64) -> Self {
+            Self {
+                log: (0..records).map(|i| i * 2).collect(), // offsets with gaps
+                lease_left: Duration::from_secs(10),
+                revoke_when_caught_up: true,
+                ..Self::default()
+            }
+        }
+
+        fn env(&self) -> Env {
+            Env {
+                now: self.now,
+                lease_left: self.lease_left,
+                revoked: self.revoked,
+            }
+        }
+
+        /// Runs the engine to its end.
+        fn run(&mut self, rules: PartitionRules) -> End {
+            let mut engine = PartitionEngine::new(rules);
+            let mut event = Event::Start;
+            for _ in 0..100_000 {
+                self.now += 1;
+                let command = engine.step(event, self.env());
+                self.commands.push(command.clone());
+                event = match command {
+                    Command::Done(end) => return end,
+                    c => self.carry_out(&engine, c),
+                };
+            }
+            panic!("no end after 100000 steps: {:?}", &self.commands[..50]);
+        }
+
+        fn carry_out(&mut self, engine: &PartitionEngine, c: Command) -> Event {
+            match c {
+                Command::Restore => Event::Restored(StoreAnswer::Ok(self.checkpoint)),
+                Command::FindStart => Event::FoundStart(Some(0)),
+                Command::StartHandler | Command::ClearFailure | Command::Backup => match c {
+                    Command::StartHandler => Event::HandlerStarted(Ok(())),
+                    _ => Event::Done,
+                },
+                Command::Renew => {
+                    self.lease_left = Duration::from_secs(10);
+                    Event::Renewed(StoreAnswer::Ok(()))
+                }
+                Command::Fetch { from, max, .. } => {
+                    let got: Vec<u64> = self
+                        .log
+                        .iter()
+                        .copied()
+                        .filter(|o| *o >= from)
+                        .take(max)
+                        .collect();
+                    if got.is_empty() && self.revoke_when_caught_up {
+                        self.revoked = true;
+                    }
+                    Event::Fetched(Some(got))
+                }
+                Command::CountDelivery { first } => {
+                    let n = self.deliveries.entry(first).or_default();
+                    *n += 1;
+                    Event::Counted(StoreAnswer::Ok(*n))
+                }
+                Command::Process { range } => {
+                    self.calls += 1;
+                    let records = &engine.batch()[range];
+                    if self.stuck_on.is_some_and(|s| records.contains(&s)) {
+                        return Event::Processed(Err(CallFailure::Stuck("hung".into())));
+                    }
+                    if self.flaky > 0 {
+                        self.flaky -= 1;
+                        return Event::Processed(Err(CallFailure::Batch("flaky".into())));
+                    }
+                    if records.iter().any(|r| self.poison.contains(r)) {
+                        return Event::Processed(Err(CallFailure::Batch("poison".into())));
+                    }
+                    self.processed.extend_from_slice(records);
+                    Event::Processed(Ok(()))
+                }
+                Command::Checkpoint { first, last, state } => {
+                    self.writes += 1;
+                    if self.fenced_from_write.is_some_and(|w| self.writes >= w) {
+                        return Event::Checkpointed(CheckpointAnswer::Fenced("newer epoch".into()));
+                    }
+                    if self.failing_writes > 0 {
+                        self.failing_writes -= 1;
+                        return Event::Checkpointed(CheckpointAnswer::Failed("io".into()));
+                    }
+                    match state {
+                        StateOf::Processed => {
+                            assert_eq!(self.processed.first(), Some(&first), "{first}..={last}");
+                            assert_eq!(self.processed.last(), Some(&last), "{first}..={last}");
+                            self.committed.append(&mut self.processed);
+                        }
+                        StateOf::Checkpointed => {
+                            assert!(
+                                self.processed.is_empty(),
+                                "a skip drops no processed record"
+                            );
+                        }
+                    }
+                    self.checkpoint = Some(last + 1);
+                    Event::Checkpointed(CheckpointAnswer::Committed)
+                }
+                Command::DeadLetter { range, .. } => {
+                    self.dead.extend_from_slice(&engine.batch()[range]);
+                    Event::DeadLettered(true)
+                }
+                Command::ReportFailure { .. } => Event::Done,
+                Command::Pause(d) => {
+                    self.now += d.as_millis() as u64;
+                    Event::Done
+                }
+                Command::Release => Event::Released(StoreAnswer::Ok(())),
+                Command::GiveBack { .. } => Event::Done,
+                Command::Done(_) => unreachable!(),
+            }
+        }
+
+        fn count(&self, f: impl Fn(&Command) -> bool) -> usize {
+            self.commands.iter().filter(|c| f(c)).count()
+        }
+    }
+
+    #[test]
+    fn an_owned_partition_is_processed_checkpointed_released_and_backed_up() {
+        let mut w = World::new(20);
+        assert_eq!(w.run(owned()), End::Released);
+        assert_eq!(w.committed, w.log);
+        assert_eq!(w.checkpoint, Some(39));
+        let tail: Vec<&Command> = w.commands.iter().rev().take(3).collect();
+        assert!(matches!(
+            tail[..],
+            [
+                Command::Done(End::Released),
+                Command::Backup,
+                Command::Release
+            ]
+        ));
+    }
+
+    #[test]
+    fn a_checkpoint_interval_gathers_batches_into_one_write() {
+        let mut w = World::new(40);
+        let rules = PartitionRules {
+            checkpoint_interval: Duration::from_secs(60),
+            ..owned()
+        };
+        assert_eq!(w.run(rules), End::Released);
+        assert_eq!(w.committed, w.log);
+        assert_eq!(w.writes, 1, "one write when caught up: {:?}", w.commands);
+        // While batches are pending, fetches do not wait.
+        let waits: Vec<Duration> = w
+            .commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Fetch { wait, .. } => Some(*wait),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(waits[0], Duration::from_millis(50));
+        assert!(waits[1..].iter().all(|w| w.is_zero()), "{waits:?}");
+    }
+
+    #[test]
+    fn only_the_poison_records_go_to_the_dead_letters_in_both_modes() {
+        for rules in [owned(), ticket(TicketHistory::default())] {
+            let mut w = World::new(20);
+            w.poison = [6, 14].into();
+            let end = w.run(rules.clone());
+            assert!(
+                matches!(end, End::Released | End::GaveBack { .. }),
+                "{end:?}"
+            );
+            assert_eq!(w.dead, [6, 14], "{:?}", rules.grant);
+            let mut all = w.committed.clone();
+            all.extend(&w.dead);
+            all.sort();
+            assert_eq!(all, w.log);
+        }
+    }
+
+    #[test]
+    fn a_ticket_counts_deliveries_in_the_store_and_skips_a_batch_whose_attempts_ran_out() {
+        let mut w = World::new(4);
+        // Three deliveries already happened elsewhere (their workers died).
+        w.deliveries.insert(0, 3);
+        let end = w.run(ticket(TicketHistory::default()));
+        assert!(
+            matches!(
+                end,
+                End::GaveBack {
+                    served: Served::Busy,
+                    ..
+                }
+            ),
+            "{end:?}"
+        );
+        assert_eq!(w.calls, 0, "no handler call for a batch past its attempts");
+        assert_eq!(w.dead, w.log);
+        assert!(w.commands.contains(&Command::ClearFailure));
+    }
+
+    #[test]
+    fn a_ticket_goes_back_after_its_budget_and_an_empty_one_backs_off_more_each_time() {
+        let mut w = World::new(10_000);
+        w.revoke_when_caught_up = false;
+        let end = w.run(ticket(TicketHistory::default()));
+        let End::GaveBack {
+            served,
+            delay,
+            history,
+        } = end
+        else {
+            panic!("{end:?}")
+        };
+        assert_eq!((served, delay), (Served::Busy, Duration::ZERO));
+        assert_eq!(history.empty_backoff, None);
+        assert!(w.committed.len() < w.log.len(), "the budget ended it");
+        assert!(w.now >= 1_000);
+
+        let mut history = TicketHistory::default();
+        let mut delays = Vec::new();
+        for _ in 0..4 {
+            let mut w = World::new(0);
+            w.revoke_when_caught_up = false;
+            let End::GaveBack {
+                served,
+                delay,
+                history: h,
+            } = w.run(ticket(history))
+            else {
+                panic!()
+            };
+            assert_eq!(served, Served::Empty);
+            delays.push(delay.as_millis());
+            history = h;
+        }
+        assert_eq!(delays, [20, 40, 70, 70]);
+    }
+
+    #[test]
+    fn a_handler_failing_too_often_in_a_row_gives_the_partition_up_without_a_backup() {
+        let mut w = World::new(10);
+        w.flaky = u32::MAX;
+        let rules = PartitionRules {
+            give_up_after: 4,
+            dead_letters: false,
+            ..owned()
+        };
+        assert_eq!(w.run(rules), End::GivenUp(FAILING));
+        assert_eq!(w.calls, 4);
+        assert_eq!(w.count(|c| matches!(c, Command::Backup)), 0);
+        assert_eq!(w.count(|c| matches!(c, Command::Release)), 1);
+        let pauses: Vec<u128> = w
+            .commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Pause(d) => Some(d.as_millis()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(pauses, [100, 200, 400], "a doubling pause between attempts");
+    }
+
+    #[test]
+    fn a_stuck_handler_gives_an_owned_partition_up_and_a_ticket_back() {
+        let mut w = World::new(10);
+        w.stuck_on = Some(4);
+        assert_eq!(w.run(owned()), End::GivenUp(STUCK));
+        assert_eq!(w.committed, Vec::<u64>::new());
+        let mut w = World::new(10);
+        w.stuck_on = Some(4);
+        let end = w.run(ticket(TicketHistory::default()));
+        assert!(
+            matches!(
+                end,
+                End::GaveBack {
+                    served: Served::Failed,
+                    ..
+                }
+            ),
+            "{end:?}"
+        );
+    }
+
+    #[test]
+    fn a_refused_checkpoint_loses_the_partition_without_releasing_it() {
+        let mut w = World::new(20);
+        w.fenced_from_write = Some(1);
+        let end = w.run(owned());
+        assert!(
+            matches!(end, End::Lost(ref why) if why.contains("refused")),
+            "{end:?}"
+        );
+        assert_eq!(w.count(|c| matches!(c, Command::Release)), 0);
+        assert_eq!(
+            w.count(|c| matches!(c, Command::Process { .. })),
+            1,
+            "nothing after"
+        );
+    }
+
+    #[test]
+    fn an_expired_lease_stops_everything_at_once() {
+        let mut w = World::new(20);
+        w.lease_left = Duration::ZERO;
+        let end = w.run(owned());
+        assert!(matches!(end, End::Lost(_)), "{end:?}");
+        assert_eq!(w.commands.len(), 1, "{:?}", w.commands);
+    }
+
+    #[test]
+    fn a_failed_checkpoint_write_is_tried_again_before_anything_else() {
+        let mut w = World::new(8);
+        w.failing_writes = 2;
+        assert_eq!(w.run(owned()), End::Released);
+        assert_eq!(w.committed, w.log);
+        assert_eq!(w.writes, 3);
+    }
+
+    #[test]
+    fn a_ticket_renews_its_claim_when_half_the_lease_is_gone() {
+        let mut w = World::new(8);
+        w.lease_left = Duration::from_secs(4);
+        w.run(ticket(TicketHistory::default()));
+        assert!(matches!(w.commands[3], Command::Renew), "{:?}", w.commands);
+        assert_eq!(w.count(|c| matches!(c, Command::Renew)), 1);
+    }
+
+    proptest! {
+        /// Whatever fails (poison records, transient failures, failed
+        /// writes), every record is committed or dead-lettered exactly once,
+        /// committed in offset order, and poison never committed.
+        #[test]
+        fn every_record_is_committed_or_dead_lettered_once_in_order(
+            records in 1u64..60,
+            poison in proptest::collection::btree_set(0u64..60, 0..6),
+            flaky in 0u32..4,
+            failing_writes in 0u32..3,
+            max_batch in 1usize..10,
+            interval_ms in prop_oneof![Just(0u64), Just(5), Just(10_000)],
+            as_ticket in any::<bool>(),
+        ) {
+            let poison: BTreeSet<u64> = poison.into_iter().map(|p| p * 2).collect();
+            let mut rules = if as_ticket { ticket(TicketHistory::default()) } else { owned() };
+            rules.max_batch = max_batch;
+            rules.checkpoint_interval = Duration::from_millis(interval_ms);
+            rules.max_attempts = 2;
+            if let Grant::Ticket(t) = &mut rules.grant {
+                t.budget = Duration::from_secs(3600);
+            }
+            let mut w = World::new(records);
+            w.poison = poison.clone();
+            w.flaky = flaky;
+            w.failing_writes = failing_writes;
+            let end = w.run(rules);
+            prop_assert!(matches!(end, End::Released | End::GaveBack { .. }), "{:?}", end);
+            prop_assert!(w.committed.windows(2).all(|p| p[0] < p[1]), "{:?}", w.committed);
+            // Poison is always dead-lettered; a sound record only when
+            // passing failures used up its attempts.
+            let in_log: Vec<u64> = poison.iter().copied().filter(|p| w.log.contains(p)).collect();
+            prop_assert!(in_log.iter().all(|p| w.dead.contains(p)), "{:?}", w.dead);
+            if flaky == 0 {
+                prop_assert!(w.dead.iter().all(|d| poison.contains(d)), "{:?}", w.dead);
+            }
+            let mut all = w.committed.clone();
+            all.extend(&w.dead);
+            all.sort();
+            prop_assert_eq!(all, w.log);
+        }
+    }
+}
