@@ -77,55 +77,7 @@ pub fn clip_error(error: &str) -> &str {
     }
 }
 
-/// How a partition task pauses between attempts of a failing call:
-/// `first`, doubling each time, at most `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryBackoff {
-    /// The pause after the first failure.
-    pub first: Duration,
-    /// The longest pause.
-    pub max: Duration,
-}
-
-impl Default for RetryBackoff {
-    fn default() -> Self {
-        Self {
-            first: Duration::from_millis(100),
-            max: Duration::from_secs(5),
-        }
-    }
-}
-
-impl RetryBackoff {
-    /// The pause after the `attempts`-th failure in a row (1 = the first).
-    pub fn after(&self, attempts: u32) -> Duration {
-        let doublings = attempts.saturating_sub(1).min(20);
-        self.first
-            .saturating_mul(1 << doublings)
-            .min(self.max)
-            .max(self.first.min(self.max))
-    }
-}
-
-/// One partition's run of failed handler calls (the store keeps when it
-/// began, on its own clock).
-#[derive(Debug, Default)]
-pub(crate) struct Streak {
-    attempts: u32,
-}
-
-impl Streak {
-    /// One more failure; how many in a row now.
-    pub(crate) fn failed(&mut self) -> u32 {
-        self.attempts += 1;
-        self.attempts
-    }
-
-    /// The streak ended; whether there was one.
-    pub(crate) fn ended(&mut self) -> bool {
-        std::mem::take(&mut self.attempts) > 0
-    }
-}
+pub use shardcall_core::RetryBackoff;
 
 /// Says everywhere that a handler call of `ctx`'s partition failed, the
 /// `attempts`-th time in a row: the log, the failures metric and the
@@ -175,30 +127,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_up_to_its_maximum() {
-        let b = RetryBackoff {
-            first: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        let pauses: Vec<u64> = (1..=6).map(|n| b.after(n).as_millis() as u64).collect();
-        assert_eq!(pauses, [100, 200, 400, 800, 1000, 1000]);
-        assert_eq!(b.after(u32::MAX), Duration::from_secs(1));
-    }
-
-    #[test]
     fn long_errors_are_clipped_on_a_character_boundary() {
         let long = "é".repeat(MAX_ERROR_CHARS + 5);
         assert_eq!(clip_error(&long).chars().count(), MAX_ERROR_CHARS);
         assert_eq!(clip_error("short"), "short");
-    }
-
-    #[test]
-    fn a_streak_counts_until_it_ends() {
-        let mut s = Streak::default();
-        assert!(!s.ended());
-        assert_eq!(s.failed(), 1);
-        assert_eq!(s.failed(), 2);
-        assert!(s.ended());
-        assert_eq!(s.failed(), 1);
     }
 }

@@ -42,15 +42,6 @@ pub(crate) enum CallError {
     Stuck(HandlerError),
 }
 
-impl CallError {
-    /// The handler's error.
-    pub(crate) fn error(&self) -> &HandlerError {
-        match self {
-            Self::Assign(e) | Self::Batch(e) | Self::Stuck(e) => e,
-        }
-    }
-}
-
 /// The text of a panic's payload.
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
@@ -198,11 +189,6 @@ impl<F: HandlerFactory> HandlerCell<F> {
             handler: Some(handler),
             ..Self::new(factory, ctx, restore)
         }
-    }
-
-    /// The grant or claim the calls run under.
-    pub(crate) fn ctx(&self) -> &PartitionContext {
-        &self.ctx
     }
 
     /// A checkpoint with `state` landed: a new handler starts from it.
@@ -393,8 +379,10 @@ mod tests {
             HandlerCell::new(Arc::new(SleepyFactory), ctx(), None).with_deadline(deadline);
         let began = std::time::Instant::now();
         let err = cell.process(batch(&["a"])).await.unwrap_err();
-        assert!(matches!(err, CallError::Stuck(_)), "{err:?}");
-        assert!(err.error().0.contains("deadline"), "{err:?}");
+        assert!(
+            matches!(&err, CallError::Stuck(e) if e.0.contains("deadline")),
+            "{err:?}"
+        );
         // The deadline, then the interrupt's grace is not waited for (there
         // is nothing to interrupt).
         assert!(

@@ -22,6 +22,7 @@ mod memory;
 mod memory_tickets;
 pub mod oracle;
 mod partition;
+mod partition_driver;
 mod running;
 mod source;
 mod spooled;

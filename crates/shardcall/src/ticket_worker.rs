@@ -8,18 +8,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use shardcall_core::{Bisect, BisectStep, Epoch, MemberId, PartitionId, TicketClaim};
-use shardcall_spool::Record;
+use shardcall_core::{
+    End, Grant, MemberId, PartitionId, PartitionRules, Served, TicketClaim, TicketHistory,
+    TicketRules,
+};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::dead_letters::DeadLetters;
 use crate::error::WorkerError;
-use crate::failures;
-use crate::handler::{BatchObserver, BatchOutcome, BatchRecord, HandlerFactory, PartitionContext};
-use crate::handler_cell::{CallError, HandlerCell};
+use crate::handler::{BatchObserver, HandlerFactory, PartitionContext};
 use crate::lease::LocalLease;
+use crate::partition_driver::{Drive, GrantPort, Kept, drive};
 use crate::source::Source;
 use crate::store::{Checkpoint, StoreError};
 use crate::ticket_config::TicketConfig;
@@ -92,13 +93,6 @@ impl TicketWorkerHandle {
     pub async fn join(self) -> Result<(), WorkerError> {
         task_outcome(self.task.await)
     }
-}
-
-/// A handler kept after a claim, valid while the partition's checkpoint is
-/// still the one it wrote (or restored).
-struct Kept<H> {
-    handler: H,
-    checkpoint: Option<(u64, Epoch)>,
 }
 
 struct Shared<S, Src, F: HandlerFactory> {
@@ -304,10 +298,7 @@ async fn slot<S: TicketStore, Src: Source, F: HandlerFactory>(
             Ok(Some(claim)) => {
                 shared.stats.claims.fetch_add(1, Ordering::Relaxed);
                 let span = tracing::info_span!("ticket", partition = %claim.partition, epoch = claim.epoch);
-                Serving::new(&shared, claim, sent, &stop)
-                    .run()
-                    .instrument(span)
-                    .await?;
+                serve(&shared, claim, sent, &stop).instrument(span).await;
             }
             Ok(None) => {}
             Err(StoreError::Corrupt(e)) => return Err(StoreError::Corrupt(e).into()),
@@ -320,482 +311,190 @@ async fn slot<S: TicketStore, Src: Source, F: HandlerFactory>(
     Ok(())
 }
 
-/// How serving one claim ended.
-enum Served {
-    /// Records were found (and maybe more remain).
-    Busy,
-    /// Nothing to read.
-    Empty,
-    /// The source or the handler failed; try again after the pause.
-    Failed(Duration),
-    /// The claim was lost (lapsed or replaced): stop without giving back.
-    Lost(String),
-}
-
-struct Serving<'a, S, Src, F: HandlerFactory> {
-    shared: &'a Shared<S, Src, F>,
+/// A ticket claim as the partition driver's grant: restored, checkpointed,
+/// renewed and given back under the claim, on the claim's own lease.
+struct TicketGrant<'a, S> {
+    group: &'a str,
+    store: &'a S,
+    stats: &'a TicketStats,
     claim: TicketClaim,
     lease: LocalLease,
-    stop: &'a watch::Receiver<bool>,
-    /// The partition's handler, once restored.
-    cell: Option<HandlerCell<F>>,
-    /// The partition's checkpoint as this claim left it.
-    checkpoint: Option<(u64, Epoch)>,
-    /// When the batch in hand started (the observer's clock).
-    batch_started_us: u64,
-    /// The next offset to read.
-    next_offset: u64,
+    claim_ttl: Duration,
 }
 
-impl<'a, S: TicketStore, Src: Source, F: HandlerFactory> Serving<'a, S, Src, F> {
-    fn new(
-        shared: &'a Shared<S, Src, F>,
-        claim: TicketClaim,
-        sent: Instant,
-        stop: &'a watch::Receiver<bool>,
-    ) -> Self {
-        let c = &shared.config;
-        Self {
-            lease: LocalLease::new(sent, c.claim_ttl, c.safety_margin),
-            claim,
-            shared,
-            stop,
-            cell: None,
-            checkpoint: None,
-            batch_started_us: 0,
-            next_offset: 0,
-        }
+#[async_trait::async_trait]
+impl<S: TicketStore> GrantPort for TicketGrant<'_, S> {
+    fn lease(&self) -> &LocalLease {
+        &self.lease
     }
 
-    async fn run(mut self) -> Result<(), WorkerError> {
-        let s = self.shared;
-        let p = self.claim.partition.clone();
-        s.reading.lock().await.remove(&p);
-        let served = match self.restore().await {
-            Ok(offset) => self.serve(offset).await,
-            Err(served) => served,
-        };
-        let delay = match &served {
-            Served::Lost(why) => {
-                s.stats.fenced.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(reason = %why, "ticket lost");
-                s.source.release(&p).await;
-                return Ok(());
-            }
-            Served::Busy => {
-                s.backoff.lock().expect("backoff lock").remove(&p);
-                s.idle.lock().expect("idle lock").remove(&p);
-                Duration::ZERO
-            }
-            Served::Empty => {
-                s.stats.empty_claims.fetch_add(1, Ordering::Relaxed);
-                s.idle
-                    .lock()
-                    .expect("idle lock")
-                    .insert(p.clone(), self.next_offset);
-                let mut backoff = s.backoff.lock().expect("backoff lock");
-                let next = backoff.get(&p).map_or(s.config.idle_backoff, |d| {
-                    (*d * 2).min(s.config.max_idle_backoff)
-                });
-                backoff.insert(p.clone(), next);
-                next
-            }
-            Served::Failed(pause) => *pause,
-        };
-        if let Some(handler) = self.cell.take().and_then(HandlerCell::into_handler) {
-            s.kept.lock().expect("kept lock").insert(
-                p.clone(),
-                Kept {
-                    handler,
-                    checkpoint: self.checkpoint,
-                },
-            );
-        }
-        match s
+    async fn restore(&mut self) -> Result<Option<Checkpoint>, StoreError> {
+        self.store.restore_ticket(self.group, &self.claim).await
+    }
+
+    async fn renew(&mut self) -> Result<(), StoreError> {
+        let sent = Instant::now();
+        let renewed = self
             .store
-            .return_ticket(&s.config.group, &self.claim, delay)
+            .renew_ticket(self.group, &self.claim, self.claim_ttl)
+            .await?;
+        self.claim = renewed;
+        self.lease.renewed(sent);
+        Ok(())
+    }
+
+    async fn count_delivery(&mut self, first: u64) -> Result<u32, StoreError> {
+        self.store
+            .count_delivery(self.group, &self.claim, first)
+            .await
+    }
+
+    async fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), StoreError> {
+        self.store
+            .save_ticket_checkpoint(self.group, &self.claim, checkpoint)
+            .await
+    }
+
+    async fn release(&mut self) -> Result<(), StoreError> {
+        unreachable!("a ticket is given back, not released")
+    }
+
+    async fn backup_done(&mut self) {
+        unreachable!("a ticket is given back, not released")
+    }
+
+    async fn give_back(&mut self, delay: Duration) {
+        match self
+            .store
+            .return_ticket(self.group, &self.claim, delay)
             .await
         {
             Ok(()) => {}
             Err(StoreError::Fenced(f)) => {
-                s.stats.fenced.fetch_add(1, Ordering::Relaxed);
+                self.stats.fenced.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %f, "ticket lapsed before it was given back");
             }
-            Err(e) => {
-                // It comes back by itself when the lease lapses.
-                tracing::warn!(error = %e, "giving the ticket back failed");
-            }
-        }
-        // Kept reading ahead for the next claim here; released if none comes.
-        s.reading.lock().await.insert(p, Instant::now());
-        Ok(())
-    }
-
-    /// Restores the checkpoint and the handler; the offset to read from.
-    async fn restore(&mut self) -> Result<u64, Served> {
-        let s = self.shared;
-        let p = self.claim.partition.clone();
-        let restored = match s.store.restore_ticket(&s.config.group, &self.claim).await {
-            Ok(cp) => cp,
-            Err(StoreError::Fenced(f)) => return Err(Served::Lost(f.to_string())),
-            Err(e) => {
-                tracing::warn!(error = %e, "restoring a claimed partition");
-                return Err(Served::Failed(RETRY));
-            }
-        };
-        self.checkpoint = restored.as_ref().map(|c| (c.offset, c.epoch));
-        let offset = match &restored {
-            Some(cp) => cp.offset,
-            None => match s.source.initial_offset(&p).await {
-                Ok(o) => o,
-                Err(e) => {
-                    tracing::warn!(error = %e, "finding the first offset");
-                    return Err(Served::Failed(RETRY));
-                }
-            },
-        };
-        let state = restored.map(|c| c.state);
-        let ctx = PartitionContext {
-            partition: p.clone(),
-            epoch: self.claim.epoch,
-            member: self.claim.holder.clone(),
-        };
-        let factory = s.factory.clone();
-        let kept = s.kept.lock().expect("kept lock").remove(&p);
-        let cell = self.cell.insert(
-            match kept {
-                Some(k) if k.checkpoint == self.checkpoint => {
-                    HandlerCell::resume(factory, ctx, k.handler, state)
-                }
-                _ => HandlerCell::new(factory, ctx, state),
-            }
-            .with_deadline(s.config.call_deadline),
-        );
-        if let Err(e) = cell.ready().await {
-            return Err(match e {
-                CallError::Stuck(e) => self.abandoned(&e).await,
-                e => self.refused(e.error()).await,
-            });
-        }
-        if s.refused.lock().expect("refused lock").remove(&p).is_some() {
-            failures::recovered(&*s.store, &s.config.group, cell.ctx()).await;
-        }
-        Ok(offset)
-    }
-
-    /// A handler call could not be stopped at its deadline: the handler is
-    /// abandoned (its thread runs on) and the ticket goes back for a slot
-    /// with a handler of its own.
-    async fn abandoned(&mut self, e: &crate::HandlerError) -> Served {
-        let s = self.shared;
-        failures::report(&*s.store, &s.config.group, self.cell().ctx(), 1, &e.0, None).await;
-        Served::Failed(RETRY)
-    }
-
-    /// The handler refused the partition (`assigned` failed): no record is
-    /// to blame, so the ticket goes back, backed off more each time.
-    async fn refused(&mut self, e: &crate::HandlerError) -> Served {
-        let s = self.shared;
-        let p = self.claim.partition.clone();
-        let attempts = {
-            let mut refused = s.refused.lock().expect("refused lock");
-            let n = refused.entry(p).or_default();
-            *n += 1;
-            *n
-        };
-        let pause = s.config.retry.after(attempts);
-        failures::report(
-            &*s.store,
-            &s.config.group,
-            self.cell().ctx(),
-            attempts,
-            &e.0,
-            Some(pause),
-        )
-        .await;
-        Served::Failed(pause)
-    }
-
-    fn cell(&mut self) -> &mut HandlerCell<F> {
-        self.cell.as_mut().expect("restored")
-    }
-
-    async fn serve(&mut self, offset: u64) -> Served {
-        self.next_offset = offset;
-        let s = self.shared;
-        let c = &s.config;
-        let p = self.claim.partition.clone();
-        let budget_end = Instant::now() + c.budget;
-        let mut found = false;
-        // Deliveries of the batch in hand, and why the last one failed.
-        let mut attempts = 0u32;
-        let mut last_error: Option<String> = None;
-        loop {
-            // A failing batch is retried in place, past the budget, until it
-            // succeeds or runs out of attempts.
-            if *self.stop.borrow() || (Instant::now() >= budget_end && attempts == 0) {
-                return Served::Busy;
-            }
-            if let Err(why) = self.keep_lease().await {
-                return Served::Lost(why);
-            }
-            let batch = match s
-                .source
-                .fetch(&p, self.next_offset, c.max_batch, c.fetch_wait)
-                .await
-            {
-                Ok(b) if b.is_empty() => return if found { Served::Busy } else { Served::Empty },
-                Ok(b) => Arc::new(b),
-                Err(e) => {
-                    tracing::warn!(error = %e, "fetch failed");
-                    return Served::Failed(RETRY);
-                }
-            };
-            found = true;
-            let (first, last) = (batch[0].offset, batch[batch.len() - 1].offset);
-            // With a dead-letter destination the store counts deliveries
-            // before the handler runs, so a handler that crashes its process
-            // still uses up attempts (else the poison would go round the
-            // workers for ever).
-            let counted = s.dead_letters.is_some() && c.max_attempts > 0;
-            if counted {
-                match s.store.count_delivery(&c.group, &self.claim, first).await {
-                    Ok(n) => attempts = n,
-                    Err(StoreError::Fenced(f)) => return Served::Lost(f.to_string()),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "counting a delivery");
-                        return Served::Failed(RETRY);
-                    }
-                }
-                if attempts > c.max_attempts {
-                    let why = last_error.clone().unwrap_or_else(|| {
-                        "earlier deliveries ended without an answer (the worker stopped or crashed)"
-                            .to_string()
-                    });
-                    if let Err(served) = self.dead_letter(&batch, attempts - 1, &why).await {
-                        return served;
-                    }
-                    self.next_offset = last + 1;
-                    attempts = 0;
-                    continue;
-                }
-            } else {
-                attempts += 1;
-            }
-            let processed = self.process(batch.clone()).await;
-            match processed {
-                Ok(state) => match self.checkpoint(first, last, state).await {
-                    Ok(()) => {
-                        self.next_offset = last + 1;
-                        // Earlier deliveries may have failed in another
-                        // process (the store's count says so).
-                        if last_error.take().is_some() || attempts > 1 {
-                            failures::recovered(&*s.store, &c.group, self.cell().ctx()).await;
-                        }
-                        attempts = 0;
-                    }
-                    Err(why) => return Served::Lost(why),
-                },
-                Err(CallError::Assign(e)) => return self.refused(&e).await,
-                Err(CallError::Stuck(e)) => return self.abandoned(&e).await,
-                Err(CallError::Batch(e)) => {
-                    if counted && attempts >= c.max_attempts {
-                        if let Err(served) = self.isolate(&batch, attempts, &e.0).await {
-                            return served;
-                        }
-                        attempts = 0;
-                        continue;
-                    }
-                    let pause = s.config.retry.after(attempts);
-                    failures::report(
-                        &*s.store,
-                        &c.group,
-                        self.cell().ctx(),
-                        attempts,
-                        &e.0,
-                        Some(pause),
-                    )
-                    .await;
-                    last_error = Some(e.0);
-                    tokio::time::sleep(pause.min(self.lease.remaining())).await;
-                }
-            }
+            // It comes back by itself when the lease lapses.
+            Err(e) => tracing::warn!(error = %e, "giving the ticket back failed"),
         }
     }
+}
 
-    /// A batch failed `attempts` times: retried in halves (in offset
-    /// order, each half that passes checkpointed) until the records that
-    /// fail on their own are found; only they go to the dead letters.
-    async fn isolate(&mut self, batch: &[Record], attempts: u32, why: &str) -> Result<(), Served> {
-        let mut bisect = Bisect::new(batch.len());
-        let mut last_error = why.to_owned();
-        loop {
-            match bisect.next_step() {
-                BisectStep::Try(range) => {
-                    self.keep_lease().await.map_err(Served::Lost)?;
-                    let part = Arc::new(batch[range].to_vec());
-                    let (first, last) = (part[0].offset, part[part.len() - 1].offset);
-                    match self.process(part).await {
-                        Ok(state) => {
-                            self.checkpoint(first, last, state)
-                                .await
-                                .map_err(Served::Lost)?;
-                            self.next_offset = last + 1;
-                            bisect.passed();
-                        }
-                        Err(CallError::Assign(e)) => return Err(self.refused(&e).await),
-                        Err(CallError::Stuck(e)) => return Err(self.abandoned(&e).await),
-                        Err(CallError::Batch(e)) => {
-                            last_error = e.0;
-                            bisect.failed();
-                        }
-                    }
-                }
-                BisectStep::DeadLetter(i) => {
-                    self.dead_letter(&batch[i..=i], attempts, &last_error)
-                        .await?;
-                    self.next_offset = batch[i].offset + 1;
-                }
-                BisectStep::Done => return Ok(()),
-            }
+/// Serves one claim: the partition engine driven under the claim, then
+/// what the worker keeps for the partition's next claim here.
+async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
+    s: &Shared<S, Src, F>,
+    claim: TicketClaim,
+    sent: Instant,
+    stop: &watch::Receiver<bool>,
+) {
+    let c = &s.config;
+    let p = claim.partition.clone();
+    s.reading.lock().await.remove(&p);
+    let history = TicketHistory {
+        refusals: s
+            .refused
+            .lock()
+            .expect("refused lock")
+            .get(&p)
+            .copied()
+            .unwrap_or(0),
+        empty_backoff: s.backoff.lock().expect("backoff lock").get(&p).copied(),
+    };
+    let rules = PartitionRules {
+        grant: Grant::Ticket(TicketRules {
+            budget: c.budget,
+            renew_below: c.claim_ttl / 2,
+            idle_backoff: c.idle_backoff,
+            max_idle_backoff: c.max_idle_backoff,
+            history,
+        }),
+        max_batch: c.max_batch,
+        fetch_wait: c.fetch_wait,
+        // Every batch is checkpointed: the next claim may be elsewhere.
+        checkpoint_interval: Duration::ZERO,
+        retry: c.retry,
+        max_attempts: c.max_attempts,
+        dead_letters: s.dead_letters.is_some(),
+        count_in_store: true,
+        give_up_after: 0,
+    };
+    let ctx = PartitionContext {
+        partition: p.clone(),
+        epoch: claim.epoch,
+        member: claim.holder.clone(),
+    };
+    let grant = TicketGrant {
+        group: &c.group,
+        store: &*s.store,
+        stats: &s.stats,
+        lease: LocalLease::new(sent, c.claim_ttl, c.safety_margin),
+        claim,
+        claim_ttl: c.claim_ttl,
+    };
+    let kept = s.kept.lock().expect("kept lock").remove(&p);
+    let d = Drive {
+        group: &c.group,
+        ctx,
+        store: &*s.store,
+        source: s.source.clone(),
+        factory: s.factory.clone(),
+        kept,
+        call_deadline: c.call_deadline,
+        dead_letters: s.dead_letters.clone(),
+        observer: s.observer.clone(),
+        slots: None,
+        revoke: stop.clone(),
+        processed: &s.stats.processed,
+        dead_lettered: Some(&s.stats.dead_lettered),
+        lag_gauge: false,
+        log_start: false,
+    };
+    let driven = drive(d, grant, rules).await;
+    let End::GaveBack {
+        served, history, ..
+    } = driven.end
+    else {
+        // Lost: the lease lapsed or a newer claim restored.
+        s.stats.fenced.fetch_add(1, Ordering::Relaxed);
+        s.source.release(&p).await;
+        return;
+    };
+    remember(
+        &s.refused,
+        &p,
+        (history.refusals > 0).then_some(history.refusals),
+    );
+    remember(&s.backoff, &p, history.empty_backoff);
+    match served {
+        Served::Busy => {
+            s.idle.lock().expect("idle lock").remove(&p);
         }
+        Served::Empty => {
+            s.stats.empty_claims.fetch_add(1, Ordering::Relaxed);
+            s.idle
+                .lock()
+                .expect("idle lock")
+                .insert(p.clone(), driven.next_offset);
+        }
+        Served::Failed => {}
     }
-
-    /// Sends `batch` to the dead letters and checkpoints past it with the
-    /// state before it; then the handler starts again from that state.
-    async fn dead_letter(
-        &mut self,
-        batch: &[Record],
-        attempts: u32,
-        why: &str,
-    ) -> Result<(), Served> {
-        let s = self.shared;
-        let p = &self.claim.partition;
-        let dl = s.dead_letters.as_ref().expect("dead letters configured");
-        let (first, last) = (batch[0].offset, batch[batch.len() - 1].offset);
-        // The oracle sees the dead-lettering as this batch's processing.
-        self.batch_started_us = s.observer.as_ref().map_or(0, |o| o.now_us());
-        if let Err(e) = dl.send(p, batch, attempts, why).await {
-            tracing::error!(error = %e, "dead-lettering failed; the batch will be tried again");
-            return Err(Served::Failed(RETRY));
-        }
-        tracing::error!(first, last, attempts, error = %why,
-            "batch sent to the dead letters; the partition moves on");
-        s.stats
-            .dead_lettered
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let state = self
-            .cell()
-            .checkpointed_state()
-            .unwrap_or_default()
-            .to_vec();
-        self.cell().discard();
-        self.checkpoint(first, last, state)
-            .await
-            .map_err(Served::Lost)?;
-        failures::recovered(&*s.store, &s.config.group, self.cell().ctx()).await;
-        Ok(())
+    if let Some(k) = driven.kept {
+        s.kept.lock().expect("kept lock").insert(p.clone(), k);
     }
+    // Kept reading ahead for the next claim here; released if none comes.
+    s.reading.lock().await.insert(p, Instant::now());
+}
 
-    /// Renews the claim when half its lease is gone.
-    async fn keep_lease(&mut self) -> Result<(), String> {
-        let s = self.shared;
-        if self.lease.expired() {
-            return Err("lease ran short".into());
+/// Keeps `value` for `p`, or forgets it.
+fn remember<T>(map: &Mutex<HashMap<PartitionId, T>>, p: &PartitionId, value: Option<T>) {
+    let mut map = map.lock().expect("ticket history lock");
+    match value {
+        Some(v) => {
+            map.insert(p.clone(), v);
         }
-        if self.lease.remaining() > s.config.claim_ttl / 2 {
-            return Ok(());
+        None => {
+            map.remove(p);
         }
-        let sent = Instant::now();
-        match s
-            .store
-            .renew_ticket(&s.config.group, &self.claim, s.config.claim_ttl)
-            .await
-        {
-            Ok(c) => {
-                self.claim = c;
-                self.lease.renewed(sent);
-                Ok(())
-            }
-            Err(StoreError::Fenced(f)) => Err(f.to_string()),
-            Err(e) => {
-                tracing::warn!(error = %e, "renewing a claim");
-                Ok(())
-            }
-        }
-    }
-
-    /// Runs the handler on a batch: the new state, or why it failed (the
-    /// handler is then rebuilt from the checkpoint before the next call).
-    async fn process(&mut self, batch: Arc<Vec<Record>>) -> Result<Vec<u8>, CallError> {
-        self.batch_started_us = self.shared.observer.as_ref().map_or(0, |o| o.now_us());
-        let began = Instant::now();
-        let result = self.cell().process(batch).await;
-        crate::telemetry::batch_seconds(&self.shared.config.group, began.elapsed());
-        result
-    }
-
-    /// Checkpoints `first..=last` with `state` under the claim; the reason
-    /// when the claim is lost.
-    async fn checkpoint(&mut self, first: u64, last: u64, state: Vec<u8>) -> Result<(), String> {
-        let s = self.shared;
-        let processed_us = s.observer.as_ref().map_or(0, |o| o.now_us());
-        let cp = Checkpoint {
-            offset: last + 1,
-            state,
-            epoch: self.claim.epoch,
-        };
-        // An attempt that got no answer may have landed.
-        let mut unanswered = false;
-        let outcome = loop {
-            let left = self.lease.remaining();
-            if left.is_zero() {
-                break Err("lease ran short before the checkpoint".to_string());
-            }
-            let write = s
-                .store
-                .save_ticket_checkpoint(&s.config.group, &self.claim, &cp);
-            match tokio::time::timeout(left, write).await {
-                Ok(Ok(())) => break Ok(()),
-                Ok(Err(StoreError::Fenced(f))) => break Err(f.to_string()),
-                Err(_) => {
-                    unanswered = true;
-                    break Err("checkpoint outlasted the lease".to_string());
-                }
-                Ok(Err(e)) => {
-                    unanswered = true;
-                    tracing::warn!(error = %e, "checkpoint failed; retrying");
-                    tokio::time::sleep(RETRY.min(left)).await;
-                }
-            }
-        };
-        if let Some(o) = &s.observer {
-            o.batch(BatchRecord {
-                partition: self.claim.partition.clone(),
-                member: self.claim.holder.clone(),
-                epoch: self.claim.epoch,
-                first,
-                last,
-                started_us: self.batch_started_us,
-                processed_us,
-                ended_us: o.now_us(),
-                outcome: match &outcome {
-                    Ok(()) => BatchOutcome::Committed,
-                    Err(_) if unanswered => BatchOutcome::Unknown,
-                    Err(_) => BatchOutcome::Refused,
-                },
-            });
-        }
-        if outcome.is_ok() {
-            let n = last - first + 1;
-            s.stats.processed.fetch_add(n, Ordering::Relaxed);
-            crate::telemetry::processed(&s.config.group, &self.claim.partition, n);
-            s.source.committed(&self.claim.partition, last + 1).await;
-            self.checkpoint = Some((cp.offset, cp.epoch));
-            self.cell().checkpointed(cp.state);
-        } else {
-            crate::telemetry::fenced(&s.config.group);
-        }
-        outcome
     }
 }

@@ -1,0 +1,583 @@
+//! The driver of [`shardcall_core::PartitionEngine`]: carries out each
+//! command against the source, the handler, the store and the dead letters,
+//! and feeds the answer back. It decides nothing: the order of steps, the
+//! pauses, when to checkpoint, dead-letter, give up or give back are the
+//! engine's. Owned and ticket mode run this same driver; what differs is
+//! the [`GrantPort`], through which the grant (or claim) is restored,
+//! checkpointed, renewed and ended.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use shardcall_core::partition_engine::Command;
+use shardcall_core::{
+    CallFailure, CheckpointAnswer, End, Env, Epoch, Event, PartitionEngine, PartitionRules,
+    StateOf, StoreAnswer,
+};
+use shardcall_spool::Record;
+use tokio::sync::watch;
+
+use crate::dead_letters::DeadLetters;
+use crate::failures;
+use crate::handler::{BatchObserver, BatchOutcome, BatchRecord, HandlerFactory, PartitionContext};
+use crate::handler_cell::{CallError, HandlerCell};
+use crate::lease::LocalLease;
+use crate::source::Source;
+use crate::store::{Checkpoint, CoordinationStore, StoreError};
+
+/// How often the lag gauge is refreshed.
+const LAG_EVERY: Duration = Duration::from_secs(1);
+
+/// What differs between a grant and a claim: how the partition's record in
+/// the store is restored, written, kept and ended.
+#[async_trait]
+pub(crate) trait GrantPort: Send + Sync {
+    /// The lease under which the partition may be touched.
+    fn lease(&self) -> &LocalLease;
+    /// The partition's checkpoint (a claim restores it, fencing older
+    /// claims).
+    async fn restore(&mut self) -> Result<Option<Checkpoint>, StoreError>;
+    /// Extends the lease (claims only).
+    async fn renew(&mut self) -> Result<(), StoreError>;
+    /// Counts a delivery of the batch at `first` (claims only).
+    async fn count_delivery(&mut self, first: u64) -> Result<u32, StoreError>;
+    /// Writes a checkpoint under the grant.
+    async fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), StoreError>;
+    /// Gives the grant back to the coordinator (owned only).
+    async fn release(&mut self) -> Result<(), StoreError>;
+    /// Says the handler's backup of the released partition is done (owned
+    /// only).
+    async fn backup_done(&mut self);
+    /// Puts the ticket back, due after `delay` (claims only).
+    async fn give_back(&mut self, delay: Duration);
+}
+
+/// Everything a driver runs one partition with.
+pub(crate) struct Drive<'a, S, Src, F: HandlerFactory> {
+    /// The group.
+    pub group: &'a str,
+    /// The partition, epoch and holder.
+    pub ctx: PartitionContext,
+    /// Where failing partitions are reported.
+    pub store: &'a S,
+    /// Where records come from.
+    pub source: Arc<Src>,
+    /// Makes the handler.
+    pub factory: Arc<F>,
+    /// A handler this worker kept from an earlier claim: resumed if the
+    /// checkpoint it saw is still the partition's.
+    pub kept: Option<Kept<F::Handler>>,
+    /// How long one handler call may take.
+    pub call_deadline: Duration,
+    /// Where failing records go.
+    pub dead_letters: Option<Arc<dyn DeadLetters>>,
+    /// The oracle, if any.
+    pub observer: Option<Arc<dyn BatchObserver>>,
+    /// The worker's handler slots, when limited: one is held per call.
+    pub slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Becomes true when the partition is revoked or the worker stops.
+    pub revoke: watch::Receiver<bool>,
+    /// Records processed and checkpointed, for statistics.
+    pub processed: &'a AtomicU64,
+    /// Records dead-lettered, for statistics.
+    pub dead_lettered: Option<&'a AtomicU64>,
+    /// Whether to keep the lag gauge (owned mode: the partition stays here).
+    pub lag_gauge: bool,
+    /// Whether to log the start (owned mode; a ticket is claimed too often).
+    pub log_start: bool,
+}
+
+/// A handler kept after a claim, valid while the partition's checkpoint is
+/// still the one it saw.
+pub(crate) struct Kept<H> {
+    /// The handler.
+    pub handler: H,
+    /// The checkpoint (offset, epoch) it saw last.
+    pub checkpoint: Option<(u64, Epoch)>,
+}
+
+/// How a driven partition ended, with what the worker may keep.
+pub(crate) struct Driven<H> {
+    /// The engine's end.
+    pub end: End,
+    /// The handler, unless it was abandoned or the partition lost.
+    pub kept: Option<Kept<H>>,
+    /// Where reading would have gone on.
+    pub next_offset: u64,
+}
+
+/// A checkpoint write the oracle has not been told about yet.
+struct OpenWrite {
+    first: u64,
+    last: u64,
+    /// An attempt got no answer: it may have landed.
+    unanswered: bool,
+}
+
+/// The driver's working state.
+struct Driver<'a, S, Src, F: HandlerFactory, G> {
+    d: Drive<'a, S, Src, F>,
+    grant: G,
+    began: Instant,
+    cell: Option<HandlerCell<F>>,
+    /// The restored state, for the handler.
+    restored: Option<Vec<u8>>,
+    /// The checkpoint the handler last saw.
+    checkpoint: Option<(u64, Epoch)>,
+    /// The batch in hand.
+    batch: Arc<Vec<Record>>,
+    /// The handler's state after the last record processed.
+    state: Option<Vec<u8>>,
+    /// When the pending records' first call began, for the oracle.
+    pending_started_us: Option<u64>,
+    processed_us: u64,
+    open_write: Option<OpenWrite>,
+    lag_checked: Option<Instant>,
+    lag_task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Runs one partition under `rules` to its end.
+pub(crate) async fn drive<S, Src, F, G>(
+    d: Drive<'_, S, Src, F>,
+    grant: G,
+    rules: PartitionRules,
+) -> Driven<F::Handler>
+where
+    S: CoordinationStore,
+    Src: Source,
+    F: HandlerFactory,
+    G: GrantPort,
+{
+    let mut driver = Driver {
+        d,
+        grant,
+        began: Instant::now(),
+        cell: None,
+        restored: None,
+        checkpoint: None,
+        batch: Arc::new(Vec::new()),
+        state: None,
+        pending_started_us: None,
+        processed_us: 0,
+        open_write: None,
+        lag_checked: None,
+        lag_task: None,
+    };
+    let mut engine = PartitionEngine::new(rules);
+    let mut event = Event::Start;
+    let end = loop {
+        let env = driver.env();
+        match engine.step(event, env) {
+            Command::Done(end) => break end,
+            command => event = driver.carry_out(command, &engine).await,
+        }
+    };
+    // Nothing of this partition outlives it (a lag look-up holds the
+    // source); a write the oracle was not told of may have landed.
+    if let Some(t) = driver.lag_task.take() {
+        t.abort();
+        let _ = t.await;
+    }
+    if let Some(w) = driver.open_write.take() {
+        driver.tell_oracle(&w, BatchOutcome::Unknown);
+    }
+    if let End::Lost(why) = &end {
+        tracing::warn!(reason = %why, "partition stopped");
+    }
+    let kept = match &end {
+        End::Lost(_) => None,
+        _ => driver
+            .cell
+            .take()
+            .and_then(HandlerCell::into_handler)
+            .map(|handler| Kept {
+                handler,
+                checkpoint: driver.checkpoint,
+            }),
+    };
+    Driven {
+        end,
+        kept,
+        next_offset: engine.next_offset(),
+    }
+}
+
+/// Resolves when the revoke flag changes; never when its sender is gone
+/// (the worker dropped the partition: the lease ends it).
+async fn revoked(revoke: &mut watch::Receiver<bool>) {
+    if revoke.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn answer<T>(r: Result<T, StoreError>) -> StoreAnswer<T> {
+    match r {
+        Ok(v) => StoreAnswer::Ok(v),
+        Err(StoreError::Fenced(f)) => StoreAnswer::Fenced(f.to_string()),
+        Err(e) => StoreAnswer::Failed(e.to_string()),
+    }
+}
+
+fn failure(e: CallError) -> CallFailure {
+    match e {
+        CallError::Batch(e) => CallFailure::Batch(e.0),
+        CallError::Assign(e) => CallFailure::Refused(e.0),
+        CallError::Stuck(e) => CallFailure::Stuck(e.0),
+    }
+}
+
+impl<S, Src, F, G> Driver<'_, S, Src, F, G>
+where
+    S: CoordinationStore,
+    Src: Source,
+    F: HandlerFactory,
+    G: GrantPort,
+{
+    fn env(&self) -> Env {
+        Env {
+            now: self.began.elapsed().as_millis() as u64,
+            lease_left: self.grant.lease().remaining(),
+            revoked: *self.d.revoke.borrow(),
+        }
+    }
+
+    fn cell(&mut self) -> &mut HandlerCell<F> {
+        self.cell
+            .as_mut()
+            .expect("the engine starts the handler first")
+    }
+
+    fn now_us(&self) -> u64 {
+        self.d.observer.as_ref().map_or(0, |o| o.now_us())
+    }
+
+    async fn carry_out(&mut self, command: Command, engine: &PartitionEngine) -> Event {
+        match command {
+            Command::Restore => {
+                let restored = self.grant.restore().await;
+                if let Err(e) = &restored {
+                    tracing::warn!(error = %e, "restoring the checkpoint");
+                }
+                Event::Restored(answer(restored.map(|cp| {
+                    cp.map(|cp| {
+                        self.checkpoint = Some((cp.offset, cp.epoch));
+                        self.restored = Some(cp.state);
+                        cp.offset
+                    })
+                })))
+            }
+            Command::FindStart => match self.d.source.initial_offset(&self.d.ctx.partition).await {
+                Ok(o) => Event::FoundStart(Some(o)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "finding the first offset");
+                    Event::FoundStart(None)
+                }
+            },
+            Command::StartHandler => self.start_handler(engine).await,
+            Command::Renew => {
+                let renewed = self.grant.renew().await;
+                if let Err(e) = &renewed {
+                    tracing::warn!(error = %e, "renewing the claim");
+                }
+                Event::Renewed(answer(renewed))
+            }
+            Command::Fetch { from, max, wait } => self.fetch(from, max, wait).await,
+            Command::CountDelivery { first } => {
+                let counted = self.grant.count_delivery(first).await;
+                if let Err(e) = &counted {
+                    tracing::warn!(error = %e, "counting a delivery");
+                }
+                Event::Counted(answer(counted))
+            }
+            Command::Process { range } => {
+                let records = if range.len() == self.batch.len() {
+                    self.batch.clone()
+                } else {
+                    Arc::new(self.batch[range].to_vec())
+                };
+                self.process(records).await
+            }
+            Command::Checkpoint { first, last, state } => {
+                Event::Checkpointed(self.checkpoint(first, last, state).await)
+            }
+            Command::DeadLetter {
+                range,
+                attempts,
+                error,
+            } => Event::DeadLettered(
+                self.dead_letter(&self.batch.clone()[range], attempts, &error)
+                    .await,
+            ),
+            Command::ReportFailure {
+                attempts,
+                error,
+                retry_in,
+            } => {
+                failures::report(
+                    self.d.store,
+                    self.d.group,
+                    &self.d.ctx,
+                    attempts,
+                    &error,
+                    retry_in,
+                )
+                .await;
+                Event::Done
+            }
+            Command::ClearFailure => {
+                failures::recovered(self.d.store, self.d.group, &self.d.ctx).await;
+                Event::Done
+            }
+            Command::Pause(d) => {
+                let pause = d.min(self.grant.lease().remaining());
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => Event::Done,
+                    _ = revoked(&mut self.d.revoke) => Event::Interrupted,
+                }
+            }
+            Command::Release => {
+                let released = self.grant.release().await;
+                if let Err(e) = &released {
+                    tracing::warn!(error = %e, "release failed");
+                }
+                Event::Released(answer(released))
+            }
+            Command::Backup => {
+                tracing::info!("partition released; the handler backs it up");
+                let Some(cell) = self.cell.as_mut() else {
+                    // Revoked before a handler was made: nothing but the
+                    // restored state, which is backed up already.
+                    self.grant.backup_done().await;
+                    return Event::Done;
+                };
+                match cell.revoked().await {
+                    Ok(()) => {
+                        self.grant.backup_done().await;
+                        tracing::info!("backup done");
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "backup failed; the quarantine runs to its maximum")
+                    }
+                }
+                Event::Done
+            }
+            Command::GiveBack { delay } => {
+                self.grant.give_back(delay).await;
+                Event::Done
+            }
+            Command::Done(_) => unreachable!("the loop ends at Done"),
+        }
+    }
+
+    /// Makes the handler (or resumes the one kept, if it saw the
+    /// checkpoint restored) and tells it of the grant.
+    async fn start_handler(&mut self, engine: &PartitionEngine) -> Event {
+        if self.cell.is_none() {
+            let ctx = self.d.ctx.clone();
+            let state = self.restored.take();
+            let cell = match self.d.kept.take() {
+                Some(k) if k.checkpoint == self.checkpoint => {
+                    HandlerCell::resume(self.d.factory.clone(), ctx, k.handler, state)
+                }
+                _ => HandlerCell::new(self.d.factory.clone(), ctx, state),
+            };
+            self.cell = Some(cell.with_deadline(self.d.call_deadline));
+        }
+        let ready = self.cell().ready().await.map_err(failure);
+        if ready.is_ok() && self.d.log_start {
+            tracing::info!(offset = engine.next_offset(), "partition started");
+        }
+        Event::HandlerStarted(ready)
+    }
+
+    async fn fetch(&mut self, from: u64, max: usize, wait: Duration) -> Event {
+        let p = &self.d.ctx.partition;
+        let fetched = tokio::select! {
+            r = self.d.source.fetch(p, from, max, wait) => r,
+            _ = revoked(&mut self.d.revoke) => return Event::Interrupted,
+        };
+        match fetched {
+            Ok(records) => {
+                self.gauge_lag(from, records.is_empty());
+                let offsets = records.iter().map(|r| r.offset).collect();
+                self.batch = Arc::new(records);
+                Event::Fetched(Some(offsets))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "fetch failed; retrying");
+                Event::Fetched(None)
+            }
+        }
+    }
+
+    /// The lag gauge, at most once a second. Caught up, it is zero (said
+    /// again each second, so the gauge of an idle partition stays and one
+    /// no longer held ages out); else it costs a look at the source's end
+    /// (a round trip for Kafka), made on its own task so it never holds up
+    /// a batch.
+    fn gauge_lag(&mut self, at: u64, caught_up: bool) {
+        if !self.d.lag_gauge || self.lag_checked.is_some_and(|t| t.elapsed() < LAG_EVERY) {
+            return;
+        }
+        let (group, p) = (self.d.group, &self.d.ctx.partition);
+        if caught_up {
+            self.lag_checked = Some(Instant::now());
+            crate::telemetry::lag(group, p, 0);
+            return;
+        }
+        if self.lag_task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        self.lag_checked = Some(Instant::now());
+        let source = self.d.source.clone();
+        let (group, p) = (group.to_owned(), p.clone());
+        self.lag_task = Some(tokio::spawn(async move {
+            if let Ok(end) = source.end_offset(&p).await {
+                crate::telemetry::lag(&group, &p, end.saturating_sub(at));
+            }
+        }));
+    }
+
+    async fn process(&mut self, records: Arc<Vec<Record>>) -> Event {
+        let started_us = self.now_us();
+        let began = Instant::now();
+        let permit = match &self.d.slots {
+            Some(slots) => Some(
+                slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("slots stay open"),
+            ),
+            None => None,
+        };
+        let result = self.cell().process(records).await;
+        drop(permit);
+        match result {
+            Ok(state) => {
+                crate::telemetry::batch_seconds(self.d.group, began.elapsed());
+                self.state = Some(state);
+                self.pending_started_us.get_or_insert(started_us);
+                self.processed_us = self.now_us();
+                Event::Processed(Ok(()))
+            }
+            Err(e) => Event::Processed(Err(failure(e))),
+        }
+    }
+
+    /// Sends records to the dead letters; the oracle sees it as their
+    /// processing.
+    async fn dead_letter(&mut self, records: &[Record], attempts: u32, why: &str) -> bool {
+        let Some(dl) = self.d.dead_letters.clone() else {
+            return false;
+        };
+        let started_us = self.now_us();
+        let (first, last) = (records[0].offset, records[records.len() - 1].offset);
+        if let Err(e) = dl.send(&self.d.ctx.partition, records, attempts, why).await {
+            tracing::error!(error = %e, "dead-lettering failed; the records will be tried again");
+            return false;
+        }
+        tracing::error!(first, last, attempts, error = %why,
+            "records sent to the dead letters; the partition moves on");
+        if let Some(n) = &self.d.dead_lettered {
+            n.fetch_add(records.len() as u64, Ordering::Relaxed);
+        }
+        self.pending_started_us = Some(started_us);
+        self.processed_us = self.now_us();
+        true
+    }
+
+    /// One attempt at writing `first..=last`, bounded by the lease.
+    async fn checkpoint(&mut self, first: u64, last: u64, state: StateOf) -> CheckpointAnswer {
+        let state = match state {
+            StateOf::Processed => self.state.clone().unwrap_or_default(),
+            StateOf::Checkpointed => {
+                // Skipped records change nothing; the handler starts again
+                // from the checkpointed state.
+                let cell = self.cell();
+                let s = cell.checkpointed_state().unwrap_or_default().to_vec();
+                cell.discard();
+                s
+            }
+        };
+        let checkpoint = Checkpoint {
+            offset: last + 1,
+            state,
+            epoch: self.d.ctx.epoch,
+        };
+        let mut write = self.open_write.take().unwrap_or(OpenWrite {
+            first,
+            last,
+            unanswered: false,
+        });
+        let left = self.grant.lease().remaining();
+        if left.is_zero() {
+            let outcome = if write.unanswered {
+                BatchOutcome::Unknown
+            } else {
+                BatchOutcome::Refused
+            };
+            self.tell_oracle(&write, outcome);
+            return CheckpointAnswer::Fenced("the lease ran short before the checkpoint".into());
+        }
+        let sent = Instant::now();
+        let result = tokio::time::timeout(left, self.grant.save(&checkpoint)).await;
+        crate::telemetry::store_seconds("checkpoint", sent.elapsed());
+        match result {
+            Ok(Ok(())) => {
+                self.tell_oracle(&write, BatchOutcome::Committed);
+                self.committed(first, last, checkpoint).await;
+                CheckpointAnswer::Committed
+            }
+            Ok(Err(StoreError::Fenced(f))) => {
+                crate::telemetry::fenced(self.d.group);
+                let outcome = if write.unanswered {
+                    BatchOutcome::Unknown
+                } else {
+                    BatchOutcome::Refused
+                };
+                self.tell_oracle(&write, outcome);
+                CheckpointAnswer::Fenced(f.to_string())
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "checkpoint failed; retrying");
+                write.unanswered = true;
+                self.open_write = Some(write);
+                CheckpointAnswer::Failed(e.to_string())
+            }
+            Err(_) => {
+                self.tell_oracle(&write, BatchOutcome::Unknown);
+                CheckpointAnswer::Unanswered
+            }
+        }
+    }
+
+    async fn committed(&mut self, first: u64, last: u64, checkpoint: Checkpoint) {
+        let n = last - first + 1;
+        let p = &self.d.ctx.partition;
+        crate::telemetry::processed(self.d.group, p, n);
+        self.d.source.committed(p, last + 1).await;
+        self.d.processed.fetch_add(n, Ordering::Relaxed);
+        self.checkpoint = Some((checkpoint.offset, checkpoint.epoch));
+        self.pending_started_us = None;
+        self.cell().checkpointed(checkpoint.state);
+    }
+
+    fn tell_oracle(&self, write: &OpenWrite, outcome: BatchOutcome) {
+        if let Some(o) = &self.d.observer {
+            o.batch(BatchRecord {
+                partition: self.d.ctx.partition.clone(),
+                member: self.d.ctx.member.clone(),
+                epoch: self.d.ctx.epoch,
+                first: write.first,
+                last: write.last,
+                started_us: self.pending_started_us.unwrap_or(self.processed_us),
+                processed_us: self.processed_us,
+                ended_us: o.now_us(),
+                outcome,
+            });
+        }
+    }
+}
