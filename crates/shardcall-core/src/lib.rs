@@ -9,6 +9,8 @@
 //!   coordination store enforces).
 //! - [`coordinator`]: one tick's decisions.
 //! - [`membership`]: when a member must stop its own partitions.
+//! - [`member_engine`]: a member's decisions for one incarnation: renew,
+//!   stop for the lease, reconcile grants with tasks, leave.
 //! - [`config`]: a group's timing, validated.
 //! - [`tickets`]: ticket mode's pool of partition tickets.
 //! - [`bisect`]: isolating the records that make a batch fail.
@@ -22,6 +24,7 @@ pub mod config;
 pub mod coordinator;
 pub mod ids;
 pub mod lifecycle;
+pub mod member_engine;
 pub mod membership;
 pub mod partition_engine;
 pub mod retry;
@@ -34,6 +37,7 @@ pub use config::{GroupConfig, GroupConfigError};
 pub use coordinator::{Plan, StepOptions, step, step_with};
 pub use ids::{Epoch, MemberId, Millis, PartitionId};
 pub use lifecycle::{Phase, QuarantineEnd, QuarantinePolicy};
+pub use member_engine::{MemberCommand, MemberEngine, MemberEvent, MemberRules};
 pub use membership::LeaseRule;
 pub use partition_engine::{
     CallFailure, CheckpointAnswer, End, Env, Event, Grant, PartitionEngine, PartitionRules, Served,

@@ -1,0 +1,630 @@
+//! A member's decisions for one incarnation (one join, until it leaves or
+//! is fenced out), as a sans-IO state machine: when to renew its lease,
+//! when the lease forbids all work, which partition tasks to start, revoke,
+//! stop at once or release for them, and how to leave.
+//!
+//! As with [`crate::partition_engine`], the driver calls
+//! [`MemberEngine::step`] with the last command's answer and the time (the
+//! member's own monotonic clock, in milliseconds) and carries out the
+//! command it gets, until [`MemberCommand::Rejoin`] or
+//! [`MemberCommand::Leave`]. Between rounds the engine says
+//! [`MemberCommand::Wait`]: the driver sleeps until the next tick, a change
+//! hint, a stop request or the end of a partition task, and says which.
+//!
+//! One round: renew if the heartbeat is due; if the lease rule says stop,
+//! stop every task and end the round (nothing is touched without a lease);
+//! otherwise take a coordinator turn, read this member's grants and
+//! reconcile them with the tasks running: a task whose grant is gone stops
+//! at once (unless it released the grant itself and runs the handler's
+//! backup), a grant without a task gets one, a draining grant's task is
+//! revoked (or, with no task, the grant released at once).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::ids::{Epoch, Millis, PartitionId};
+use crate::lifecycle::Phase;
+use crate::membership::LeaseRule;
+
+/// How a member keeps its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberRules {
+    /// The lease the store grants and the part of it not used.
+    pub lease: LeaseRule,
+    /// How often the lease is renewed.
+    pub heartbeat_every_ms: Millis,
+}
+
+/// What the driver is to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberCommand {
+    /// Send a heartbeat (note when it was sent). Answer:
+    /// [`MemberEvent::Renewed`], [`MemberEvent::RenewFailed`] or
+    /// [`MemberEvent::Fenced`].
+    Renew,
+    /// The lease could lapse: stop every partition task at once and treat
+    /// the lease as over until a renewal lands. Answer: [`MemberEvent::Done`].
+    StopAll,
+    /// Take a coordinator turn (acquire or keep the lock; if held, apply
+    /// the assignment step). Answer: [`MemberEvent::Done`].
+    Coordinate,
+    /// Read this member's grants. Answer: [`MemberEvent::View`] or
+    /// [`MemberEvent::ViewFailed`].
+    ReadView,
+    /// Start a task for the grant. Answer: [`MemberEvent::Done`].
+    Start {
+        /// The partition.
+        partition: PartitionId,
+        /// The grant's epoch.
+        epoch: Epoch,
+    },
+    /// Ask the partition's task to finish: final checkpoint, release,
+    /// backup. Answer: [`MemberEvent::Done`].
+    Revoke {
+        /// The partition.
+        partition: PartitionId,
+    },
+    /// Stop the partition's task at once: its grant is gone. Answer:
+    /// [`MemberEvent::Done`].
+    Abort {
+        /// The partition.
+        partition: PartitionId,
+    },
+    /// Release a draining grant that no task holds here. Answer:
+    /// [`MemberEvent::Done`].
+    Release {
+        /// The partition.
+        partition: PartitionId,
+        /// The grant's epoch.
+        epoch: Epoch,
+    },
+    /// Nothing to do until something happens.
+    Wait,
+    /// Fenced out: every task is stopped; join again as a new member.
+    Rejoin,
+    /// Every task ended (or the wait for them is over): leave the group.
+    Leave,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberEvent {
+    /// The first call.
+    Start,
+    /// A tick, a hint or new partitions: time for a round.
+    Woke,
+    /// The heartbeat sent at `sent` (local ms) renewed the lease.
+    Renewed {
+        /// When it was sent.
+        sent: Millis,
+    },
+    /// The heartbeat failed; tried again at the next heartbeat.
+    RenewFailed,
+    /// The store no longer knows this member.
+    Fenced,
+    /// The grants this member holds.
+    View(Vec<(PartitionId, Phase)>),
+    /// They could not be read.
+    ViewFailed,
+    /// A partition task ended (whatever the reason).
+    TaskEnded {
+        /// The partition.
+        partition: PartitionId,
+        /// The grant it ran under.
+        epoch: Epoch,
+    },
+    /// A partition task released its grant itself and now runs the
+    /// handler's backup: it must not be stopped for the grant's absence.
+    TaskReleased {
+        /// The partition.
+        partition: PartitionId,
+    },
+    /// A graceful stop is asked for.
+    Shutdown,
+    /// The tasks did not end within the time allowed: leave anyway.
+    ShutdownTimedOut,
+    /// The last command is carried out.
+    Done,
+}
+
+/// A partition task running here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Task {
+    epoch: Epoch,
+    /// It released the grant and runs the backup.
+    released: bool,
+    /// It was asked to finish.
+    revoked: bool,
+}
+
+/// Where the round is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    Idle,
+    Renewing,
+    Coordinating,
+    Reading,
+    ShuttingDown,
+    Ended,
+}
+
+/// One incarnation's engine.
+#[derive(Debug, Clone)]
+pub struct MemberEngine {
+    rules: MemberRules,
+    renewal_sent: Millis,
+    next_heartbeat: Millis,
+    tasks: BTreeMap<PartitionId, Task>,
+    round: Round,
+    queue: VecDeque<MemberCommand>,
+    /// Every task was stopped for the lease; until a renewal lands nothing
+    /// starts.
+    lease_lapsed: bool,
+}
+
+impl MemberEngine {
+    /// An incarnation whose join request was sent at `sent` (local ms).
+    pub fn new(rules: MemberRules, sent: Millis) -> Self {
+        Self {
+            rules,
+            renewal_sent: sent,
+            next_heartbeat: sent + rules.heartbeat_every_ms,
+            tasks: BTreeMap::new(),
+            round: Round::Idle,
+            queue: VecDeque::new(),
+            lease_lapsed: false,
+        }
+    }
+
+    /// Until when (local ms) this member may touch its partitions.
+    pub fn may_process_until(&self) -> Millis {
+        if self.lease_lapsed {
+            return 0;
+        }
+        self.rules.lease.may_process_until(self.renewal_sent)
+    }
+
+    /// The partitions with a task here, with their epochs.
+    pub fn running(&self) -> Vec<(PartitionId, Epoch)> {
+        self.tasks
+            .iter()
+            .map(|(p, t)| (p.clone(), t.epoch))
+            .collect()
+    }
+
+    /// The next command, given what happened.
+    ///
+    /// # Panics
+    /// After [`MemberCommand::Rejoin`] or [`MemberCommand::Leave`].
+    pub fn step(&mut self, event: MemberEvent, now: Millis) -> MemberCommand {
+        assert!(self.round != Round::Ended, "the incarnation has ended");
+        self.absorb(event, now);
+        let next = self.queue.pop_front().unwrap_or_else(|| self.decide(now));
+        if matches!(next, MemberCommand::Rejoin | MemberCommand::Leave) {
+            self.round = Round::Ended;
+        }
+        next
+    }
+
+    fn absorb(&mut self, event: MemberEvent, now: Millis) {
+        match event {
+            MemberEvent::Start | MemberEvent::Done => {}
+            MemberEvent::Woke => {
+                if self.round == Round::Idle {
+                    self.begin_round(now);
+                }
+            }
+            MemberEvent::Renewed { sent } => {
+                self.renewal_sent = self.renewal_sent.max(sent);
+                self.lease_lapsed = false;
+                self.after_renewal();
+            }
+            MemberEvent::RenewFailed => self.after_renewal(),
+            MemberEvent::Fenced => {
+                self.tasks.clear();
+                self.queue.clear();
+                self.queue.push_back(MemberCommand::StopAll);
+                self.queue.push_back(MemberCommand::Rejoin);
+            }
+            MemberEvent::View(view) => {
+                if self.round == Round::Reading {
+                    self.round = Round::Idle;
+                    self.reconcile(&view);
+                }
+            }
+            MemberEvent::ViewFailed => {
+                if self.round == Round::Reading {
+                    self.round = Round::Idle;
+                }
+            }
+            MemberEvent::TaskEnded { partition, epoch } => {
+                if self.tasks.get(&partition).is_some_and(|t| t.epoch == epoch) {
+                    self.tasks.remove(&partition);
+                }
+            }
+            MemberEvent::TaskReleased { partition } => {
+                if let Some(t) = self.tasks.get_mut(&partition) {
+                    t.released = true;
+                }
+            }
+            MemberEvent::Shutdown => {
+                self.round = Round::ShuttingDown;
+                self.queue.clear();
+                for (p, t) in &mut self.tasks {
+                    if !t.revoked {
+                        t.revoked = true;
+                        self.queue.push_back(MemberCommand::Revoke {
+                            partition: p.clone(),
+                        });
+                    }
+                }
+            }
+            MemberEvent::ShutdownTimedOut => {
+                self.tasks.clear();
+                self.queue.clear();
+                self.queue.push_back(MemberCommand::Leave);
+            }
+        }
+    }
+
+    fn begin_round(&mut self, now: Millis) {
+        if now >= self.next_heartbeat {
+            self.next_heartbeat = now + self.rules.heartbeat_every_ms;
+            self.round = Round::Renewing;
+            self.queue.push_back(MemberCommand::Renew);
+        } else {
+            // The lease check comes after the renewal's answer (it may
+            // move the lease on), so it is made in `decide`.
+            self.after_renewal();
+        }
+    }
+
+    fn after_renewal(&mut self) {
+        self.round = Round::Coordinating;
+    }
+
+    fn decide(&mut self, now: Millis) -> MemberCommand {
+        match self.round {
+            Round::Idle => MemberCommand::Wait,
+            Round::Renewing => MemberCommand::Wait,
+            Round::Coordinating => {
+                if self.rules.lease.must_stop(self.renewal_sent, now) {
+                    // The lease could lapse before the next renewal lands.
+                    self.round = Round::Idle;
+                    let had_tasks = !self.tasks.is_empty() || !self.lease_lapsed;
+                    self.tasks.clear();
+                    self.lease_lapsed = true;
+                    return if had_tasks {
+                        MemberCommand::StopAll
+                    } else {
+                        MemberCommand::Wait
+                    };
+                }
+                self.round = Round::Reading;
+                self.queue.push_back(MemberCommand::ReadView);
+                MemberCommand::Coordinate
+            }
+            Round::Reading => MemberCommand::Wait,
+            Round::ShuttingDown if self.tasks.is_empty() => MemberCommand::Leave,
+            Round::ShuttingDown => MemberCommand::Wait,
+            Round::Ended => unreachable!("checked in step"),
+        }
+    }
+
+    /// Compares the grants with the tasks: what to stop, start, revoke or
+    /// release.
+    fn reconcile(&mut self, view: &[(PartitionId, Phase)]) {
+        let held: BTreeMap<&PartitionId, &Phase> = view.iter().map(|(p, ph)| (p, ph)).collect();
+        // Tasks whose grant is gone stop at once — except one that gave the
+        // grant up itself and is running the handler's backup.
+        let lost: Vec<PartitionId> = self
+            .tasks
+            .iter()
+            .filter(|(p, t)| {
+                !t.released
+                    && held
+                        .get(p)
+                        .and_then(|ph| ph.holder())
+                        .is_none_or(|(_, e)| e != t.epoch)
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in lost {
+            self.tasks.remove(&p);
+            self.queue.push_back(MemberCommand::Abort { partition: p });
+        }
+        for (p, phase) in view {
+            match phase {
+                Phase::Owned { epoch, .. } if !self.tasks.contains_key(p) => {
+                    self.tasks.insert(
+                        p.clone(),
+                        Task {
+                            epoch: *epoch,
+                            released: false,
+                            revoked: false,
+                        },
+                    );
+                    self.queue.push_back(MemberCommand::Start {
+                        partition: p.clone(),
+                        epoch: *epoch,
+                    });
+                }
+                Phase::Draining { epoch, .. } => match self.tasks.get_mut(p) {
+                    Some(t) if !t.revoked => {
+                        t.revoked = true;
+                        self.queue.push_back(MemberCommand::Revoke {
+                            partition: p.clone(),
+                        });
+                    }
+                    Some(_) => {}
+                    None => self.queue.push_back(MemberCommand::Release {
+                        partition: p.clone(),
+                        epoch: *epoch,
+                    }),
+                },
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::MemberId;
+
+    const EVERY: Millis = 100;
+
+    fn engine() -> MemberEngine {
+        MemberEngine::new(
+            MemberRules {
+                lease: LeaseRule {
+                    ttl_ms: 1_000,
+                    safety_margin_ms: 300,
+                },
+                heartbeat_every_ms: EVERY,
+            },
+            0,
+        )
+    }
+
+    fn p(i: u32) -> PartitionId {
+        PartitionId::new("t", i)
+    }
+
+    fn owned(i: u32, epoch: Epoch) -> (PartitionId, Phase) {
+        (
+            p(i),
+            Phase::Owned {
+                member: MemberId::new("m"),
+                epoch,
+                since: 0,
+            },
+        )
+    }
+
+    fn draining(i: u32, epoch: Epoch) -> (PartitionId, Phase) {
+        (
+            p(i),
+            Phase::Draining {
+                member: MemberId::new("m"),
+                epoch,
+                revoked_at: 0,
+            },
+        )
+    }
+
+    /// One round at `now`, answering as a healthy store would with `view`:
+    /// the commands up to the round's Wait.
+    fn round(
+        e: &mut MemberEngine,
+        now: Millis,
+        view: &[(PartitionId, Phase)],
+    ) -> Vec<MemberCommand> {
+        let mut out = Vec::new();
+        let mut event = MemberEvent::Woke;
+        loop {
+            let c = e.step(event, now);
+            event = match &c {
+                MemberCommand::Renew => MemberEvent::Renewed { sent: now },
+                MemberCommand::ReadView => MemberEvent::View(view.to_vec()),
+                MemberCommand::Wait | MemberCommand::Rejoin | MemberCommand::Leave => {
+                    out.push(c);
+                    return out;
+                }
+                _ => MemberEvent::Done,
+            };
+            out.push(c);
+        }
+    }
+
+    fn starts(cmds: &[MemberCommand]) -> Vec<&PartitionId> {
+        cmds.iter()
+            .filter_map(|c| match c {
+                MemberCommand::Start { partition, .. } => Some(partition),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_round_coordinates_reads_the_grants_and_starts_their_tasks() {
+        let mut e = engine();
+        let cmds = round(&mut e, 10, &[owned(0, 1), owned(1, 1)]);
+        assert_eq!(cmds[0], MemberCommand::Coordinate);
+        assert_eq!(cmds[1], MemberCommand::ReadView);
+        assert_eq!(starts(&cmds), [&p(0), &p(1)]);
+        assert_eq!(cmds.last(), Some(&MemberCommand::Wait));
+        // Nothing new next round.
+        let again = round(&mut e, 20, &[owned(0, 1), owned(1, 1)]);
+        assert!(starts(&again).is_empty(), "{again:?}");
+    }
+
+    #[test]
+    fn the_heartbeat_comes_first_when_due_and_moves_the_lease_on() {
+        let mut e = engine();
+        assert_eq!(e.may_process_until(), 700);
+        let cmds = round(&mut e, EVERY, &[]);
+        assert_eq!(cmds[0], MemberCommand::Renew);
+        assert_eq!(e.may_process_until(), EVERY + 700);
+        let cmds = round(&mut e, EVERY + 10, &[]);
+        assert_ne!(cmds[0], MemberCommand::Renew, "not due again yet");
+    }
+
+    #[test]
+    fn without_a_renewal_everything_stops_before_the_lease_can_lapse() {
+        let mut e = engine();
+        round(&mut e, 10, &[owned(0, 1)]);
+        // Heartbeats fail from now on.
+        let mut now = 10;
+        let mut stopped = false;
+        while now < 800 {
+            now += 50;
+            let mut event = MemberEvent::Woke;
+            loop {
+                let c = e.step(event, now);
+                event = match c {
+                    MemberCommand::Renew => MemberEvent::RenewFailed,
+                    MemberCommand::StopAll => {
+                        assert!(now >= 700, "stopped at {now}, before the lease rule says");
+                        stopped = true;
+                        MemberEvent::Done
+                    }
+                    MemberCommand::Start { .. } => panic!("started without a lease at {now}"),
+                    MemberCommand::ReadView => MemberEvent::View(vec![owned(0, 1)]),
+                    MemberCommand::Wait => break,
+                    _ => MemberEvent::Done,
+                };
+            }
+        }
+        assert!(stopped);
+        assert_eq!(e.may_process_until(), 0);
+        assert!(e.running().is_empty());
+        // A renewal that lands brings the task back.
+        let cmds = round(&mut e, 1_000, &[owned(0, 1)]);
+        assert_eq!(cmds[0], MemberCommand::Renew);
+        assert_eq!(starts(&cmds), [&p(0)]);
+    }
+
+    #[test]
+    fn a_task_whose_grant_is_gone_stops_unless_it_released_the_grant_itself() {
+        let mut e = engine();
+        round(&mut e, 10, &[owned(0, 1), owned(1, 1)]);
+        e.step(MemberEvent::TaskReleased { partition: p(1) }, 11);
+        let cmds = round(&mut e, 20, &[]);
+        assert!(cmds.contains(&MemberCommand::Abort { partition: p(0) }));
+        assert!(
+            !cmds.contains(&MemberCommand::Abort { partition: p(1) }),
+            "{cmds:?}"
+        );
+        // A newer grant of the partition waits for the backup to end.
+        let cmds = round(&mut e, 30, &[owned(1, 2)]);
+        assert!(starts(&cmds).is_empty(), "{cmds:?}");
+        e.step(
+            MemberEvent::TaskEnded {
+                partition: p(1),
+                epoch: 1,
+            },
+            35,
+        );
+        let cmds = round(&mut e, 40, &[owned(1, 2)]);
+        assert!(
+            cmds.contains(&MemberCommand::Start {
+                partition: p(1),
+                epoch: 2
+            }),
+            "{cmds:?}"
+        );
+    }
+
+    #[test]
+    fn a_draining_grant_revokes_its_task_once_or_is_released_when_none_runs() {
+        let mut e = engine();
+        round(&mut e, 10, &[owned(0, 1)]);
+        let cmds = round(&mut e, 20, &[draining(0, 1), draining(1, 4)]);
+        assert!(cmds.contains(&MemberCommand::Revoke { partition: p(0) }));
+        assert!(cmds.contains(&MemberCommand::Release {
+            partition: p(1),
+            epoch: 4
+        }));
+        let cmds = round(&mut e, 30, &[draining(0, 1)]);
+        assert!(
+            !cmds.contains(&MemberCommand::Revoke { partition: p(0) }),
+            "once: {cmds:?}"
+        );
+    }
+
+    #[test]
+    fn a_task_that_ended_on_its_own_is_started_again_while_the_grant_holds() {
+        // A task that died (a panic) must not leave its partition owned
+        // with nothing running it.
+        let mut e = engine();
+        round(&mut e, 10, &[owned(0, 1)]);
+        assert_eq!(
+            e.step(
+                MemberEvent::TaskEnded {
+                    partition: p(0),
+                    epoch: 1
+                },
+                15
+            ),
+            MemberCommand::Wait
+        );
+        let cmds = round(&mut e, 20, &[owned(0, 1)]);
+        assert_eq!(starts(&cmds), [&p(0)]);
+    }
+
+    #[test]
+    fn a_graceful_stop_revokes_everything_and_leaves_once_the_tasks_ended() {
+        let mut e = engine();
+        round(&mut e, 10, &[owned(0, 1), owned(1, 1)]);
+        let first = e.step(MemberEvent::Shutdown, 20);
+        assert_eq!(first, MemberCommand::Revoke { partition: p(0) });
+        assert_eq!(
+            e.step(MemberEvent::Done, 20),
+            MemberCommand::Revoke { partition: p(1) }
+        );
+        assert_eq!(e.step(MemberEvent::Done, 20), MemberCommand::Wait);
+        assert_eq!(
+            e.step(MemberEvent::Woke, 30),
+            MemberCommand::Wait,
+            "no round while stopping"
+        );
+        assert_eq!(
+            e.step(
+                MemberEvent::TaskEnded {
+                    partition: p(0),
+                    epoch: 1
+                },
+                40
+            ),
+            MemberCommand::Wait
+        );
+        assert_eq!(
+            e.step(
+                MemberEvent::TaskEnded {
+                    partition: p(1),
+                    epoch: 1
+                },
+                50
+            ),
+            MemberCommand::Leave
+        );
+        let mut e = engine();
+        round(&mut e, 10, &[owned(0, 1)]);
+        e.step(MemberEvent::Shutdown, 20);
+        e.step(MemberEvent::Done, 20);
+        assert_eq!(
+            e.step(MemberEvent::ShutdownTimedOut, 2_000),
+            MemberCommand::Leave
+        );
+    }
+
+    #[test]
+    fn fenced_out_it_stops_everything_and_rejoins() {
+        let mut e = engine();
+        round(&mut e, 10, &[owned(0, 1)]);
+        assert_eq!(e.step(MemberEvent::Woke, EVERY), MemberCommand::Renew);
+        assert_eq!(e.step(MemberEvent::Fenced, EVERY), MemberCommand::StopAll);
+        assert_eq!(e.step(MemberEvent::Done, EVERY), MemberCommand::Rejoin);
+    }
+}
