@@ -1,49 +1,64 @@
-//! The member's local view of its lease: until when it may process.
+//! The local view of a lease: until when this member (or this claim) may
+//! touch its partitions, on the runtime's monotonic clock. The arithmetic
+//! is [`shardcall_core::LeaseRule`]'s: the lease counts from when its
+//! renewal was *sent*, less the safety margin.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-/// Until when this member may process, on the local monotonic clock. It
-/// moves forward with each renewal, by the lease length less the safety
-/// margin, counted from when the renewal was *sent*.
+use shardcall_core::{LeaseRule, Millis};
+
+use crate::clock;
+
+/// Until when processing may go on, shared by a member's partition tasks.
 #[derive(Debug)]
 pub struct LocalLease {
-    until: Mutex<Instant>,
-    span: Duration,
+    rule: LeaseRule,
+    /// Local monotonic ms; 0: no lease.
+    until: AtomicU64,
 }
 
 impl LocalLease {
-    /// A lease renewed by a request sent at `sent`, lasting `ttl`, of which
-    /// the last `margin` is not used.
-    pub fn new(sent: Instant, ttl: Duration, margin: Duration) -> Self {
-        let span = ttl.saturating_sub(margin);
+    /// A lease renewed by a request sent at `sent` (see [`clock::now_ms`]),
+    /// lasting `ttl`, of which the last `margin` is not used.
+    pub fn new(sent: Millis, ttl: Duration, margin: Duration) -> Self {
+        let rule = LeaseRule {
+            ttl_ms: ttl.as_millis() as Millis,
+            safety_margin_ms: margin.as_millis() as Millis,
+        };
         Self {
-            until: Mutex::new(sent + span),
-            span,
+            until: AtomicU64::new(rule.may_process_until(sent)),
+            rule,
         }
     }
 
     /// A renewal sent at `sent` succeeded.
-    pub fn renewed(&self, sent: Instant) {
-        let mut until = self.until.lock().expect("lease lock");
-        *until = (*until).max(sent + self.span);
+    pub fn renewed(&self, sent: Millis) {
+        self.until
+            .fetch_max(self.rule.may_process_until(sent), Ordering::AcqRel);
+    }
+
+    /// Sets the end as a member's engine decided it (0: stop now).
+    pub fn set_until(&self, until: Millis) {
+        self.until.store(until, Ordering::Release);
     }
 
     /// Ends the lease now (the member was fenced out).
     pub fn revoke(&self) {
-        *self.until.lock().expect("lease lock") = Instant::now();
+        self.until.store(0, Ordering::Release);
     }
 
     /// How long processing may go on.
     pub fn remaining(&self) -> Duration {
-        self.until
-            .lock()
-            .expect("lease lock")
-            .saturating_duration_since(Instant::now())
+        Duration::from_millis(
+            self.until
+                .load(Ordering::Acquire)
+                .saturating_sub(clock::now_ms()),
+        )
     }
 
     /// Whether processing must stop now.
     pub fn expired(&self) -> bool {
-        Instant::now() >= *self.until.lock().expect("lease lock")
+        self.remaining().is_zero()
     }
 }

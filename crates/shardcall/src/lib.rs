@@ -7,6 +7,7 @@
 //! Decisions come from the pure `shardcall-core`; this crate only performs
 //! them: heartbeats, the coordinator's tick, partition tasks, fencing.
 
+pub mod clock;
 mod config;
 pub mod conformance;
 pub mod conformance_tickets;

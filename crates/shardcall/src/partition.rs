@@ -68,10 +68,10 @@ pub struct PartitionTask<S, Src, F> {
     pub processed: Arc<std::sync::atomic::AtomicU64>,
     /// The worker's handler slots, when limited: one is held per handler call.
     pub slots: Option<Arc<tokio::sync::Semaphore>>,
-    /// Set once the partition is released: the task then only runs the
+    /// Told the partition once it is released: the task then only runs the
     /// handler's backup, which the worker must let finish although the
     /// grant is gone.
-    pub released: Arc<std::sync::atomic::AtomicBool>,
+    pub released: tokio::sync::mpsc::UnboundedSender<shardcall_core::PartitionId>,
 }
 
 /// The owned-mode grant: the member's lease, checkpoints and release
@@ -81,7 +81,7 @@ struct OwnedGrant<'a, S> {
     ctx: &'a PartitionContext,
     store: &'a S,
     lease: &'a LocalLease,
-    released: &'a std::sync::atomic::AtomicBool,
+    released: &'a tokio::sync::mpsc::UnboundedSender<shardcall_core::PartitionId>,
 }
 
 #[async_trait]
@@ -127,8 +127,7 @@ impl<S: CoordinationStore> GrantPort for OwnedGrant<'_, S> {
             .await?;
         // From here the task only runs the handler's backup, which the
         // worker lets finish although the grant is gone.
-        self.released
-            .store(true, std::sync::atomic::Ordering::Release);
+        let _ = self.released.send(self.ctx.partition.clone());
         Ok(())
     }
 

@@ -6,16 +6,17 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shardcall_core::{
-    End, Grant, MemberId, PartitionId, PartitionRules, Served, TicketClaim, TicketHistory,
+    End, Grant, MemberId, Millis, PartitionId, PartitionRules, Served, TicketClaim, TicketHistory,
     TicketRules,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
+use crate::clock;
 use crate::dead_letters::DeadLetters;
 use crate::error::WorkerError;
 use crate::handler::{BatchObserver, HandlerFactory, PartitionContext};
@@ -113,7 +114,7 @@ struct Shared<S, Src, F: HandlerFactory> {
     idle: Mutex<HashMap<PartitionId, u64>>,
     /// Partitions given back that the source still reads ahead, with when;
     /// held across a release so a claim never finds its partition released.
-    reading: tokio::sync::Mutex<HashMap<PartitionId, Instant>>,
+    reading: tokio::sync::Mutex<HashMap<PartitionId, Millis>>,
 }
 
 impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
@@ -270,7 +271,9 @@ async fn release_unclaimed<S: TicketStore, Src: Source, F: HandlerFactory>(s: &S
     let mut reading = s.reading.lock().await;
     let old: Vec<PartitionId> = reading
         .iter()
-        .filter(|(_, at)| at.elapsed() >= s.config.keep_reading_for)
+        .filter(|(_, at)| {
+            clock::now_ms().saturating_sub(**at) >= s.config.keep_reading_for.as_millis() as Millis
+        })
         .map(|(p, _)| p.clone())
         .collect();
     for p in old {
@@ -289,7 +292,7 @@ async fn slot<S: TicketStore, Src: Source, F: HandlerFactory>(
     while !*stop.borrow() {
         // Not raced against the stop: a claim the store made must not be
         // dropped on the floor (it would sit out its lease).
-        let sent = Instant::now();
+        let sent = clock::now_ms();
         match shared
             .store
             .claim_ticket(&c.group, &holder, c.claim_ttl, c.claim_wait)
@@ -333,7 +336,7 @@ impl<S: TicketStore> GrantPort for TicketGrant<'_, S> {
     }
 
     async fn renew(&mut self) -> Result<(), StoreError> {
-        let sent = Instant::now();
+        let sent = clock::now_ms();
         let renewed = self
             .store
             .renew_ticket(self.group, &self.claim, self.claim_ttl)
@@ -385,7 +388,7 @@ impl<S: TicketStore> GrantPort for TicketGrant<'_, S> {
 async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
     s: &Shared<S, Src, F>,
     claim: TicketClaim,
-    sent: Instant,
+    sent: Millis,
     stop: &watch::Receiver<bool>,
 ) {
     let c = &s.config;
@@ -483,7 +486,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
         s.kept.lock().expect("kept lock").insert(p.clone(), k);
     }
     // Kept reading ahead for the next claim here; released if none comes.
-    s.reading.lock().await.insert(p, Instant::now());
+    s.reading.lock().await.insert(p, clock::now_ms());
 }
 
 /// Keeps `value` for `p`, or forgets it.

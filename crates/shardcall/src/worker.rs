@@ -3,15 +3,19 @@
 //! stopping them on revoke, on a lost lease, and at shutdown.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use shardcall_core::{CoordinatorLease, Epoch, MemberId, Millis, PartitionId, Phase, step_with};
+use shardcall_core::{
+    CoordinatorLease, Epoch, LeaseRule, MemberCommand, MemberEngine, MemberEvent, MemberId,
+    MemberRules, Millis, PartitionId, Phase, step_with,
+};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
+use crate::clock;
 use crate::config::WorkerConfig;
 use crate::dead_letters::DeadLetters;
 use crate::error::WorkerError;
@@ -122,14 +126,6 @@ struct Running {
     epoch: Epoch,
     revoke: watch::Sender<bool>,
     abort: tokio::task::AbortHandle,
-    /// The task released its grant and only runs the handler's backup.
-    released: Arc<AtomicBool>,
-}
-
-impl Running {
-    fn id(&self) -> tokio::task::Id {
-        self.abort.id()
-    }
 }
 
 /// A member id unique to this incarnation: the worker's name and a suffix
@@ -208,7 +204,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
         let slots = (cfg.slots > 0).then(|| Arc::new(tokio::sync::Semaphore::new(cfg.slots)));
         loop {
             let id = incarnation_id(&cfg.name);
-            let sent = Instant::now();
+            let sent = clock::now_ms();
             match self
                 .store
                 .join(group, &id, cfg.weight, &cfg.host, timing.member_ttl)
@@ -235,10 +231,13 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
             let outcome = Incarnation {
                 worker: self,
                 id: id.clone(),
+                joined: sent,
                 lease,
                 stats,
                 tasks: JoinSet::new(),
+                task_ids: HashMap::new(),
                 running: HashMap::new(),
+                released: tokio::sync::mpsc::unbounded_channel(),
                 coordinator: None,
                 cached: None,
                 discovered: discovered.clone(),
@@ -279,10 +278,20 @@ enum Ended {
 struct Incarnation<'a, S, Src, F> {
     worker: &'a Worker<S, Src, F>,
     id: MemberId,
+    /// When the join request was sent (local ms).
+    joined: Millis,
     lease: Arc<LocalLease>,
     stats: &'a WorkerStats,
     tasks: JoinSet<(PartitionId, Epoch, TaskEnd)>,
+    /// The partition and epoch of each task, by task id (a panicked task
+    /// says only its id).
+    task_ids: HashMap<tokio::task::Id, (PartitionId, Epoch)>,
     running: HashMap<PartitionId, Running>,
+    /// Tasks say here that they released their grant.
+    released: (
+        tokio::sync::mpsc::UnboundedSender<PartitionId>,
+        tokio::sync::mpsc::UnboundedReceiver<PartitionId>,
+    ),
     coordinator: Option<CoordinatorLease>,
     /// The group state the coordinator read last (reused while unchanged).
     cached: Option<shardcall_core::GroupState>,
@@ -347,85 +356,209 @@ fn discover<Src: Source>(
 }
 
 impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Src, F> {
+    /// Carries out the member engine's commands until it says rejoin or
+    /// leave.
     async fn run(mut self, stop: &mut watch::Receiver<Stop>) -> Result<Ended, WorkerError> {
         let cfg = &self.worker.config;
         let timing = &cfg.timing;
-        let mut next_heartbeat = Instant::now() + timing.heartbeat_interval;
+        let rules = MemberRules {
+            lease: LeaseRule {
+                ttl_ms: timing.member_ttl.as_millis() as Millis,
+                safety_margin_ms: timing.safety_margin.as_millis() as Millis,
+            },
+            heartbeat_every_ms: timing.heartbeat_interval.as_millis() as Millis,
+        };
+        let mut engine = MemberEngine::new(rules, self.joined);
         let mut ticker = tokio::time::interval(timing.tick_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Change hints wake the loop early; the tick is the fallback.
         let mut hints = self.worker.store.changes(&cfg.group).await;
+        // The graceful stop's bound: the member's lease.
+        let mut leave_by: Option<std::time::Instant> = None;
+        let mut event = MemberEvent::Start;
         loop {
-            let hint = async {
-                let woke = match hints.as_mut() {
-                    Some(h) => h.changed().await.is_ok(),
-                    None => false,
-                };
-                if !woke {
-                    // No feed (or it closed): only the tick wakes the loop.
-                    std::future::pending::<()>().await;
+            let command = engine.step(event, clock::now_ms());
+            self.lease.set_until(engine.may_process_until());
+            event = match command {
+                MemberCommand::Wait => {
+                    let woke = self.wait(&mut ticker, &mut hints, stop, leave_by).await;
+                    if woke == MemberEvent::Shutdown {
+                        leave_by = Some(clock::now() + timing.member_ttl);
+                    }
+                    woke
+                }
+                MemberCommand::Renew => self.renew().await?,
+                MemberCommand::StopAll => {
+                    self.stop_all();
+                    MemberEvent::Done
+                }
+                MemberCommand::Coordinate => {
+                    match self.coordinate().await {
+                        Ok(()) => {}
+                        Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
+                        Err(e) => tracing::debug!(error = %e, "coordinator tick"),
+                    }
+                    MemberEvent::Done
+                }
+                MemberCommand::ReadView => {
+                    match self.worker.store.member_view(&cfg.group, &self.id).await {
+                        Ok(view) => MemberEvent::View(view),
+                        Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading the member view");
+                            MemberEvent::ViewFailed
+                        }
+                    }
+                }
+                MemberCommand::Start { partition, epoch } => {
+                    self.start(partition, epoch);
+                    MemberEvent::Done
+                }
+                MemberCommand::Revoke { partition } => {
+                    if let Some(r) = self.running.get(&partition) {
+                        let _ = r.revoke.send(true);
+                    }
+                    MemberEvent::Done
+                }
+                MemberCommand::Abort { partition } => {
+                    if let Some(r) = self.running.remove(&partition) {
+                        r.abort.abort();
+                    }
+                    MemberEvent::Done
+                }
+                MemberCommand::Release { partition, epoch } => {
+                    let released = self
+                        .worker
+                        .store
+                        .release(&cfg.group, &self.id, &partition, epoch)
+                        .await;
+                    match released {
+                        Ok(()) => {}
+                        Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
+                        Err(e) => tracing::warn!(partition = %partition, error = %e, "releasing"),
+                    }
+                    MemberEvent::Done
+                }
+                MemberCommand::Rejoin => return Ok(Ended::Fenced),
+                MemberCommand::Leave => {
+                    self.leave().await;
+                    return Ok(Ended::Shutdown);
                 }
             };
-            // Newly discovered partitions wake it too (the coordinator
-            // assigns them now, not a tick later).
-            let found = async {
-                if self.discovered.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            };
-            tokio::select! {
-                _ = ticker.tick() => {}
-                _ = stop.changed() => {}
-                _ = hint => {}
-                _ = found => {}
-            }
-            if *stop.borrow() == Stop::Graceful {
-                self.shutdown().await;
-                return Ok(Ended::Shutdown);
-            }
-            if Instant::now() >= next_heartbeat {
-                let sent = Instant::now();
-                let renewed = self
-                    .worker
-                    .store
-                    .renew(&cfg.group, &self.id, timing.member_ttl)
-                    .await;
-                crate::telemetry::store_seconds("heartbeat", sent.elapsed());
-                match renewed {
-                    Ok(_) => self.lease.renewed(sent),
-                    Err(StoreError::Fenced(_)) => {
-                        self.stop_all();
-                        return Ok(Ended::Fenced);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "heartbeat failed")
-                    }
-                }
-                next_heartbeat = sent + timing.heartbeat_interval;
-            }
-            if self.lease.expired() {
-                // The lease could lapse before the next renewal lands: stop now.
-                self.stop_all();
-                continue;
-            }
-            self.reap();
-            if let Err(e) = self.coordinate().await {
-                match e {
-                    e if e.disposition() == Disposition::Fatal => return Err(e.into()),
-                    e => {
-                        tracing::debug!(error = %e, "coordinator tick")
-                    }
-                }
-            }
-            match self.reconcile().await {
-                Ok(()) => {}
-                Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the member view")
-                }
-            }
             self.publish();
         }
+    }
+
+    /// Sleeps until a tick, a change hint, new partitions, a stop request,
+    /// a task's end or release, or (stopping) the bound of the stop.
+    async fn wait(
+        &mut self,
+        ticker: &mut tokio::time::Interval,
+        hints: &mut Option<watch::Receiver<u64>>,
+        stop: &mut watch::Receiver<Stop>,
+        leave_by: Option<std::time::Instant>,
+    ) -> MemberEvent {
+        if leave_by.is_none() && *stop.borrow() == Stop::Graceful {
+            return MemberEvent::Shutdown;
+        }
+        let hint = async {
+            let woke = match hints.as_mut() {
+                Some(h) => h.changed().await.is_ok(),
+                None => false,
+            };
+            if !woke {
+                // No feed (or it closed): only the tick wakes the loop.
+                std::future::pending::<()>().await;
+            }
+        };
+        // Newly discovered partitions wake it too (the coordinator assigns
+        // them now, not a tick later).
+        let discovered = &mut self.discovered;
+        let found = async {
+            if discovered.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let ended = async {
+            if self.tasks.is_empty() {
+                std::future::pending::<()>().await;
+            }
+            self.tasks.join_next_with_id().await
+        };
+        let leave = async {
+            match leave_by {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = ticker.tick() => MemberEvent::Woke,
+            _ = stop.changed() => {
+                if leave_by.is_none() && *stop.borrow() == Stop::Graceful {
+                    MemberEvent::Shutdown
+                } else {
+                    MemberEvent::Woke
+                }
+            }
+            _ = hint => MemberEvent::Woke,
+            _ = found => MemberEvent::Woke,
+            Some(p) = self.released.1.recv() => MemberEvent::TaskReleased { partition: p },
+            Some(done) = ended => self.ended(done),
+            _ = leave => {
+                tracing::warn!("partitions did not stop in time; leaving anyway");
+                MemberEvent::ShutdownTimedOut
+            }
+        }
+    }
+
+    /// A task ended, whatever the reason: forgotten, so that a grant this
+    /// member still holds gets a new task at once and no partition sits
+    /// owned with nothing running it.
+    fn ended(
+        &mut self,
+        done: Result<(tokio::task::Id, (PartitionId, Epoch, TaskEnd)), tokio::task::JoinError>,
+    ) -> MemberEvent {
+        let id = match done {
+            Ok((id, _)) => id,
+            Err(e) => {
+                if e.is_panic() {
+                    tracing::error!(error = %e,
+                        "a partition task panicked; it starts again from its checkpoint");
+                }
+                e.id()
+            }
+        };
+        let Some((partition, epoch)) = self.task_ids.remove(&id) else {
+            return MemberEvent::Woke;
+        };
+        if self
+            .running
+            .get(&partition)
+            .is_some_and(|r| r.epoch == epoch)
+        {
+            self.running.remove(&partition);
+        }
+        MemberEvent::TaskEnded { partition, epoch }
+    }
+
+    async fn renew(&mut self) -> Result<MemberEvent, WorkerError> {
+        let cfg = &self.worker.config;
+        let sent = clock::now_ms();
+        let began = clock::now();
+        let renewed = self
+            .worker
+            .store
+            .renew(&cfg.group, &self.id, cfg.timing.member_ttl)
+            .await;
+        crate::telemetry::store_seconds("heartbeat", began.elapsed());
+        Ok(match renewed {
+            Ok(_) => MemberEvent::Renewed { sent },
+            Err(StoreError::Fenced(_)) => MemberEvent::Fenced,
+            Err(e) => {
+                tracing::warn!(error = %e, "heartbeat failed");
+                MemberEvent::RenewFailed
+            }
+        })
     }
 
     async fn coordinate(&mut self) -> Result<(), StoreError> {
@@ -481,50 +614,6 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         Ok(())
     }
 
-    async fn reconcile(&mut self) -> Result<(), StoreError> {
-        let w = self.worker;
-        let group = w.config.group.as_str();
-        let view = w.store.member_view(group, &self.id).await?;
-        let held: HashMap<&PartitionId, &Phase> = view.iter().map(|(p, ph)| (p, ph)).collect();
-        // Tasks whose grant is gone stop at once — except one that gave the
-        // grant up itself and is running the handler's backup.
-        let lost: Vec<PartitionId> = self
-            .running
-            .iter()
-            .filter(|(p, r)| {
-                !r.released.load(Ordering::Acquire)
-                    && held
-                        .get(p)
-                        .and_then(|ph| ph.holder())
-                        .is_none_or(|(_, e)| e != r.epoch)
-            })
-            .map(|(p, _)| p.clone())
-            .collect();
-        for p in lost {
-            if let Some(r) = self.running.remove(&p) {
-                r.abort.abort();
-            }
-        }
-        for (p, phase) in &view {
-            match phase {
-                Phase::Owned { epoch, .. } if !self.running.contains_key(p) => {
-                    self.start(p.clone(), *epoch)
-                }
-                Phase::Draining { epoch, .. } => match self.running.get(p) {
-                    Some(r) => {
-                        let _ = r.revoke.send(true);
-                    }
-                    None => {
-                        // Nothing runs it here (its task stopped): release at once.
-                        w.store.release(group, &self.id, p, *epoch).await?;
-                    }
-                },
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
     fn start(&mut self, p: PartitionId, epoch: Epoch) {
         let w = self.worker;
         let ctx = PartitionContext {
@@ -533,9 +622,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             member: self.id.clone(),
         };
         let (revoke, revoke_rx) = watch::channel(false);
-        let released = Arc::new(AtomicBool::new(false));
         let task = PartitionTask {
-            released: released.clone(),
+            released: self.released.0.clone(),
             group: w.config.group.clone(),
             factory: w.factory.clone(),
             ctx,
@@ -565,33 +653,15 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                     epoch
                 )),
             );
+        self.task_ids.insert(abort.id(), (p.clone(), epoch));
         self.running.insert(
             p,
             Running {
                 epoch,
                 revoke,
                 abort,
-                released,
             },
         );
-    }
-
-    /// Forgets tasks that ended, whatever the reason, so that a grant this
-    /// member still holds gets a new task at once (`reconcile`) and no
-    /// partition sits owned with nothing running it.
-    fn reap(&mut self) {
-        while let Some(done) = self.tasks.try_join_next_with_id() {
-            let id = match done {
-                Ok((id, _)) => id,
-                Err(e) => {
-                    if e.is_panic() {
-                        tracing::error!(error = %e, "a partition task panicked; it starts again from its checkpoint");
-                    }
-                    e.id()
-                }
-            };
-            self.running.retain(|_, r| r.id() != id);
-        }
     }
 
     /// Stops every partition task at once (lease lost or fenced).
@@ -600,7 +670,6 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         for (_, r) in self.running.drain() {
             r.abort.abort();
         }
-        self.publish();
     }
 
     fn publish(&self) {
@@ -614,19 +683,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         *self.stats.running.lock().expect("stats lock") = running;
     }
 
-    /// Graceful stop: revoke every task, wait for them (they checkpoint and
-    /// release), give up the coordinator lock, leave.
-    async fn shutdown(mut self) {
+    /// Gives up the coordinator lock and leaves the group.
+    async fn leave(&mut self) {
         let w = self.worker;
         let group = w.config.group.as_str();
-        for r in self.running.values() {
-            let _ = r.revoke.send(true);
-        }
-        let deadline = w.config.timing.member_ttl;
-        let wait_all = async { while self.tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout(deadline, wait_all).await.is_err() {
-            tracing::warn!("partitions did not stop in time; leaving anyway");
-        }
+        self.tasks.abort_all();
         self.running.clear();
         self.publish();
         if let Some(c) = &self.coordinator {
