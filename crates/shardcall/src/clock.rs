@@ -4,7 +4,7 @@
 //! runtime reads the time to decide something.
 
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use shardcall_core::Millis;
 
@@ -22,4 +22,32 @@ pub fn now_ms() -> Millis {
 /// The monotonic clock's now, for measuring how long a call took.
 pub fn now() -> Instant {
     Instant::now()
+}
+
+/// A deadline `d` from now, for `tokio::time::timeout_at`.
+pub fn deadline_after(d: Duration) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(now()) + d
+}
+
+/// Where a store reads the time it keeps leases by.
+pub trait Clock: Send + Sync + 'static {
+    /// Milliseconds since the Unix epoch (or any fixed origin).
+    fn now_ms(&self) -> Millis;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> Millis {
+        wall_since_epoch().as_millis() as Millis
+    }
+}
+
+/// The wall clock since the Unix epoch (zero before it).
+pub fn wall_since_epoch() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
 }

@@ -3,7 +3,7 @@
 //! Each check uses its own group (`prefix` plus a name); leases are short and
 //! waited out in real time, since a store's clock is its own.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shardcall_core::{MemberId, PartitionId, TicketClaim};
 
@@ -289,14 +289,14 @@ pub async fn backed_off_tickets_wait_and_wake<S: TicketStore>(store: &S, group: 
 pub async fn a_waiting_claim_gets_a_returned_ticket<S: TicketStore>(store: &S, group: &str) {
     store.seed_tickets(group, &ps(1)).await.unwrap();
     let held = claim(store, group, "a").await;
-    let began = Instant::now();
+    let began = crate::clock::now();
     let none = store
         .claim_ticket(group, &h("b"), LONG, Duration::from_millis(200))
         .await
         .unwrap();
     assert!(none.is_none());
     assert!(began.elapsed() >= Duration::from_millis(180), "waited");
-    let began = Instant::now();
+    let began = crate::clock::now();
     let b = h("b");
     let waiting = store.claim_ticket(group, &b, LONG, Duration::from_secs(20));
     let giving = async {

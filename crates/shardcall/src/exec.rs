@@ -27,7 +27,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -215,7 +215,7 @@ impl ExecHandler {
                     .unwrap_or_default();
                 // Its last words, once its stderr is drained (a grandchild
                 // holding the pipe open gets a moment, not a wait).
-                let waited = Instant::now();
+                let waited = crate::clock::now();
                 while !r.stderr_reader.is_finished()
                     && waited.elapsed() < Duration::from_millis(200)
                 {

@@ -377,7 +377,7 @@ mod tests {
         let deadline = std::time::Duration::from_millis(200);
         let mut cell =
             HandlerCell::new(Arc::new(SleepyFactory), ctx(), None).with_deadline(deadline);
-        let began = std::time::Instant::now();
+        let began = crate::clock::now();
         let err = cell.process(batch(&["a"])).await.unwrap_err();
         assert!(
             matches!(&err, CallError::Stuck(e) if e.0.contains("deadline")),
@@ -400,7 +400,7 @@ mod tests {
         };
         let deadline = std::time::Duration::from_millis(300);
         let mut cell = HandlerCell::new(Arc::new(factory), ctx(), None).with_deadline(deadline);
-        let began = std::time::Instant::now();
+        let began = crate::clock::now();
         let err = cell.process(batch(&["a"])).await.unwrap_err();
         let CallError::Batch(e) = &err else {
             panic!("a child that can be killed is not stuck: {err:?}")

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use shardcall_core::{
@@ -14,23 +14,7 @@ use shardcall_core::{
 use crate::failures::{FailureReport, FailureReports, clip_error};
 use crate::store::{Checkpoint, CoordinationStore, GroupPolicy, StoreError, StoreResult};
 
-/// Where the store reads the time.
-pub trait Clock: Send + Sync + 'static {
-    /// Milliseconds since the Unix epoch (or any fixed origin).
-    fn now_ms(&self) -> Millis;
-}
-
-/// The system's wall clock.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> Millis {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    }
-}
+pub use crate::clock::{Clock, SystemClock};
 
 #[derive(Debug, Default)]
 pub(crate) struct Inner {

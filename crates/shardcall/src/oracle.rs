@@ -23,7 +23,7 @@ pub struct Oracle {
 impl Default for Oracle {
     fn default() -> Self {
         Self {
-            origin: Instant::now(),
+            origin: crate::clock::now(),
             batches: Mutex::new(Vec::new()),
         }
     }

@@ -19,6 +19,7 @@ use shardcall_core::{
 use shardcall_spool::Record;
 use tokio::sync::watch;
 
+use crate::clock;
 use crate::dead_letters::DeadLetters;
 use crate::failures;
 use crate::handler::{BatchObserver, BatchOutcome, BatchRecord, HandlerFactory, PartitionContext};
@@ -153,7 +154,7 @@ where
     let mut driver = Driver {
         d,
         grant,
-        began: Instant::now(),
+        began: clock::now(),
         cell: None,
         restored: None,
         checkpoint: None,
@@ -423,14 +424,14 @@ where
         }
         let (group, p) = (self.d.group, &self.d.ctx.partition);
         if caught_up {
-            self.lag_checked = Some(Instant::now());
+            self.lag_checked = Some(clock::now());
             crate::telemetry::lag(group, p, 0);
             return;
         }
         if self.lag_task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        self.lag_checked = Some(Instant::now());
+        self.lag_checked = Some(clock::now());
         let source = self.d.source.clone();
         let (group, p) = (group.to_owned(), p.clone());
         self.lag_task = Some(tokio::spawn(async move {
@@ -442,7 +443,7 @@ where
 
     async fn process(&mut self, records: Arc<Vec<Record>>) -> Event {
         let started_us = self.now_us();
-        let began = Instant::now();
+        let began = clock::now();
         let permit = match &self.d.slots {
             Some(slots) => Some(
                 slots
@@ -522,7 +523,7 @@ where
             self.tell_oracle(&write, outcome);
             return CheckpointAnswer::Fenced("the lease ran short before the checkpoint".into());
         }
-        let sent = Instant::now();
+        let sent = clock::now();
         let result = tokio::time::timeout(left, self.grant.save(&checkpoint)).await;
         crate::telemetry::store_seconds("checkpoint", sent.elapsed());
         match result {

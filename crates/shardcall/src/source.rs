@@ -163,7 +163,7 @@ impl Reader {
             let spool = self.spool.clone();
             return blocking(move || read_or_wait(&spool, offset, max, wait)).await;
         };
-        let deadline = tokio::time::Instant::now() + wait;
+        let deadline = crate::clock::deadline_after(wait);
         loop {
             // Subscribed before looking: a write after the look rings it.
             let mut rung = bell.subscribe();

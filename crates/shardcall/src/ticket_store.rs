@@ -73,7 +73,7 @@ pub async fn claim_with_wait<F: std::future::Future<Output = StoreResult<ClaimAt
     recheck: Option<Duration>,
     mut attempt: impl FnMut() -> F,
 ) -> StoreResult<Option<TicketClaim>> {
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = crate::clock::deadline_after(wait);
     loop {
         // Seen before looking, so a ring in between wakes the wait below.
         bell.borrow_and_update();
@@ -81,7 +81,7 @@ pub async fn claim_with_wait<F: std::future::Future<Output = StoreResult<ClaimAt
             Ok(claim) => return Ok(Some(claim)),
             Err(due_in) => due_in,
         };
-        let at = tokio::time::Instant::now();
+        let at = crate::clock::deadline_after(Duration::ZERO);
         if at >= deadline {
             return Ok(None);
         }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use shardcall_core::{
     CoordinatorLease, Epoch, LeaseRule, MemberCommand, MemberEngine, MemberEvent, MemberId,
@@ -132,9 +132,7 @@ struct Running {
 /// from the clock, the process and a counter.
 pub(crate) fn incarnation_id(name: &str) -> MemberId {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+    let nanos = clock::wall_since_epoch().as_nanos() as u64;
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let mix = nanos ^ (u64::from(std::process::id()) << 40) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     MemberId::new(format!("{name}-{:08x}", (mix ^ (mix >> 29)) as u32))
