@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use shardcall::{
-    BatchObserver, BatchRecord, Disposition, FileLogDeadLetters, FileLogSource, RunningWorker,
-    Source, SpooledSource, StoreError, TicketWorker, Worker, WorkerError,
+    BatchObserver, BatchRecord, Disposition, EitherFactory, FileLogDeadLetters, FileLogSource,
+    RunningWorker, Source, SpooledSource, StoreError, TicketWorker, Worker, WorkerError,
 };
 use shardcall_kafka::{KafkaConfig, KafkaDeadLetters, KafkaSource};
 
@@ -287,6 +287,18 @@ fn dead_letters(r: &Resolved) -> anyhow::Result<Option<Arc<dyn shardcall::DeadLe
     })
 }
 
+/// The configured handler: an `--exec` command or the built-in one.
+type Handlers = EitherFactory<shardcall::exec::ExecFactory, shardcall::oracle::DigestFactory>;
+
+fn handlers(r: &Resolved) -> Arc<Handlers> {
+    Arc::new(match &r.exec {
+        Some(command) => EitherFactory::Left(shardcall::exec::ExecFactory {
+            command: command.clone(),
+        }),
+        None => EitherFactory::Right(r.digest),
+    })
+}
+
 /// Starts ticket mode on `source` with the configured handler.
 fn spawn_ticket<Src: Source>(
     r: &Resolved,
@@ -295,32 +307,18 @@ fn spawn_ticket<Src: Source>(
     observer: Option<Arc<dyn BatchObserver>>,
     dead_letters: Option<Arc<dyn shardcall::DeadLetters>>,
 ) -> anyhow::Result<RunningWorker> {
-    let (config, source) = (r.ticket.clone(), Arc::new(source));
-    Ok(RunningWorker::Ticket(match &r.exec {
-        Some(command) => TicketWorker {
-            config,
-            store,
-            source,
-            factory: Arc::new(shardcall::exec::ExecFactory {
-                command: command.clone(),
-            }),
-            dead_letters,
-            observer,
-        }
-        .spawn()?,
-        None => TicketWorker {
-            config,
-            store,
-            source,
-            factory: Arc::new(r.digest),
-            dead_letters,
-            observer,
-        }
-        .spawn()?,
-    }))
+    let worker = TicketWorker {
+        config: r.ticket.clone(),
+        store,
+        source: Arc::new(source),
+        factory: handlers(r),
+        dead_letters,
+        observer,
+    };
+    Ok(RunningWorker::Ticket(worker.spawn()?))
 }
 
-/// Starts the worker with the configured handler.
+/// Starts owned mode on `source` with the configured handler.
 fn spawn<Src: Source>(
     r: &Resolved,
     store: Arc<shardcall_redis::RedisStore>,
@@ -328,30 +326,15 @@ fn spawn<Src: Source>(
     observer: Option<Arc<dyn BatchObserver>>,
     dead_letters: Option<Arc<dyn shardcall::DeadLetters>>,
 ) -> anyhow::Result<RunningWorker> {
-    let config = r.worker.clone();
-    let source = Arc::new(source);
-    Ok(RunningWorker::Owned(match &r.exec {
-        Some(command) => Worker {
-            config,
-            store,
-            source,
-            factory: Arc::new(shardcall::exec::ExecFactory {
-                command: command.clone(),
-            }),
-            observer,
-            dead_letters,
-        }
-        .spawn()?,
-        None => Worker {
-            config,
-            store,
-            source,
-            factory: Arc::new(r.digest),
-            observer,
-            dead_letters,
-        }
-        .spawn()?,
-    }))
+    let worker = Worker {
+        config: r.worker.clone(),
+        store,
+        source: Arc::new(source),
+        factory: handlers(r),
+        observer,
+        dead_letters,
+    };
+    Ok(RunningWorker::Owned(worker.spawn()?))
 }
 
 /// Runs the command until SIGTERM or Ctrl-C (graceful stop).

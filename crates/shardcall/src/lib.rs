@@ -12,6 +12,7 @@ mod config;
 pub mod conformance;
 pub mod conformance_tickets;
 mod dead_letters;
+mod either_handler;
 mod error;
 pub mod exec;
 mod failures;
@@ -36,6 +37,7 @@ mod worker;
 
 pub use config::{WorkerConfig, WorkerConfigError};
 pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
+pub use either_handler::{EitherFactory, EitherHandler};
 pub use error::WorkerError;
 pub use failures::{FailureReport, FailureReports, MAX_ERROR_CHARS, RetryBackoff, clip_error};
 pub use handler::{

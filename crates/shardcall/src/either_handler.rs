@@ -1,0 +1,77 @@
+//! One handler factory out of two kinds, chosen at run time (the command
+//! line picks `--exec` or the built-in handler), so a worker is started by
+//! one code path whatever the handler.
+
+use std::sync::Arc;
+
+use shardcall_spool::Record;
+
+use crate::handler::{HandlerError, HandlerFactory, Interrupt, PartitionContext, PartitionHandler};
+
+/// A factory of either kind.
+#[derive(Debug, Clone)]
+pub enum EitherFactory<A, B> {
+    /// The first kind.
+    Left(A),
+    /// The second kind.
+    Right(B),
+}
+
+/// A handler made by an [`EitherFactory`].
+#[derive(Debug)]
+pub enum EitherHandler<A, B> {
+    /// Made by the first kind.
+    Left(A),
+    /// Made by the second kind.
+    Right(B),
+}
+
+impl<A: HandlerFactory, B: HandlerFactory> HandlerFactory for EitherFactory<A, B> {
+    type Handler = EitherHandler<A::Handler, B::Handler>;
+
+    fn create(&self, ctx: &PartitionContext) -> Self::Handler {
+        match self {
+            Self::Left(f) => EitherHandler::Left(f.create(ctx)),
+            Self::Right(f) => EitherHandler::Right(f.create(ctx)),
+        }
+    }
+}
+
+macro_rules! each {
+    ($self:ident, $h:ident => $e:expr) => {
+        match $self {
+            EitherHandler::Left($h) => $e,
+            EitherHandler::Right($h) => $e,
+        }
+    };
+}
+
+impl<A: PartitionHandler, B: PartitionHandler> PartitionHandler for EitherHandler<A, B> {
+    fn assigned(
+        &mut self,
+        ctx: &PartitionContext,
+        state: Option<&[u8]>,
+    ) -> Result<(), HandlerError> {
+        each!(self, h => h.assigned(ctx, state))
+    }
+
+    fn process(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+    ) -> Result<Vec<u8>, HandlerError> {
+        each!(self, h => h.process(ctx, batch))
+    }
+
+    fn revoked(&mut self, ctx: &PartitionContext) -> Result<(), HandlerError> {
+        each!(self, h => h.revoked(ctx))
+    }
+
+    fn interrupter(&self) -> Option<Arc<dyn Interrupt>> {
+        each!(self, h => h.interrupter())
+    }
+
+    fn blocks(&self) -> bool {
+        each!(self, h => h.blocks())
+    }
+}
