@@ -165,10 +165,17 @@ fn tpl(p: &PartitionId, offset: Option<u64>) -> TopicPartitionList {
     t
 }
 
-fn other(what: &str, p: Option<&PartitionId>, e: impl std::fmt::Display) -> SourceError {
-    match p {
-        Some(p) => SourceError::Other(format!("kafka {what} for {p}: {e}")),
-        None => SourceError::Other(format!("kafka {what}: {e}")),
+/// A Kafka client error, kept as the cause.
+fn other(
+    operation: &'static str,
+    p: Option<&PartitionId>,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> SourceError {
+    SourceError::Client {
+        system: "kafka",
+        operation,
+        partition: p.cloned(),
+        source: Box::new(e),
     }
 }
 
@@ -192,7 +199,10 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, SourceError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| SourceError::Other(format!("kafka client task failed: {e}")))?
+        .map_err(|source| SourceError::Task {
+            what: "kafka client",
+            source,
+        })?
 }
 
 impl Reader {
@@ -513,7 +523,9 @@ impl Inner {
             .expect("the consumer lives as long as the source");
         let mut queue = consumer
             .split_partition_queue(&p.topic, p.partition as i32)
-            .ok_or_else(|| other("partition queue", Some(p), "refused"))?;
+            .ok_or_else(|| {
+                SourceError::Other(format!("kafka: no queue of its own for partition {p}"))
+            })?;
         let notify = Arc::new(Notify::new());
         let arrived = Arc::new(AtomicBool::new(false));
         let (n, a) = (notify.clone(), arrived.clone());
@@ -744,5 +756,31 @@ impl Source for KafkaSource {
         if let Err(e) = blocking(move || inner.release(&p)).await {
             tracing::warn!(partition = %partition, error = %e, "releasing the kafka partition");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kafka_error_is_kept_as_the_cause_and_named_in_the_message() {
+        let e = other(
+            "watermarks",
+            Some(&PartitionId::new("orders", 3)),
+            KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure),
+        );
+        assert!(
+            e.to_string().starts_with("kafka watermarks for orders/3: "),
+            "{e}"
+        );
+        let cause = std::error::Error::source(&e).expect("a cause");
+        let kafka = cause
+            .downcast_ref::<KafkaError>()
+            .expect("the client's own error");
+        assert_eq!(
+            kafka.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::BrokerTransportFailure)
+        );
     }
 }

@@ -163,7 +163,10 @@ impl DeadLetters for FileLogDeadLetters {
             Ok::<_, SourceError>(())
         })
         .await
-        .map_err(|e| SourceError::Other(format!("dead-letter task failed: {e}")))?
+        .map_err(|source| SourceError::Task {
+            what: "dead-letter",
+            source,
+        })?
     }
 }
 

@@ -20,9 +20,35 @@ pub enum SourceError {
     /// The partition does not exist (any more).
     #[error("no partition {0}")]
     UnknownPartition(PartitionId),
+    /// A remote log's client failed; its error is kept as the cause.
+    #[error("{system} {operation}{}: {source}", for_partition(.partition.as_ref()))]
+    Client {
+        /// Which system ("kafka").
+        system: &'static str,
+        /// What was asked ("watermarks", "commit", "metadata", ...).
+        operation: &'static str,
+        /// The partition it was about, if one.
+        partition: Option<PartitionId>,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A task the source runs its blocking work on died.
+    #[error("{what} task failed: {source}")]
+    Task {
+        /// Which task.
+        what: &'static str,
+        /// How it ended.
+        #[source]
+        source: tokio::task::JoinError,
+    },
     /// Another failure, described.
     #[error("{0}")]
     Other(String),
+}
+
+fn for_partition(p: Option<&PartitionId>) -> String {
+    p.map_or(String::new(), |p| format!(" for {p}"))
 }
 
 /// A partitioned log to consume.
@@ -222,7 +248,10 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, SourceError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| SourceError::Other(format!("reader task failed: {e}")))?
+        .map_err(|source| SourceError::Task {
+            what: "file-log reader",
+            source,
+        })?
 }
 
 #[async_trait]

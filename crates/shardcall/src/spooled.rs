@@ -277,7 +277,10 @@ impl<S: Source> Source for SpooledSource<S> {
         let spool = pump.spool.clone();
         let got = tokio::task::spawn_blocking(move || read_or_wait(&spool, at, max, wait))
             .await
-            .map_err(|e| SourceError::Other(format!("spool read task: {e}")))??;
+            .map_err(|source| SourceError::Task {
+                what: "spool read",
+                source,
+            })??;
         let n = got.len() as u64;
         let records = got.into_iter().map(decode).collect::<Result<Vec<_>, _>>()?;
         if let Some(last) = records.last() {
