@@ -1,16 +1,27 @@
 //! The Redis store passes the same conformance suite as the in-process store,
 //! against a real redis-server started on a free port.
 
-use shardcall::conformance;
 use shardcall_redis::RedisStore;
 use shardcall_redis::testing::RedisServer;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_store_conforms() {
+/// A store on a redis-server of its own, with what keeps the server.
+async fn fresh() -> ((tempfile::TempDir, RedisServer), RedisStore) {
     let dir = tempfile::tempdir().unwrap();
     let server = RedisServer::start(dir.path(), &[]).unwrap();
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    conformance::run_all(&store, "redis").await;
+    ((dir, server), store)
+}
+
+/// The store suite, one test per check.
+mod store {
+    use super::*;
+    shardcall::conformance_tests!(store: fresh());
+}
+
+/// The ticket suite, one test per check.
+mod tickets {
+    use super::*;
+    shardcall::conformance_tests!(tickets: fresh());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,14 +89,6 @@ async fn a_tick_reads_members_but_not_an_unchanged_table() {
     let third = store.refresh_group("g", Some(second)).await.unwrap();
     assert!(third.version > first.version);
     assert!(third.members.is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_store_keeps_tickets_as_every_store_must() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = RedisServer::start(dir.path(), &[]).unwrap();
-    let store = RedisStore::connect(&server.url()).await.unwrap();
-    shardcall::conformance_tickets::run_all(&store, "redis").await;
 }
 
 /// A claim that waits for a ticket does not ask Redis again and again.

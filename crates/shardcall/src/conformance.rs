@@ -15,21 +15,77 @@ use crate::store::{Checkpoint, CoordinationStore, StoreError};
 const TTL: Duration = Duration::from_millis(400);
 const LONG: Duration = Duration::from_secs(30);
 
-/// Runs every check.
+/// Names every check of this suite: `__store_checks!(then!(args))` expands
+/// to `then!(args; check, check, ...)`, so [`run_all`] and
+/// [`crate::conformance_tests!`] share one list.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_checks {
+    ($then:ident!($($args:tt)*)) => {
+        $crate::$then! { $($args)*;
+            leases,
+            coordinator_lock,
+            apply_is_atomic_and_versioned,
+            checkpoints_are_fenced,
+            quarantine_and_release,
+            leave_quarantines_held,
+            checkpoint_bytes_round_trip,
+            drain_is_recorded,
+            reset_offsets,
+            failure_reports_keep_the_streak,
+            the_first_member_sets_the_policy,
+            operators_change_the_policy_audited,
+            failure_reports_clear_by_epoch,
+        }
+    };
+}
+
+/// Runs every check, one after the other, each in its own group of
+/// `store` (for backends whose servers are costly to start).
 pub async fn run_all<S: CoordinationStore>(store: &S, prefix: &str) {
-    leases(store, &format!("{prefix}-leases")).await;
-    coordinator_lock(store, &format!("{prefix}-lock")).await;
-    apply_is_atomic_and_versioned(store, &format!("{prefix}-apply")).await;
-    checkpoints_are_fenced(store, &format!("{prefix}-fence")).await;
-    quarantine_and_release(store, &format!("{prefix}-quarantine")).await;
-    leave_quarantines_held(store, &format!("{prefix}-leave")).await;
-    checkpoint_bytes_round_trip(store, &format!("{prefix}-bytes")).await;
-    drain_is_recorded(store, &format!("{prefix}-drain")).await;
-    reset_offsets(store, &format!("{prefix}-reset")).await;
-    failure_reports_keep_the_streak(store, &format!("{prefix}-failing")).await;
-    the_first_member_sets_the_policy(store, &format!("{prefix}-policy")).await;
-    operators_change_the_policy_audited(store, &format!("{prefix}-setpolicy")).await;
-    failure_reports_clear_by_epoch(store, &format!("{prefix}-failclear")).await;
+    crate::__store_checks!(__run_checks!(conformance, store, prefix));
+}
+
+/// Calls each named check in order.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __run_checks {
+    ($module:ident, $store:expr, $prefix:expr; $($check:ident),* $(,)?) => {
+        $( $crate::$module::$check($store, &format!("{}-{}", $prefix, stringify!($check))).await; )*
+    };
+}
+
+/// One `#[tokio::test]` per check of a suite, so one failure does not hide
+/// the rest. `$make` is an async expression giving `(keep, store)`: `keep`
+/// holds what the store needs alive (a server, a folder) for the test.
+///
+/// ```ignore
+/// shardcall::conformance_tests!(store: async { ((), MemoryStore::default()) });
+/// shardcall::conformance_tests!(tickets: async { ((), MemoryStore::default()) });
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    (store: $make:expr) => {
+        $crate::__store_checks!(__check_tests!(conformance, $make));
+    };
+    (tickets: $make:expr) => {
+        $crate::__ticket_checks!(__check_tests!(conformance_tickets, $make));
+    };
+}
+
+/// Makes one test per named check.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __check_tests {
+    ($module:ident, $make:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let (_keep, store) = $make.await;
+                $crate::$module::$check(&store, stringify!($check)).await;
+            }
+        )*
+    };
 }
 
 fn policy(min_ms: u64) -> QuarantinePolicy {

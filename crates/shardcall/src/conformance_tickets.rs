@@ -50,16 +50,31 @@ async fn claim_for<S: TicketStore>(
         .unwrap_or_else(|| panic!("{group}: {holder} found no due ticket"))
 }
 
-/// Runs every check.
+/// Names every check of this suite (see `__store_checks!`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __ticket_checks {
+    ($then:ident!($($args:tt)*)) => {
+        $crate::$then! { $($args)*;
+            seeding_never_duplicates,
+            claims_rotate_in_order,
+            a_lapsed_claim_returns_and_is_fenced,
+            checkpoints_follow_the_newest_claim,
+            backed_off_tickets_wait_and_wake,
+            a_waiting_claim_gets_a_returned_ticket,
+            deliveries_are_counted_across_claims,
+            workers_are_seen_while_their_announcement_runs,
+        }
+    };
+}
+
+/// Runs every check, one after the other, each in its own group.
 pub async fn run_all<S: TicketStore>(store: &S, prefix: &str) {
-    seeding_never_duplicates(store, &format!("{prefix}-tk-seed")).await;
-    claims_rotate_in_order(store, &format!("{prefix}-tk-rotate")).await;
-    a_lapsed_claim_returns_and_is_fenced(store, &format!("{prefix}-tk-lapse")).await;
-    checkpoints_follow_the_newest_claim(store, &format!("{prefix}-tk-cp")).await;
-    backed_off_tickets_wait_and_wake(store, &format!("{prefix}-tk-backoff")).await;
-    a_waiting_claim_gets_a_returned_ticket(store, &format!("{prefix}-tk-wait")).await;
-    deliveries_are_counted_across_claims(store, &format!("{prefix}-tk-count")).await;
-    workers_are_seen_while_their_announcement_runs(store, &format!("{prefix}-tk-workers")).await;
+    crate::__ticket_checks!(__run_checks!(
+        conformance_tickets,
+        store,
+        &format!("{prefix}-tk")
+    ));
 }
 
 fn worker_info(member: &str, slots: u32) -> TicketWorkerInfo {

@@ -1,14 +1,14 @@
-//! The in-process store passes the conformance suite every store must pass.
+//! The in-process store passes the conformance suites every store must
+//! pass: one test per check.
 
 use shardcall::MemoryStore;
-use shardcall::conformance;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_store_conforms() {
-    conformance::run_all(&MemoryStore::default(), "mem").await;
+mod store {
+    use super::*;
+    shardcall::conformance_tests!(store: async { ((), MemoryStore::default()) });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_store_keeps_tickets_as_every_store_must() {
-    shardcall::conformance_tickets::run_all(&MemoryStore::default(), "mem").await;
+mod tickets {
+    use super::*;
+    shardcall::conformance_tests!(tickets: async { ((), MemoryStore::default()) });
 }
