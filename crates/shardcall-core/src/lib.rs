@@ -13,6 +13,8 @@
 //!   stop for the lease, reconcile grants with tasks, leave.
 //! - [`config`]: a group's timing, validated.
 //! - [`tickets`]: ticket mode's pool of partition tickets.
+//! - [`ticket_memory`]: what a ticket worker remembers of its partitions
+//!   between claims.
 //! - [`bisect`]: isolating the records that make a batch fail.
 //! - [`partition_engine`]: one partition's processing under a grant or a
 //!   claim, shared by owned and ticket mode.
@@ -29,6 +31,7 @@ pub mod membership;
 pub mod partition_engine;
 pub mod retry;
 pub mod state;
+pub mod ticket_memory;
 pub mod tickets;
 
 pub use assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
@@ -48,4 +51,5 @@ pub use state::{
     AuditEntry, Command, CoordinatorLease, Fenced, GroupState, MemberRecord, PartitionRecord,
     StateError,
 };
+pub use ticket_memory::TicketMemory;
 pub use tickets::{ClaimOutcome, TicketClaim, TicketPool};

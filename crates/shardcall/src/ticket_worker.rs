@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shardcall_core::{
-    End, Grant, MemberId, Millis, PartitionId, PartitionRules, Served, TicketClaim, TicketHistory,
+    End, Grant, MemberId, Millis, PartitionId, PartitionRules, Served, TicketClaim, TicketMemory,
     TicketRules,
 };
 use tokio::sync::watch;
@@ -105,16 +105,10 @@ struct Shared<S, Src, F: HandlerFactory> {
     observer: Option<Arc<dyn BatchObserver>>,
     stats: Arc<TicketStats>,
     kept: Mutex<HashMap<PartitionId, Kept<F::Handler>>>,
-    backoff: Mutex<HashMap<PartitionId, Duration>>,
-    /// Partitions whose handler refused them (`assigned` failed), with how
-    /// many times in a row: their tickets go back backed off.
-    refused: Mutex<HashMap<PartitionId, u32>>,
-    /// Partitions this worker found empty, with the offset they were empty
-    /// at: watched for new records where the source can tell.
-    idle: Mutex<HashMap<PartitionId, u64>>,
-    /// Partitions given back that the source still reads ahead, with when;
-    /// held across a release so a claim never finds its partition released.
-    reading: tokio::sync::Mutex<HashMap<PartitionId, Millis>>,
+    /// What this worker learnt of its partitions between claims; held
+    /// across a release from the source, so a claim never finds its
+    /// partition released.
+    memory: tokio::sync::Mutex<TicketMemory>,
 }
 
 impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
@@ -123,6 +117,7 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
         self.config.validate()?;
         let (stop, stop_rx) = watch::channel(false);
         let stats = Arc::new(TicketStats::default());
+        let keep_reading_for = self.config.keep_reading_for.as_millis() as Millis;
         let shared = Arc::new(Shared {
             config: self.config,
             store: self.store,
@@ -132,10 +127,7 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
             observer: self.observer,
             stats: stats.clone(),
             kept: Mutex::default(),
-            backoff: Mutex::default(),
-            refused: Mutex::default(),
-            idle: Mutex::default(),
-            reading: tokio::sync::Mutex::default(),
+            memory: tokio::sync::Mutex::new(TicketMemory::new(keep_reading_for)),
         });
         let id = incarnation_id(&shared.config.name);
         let span = tracing::info_span!("worker", group = %shared.config.group, member = %id);
@@ -234,7 +226,8 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
 
 /// Makes partitions this worker found empty due again as soon as the source
 /// shows a record past where they were empty (where it can tell cheaply);
-/// elsewhere the backoff alone brings them back.
+/// elsewhere the backoff alone brings them back. Lets the source stop
+/// reading ahead partitions given back and not claimed here again.
 async fn wake_idle<S: TicketStore, Src: Source, F: HandlerFactory>(s: &Shared<S, Src, F>) {
     loop {
         let every = s
@@ -242,43 +235,25 @@ async fn wake_idle<S: TicketStore, Src: Source, F: HandlerFactory>(s: &Shared<S,
             .idle_backoff
             .clamp(Duration::from_millis(10), Duration::from_millis(100));
         tokio::time::sleep(every).await;
-        let idle: Vec<(PartitionId, u64)> = s
-            .idle
-            .lock()
-            .expect("idle lock")
-            .iter()
-            .map(|(p, o)| (p.clone(), *o))
-            .collect();
-        release_unclaimed(s).await;
+        let idle = {
+            let mut memory = s.memory.lock().await;
+            for p in memory.release_due(clock::now_ms()) {
+                s.source.release(&p).await;
+            }
+            memory.idle()
+        };
         for (p, offset) in idle {
             let more = s.source.has_records_from(&p, offset).await;
             if more == Some(false) {
                 continue;
             }
-            s.idle.lock().expect("idle lock").remove(&p);
+            s.memory.lock().await.woke(&p);
             if more == Some(true)
                 && let Err(e) = s.store.wake_ticket(&s.config.group, &p).await
             {
                 tracing::debug!(partition = %p, error = %e, "waking a backed-off ticket");
             }
         }
-    }
-}
-
-/// Tells the source to stop reading ahead partitions given back longer
-/// than `keep_reading_for` ago and not claimed here since.
-async fn release_unclaimed<S: TicketStore, Src: Source, F: HandlerFactory>(s: &Shared<S, Src, F>) {
-    let mut reading = s.reading.lock().await;
-    let old: Vec<PartitionId> = reading
-        .iter()
-        .filter(|(_, at)| {
-            clock::now_ms().saturating_sub(**at) >= s.config.keep_reading_for.as_millis() as Millis
-        })
-        .map(|(p, _)| p.clone())
-        .collect();
-    for p in old {
-        reading.remove(&p);
-        s.source.release(&p).await;
     }
 }
 
@@ -393,17 +368,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
 ) {
     let c = &s.config;
     let p = claim.partition.clone();
-    s.reading.lock().await.remove(&p);
-    let history = TicketHistory {
-        refusals: s
-            .refused
-            .lock()
-            .expect("refused lock")
-            .get(&p)
-            .copied()
-            .unwrap_or(0),
-        empty_backoff: s.backoff.lock().expect("backoff lock").get(&p).copied(),
-    };
+    let history = s.memory.lock().await.claimed(&p);
     let rules = PartitionRules {
         grant: Grant::Ticket(TicketRules {
             budget: c.budget,
@@ -454,50 +419,23 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
         log_start: false,
     };
     let driven = drive(d, grant, rules).await;
-    let End::GaveBack {
-        served, history, ..
-    } = driven.end
-    else {
-        // Lost: the lease lapsed or a newer claim restored.
-        s.stats.fenced.fetch_add(1, Ordering::Relaxed);
-        s.source.release(&p).await;
-        return;
-    };
-    remember(
-        &s.refused,
-        &p,
-        (history.refusals > 0).then_some(history.refusals),
-    );
-    remember(&s.backoff, &p, history.empty_backoff);
-    match served {
-        Served::Busy => {
-            s.idle.lock().expect("idle lock").remove(&p);
+    s.memory
+        .lock()
+        .await
+        .ended(&p, &driven.end, driven.next_offset, clock::now_ms());
+    match &driven.end {
+        End::GaveBack { served, .. } => {
+            if *served == Served::Empty {
+                s.stats.empty_claims.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(k) = driven.kept {
+                s.kept.lock().expect("kept lock").insert(p, k);
+            }
         }
-        Served::Empty => {
-            s.stats.empty_claims.fetch_add(1, Ordering::Relaxed);
-            s.idle
-                .lock()
-                .expect("idle lock")
-                .insert(p.clone(), driven.next_offset);
-        }
-        Served::Failed => {}
-    }
-    if let Some(k) = driven.kept {
-        s.kept.lock().expect("kept lock").insert(p.clone(), k);
-    }
-    // Kept reading ahead for the next claim here; released if none comes.
-    s.reading.lock().await.insert(p, clock::now_ms());
-}
-
-/// Keeps `value` for `p`, or forgets it.
-fn remember<T>(map: &Mutex<HashMap<PartitionId, T>>, p: &PartitionId, value: Option<T>) {
-    let mut map = map.lock().expect("ticket history lock");
-    match value {
-        Some(v) => {
-            map.insert(p.clone(), v);
-        }
-        None => {
-            map.remove(p);
+        _ => {
+            // Lost: the lease lapsed or a newer claim restored.
+            s.stats.fenced.fetch_add(1, Ordering::Relaxed);
+            s.source.release(&p).await;
         }
     }
 }
