@@ -405,6 +405,19 @@ impl Sim {
         }
     }
 
+    /// A task is gone, however it ended: its member hears of it (unless
+    /// the test turned that off).
+    fn end_task(&mut self, i: usize, p: &PartitionId, epoch: Epoch) {
+        let m = &mut self.members[i];
+        m.tasks.remove(p);
+        if m.reports_task_ends {
+            m.events.push_back(MemberEvent::TaskEnded {
+                partition: p.clone(),
+                epoch,
+            });
+        }
+    }
+
     /// Carries out one partition command; whether the task's tick is over.
     fn task_command(&mut self, i: usize, p: &PartitionId, epoch: Epoch, command: Do) -> bool {
         let now = self.now;
@@ -446,13 +459,7 @@ impl Sim {
                     // guard): only its end tells the member.
                     self.tasks_died += 1;
                     self.note(format!("{id}: the task of {p} dies"));
-                    self.members[i].tasks.remove(p);
-                    if self.members[i].reports_task_ends {
-                        self.members[i].events.push_back(MemberEvent::TaskEnded {
-                            partition: p.clone(),
-                            epoch,
-                        });
-                    }
+                    self.end_task(i, p, epoch);
                     return true;
                 }
                 let poisoned = records
@@ -516,13 +523,7 @@ impl Sim {
             }
             Do::Done(end) => {
                 self.note(format!("{id}: {p} ends {end:?}"));
-                self.members[i].tasks.remove(p);
-                if self.members[i].reports_task_ends {
-                    self.members[i].events.push_back(MemberEvent::TaskEnded {
-                        partition: p.clone(),
-                        epoch,
-                    });
-                }
+                self.end_task(i, p, epoch);
                 return true;
             }
             other => panic!("an owned partition never asks {other:?}"),
@@ -533,7 +534,8 @@ impl Sim {
         let task = self.members[i].tasks.get_mut(p).expect("a task answers");
         task.answer = answer;
         task.ready_at = now + wait;
-        task.interruptible = interruptible;
+        // Only a revoke that comes during the wait cuts it short.
+        task.interruptible = interruptible && !task.revoked;
         wait > 0
     }
 }

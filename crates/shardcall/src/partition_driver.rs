@@ -205,11 +205,21 @@ where
     }
 }
 
-/// Resolves when the revoke flag changes; never when its sender is gone
-/// (the worker dropped the partition: the lease ends it).
+/// Resolves when the partition becomes revoked; never when it already is
+/// (the engine knows, and a pause while releasing must still pause) nor
+/// when the sender is gone (the worker dropped the partition: the lease
+/// ends it).
 async fn revoked(revoke: &mut watch::Receiver<bool>) {
-    if revoke.changed().await.is_err() {
+    if *revoke.borrow_and_update() {
         std::future::pending::<()>().await;
+    }
+    loop {
+        if revoke.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        if *revoke.borrow_and_update() {
+            return;
+        }
     }
 }
 
@@ -579,6 +589,118 @@ where
                 ended_us: o.now_us(),
                 outcome,
             });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use shardcall_core::partition_engine::STORE_RETRY;
+    use shardcall_core::{Grant, PartitionId, RetryBackoff};
+    use shardcall_spool::{FileLog, SpoolConfig};
+
+    use super::*;
+    use crate::memory::MemoryStore;
+    use crate::oracle::DigestFactory;
+    use crate::source::FileLogSource;
+
+    /// A grant whose release fails a few times, recording when it was
+    /// asked.
+    struct FlakyRelease {
+        lease: LocalLease,
+        failures_left: u32,
+        asked: Arc<Mutex<Vec<std::time::Instant>>>,
+    }
+
+    #[async_trait]
+    impl GrantPort for FlakyRelease {
+        fn lease(&self) -> &LocalLease {
+            &self.lease
+        }
+        async fn restore(&mut self) -> Result<Option<Checkpoint>, StoreError> {
+            Ok(None)
+        }
+        async fn renew(&mut self) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn count_delivery(&mut self, _first: u64) -> Result<u32, StoreError> {
+            Ok(1)
+        }
+        async fn save(&mut self, _checkpoint: &Checkpoint) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn release(&mut self) -> Result<(), StoreError> {
+            self.asked.lock().unwrap().push(clock::now());
+            if self.failures_left == 0 {
+                return Ok(());
+            }
+            self.failures_left -= 1;
+            Err(StoreError::Unavailable("redis restarting".into()))
+        }
+        async fn backup_done(&mut self) {}
+        async fn give_back(&mut self, _delay: Duration) {}
+    }
+
+    #[tokio::test]
+    async fn a_revoked_partition_pauses_between_failed_releases() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = FileLog::open(dir.path(), SpoolConfig::default()).unwrap();
+        log.ensure_topic("t", 1).unwrap();
+        let store = MemoryStore::default();
+        let processed = AtomicU64::new(0);
+        // Revoked (after the task began, as the worker does it): the
+        // engine goes straight to the release.
+        let (revoke, revoke_rx) = watch::channel(false);
+        revoke.send(true).unwrap();
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let grant = FlakyRelease {
+            lease: LocalLease::new(clock::now_ms(), Duration::from_secs(30), Duration::ZERO),
+            failures_left: 3,
+            asked: asked.clone(),
+        };
+        let d = Drive {
+            group: "g",
+            ctx: PartitionContext {
+                partition: PartitionId::new("t", 0),
+                epoch: 1,
+                member: shardcall_core::MemberId::new("m"),
+            },
+            store: &store,
+            source: Arc::new(FileLogSource::new(log, vec!["t".into()])),
+            factory: Arc::new(DigestFactory::default()),
+            kept: None,
+            call_deadline: Duration::from_secs(5),
+            dead_letters: None,
+            observer: None,
+            slots: None,
+            revoke: revoke_rx,
+            processed: &processed,
+            dead_lettered: None,
+            lag_gauge: false,
+            log_start: false,
+        };
+        let rules = PartitionRules {
+            grant: Grant::Owned,
+            max_batch: 10,
+            fetch_wait: Duration::from_millis(10),
+            checkpoint_interval: Duration::ZERO,
+            retry: RetryBackoff::default(),
+            max_attempts: 0,
+            dead_letters: false,
+            count_in_store: false,
+            give_up_after: 0,
+        };
+        let driven = drive(d, grant, rules).await;
+        assert_eq!(driven.end, End::Released);
+        let asked = asked.lock().unwrap();
+        assert_eq!(asked.len(), 4, "three failures, then the release");
+        for pair in asked.windows(2) {
+            let gap = pair[1] - pair[0];
+            // A revoke seen before the pause must not cut it short (that
+            // hammered a failing store with releases).
+            assert!(gap >= STORE_RETRY - Duration::from_millis(5), "{gap:?}");
         }
     }
 }
