@@ -601,7 +601,7 @@ pub struct Resolved {
     /// The handler command, if any.
     pub exec: Option<String>,
     /// The built-in digest handler.
-    pub digest: shardcall::oracle::DigestFactory,
+    pub digest: shardcall::digest::DigestFactory,
     /// Metrics address, if any.
     pub metrics: Option<SocketAddr>,
     /// JSON logs?
@@ -862,7 +862,7 @@ impl Settings {
             ticket,
             dead_letters,
             exec: self.handler.exec.clone(),
-            digest: shardcall::oracle::DigestFactory {
+            digest: shardcall::digest::DigestFactory {
                 work_per_record: Duration::from_micros(self.handler.digest_work_us),
                 // Read once per process; they live as long as it does.
                 refuse_prefix: self

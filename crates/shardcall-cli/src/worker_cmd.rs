@@ -288,7 +288,7 @@ fn dead_letters(r: &Resolved) -> anyhow::Result<Option<Arc<dyn shardcall::DeadLe
 }
 
 /// The configured handler: an `--exec` command or the built-in one.
-type Handlers = EitherFactory<shardcall::exec::ExecFactory, shardcall::oracle::DigestFactory>;
+type Handlers = EitherFactory<shardcall::exec::ExecFactory, shardcall::digest::DigestFactory>;
 
 fn handlers(r: &Resolved) -> Arc<Handlers> {
     Arc::new(match &r.exec {

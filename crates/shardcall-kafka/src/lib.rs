@@ -12,6 +12,8 @@
 mod config;
 mod dead_letters;
 mod source;
+/// Brokers for tests and benchmarks (feature `testkit`).
+#[cfg(feature = "testkit")]
 pub mod testing;
 
 pub use config::{KafkaConfig, KafkaConfigError, StartPosition};

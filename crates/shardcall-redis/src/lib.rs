@@ -9,6 +9,9 @@ mod foreign;
 mod groups;
 mod redact;
 mod store;
+/// Servers for tests and benchmarks: `redis-server` and clusters on free
+/// ports, a TCP proxy that can cut or delay the link (feature `testkit`).
+#[cfg(feature = "testkit")]
 pub mod testing;
 mod tickets;
 

@@ -1,17 +1,26 @@
 //! The shardcall runtime: the coordination port ([`CoordinationStore`]) and
-//! its in-process implementation ([`MemoryStore`]), the conformance suite
-//! every store passes, sources ([`FileLogSource`]), the handler API, and the
-//! [`Worker`] that ties them together in owned mode; ticket mode's port
-//! ([`TicketStore`]) and its [`TicketWorker`].
+//! its in-process implementation ([`MemoryStore`]), sources
+//! ([`FileLogSource`]), the handler API, and the [`Worker`] that ties them
+//! together in owned mode; ticket mode's port ([`TicketStore`]) and its
+//! [`TicketWorker`].
+//!
+//! The `testkit` feature adds what tests of any backend need: the
+//! conformance suites every store must pass (`conformance`,
+//! `conformance_tickets`) and the oracle that checks a run against the
+//! design's properties (`oracle`). The library does not ship them
+//! otherwise.
 //!
 //! Decisions come from the pure `shardcall-core`; this crate only performs
 //! them: heartbeats, the coordinator's tick, partition tasks, fencing.
 
 pub mod clock;
 mod config;
+#[cfg(feature = "testkit")]
 pub mod conformance;
+#[cfg(feature = "testkit")]
 pub mod conformance_tickets;
 mod dead_letters;
+pub mod digest;
 mod either_handler;
 mod error;
 pub mod exec;
@@ -22,6 +31,7 @@ mod lease;
 mod log_watch;
 mod memory;
 mod memory_tickets;
+#[cfg(feature = "testkit")]
 pub mod oracle;
 mod partition;
 mod partition_driver;

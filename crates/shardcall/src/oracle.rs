@@ -1,6 +1,7 @@
-//! Checking runs against the properties of docs/design.md: an oracle that records every
-//! batch, the checks over it, and a reference handler whose final state can
-//! be recomputed from the log, so "processed exactly once" is checkable.
+//! Checking runs against the properties of docs/design.md: an oracle that
+//! records every batch, the checks over it (the final state against the
+//! built-in digest handler's, see [`crate::digest`]), and a handler that
+//! fails on purpose. Part of the `testkit` feature.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -9,6 +10,7 @@ use std::time::Instant;
 use shardcall_core::PartitionId;
 use shardcall_spool::Record;
 
+pub use crate::digest::{DigestFactory, DigestHandler, DigestState};
 use crate::handler::{
     BatchObserver, BatchRecord, HandlerError, HandlerFactory, PartitionContext, PartitionHandler,
 };
@@ -224,163 +226,6 @@ pub fn check_final_state(
             state.count, want.count
         ))
     })
-}
-
-/// The reference handler's state: how many records, and an order-sensitive
-/// digest of every (offset, payload) folded in turn. Processing a record twice
-/// or skipping one gives a different state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DigestState {
-    /// Records folded in.
-    pub count: u64,
-    /// FNV-1a over offsets and payloads, in order.
-    pub digest: u64,
-}
-
-impl DigestState {
-    /// Folds one record in.
-    pub fn fold(&mut self, record: &Record) {
-        let mut h = if self.count == 0 {
-            0xcbf2_9ce4_8422_2325
-        } else {
-            self.digest
-        };
-        for b in record
-            .offset
-            .to_le_bytes()
-            .iter()
-            .chain(record.payload.iter())
-        {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        self.digest = h;
-        self.count += 1;
-    }
-
-    /// The checkpointed form.
-    pub fn to_bytes(self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16);
-        out.extend_from_slice(&self.count.to_le_bytes());
-        out.extend_from_slice(&self.digest.to_le_bytes());
-        out
-    }
-
-    /// Reads the checkpointed form.
-    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
-        (bytes.len() == 16).then(|| Self {
-            count: u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
-            digest: u64::from_le_bytes(bytes[8..].try_into().expect("8 bytes")),
-        })
-    }
-
-    /// The state of processing `records` exactly once, in order.
-    pub fn of(records: &[Record]) -> Self {
-        let mut s = Self::default();
-        for r in records {
-            s.fold(r);
-        }
-        s
-    }
-}
-
-/// A handler that keeps a [`DigestState`], optionally spending time per
-/// record and refusing poison records.
-#[derive(Debug, Default)]
-pub struct DigestHandler {
-    state: DigestState,
-    work_per_record: std::time::Duration,
-    refuse_prefix: Option<&'static [u8]>,
-    crash_prefix: Option<&'static [u8]>,
-    panic_prefix: Option<&'static [u8]>,
-}
-
-impl PartitionHandler for DigestHandler {
-    fn assigned(
-        &mut self,
-        _ctx: &PartitionContext,
-        state: Option<&[u8]>,
-    ) -> Result<(), HandlerError> {
-        self.state = match state {
-            None => DigestState::default(),
-            Some(b) => DigestState::from_bytes(b)
-                .ok_or_else(|| HandlerError(format!("checkpointed state of {} bytes", b.len())))?,
-        };
-        Ok(())
-    }
-
-    fn process(
-        &mut self,
-        _ctx: &PartitionContext,
-        batch: &[Record],
-    ) -> Result<Vec<u8>, HandlerError> {
-        if let Some(prefix) = self.crash_prefix
-            && batch.iter().any(|r| r.payload.starts_with(prefix))
-        {
-            // A handler that takes its process down (a poison pill).
-            eprintln!("digest handler: crashing the process on a poison record");
-            std::process::abort();
-        }
-        // Refused before the state changes: a failed batch leaves no trace.
-        if let Some(prefix) = self.refuse_prefix
-            && let Some(r) = batch.iter().find(|r| r.payload.starts_with(prefix))
-        {
-            return Err(HandlerError(format!(
-                "cannot digest the record at offset {}",
-                r.offset
-            )));
-        }
-        for r in batch {
-            // Half-way through the batch, after folding what came before:
-            // a runtime that went on with this handler would count those
-            // records twice.
-            if let Some(prefix) = self.panic_prefix
-                && r.payload.starts_with(prefix)
-            {
-                panic!("digest handler: a poison record at offset {}", r.offset);
-            }
-            self.state.fold(r);
-        }
-        if !self.work_per_record.is_zero() {
-            std::thread::sleep(self.work_per_record * batch.len() as u32);
-        }
-        Ok(self.state.to_bytes())
-    }
-
-    /// Folding a digest never blocks; only the simulated work sleeps.
-    fn blocks(&self) -> bool {
-        !self.work_per_record.is_zero()
-    }
-}
-
-/// Makes [`DigestHandler`]s.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct DigestFactory {
-    /// Time spent per record, to make processing visible.
-    pub work_per_record: std::time::Duration,
-    /// Batches holding a record whose payload starts with this are refused
-    /// (a poison record, for dead-letter tests and demos).
-    pub refuse_prefix: Option<&'static [u8]>,
-    /// A batch holding a record whose payload starts with this aborts the
-    /// whole process (a poison pill that crashes its worker, for tests).
-    pub crash_prefix: Option<&'static [u8]>,
-    /// The handler panics on a record whose payload starts with this,
-    /// after folding the records before it (for tests).
-    pub panic_prefix: Option<&'static [u8]>,
-}
-
-impl HandlerFactory for DigestFactory {
-    type Handler = DigestHandler;
-
-    fn create(&self, _ctx: &PartitionContext) -> DigestHandler {
-        DigestHandler {
-            state: DigestState::default(),
-            work_per_record: self.work_per_record,
-            refuse_prefix: self.refuse_prefix,
-            crash_prefix: self.crash_prefix,
-            panic_prefix: self.panic_prefix,
-        }
-    }
 }
 
 /// Digest handlers that panic (or hang) the first `left` times a batch

@@ -602,8 +602,8 @@ mod tests {
     use shardcall_spool::{FileLog, SpoolConfig};
 
     use super::*;
+    use crate::digest::DigestFactory;
     use crate::memory::MemoryStore;
-    use crate::oracle::DigestFactory;
     use crate::source::FileLogSource;
 
     /// A grant whose release fails a few times, recording when it was

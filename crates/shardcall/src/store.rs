@@ -1,5 +1,6 @@
 //! The coordination port: what a store shared by a group's members must do.
-//! Every method documents its guarantee; [`crate::conformance`] checks them
+//! Every method documents its guarantee; the conformance suite (`conformance`,
+//! in the `testkit` feature) checks them
 //! on any implementation. The rules themselves are those of
 //! [`shardcall_core::GroupState`].
 

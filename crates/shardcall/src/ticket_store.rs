@@ -1,6 +1,7 @@
 //! The ticket port: what a store must do for ticket mode. The rules are
 //! those of [`shardcall_core::TicketPool`]; each store runs every call as
-//! one atomic step, and [`crate::conformance::tickets`] checks them.
+//! one atomic step, and the `conformance_tickets` suite (feature `testkit`)
+//! checks them.
 //! Checkpoints are the same records owned mode writes (same
 //! [`CoordinationStore::load_checkpoint`]), fenced by the ticket's claim.
 
