@@ -994,7 +994,7 @@ initial_rebalance_delay_ms = 1000
 
 [batch]
 max_records = 500
-fetch_wait_ms = 100
+fetch_wait_ms = 1000                 # an idle partition waits this long for a record (one arriving, or a revoke, ends it)
 checkpoint_interval_ms = 100         # owned mode: busy partitions checkpoint this often (0: every batch)
 max_attempts = 0                     # owned mode: failed attempts before the dead letters (0: retry for ever)
 retry_backoff_ms = 100               # owned mode: pause after a failed handler call, doubling...
@@ -1047,6 +1047,44 @@ mod tests {
             Some(9479),
             "a host name with a port"
         );
+    }
+
+    /// Every value `config example` writes is the default, except the
+    /// keys a user must choose (so the example cannot drift from the code).
+    #[test]
+    fn the_example_shows_the_defaults() {
+        let example: toml::Table = toml::from_str(EXAMPLE).unwrap();
+        let defaults: toml::Table =
+            toml::Table::try_from(Settings::default()).expect("the defaults serialize");
+        let chosen = ["group", "name", "redis.urls", "source.log", "topics"];
+        fn walk(
+            prefix: &str,
+            example: &toml::Table,
+            defaults: &toml::Table,
+            chosen: &[&str],
+            drift: &mut Vec<String>,
+        ) {
+            for (k, v) in example {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                if chosen.contains(&path.as_str()) {
+                    continue;
+                }
+                match (v, defaults.get(k)) {
+                    (toml::Value::Table(e), Some(toml::Value::Table(d))) => {
+                        walk(&path, e, d, chosen, drift)
+                    }
+                    (v, Some(d)) if v == d => {}
+                    (v, d) => drift.push(format!("{path}: example {v}, default {d:?}")),
+                }
+            }
+        }
+        let mut drift = Vec::new();
+        walk("", &example, &defaults, &chosen, &mut drift);
+        assert!(drift.is_empty(), "the example drifted: {drift:#?}");
     }
 
     #[test]
