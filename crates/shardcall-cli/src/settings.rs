@@ -740,11 +740,8 @@ impl Settings {
             .filter(|t| t.mode == "ticket")
             .map(|t| t.name.clone())
             .collect();
-        if !ticket_topics.is_empty()
-            && !self.group.is_empty()
-            && let Err(e) = ticket.validate()
-        {
-            errors.push(format!("ticket: {e}"));
+        if !ticket_topics.is_empty() && !self.group.is_empty() {
+            errors.extend(ticket.problems().iter().map(|e| format!("ticket: {e}")));
         }
         // Dead letters go where the source lives unless a file log is named.
         let dl = &self.dead_letters;
@@ -791,10 +788,13 @@ impl Settings {
             give_up_after: self.batch.give_up_after,
             call_deadline: Duration::from_millis(self.handler.call_timeout_ms),
         };
-        if !self.group.is_empty()
-            && let Err(e) = worker.validate()
-        {
-            errors.push(crate::settings_errors::explain(&e));
+        if !self.group.is_empty() {
+            errors.extend(
+                worker
+                    .problems()
+                    .iter()
+                    .map(crate::settings_errors::explain),
+            );
         }
         let durability = match self.spool.fsync.as_str() {
             "batch" => Some(Durability::EveryBatch),
@@ -1047,6 +1047,30 @@ mod tests {
             Some(9479),
             "a host name with a port"
         );
+    }
+
+    /// A configuration with several problems reports them all, each
+    /// naming what the user can change.
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, EXAMPLE).unwrap();
+        let sets = [
+            "batch.max_records=0".to_string(),
+            "weight=0".to_string(),
+            "timing.tick_ms=20000".to_string(),
+        ];
+        let errors = load(Some(&path), none(), &sets)
+            .unwrap()
+            .resolve()
+            .unwrap_err();
+        for key in ["batch.max_records", "weight", "timing.tick_ms"] {
+            assert!(
+                errors.iter().any(|e| e.contains(key)),
+                "{key} in {errors:#?}"
+            );
+        }
     }
 
     /// Every value `config example` writes is the default, except the

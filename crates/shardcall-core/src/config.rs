@@ -88,6 +88,13 @@ pub enum GroupConfigError {
 impl GroupConfig {
     /// Checks that the values can work together.
     pub fn validate(&self) -> Result<(), GroupConfigError> {
+        self.problems().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every problem of the configuration (empty: it can work), so a user
+    /// fixes them all at once.
+    pub fn problems(&self) -> Vec<GroupConfigError> {
+        let mut out = Vec::new();
         for (name, d) in [
             ("member_ttl", self.member_ttl),
             ("heartbeat_interval", self.heartbeat_interval),
@@ -95,29 +102,29 @@ impl GroupConfig {
             ("coordinator_ttl", self.coordinator_ttl),
         ] {
             if d.is_zero() {
-                return Err(GroupConfigError::Zero(name));
+                out.push(GroupConfigError::Zero(name));
             }
         }
         if self.heartbeat_interval + self.safety_margin >= self.member_ttl {
-            return Err(GroupConfigError::HeartbeatTooSlow {
+            out.push(GroupConfigError::HeartbeatTooSlow {
                 heartbeat: self.heartbeat_interval,
                 margin: self.safety_margin,
                 ttl: self.member_ttl,
             });
         }
         if self.tick_interval >= self.coordinator_ttl {
-            return Err(GroupConfigError::TickTooSlow {
+            out.push(GroupConfigError::TickTooSlow {
                 tick: self.tick_interval,
                 ttl: self.coordinator_ttl,
             });
         }
         if self.wait_for_backup && self.quarantine_max < self.quarantine_min {
-            return Err(GroupConfigError::QuarantineRange {
+            out.push(GroupConfigError::QuarantineRange {
                 min: self.quarantine_min,
                 max: self.quarantine_max,
             });
         }
-        Ok(())
+        out
     }
 
     /// The quarantine rule these values describe.
@@ -183,5 +190,32 @@ mod tests {
             range.validate(),
             Err(GroupConfigError::QuarantineRange { .. })
         ));
+    }
+
+    #[test]
+    fn every_problem_is_listed() {
+        let bad = GroupConfig {
+            member_ttl: Duration::ZERO,
+            tick_interval: Duration::from_secs(60),
+            ..GroupConfig::default()
+        };
+        let problems = bad.problems();
+        assert!(
+            problems.contains(&GroupConfigError::Zero("member_ttl")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| matches!(p, GroupConfigError::HeartbeatTooSlow { .. })),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| matches!(p, GroupConfigError::TickTooSlow { .. })),
+            "{problems:?}"
+        );
+        assert_eq!(bad.validate(), Err(problems[0].clone()));
     }
 }

@@ -114,34 +114,39 @@ pub(crate) fn good_name(s: &str) -> bool {
 impl WorkerConfig {
     /// Checks every field.
     pub fn validate(&self) -> Result<(), WorkerConfigError> {
-        self.timing.validate()?;
+        self.problems().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every problem of the configuration (empty: it can work), so a user
+    /// fixes them all at once.
+    pub fn problems(&self) -> Vec<WorkerConfigError> {
+        let mut out: Vec<WorkerConfigError> =
+            self.timing.problems().into_iter().map(Into::into).collect();
         for (what, value) in [("group", &self.group), ("name", &self.name)] {
             if !good_name(value) {
-                return Err(WorkerConfigError::BadName {
+                out.push(WorkerConfigError::BadName {
                     what,
                     value: value.clone(),
                 });
             }
         }
-        if self.max_batch == 0 {
-            return Err(WorkerConfigError::Zero("max_batch"));
-        }
-        if self.weight == 0 {
-            return Err(WorkerConfigError::Zero("weight"));
-        }
-        if self.call_deadline.is_zero() {
-            return Err(WorkerConfigError::Zero("call_deadline"));
-        }
-        if self.retry.first.is_zero() {
-            return Err(WorkerConfigError::Zero("retry.first"));
+        for (what, zero) in [
+            ("max_batch", self.max_batch == 0),
+            ("weight", self.weight == 0),
+            ("call_deadline", self.call_deadline.is_zero()),
+            ("retry.first", self.retry.first.is_zero()),
+        ] {
+            if zero {
+                out.push(WorkerConfigError::Zero(what));
+            }
         }
         if self.fetch_wait >= self.timing.safety_margin {
-            return Err(WorkerConfigError::FetchWaitTooLong {
+            out.push(WorkerConfigError::FetchWaitTooLong {
                 wait: self.fetch_wait,
                 margin: self.timing.safety_margin,
             });
         }
-        Ok(())
+        out
     }
 }
 

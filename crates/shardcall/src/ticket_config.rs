@@ -119,9 +119,15 @@ pub enum TicketConfigError {
 impl TicketConfig {
     /// Checks the configuration can work.
     pub fn validate(&self) -> Result<(), TicketConfigError> {
+        self.problems().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every problem of the configuration (empty: it can work).
+    pub fn problems(&self) -> Vec<TicketConfigError> {
+        let mut out = Vec::new();
         for (what, value) in [("group", &self.group), ("name", &self.name)] {
             if !good_name(value) {
-                return Err(TicketConfigError::BadName {
+                out.push(TicketConfigError::BadName {
                     what,
                     value: value.clone(),
                 });
@@ -137,23 +143,23 @@ impl TicketConfig {
             ("discover_every", self.discover_every.is_zero()),
         ] {
             if zero {
-                return Err(TicketConfigError::Zero(what));
+                out.push(TicketConfigError::Zero(what));
             }
         }
         if self.claim_ttl <= self.budget + self.fetch_wait + self.safety_margin {
-            return Err(TicketConfigError::LeaseTooShort {
+            out.push(TicketConfigError::LeaseTooShort {
                 ttl: self.claim_ttl,
                 budget: self.budget,
                 margin: self.safety_margin,
             });
         }
         if self.max_idle_backoff < self.idle_backoff {
-            return Err(TicketConfigError::Backoff {
+            out.push(TicketConfigError::Backoff {
                 first: self.idle_backoff,
                 max: self.max_idle_backoff,
             });
         }
-        Ok(())
+        out
     }
 }
 
