@@ -17,6 +17,8 @@
 //! A failing seed prints itself and the last events of its run; run it
 //! alone with `SHARDCALL_SIM_SEED=N`. `SHARDCALL_SIM_SEEDS=N` runs more.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
@@ -27,6 +29,8 @@ use shardcall_core::{
     PartitionRules, Phase, QuarantinePolicy, RetryBackoff, StoreAnswer, step,
 };
 
+use common::{Rng, Trace};
+
 const TICK: Millis = 10;
 const ROUND: Millis = 50;
 const TTL: Millis = 600;
@@ -35,24 +39,6 @@ const HEARTBEAT_EVERY: Millis = 150;
 const COORD_TTL: Millis = 400;
 const QUARANTINE: Millis = 300;
 const PARTITIONS: u32 = 8;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// True with probability `pct` percent (tenths allowed: 0.5).
-    fn chance(&mut self, pct: f64) -> bool {
-        (self.below(10_000) as f64) < pct * 100.0
-    }
-}
 
 fn partition_rules() -> PartitionRules {
     PartitionRules {
@@ -143,7 +129,7 @@ struct Sim {
     rebalances: Vec<(usize, usize)>,
     refused_checkpoints: usize,
     tasks_died: usize,
-    trace: VecDeque<String>,
+    trace: Trace,
 }
 
 impl Sim {
@@ -162,7 +148,7 @@ impl Sim {
             producing: true,
             poison: BTreeSet::new(),
             checkpoints: BTreeMap::new(),
-            rng: Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
+            rng: Rng::seeded(seed),
             batches: Vec::new(),
             dead: BTreeSet::new(),
             failed_once: BTreeSet::new(),
@@ -170,24 +156,16 @@ impl Sim {
             rebalances: Vec::new(),
             refused_checkpoints: 0,
             tasks_died: 0,
-            trace: VecDeque::new(),
+            trace: Trace::default(),
         }
     }
 
     fn note(&mut self, what: String) {
-        if self.trace.len() == 400 {
-            self.trace.pop_front();
-        }
-        self.trace.push_back(format!("{:>6} {what}", self.now));
+        self.trace.note(self.now, what);
     }
 
     fn replay(&self) -> String {
-        format!(
-            "seed {} (replay: SHARDCALL_SIM_SEED={} cargo test -p shardcall-core --test simulation)\n{}",
-            self.seed,
-            self.seed,
-            self.trace.iter().cloned().collect::<Vec<_>>().join("\n")
-        )
+        self.trace.replay(self.seed, "simulation")
     }
 
     fn add_member(&mut self, name: &str) {
@@ -705,24 +683,10 @@ fn verify(sim: &Sim) {
     assert!(max - min <= 1, "loads {loads:?}\n{}", why());
 }
 
-fn seeds() -> Vec<u64> {
-    if let Some(one) = std::env::var("SHARDCALL_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        return vec![one];
-    }
-    let n = std::env::var("SHARDCALL_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2_000);
-    (1..=n).collect()
-}
-
 #[test]
 fn the_engines_keep_every_property_under_crashes_pauses_lost_answers_and_dying_tasks() {
     let (mut rejoined, mut crashed, mut died, mut dead, mut rebalances) = (0, 0, 0, 0, 0);
-    let seeds = seeds();
+    let seeds = common::seeds(2_000);
     for &seed in &seeds {
         let sim = scenario(seed, |_| {});
         verify(&sim);
