@@ -914,7 +914,7 @@ impl CoordinationStore for RedisStore {
             .arg(epoch)
             .invoke_async(&mut c)
             .await
-            .map_err(|e| map_error(&e))?;
+            .map_err(|e| map_error(&e).for_grant(member, partition, epoch))?;
         self.announce(group).await;
         Ok(())
     }
@@ -937,7 +937,8 @@ impl CoordinationStore for RedisStore {
                     .arg(codec::partition_field(partition))
                     .arg(epoch),
             )
-            .await?;
+            .await
+            .map_err(|e| e.for_grant(member, partition, epoch))?;
         Ok(())
     }
 
@@ -1059,7 +1060,7 @@ impl CoordinationStore for RedisStore {
         {
             Ok(()) => Ok(()),
             Err(e) => {
-                let err = map_error(&e);
+                let err = map_error(&e).for_grant(member, partition, checkpoint.epoch);
                 if !err.is_fenced() {
                     return Err(err);
                 }
@@ -1078,7 +1079,9 @@ impl CoordinationStore for RedisStore {
                         .await?;
                         self.try_checkpoint(group, member, partition, checkpoint)
                             .await
-                            .map_err(|e| map_error(&e))
+                            .map_err(|e| {
+                                map_error(&e).for_grant(member, partition, checkpoint.epoch)
+                            })
                     }
                     _ => Err(StoreError::Fenced(Fenced::NotHolder {
                         member: member.clone(),

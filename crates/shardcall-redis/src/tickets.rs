@@ -74,14 +74,8 @@ fn corrupt(what: &str, v: &impl std::fmt::Debug) -> StoreError {
 impl RedisStore {
     /// Fenced errors name the claim.
     fn fenced_as_claim(e: StoreError, claim: &TicketClaim) -> StoreError {
-        match e {
-            StoreError::Fenced(shardcall_core::Fenced::NotHolder { .. }) => {
-                StoreError::Fenced(shardcall_core::Fenced::NotHolder {
-                    member: claim.holder.clone(),
-                    partition: claim.partition.clone(),
-                    epoch: claim.epoch,
-                })
-            }
+        match e.for_grant(&claim.holder, &claim.partition, claim.epoch) {
+            e @ StoreError::Fenced(shardcall_core::Fenced::NotHolder { .. }) => e,
             StoreError::Fenced(_) => {
                 StoreError::Fenced(shardcall_core::Fenced::LeaseExpired(claim.holder.clone()))
             }

@@ -512,7 +512,14 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
             .save_checkpoint(group, who, &p(0), &cp(99, epoch))
             .await
         {
-            Err(StoreError::Fenced(_)) => {}
+            // The refusal names the grant that was asked for.
+            Err(StoreError::Fenced(Fenced::NotHolder {
+                member,
+                partition,
+                epoch: refused,
+            })) => {
+                assert_eq!((&member, &partition, refused), (who, &p(0), epoch));
+            }
             other => panic!("{who} with epoch {epoch} was not fenced: {other:?}"),
         }
     }
@@ -526,6 +533,15 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
         10,
         "a refused checkpoint changed the stored one"
     );
+    // So does a refused release.
+    match store.release(group, &b, &p(0), e).await {
+        Err(StoreError::Fenced(Fenced::NotHolder {
+            member,
+            partition,
+            epoch,
+        })) => assert_eq!((&member, &partition, epoch), (&b, &p(0), e)),
+        other => panic!("a release by a member that does not hold it: {other:?}"),
+    }
     // The lease lapses: refused even before any coordinator acts.
     tokio::time::sleep(TTL + Duration::from_millis(150)).await;
     assert!(matches!(

@@ -94,6 +94,21 @@ impl StoreError {
         }
     }
 
+    /// The error with a refused holder named as the grant the call was
+    /// about (`member`, `partition`, `epoch`): a store that learns only
+    /// "not the holder" from its server fills in which grant it was.
+    /// Other errors come back unchanged.
+    pub fn for_grant(self, member: &MemberId, partition: &PartitionId, epoch: Epoch) -> Self {
+        match self {
+            Self::Fenced(Fenced::NotHolder { .. }) => Self::Fenced(Fenced::NotHolder {
+                member: member.clone(),
+                partition: partition.clone(),
+                epoch,
+            }),
+            other => other,
+        }
+    }
+
     /// Whether the caller must stop (as opposed to retrying later).
     pub fn is_fenced(&self) -> bool {
         self.disposition() == Disposition::Fenced
