@@ -152,11 +152,13 @@ pub enum Command {
         /// Longest wait for a record.
         wait: Duration,
     },
-    /// Count one more delivery of the batch starting at `first`. Answer:
+    /// Count one more delivery of the batch `first..=last`. Answer:
     /// [`Event::Counted`].
     CountDelivery {
         /// The batch's first offset.
         first: u64,
+        /// Its last.
+        last: u64,
     },
     /// Run the handler on the records `range` of the batch in hand.
     /// Answer: [`Event::Processed`].
@@ -379,6 +381,11 @@ pub struct PartitionEngine {
     /// A ticket's outcome and delay, once decided.
     served: Option<(Served, Duration)>,
     history: TicketHistory,
+    /// Up to this offset, records are fetched one at a time: a batch used
+    /// its attempts up without a handler's answer (its process died each
+    /// time), and only the record that takes the process down may go to
+    /// the dead letters, not its neighbours.
+    singles_until: Option<u64>,
 }
 
 impl PartitionEngine {
@@ -406,6 +413,7 @@ impl PartitionEngine {
             give_up: None,
             served: None,
             history,
+            singles_until: None,
         }
     }
 
@@ -593,9 +601,16 @@ impl PartitionEngine {
             (Some(Command::CountDelivery { .. }), Event::Counted(answer)) => match answer {
                 StoreAnswer::Ok(n) => {
                     self.attempts = n;
-                    if n > self.rules.max_attempts {
+                    if n > self.rules.max_attempts && self.batch.len() > 1 {
                         // Earlier deliveries used the attempts up (maybe
-                        // crashing their worker): no further call.
+                        // crashing their worker), and which record did it
+                        // is unknown: the batch is delivered again one
+                        // record at a time, each counted on its own.
+                        self.attempts = 0;
+                        self.singles_until = self.batch.last().copied();
+                    } else if n > self.rules.max_attempts {
+                        // This record alone used its attempts up: no
+                        // further call.
                         let error = self.last_error.clone().unwrap_or_else(|| {
                             "earlier deliveries ended without an answer \
                              (the worker stopped or crashed)"
@@ -708,6 +723,7 @@ impl PartitionEngine {
                 if self.rules.count_in_store && self.rules.dead_lettering() {
                     self.queue.push_back(Command::CountDelivery {
                         first: self.batch[0],
+                        last: self.batch[self.batch.len() - 1],
                     });
                 } else {
                     self.attempts += 1;
@@ -895,9 +911,20 @@ impl PartitionEngine {
             }
             wait = self.rules.fetch_wait;
         }
+        if self
+            .singles_until
+            .is_some_and(|until| self.next_offset > until)
+        {
+            self.singles_until = None;
+        }
+        let max = if self.singles_until.is_some() {
+            1
+        } else {
+            self.rules.max_batch
+        };
         Some(Command::Fetch {
             from: self.next_offset,
-            max: self.rules.max_batch,
+            max,
             wait,
         })
     }
@@ -996,7 +1023,7 @@ mod tests {
         processed: Vec<u64>,
         committed: Vec<u64>,
         dead: Vec<u64>,
-        deliveries: HashMap<u64, u32>,
+        deliveries: HashMap<(u64, u64), u32>,
         writes: usize,
         calls: u32,
         commands: Vec<Command>,
@@ -1061,8 +1088,8 @@ mod tests {
                     }
                     Event::Fetched(Some(got))
                 }
-                Command::CountDelivery { first } => {
-                    let n = self.deliveries.entry(first).or_default();
+                Command::CountDelivery { first, last } => {
+                    let n = self.deliveries.entry((first, last)).or_default();
                     *n += 1;
                     Event::Counted(StoreAnswer::Ok(*n))
                 }
@@ -1186,10 +1213,11 @@ mod tests {
     }
 
     #[test]
-    fn a_ticket_counts_deliveries_in_the_store_and_skips_a_batch_whose_attempts_ran_out() {
+    fn a_batch_whose_deliveries_all_died_is_tried_record_by_record() {
+        // Three deliveries of 0..=6 happened elsewhere and their workers
+        // died: which record killed them is unknown.
         let mut w = World::new(4);
-        // Three deliveries already happened elsewhere (their workers died).
-        w.deliveries.insert(0, 3);
+        w.deliveries.insert((0, 6), 3);
         let end = w.run(ticket(TicketHistory::default()));
         assert!(
             matches!(
@@ -1201,9 +1229,29 @@ mod tests {
             ),
             "{end:?}"
         );
-        assert_eq!(w.calls, 0, "no handler call for a batch past its attempts");
-        assert_eq!(w.dead, w.log);
-        assert!(w.commands.contains(&Command::ClearFailure));
+        assert!(
+            w.dead.is_empty(),
+            "no neighbour pays for the culprit: {:?}",
+            w.dead
+        );
+        assert_eq!(w.committed, w.log);
+        let singles = w
+            .commands
+            .iter()
+            .filter(|c| matches!(c, Command::Fetch { max: 1, .. }))
+            .count();
+        assert_eq!(
+            singles, 4,
+            "one fetch per record of the batch: {:?}",
+            w.commands
+        );
+        // A record that used its own attempts up goes alone.
+        let mut w = World::new(4);
+        w.deliveries.insert((0, 6), 3);
+        w.deliveries.insert((2, 2), 3);
+        w.run(ticket(TicketHistory::default()));
+        assert_eq!(w.dead, [2]);
+        assert_eq!(w.committed, [0, 4, 6]);
     }
 
     #[test]

@@ -88,8 +88,8 @@ struct Sim {
     poison: BTreeSet<(PartitionId, u64)>,
     /// The newest claim epoch that restored, per partition.
     fences: BTreeMap<PartitionId, Epoch>,
-    /// Deliveries of the batch at an offset, per partition.
-    deliveries: BTreeMap<PartitionId, (u64, u32)>,
+    /// Deliveries of each batch (first, last), per partition.
+    deliveries: BTreeMap<PartitionId, BTreeMap<(u64, u64), u32>>,
     checkpoints: BTreeMap<PartitionId, u64>,
     workers: Vec<Worker>,
     next_worker: u32,
@@ -292,14 +292,15 @@ impl Sim {
                 }
                 Event::Fetched(Some(offsets))
             }
-            Do::CountDelivery { first } => match self.claim_holds(&claim) {
+            Do::CountDelivery { first, last } => match self.claim_holds(&claim) {
                 Ok(()) => {
-                    let count = self.deliveries.entry(p.clone()).or_insert((first, 0));
-                    if count.0 != first {
-                        *count = (first, 0);
-                    }
-                    count.1 += 1;
-                    let n = count.1;
+                    // As the ticket stores count: per batch, forgetting
+                    // batches that end before this one.
+                    let counts = self.deliveries.entry(p.clone()).or_default();
+                    counts.retain(|&(_, l), _| l >= first);
+                    let count = counts.entry((first, last)).or_default();
+                    *count += 1;
+                    let n = *count;
                     self.note(format!(
                         "{} {p}/{}: delivery {n} at {first}",
                         claim.holder, claim.epoch

@@ -226,13 +226,15 @@ impl TicketStore for RedisStore {
         group: &str,
         claim: &TicketClaim,
         first_offset: u64,
+        last_offset: u64,
     ) -> StoreResult<u32> {
         let mut call = self.scripts.ticket_delivery.prepare_invoke();
         call.key(fence_key(group, &claim.partition))
             .key(deliveries_key(group, &claim.partition))
             .arg(claim.epoch)
             .arg(claim.expires)
-            .arg(first_offset);
+            .arg(first_offset)
+            .arg(last_offset);
         let n: u32 = self
             .invoke(&mut call)
             .await

@@ -139,24 +139,32 @@ pub async fn workers_are_seen_while_their_announcement_runs<S: TicketStore>(
 }
 
 /// A batch's deliveries are counted across claims (a crashed worker's count
-/// is not lost), start again at the next batch's offset, and a lapsed claim
+/// is not lost); its records delivered one by one count apart, without
+/// resetting the batch's count; batches past it forget it; a lapsed claim
 /// cannot count.
 pub async fn deliveries_are_counted_across_claims<S: TicketStore>(store: &S, group: &str) {
     store.seed_tickets(group, &ps(1)).await.unwrap();
     let a = claim_for(store, group, "a", TTL).await;
     store.restore_ticket(group, &a).await.unwrap();
-    assert_eq!(store.count_delivery(group, &a, 10).await.unwrap(), 1);
-    assert_eq!(store.count_delivery(group, &a, 10).await.unwrap(), 2);
+    assert_eq!(store.count_delivery(group, &a, 10, 19).await.unwrap(), 1);
+    assert_eq!(store.count_delivery(group, &a, 10, 19).await.unwrap(), 2);
     // The holder dies; the next claim sees the count it left.
     tokio::time::sleep(TTL + Duration::from_millis(150)).await;
     let b = claim(store, group, "b").await;
     store.restore_ticket(group, &b).await.unwrap();
-    assert_eq!(store.count_delivery(group, &b, 10).await.unwrap(), 3);
+    assert_eq!(store.count_delivery(group, &b, 10, 19).await.unwrap(), 3);
     fenced(
-        store.count_delivery(group, &a, 10).await,
+        store.count_delivery(group, &a, 10, 19).await,
         "counting under a lapsed claim",
     );
-    assert_eq!(store.count_delivery(group, &b, 25).await.unwrap(), 1);
+    // The same first record alone is another batch, and the batch keeps
+    // its count meanwhile.
+    assert_eq!(store.count_delivery(group, &b, 10, 10).await.unwrap(), 1);
+    assert_eq!(store.count_delivery(group, &b, 10, 19).await.unwrap(), 4);
+    assert_eq!(store.count_delivery(group, &b, 10, 10).await.unwrap(), 2);
+    // A batch past them: their counts are forgotten.
+    assert_eq!(store.count_delivery(group, &b, 25, 30).await.unwrap(), 1);
+    assert_eq!(store.count_delivery(group, &b, 10, 19).await.unwrap(), 1);
 }
 
 /// Seeding again, concurrently, and while tickets are held never makes a

@@ -26,7 +26,8 @@ pub(crate) struct Inner {
     /// Ticket mode: the newest claim epoch restored per partition.
     pub(crate) ticket_fences: HashMap<(String, PartitionId), Epoch>,
     /// Ticket mode: deliveries of the batch at an offset, per partition.
-    pub(crate) deliveries: HashMap<(String, PartitionId), (u64, u32)>,
+    pub(crate) deliveries:
+        HashMap<(String, PartitionId), std::collections::BTreeMap<(u64, u64), u32>>,
     /// Who set each group's quarantine rule, and when.
     policies: HashMap<String, (String, Millis)>,
     /// Failing partitions' reports.

@@ -157,19 +157,20 @@ impl TicketStore for MemoryStore {
         group: &str,
         claim: &TicketClaim,
         first_offset: u64,
+        last_offset: u64,
     ) -> StoreResult<u32> {
         let now = self.clock.now_ms();
         let mut inner = self.inner.lock().expect("store lock");
         check_claim(&inner, group, claim, now)?;
-        let count = inner
+        let counts = inner
             .deliveries
             .entry((group.to_owned(), claim.partition.clone()))
-            .or_insert((first_offset, 0));
-        if count.0 != first_offset {
-            *count = (first_offset, 0);
-        }
-        count.1 += 1;
-        Ok(count.1)
+            .or_default();
+        // Batches that end before this one are done with.
+        counts.retain(|&(_, last), _| last >= first_offset);
+        let n = counts.entry((first_offset, last_offset)).or_default();
+        *n += 1;
+        Ok(*n)
     }
 
     async fn save_ticket_checkpoint(

@@ -101,7 +101,7 @@ impl<S: CoordinationStore> GrantPort for OwnedGrant<'_, S> {
         Ok(())
     }
 
-    async fn count_delivery(&mut self, _first: u64) -> Result<u32, StoreError> {
+    async fn count_delivery(&mut self, _first: u64, _last: u64) -> Result<u32, StoreError> {
         unreachable!("owned mode counts deliveries itself")
     }
 

@@ -42,8 +42,8 @@ pub(crate) trait GrantPort: Send + Sync {
     async fn restore(&mut self) -> Result<Option<Checkpoint>, StoreError>;
     /// Extends the lease (claims only).
     async fn renew(&mut self) -> Result<(), StoreError>;
-    /// Counts a delivery of the batch at `first` (claims only).
-    async fn count_delivery(&mut self, first: u64) -> Result<u32, StoreError>;
+    /// Counts a delivery of the batch `first..=last` (claims only).
+    async fn count_delivery(&mut self, first: u64, last: u64) -> Result<u32, StoreError>;
     /// Writes a checkpoint under the grant.
     async fn save(&mut self, checkpoint: &Checkpoint) -> Result<(), StoreError>;
     /// Gives the grant back to the coordinator (owned only).
@@ -295,8 +295,8 @@ where
                 Event::Renewed(answer(renewed))
             }
             Command::Fetch { from, max, wait } => self.fetch(from, max, wait).await,
-            Command::CountDelivery { first } => {
-                let counted = self.grant.count_delivery(first).await;
+            Command::CountDelivery { first, last } => {
+                let counted = self.grant.count_delivery(first, last).await;
                 if let Err(e) = &counted {
                     tracing::warn!(error = %e, "counting a delivery");
                 }
@@ -625,7 +625,7 @@ mod tests {
         async fn renew(&mut self) -> Result<(), StoreError> {
             Ok(())
         }
-        async fn count_delivery(&mut self, _first: u64) -> Result<u32, StoreError> {
+        async fn count_delivery(&mut self, _first: u64, _last: u64) -> Result<u32, StoreError> {
             Ok(1)
         }
         async fn save(&mut self, _checkpoint: &Checkpoint) -> Result<(), StoreError> {

@@ -149,17 +149,19 @@ pub trait TicketStore: CoordinationStore {
         claim: &TicketClaim,
     ) -> StoreResult<Option<Checkpoint>>;
 
-    /// Counts one more delivery of the batch that starts at `first_offset`
+    /// Counts one more delivery of the batch `first_offset..=last_offset`
     /// of the claim's partition, and returns how many it has had, across
     /// claims, workers and crashes (a handler that kills its process still
-    /// counts). The count starts again when the partition's next batch
-    /// starts elsewhere. Refused with [`shardcall_core::Fenced`] as a
-    /// checkpoint is.
+    /// counts). Each batch has its own count (a batch, and its records
+    /// delivered one by one, count apart); the counts of batches that end
+    /// before `first_offset` are forgotten. Refused with
+    /// [`shardcall_core::Fenced`] as a checkpoint is.
     async fn count_delivery(
         &self,
         group: &str,
         claim: &TicketClaim,
         first_offset: u64,
+        last_offset: u64,
     ) -> StoreResult<u32>;
 
     /// Writes offset and state together, only while `claim`'s lease runs on

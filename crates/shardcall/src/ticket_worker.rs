@@ -321,9 +321,9 @@ impl<S: TicketStore> GrantPort for TicketGrant<'_, S> {
         Ok(())
     }
 
-    async fn count_delivery(&mut self, first: u64) -> Result<u32, StoreError> {
+    async fn count_delivery(&mut self, first: u64, last: u64) -> Result<u32, StoreError> {
         self.store
-            .count_delivery(self.group, &self.claim, first)
+            .count_delivery(self.group, &self.claim, first, last)
             .await
     }
 
