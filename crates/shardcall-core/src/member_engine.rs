@@ -118,10 +118,10 @@ pub enum MemberEvent {
         /// The partition.
         partition: PartitionId,
     },
-    /// A graceful stop is asked for.
+    /// A graceful stop is asked for: every task is revoked, and the member
+    /// leaves once they ended or a lease's length has passed, whichever
+    /// comes first (later they would be fenced anyway).
     Shutdown,
-    /// The tasks did not end within the time allowed: leave anyway.
-    ShutdownTimedOut,
     /// The last command is carried out.
     Done,
 }
@@ -159,6 +159,8 @@ pub struct MemberEngine {
     /// Every task was stopped for the lease; until a renewal lands nothing
     /// starts.
     lease_lapsed: bool,
+    /// Stopping: leave at this local time even if tasks still run.
+    leave_by: Option<Millis>,
 }
 
 impl MemberEngine {
@@ -172,6 +174,7 @@ impl MemberEngine {
             round: Round::Idle,
             queue: VecDeque::new(),
             lease_lapsed: false,
+            leave_by: None,
         }
     }
 
@@ -248,6 +251,7 @@ impl MemberEngine {
             }
             MemberEvent::Shutdown => {
                 self.round = Round::ShuttingDown;
+                self.leave_by = Some(now + self.rules.lease.ttl_ms);
                 self.queue.clear();
                 for (p, t) in &mut self.tasks {
                     if !t.revoked {
@@ -257,11 +261,6 @@ impl MemberEngine {
                         });
                     }
                 }
-            }
-            MemberEvent::ShutdownTimedOut => {
-                self.tasks.clear();
-                self.queue.clear();
-                self.queue.push_back(MemberCommand::Leave);
             }
         }
     }
@@ -304,7 +303,11 @@ impl MemberEngine {
                 MemberCommand::Coordinate
             }
             Round::Reading => MemberCommand::Wait,
-            Round::ShuttingDown if self.tasks.is_empty() => MemberCommand::Leave,
+            Round::ShuttingDown
+                if self.tasks.is_empty() || self.leave_by.is_some_and(|by| now >= by) =>
+            {
+                MemberCommand::Leave
+            }
             Round::ShuttingDown => MemberCommand::Wait,
             Round::Ended => unreachable!("checked in step"),
         }
@@ -609,14 +612,14 @@ mod tests {
             ),
             MemberCommand::Leave
         );
+        // Tasks that do not end hold the stop up for a lease's length, no
+        // longer.
         let mut e = engine();
         round(&mut e, 10, &[owned(0, 1)]);
         e.step(MemberEvent::Shutdown, 20);
-        e.step(MemberEvent::Done, 20);
-        assert_eq!(
-            e.step(MemberEvent::ShutdownTimedOut, 2_000),
-            MemberCommand::Leave
-        );
+        assert_eq!(e.step(MemberEvent::Done, 20), MemberCommand::Wait);
+        assert_eq!(e.step(MemberEvent::Woke, 1_019), MemberCommand::Wait);
+        assert_eq!(e.step(MemberEvent::Woke, 1_020), MemberCommand::Leave);
     }
 
     #[test]

@@ -371,18 +371,15 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Change hints wake the loop early; the tick is the fallback.
         let mut hints = self.worker.store.changes(&cfg.group).await;
-        // The graceful stop's bound: the member's lease.
-        let mut leave_by: Option<std::time::Instant> = None;
         let mut event = MemberEvent::Start;
+        let mut stopping = false;
         loop {
             let command = engine.step(event, clock::now_ms());
             self.lease.set_until(engine.may_process_until());
             event = match command {
                 MemberCommand::Wait => {
-                    let woke = self.wait(&mut ticker, &mut hints, stop, leave_by).await;
-                    if woke == MemberEvent::Shutdown {
-                        leave_by = Some(clock::now() + timing.member_ttl);
-                    }
+                    let woke = self.wait(&mut ticker, &mut hints, stop, stopping).await;
+                    stopping |= woke == MemberEvent::Shutdown;
                     woke
                 }
                 MemberCommand::Renew => self.renew().await?,
@@ -439,6 +436,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                 }
                 MemberCommand::Rejoin => return Ok(Ended::Fenced),
                 MemberCommand::Leave => {
+                    if !self.running.is_empty() {
+                        tracing::warn!("partitions did not stop in time; leaving anyway");
+                    }
                     self.leave().await;
                     return Ok(Ended::Shutdown);
                 }
@@ -447,16 +447,16 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         }
     }
 
-    /// Sleeps until a tick, a change hint, new partitions, a stop request,
-    /// a task's end or release, or (stopping) the bound of the stop.
+    /// Sleeps until a tick, a change hint, new partitions, a stop request
+    /// (unless `stopping` already), or a task's end or release.
     async fn wait(
         &mut self,
         ticker: &mut tokio::time::Interval,
         hints: &mut Option<watch::Receiver<u64>>,
         stop: &mut watch::Receiver<Stop>,
-        leave_by: Option<std::time::Instant>,
+        stopping: bool,
     ) -> MemberEvent {
-        if leave_by.is_none() && *stop.borrow() == Stop::Graceful {
+        if !stopping && *stop.borrow() == Stop::Graceful {
             return MemberEvent::Shutdown;
         }
         let hint = async {
@@ -483,16 +483,10 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             }
             self.tasks.join_next_with_id().await
         };
-        let leave = async {
-            match leave_by {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             _ = ticker.tick() => MemberEvent::Woke,
             _ = stop.changed() => {
-                if leave_by.is_none() && *stop.borrow() == Stop::Graceful {
+                if !stopping && *stop.borrow() == Stop::Graceful {
                     MemberEvent::Shutdown
                 } else {
                     MemberEvent::Woke
@@ -502,10 +496,6 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             _ = found => MemberEvent::Woke,
             Some(p) = self.released.1.recv() => MemberEvent::TaskReleased { partition: p },
             Some(done) = ended => self.ended(done),
-            _ = leave => {
-                tracing::warn!("partitions did not stop in time; leaving anyway");
-                MemberEvent::ShutdownTimedOut
-            }
         }
     }
 
