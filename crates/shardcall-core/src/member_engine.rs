@@ -440,6 +440,13 @@ mod tests {
         }
     }
 
+    fn ended(i: u32, epoch: Epoch) -> MemberEvent {
+        MemberEvent::TaskEnded {
+            partition: p(i),
+            epoch,
+        }
+    }
+
     fn starts(cmds: &[MemberCommand]) -> Vec<&PartitionId> {
         cmds.iter()
             .filter_map(|c| match c {
@@ -522,13 +529,7 @@ mod tests {
         // A newer grant of the partition waits for the backup to end.
         let cmds = round(&mut e, 30, &[owned(1, 2)]);
         assert!(starts(&cmds).is_empty(), "{cmds:?}");
-        e.step(
-            MemberEvent::TaskEnded {
-                partition: p(1),
-                epoch: 1,
-            },
-            35,
-        );
+        e.step(ended(1, 1), 35);
         let cmds = round(&mut e, 40, &[owned(1, 2)]);
         assert!(
             cmds.contains(&MemberCommand::Start {
@@ -562,16 +563,7 @@ mod tests {
         // with nothing running it.
         let mut e = engine();
         round(&mut e, 10, &[owned(0, 1)]);
-        assert_eq!(
-            e.step(
-                MemberEvent::TaskEnded {
-                    partition: p(0),
-                    epoch: 1
-                },
-                15
-            ),
-            MemberCommand::Wait
-        );
+        assert_eq!(e.step(ended(0, 1), 15), MemberCommand::Wait);
         let cmds = round(&mut e, 20, &[owned(0, 1)]);
         assert_eq!(starts(&cmds), [&p(0)]);
     }
@@ -592,26 +584,8 @@ mod tests {
             MemberCommand::Wait,
             "no round while stopping"
         );
-        assert_eq!(
-            e.step(
-                MemberEvent::TaskEnded {
-                    partition: p(0),
-                    epoch: 1
-                },
-                40
-            ),
-            MemberCommand::Wait
-        );
-        assert_eq!(
-            e.step(
-                MemberEvent::TaskEnded {
-                    partition: p(1),
-                    epoch: 1
-                },
-                50
-            ),
-            MemberCommand::Leave
-        );
+        assert_eq!(e.step(ended(0, 1), 40), MemberCommand::Wait);
+        assert_eq!(e.step(ended(1, 1), 50), MemberCommand::Leave);
         // Tasks that do not end hold the stop up for a lease's length, no
         // longer.
         let mut e = engine();
