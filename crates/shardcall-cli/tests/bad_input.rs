@@ -197,3 +197,77 @@ fn logs_in_a_file_carry_no_colour_codes() {
     let said = w.log("a");
     assert!(!said.contains('\u{1b}'), "escape codes in a file: {said:?}");
 }
+
+/// A file-log segment damaged in the middle is reported, with what to run,
+/// and nothing behind the damage is skipped: the worker does not take the
+/// damage for the end of the partition and checkpoint there.
+#[test]
+fn a_damaged_file_log_is_reported_not_taken_for_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log = log(dir.path());
+    let input: String = (0..2000).map(|i| format!("record {i}\n")).collect();
+    let mut produce = shardcall_command()
+        .args([
+            "produce",
+            "--log",
+            &log,
+            "--topic",
+            "t",
+            "--partitions",
+            "2",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    produce
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    assert!(produce.wait().unwrap().success());
+    let segment = Path::new(&log).join("t/0/data/00000000000000000000.log");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let middle = bytes.len() / 2;
+    for b in &mut bytes[middle..middle + 64] {
+        *b ^= 0xff;
+    }
+    std::fs::write(&segment, &bytes).unwrap();
+    let mut w = Workers::new(dir.path());
+    w.start("a", worker(&server.url(), &log));
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !w.log("a").contains("corrupt spool") {
+        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        w.log("a").contains("shardcall spool repair"),
+        "{}",
+        w.log("a")
+    );
+    // The undamaged partition is processed; the damaged one is not
+    // checkpointed part-way as if it had ended.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let out = shardcall(&["status", "--redis", &server.url(), "--group", "g", "--json"]);
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let offset = |p: &str| {
+            doc["partitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["partition"] == p)
+                .and_then(|r| r["offset"].as_u64())
+        };
+        if offset("t/1") == Some(1000) {
+            assert_eq!(offset("t/0"), None, "{doc:#}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{doc:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    w.signal("a", "-TERM");
+    assert!(w.wait("a").success(), "{}", w.log("a"));
+}

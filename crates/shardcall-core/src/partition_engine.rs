@@ -386,6 +386,9 @@ pub struct PartitionEngine {
     /// time), and only the record that takes the process down may go to
     /// the dead letters, not its neighbours.
     singles_until: Option<u64>,
+    /// Store or source calls (restore, finding the start, fetch) that
+    /// failed in a row: the pause before the next doubles.
+    io_failures: u32,
 }
 
 impl PartitionEngine {
@@ -414,6 +417,7 @@ impl PartitionEngine {
             served: None,
             history,
             singles_until: None,
+            io_failures: 0,
         }
     }
 
@@ -473,13 +477,23 @@ impl PartitionEngine {
     }
 
     /// A store or source call failed before processing began: an owned
-    /// partition pauses and tries again, a ticket goes back.
+    /// partition pauses and tries again, a ticket goes back; either way
+    /// the pause doubles while the failures go on (damaged data, a deleted
+    /// topic, a store that is down).
     fn retry_or_give_back(&mut self) {
+        let pause = self.io_failed();
         if self.ticket().is_some() {
-            self.finish(Served::Failed, STORE_RETRY);
+            self.finish(Served::Failed, pause);
         } else {
-            self.queue.push_back(Command::Pause(STORE_RETRY));
+            self.queue.push_back(Command::Pause(pause));
         }
+    }
+
+    /// One more store or source failure in a row: the pause before the
+    /// next attempt.
+    fn io_failed(&mut self) -> Duration {
+        self.io_failures += 1;
+        self.rules.retry.after(self.io_failures)
     }
 
     /// The pending records' checkpoint, queued.
@@ -565,15 +579,20 @@ impl PartitionEngine {
             (None, Event::Start) => {}
             (Some(Command::Restore), Event::Restored(answer)) => match answer {
                 StoreAnswer::Ok(Some(offset)) => {
+                    self.io_failures = 0;
                     self.next_offset = offset;
                     self.stage = Stage::StartingHandler;
                 }
-                StoreAnswer::Ok(None) => self.stage = Stage::FindingStart,
+                StoreAnswer::Ok(None) => {
+                    self.io_failures = 0;
+                    self.stage = Stage::FindingStart;
+                }
                 StoreAnswer::Fenced(why) => self.lose(why),
                 StoreAnswer::Failed(_) => self.retry_or_give_back(),
             },
             (Some(Command::FindStart), Event::FoundStart(found)) => match found {
                 Some(offset) => {
+                    self.io_failures = 0;
                     self.next_offset = offset;
                     self.stage = Stage::StartingHandler;
                 }
@@ -695,13 +714,19 @@ impl PartitionEngine {
 
     fn fetched(&mut self, fetched: Option<Vec<u64>>) {
         let ticket = self.ticket().is_some();
+        if fetched.is_some() {
+            self.io_failures = 0;
+        }
         match fetched {
             None => {
+                // A source that keeps failing (damaged data, a deleted
+                // topic) is asked less and less often.
+                let pause = self.io_failed();
                 if ticket {
-                    self.finish(Served::Failed, STORE_RETRY);
+                    self.finish(Served::Failed, pause);
                 } else {
                     self.checkpoint_pending();
-                    self.queue.push_back(Command::Pause(STORE_RETRY));
+                    self.queue.push_back(Command::Pause(pause));
                 }
             }
             Some(offsets) if offsets.is_empty() => {
@@ -1352,6 +1377,38 @@ mod tests {
             1,
             "nothing after"
         );
+    }
+
+    #[test]
+    fn a_source_that_keeps_failing_is_asked_less_and_less_often() {
+        let env = Env {
+            now: 0,
+            lease_left: Duration::from_secs(10),
+            revoked: false,
+        };
+        // Failing fetches, and failing to find where to start.
+        for fails_at_start in [false, true] {
+            let mut engine = PartitionEngine::new(owned());
+            let mut command = engine.step(Event::Start, env);
+            let mut pauses = Vec::new();
+            for _ in 0..40 {
+                let event = match &command {
+                    Command::Restore if fails_at_start => Event::Restored(StoreAnswer::Ok(None)),
+                    Command::Restore => Event::Restored(StoreAnswer::Ok(Some(0))),
+                    Command::FindStart => Event::FoundStart(None),
+                    Command::StartHandler => Event::HandlerStarted(Ok(())),
+                    Command::Fetch { .. } => Event::Fetched(None),
+                    Command::Pause(d) => {
+                        pauses.push(d.as_millis());
+                        Event::Done
+                    }
+                    other => panic!("{other:?}"),
+                };
+                command = engine.step(event, env);
+            }
+            assert_eq!(&pauses[..7], [100, 200, 400, 800, 1600, 3200, 5000]);
+            assert!(pauses.iter().all(|p| *p <= 5000));
+        }
     }
 
     #[test]

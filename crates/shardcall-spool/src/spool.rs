@@ -20,6 +20,10 @@ use crate::scan::{ScanEnd, ScanStart, scan_segment};
 use crate::watermarks::Watermarks;
 use crate::writer::{ResumePoint, Writer};
 
+/// How long a read-only reader waits before it takes a corrupt frame at
+/// the end of the written data for damage rather than a write in progress.
+const CORRUPTION_SETTLES: Duration = Duration::from_millis(50);
+
 /// Bytes read from a segment file at a time (more only for a larger frame).
 /// Small enough that the allocator recycles the buffers instead of mapping
 /// fresh pages for every read.
@@ -624,21 +628,29 @@ impl Spool {
             },
         };
         let path = self.inner.layout.segment(last);
-        let scan = match scan_segment(
-            &path,
-            last,
-            ScanStart {
-                pos: at.pos,
-                offset: at.offset,
-            },
-            None,
-        ) {
+        let start = ScanStart {
+            pos: at.pos,
+            offset: at.offset,
+        };
+        let scan = match scan_segment(&path, last, start, None) {
             Ok(s) => s,
             Err(SpoolError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(());
             }
             Err(e) => return Err(e),
         };
+        if let ScanEnd::Corrupt(c) = &scan.end {
+            // A writer in another process may be half-way through a frame;
+            // what is still corrupt a moment later at the same place is
+            // damage, and the records behind it would silently vanish: it
+            // is an error, as it is for the writer when it opens.
+            std::thread::sleep(CORRUPTION_SETTLES);
+            if let Ok(again) = scan_segment(&path, last, start, None)
+                && matches!(&again.end, ScanEnd::Corrupt(c2) if c2.position == c.position)
+            {
+                return Err(SpoolError::Corrupt(c.clone()));
+            }
+        }
         at.offset = scan.next_offset;
         at.pos = scan.valid_len;
         *tail = Some(at);

@@ -561,3 +561,30 @@ fn interval_policy_makes_rolled_segments_durable_too() {
     fill(&spool, 7);
     assert_eq!(spool.sync().unwrap(), 507);
 }
+
+/// Damage in the middle of a segment is an error for a reader too, not the
+/// end of the log: the records behind it would silently vanish (a reader
+/// that takes it for a write in progress gives it a moment first).
+#[test]
+fn a_reader_reports_damage_instead_of_ending_the_log_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = Spool::open(dir.path(), SpoolConfig::default()).unwrap();
+    fill(&writer, 300);
+    drop(writer);
+    let segment = fs::read_dir(dir.path().join("data"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "log"))
+        .expect("a segment");
+    let mut bytes = fs::read(&segment).unwrap();
+    let middle = bytes.len() / 2;
+    for b in &mut bytes[middle..middle + 64] {
+        *b ^= 0xff;
+    }
+    fs::write(&segment, &bytes).unwrap();
+    match Spool::open_read_only(dir.path(), SpoolConfig::default()) {
+        Err(SpoolError::Corrupt(c)) => assert!(c.position > 0, "{c:?}"),
+        Ok(r) => panic!("read as ending at {}", r.end_offset().unwrap()),
+        Err(e) => panic!("{e}"),
+    }
+}
