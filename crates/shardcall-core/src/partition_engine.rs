@@ -228,6 +228,10 @@ pub enum End {
     /// Fenced out or out of lease: stopped without releasing or giving
     /// back.
     Lost(String),
+    /// The source's data cannot be read past (damaged): what was processed
+    /// before it is checkpointed, and the worker must stop and say why
+    /// (retrying cannot mend it, and another member would hit it too).
+    Failed(String),
     /// The ticket went back.
     GaveBack {
         /// Why it went back.
@@ -316,6 +320,9 @@ pub enum Event {
     Done,
     /// A revoke cut a fetch or a pause short.
     Interrupted,
+    /// The answer to a fetch or to finding the start: the source's data is
+    /// damaged and cannot be read past.
+    Unreadable(String),
 }
 
 /// Where the engine is.
@@ -698,6 +705,11 @@ impl PartitionEngine {
                 StoreAnswer::Failed(_) => self.queue.push_back(Command::Pause(STORE_RETRY)),
             },
             (Some(Command::Pause(_) | Command::Fetch { .. }), Event::Interrupted) => {}
+            (Some(Command::Fetch { .. } | Command::FindStart), Event::Unreadable(why)) => {
+                self.queue.clear();
+                self.checkpoint_pending();
+                self.queue.push_back(Command::Done(End::Failed(why)));
+            }
             (
                 Some(
                     Command::Pause(_)
@@ -1409,6 +1421,42 @@ mod tests {
             assert_eq!(&pauses[..7], [100, 200, 400, 800, 1600, 3200, 5000]);
             assert!(pauses.iter().all(|p| *p <= 5000));
         }
+    }
+
+    #[test]
+    fn damaged_source_data_ends_the_partition_after_checkpointing_what_came_before() {
+        let env = Env {
+            now: 0,
+            lease_left: Duration::from_secs(10),
+            revoked: false,
+        };
+        let rules = PartitionRules {
+            checkpoint_interval: Duration::from_secs(60),
+            ..owned()
+        };
+        let mut engine = PartitionEngine::new(rules);
+        let mut command = engine.step(Event::Start, env);
+        let mut fetches = 0;
+        let end = loop {
+            let event = match &command {
+                Command::Restore => Event::Restored(StoreAnswer::Ok(Some(0))),
+                Command::StartHandler => Event::HandlerStarted(Ok(())),
+                Command::Fetch { .. } if fetches == 0 => {
+                    fetches += 1;
+                    Event::Fetched(Some(vec![0, 1, 2]))
+                }
+                Command::Fetch { .. } => Event::Unreadable("checksum mismatch at byte 7".into()),
+                Command::Process { .. } => Event::Processed(Ok(())),
+                Command::Checkpoint { first, last, .. } => {
+                    assert_eq!((*first, *last), (0, 2), "what came before is kept");
+                    Event::Checkpointed(CheckpointAnswer::Committed)
+                }
+                Command::Done(end) => break end.clone(),
+                other => panic!("{other:?}"),
+            };
+            command = engine.step(event, env);
+        };
+        assert_eq!(end, End::Failed("checksum mismatch at byte 7".into()));
     }
 
     #[test]

@@ -20,4 +20,12 @@ pub enum WorkerError {
     /// The source failed in a way retrying cannot mend.
     #[error("source: {0}")]
     Source(#[from] SourceError),
+    /// A partition's records cannot be read (damaged data).
+    #[error("cannot read {partition}: {reason}")]
+    Unreadable {
+        /// The partition.
+        partition: shardcall_core::PartitionId,
+        /// Why, as the source said it.
+        reason: String,
+    },
 }

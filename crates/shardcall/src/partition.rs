@@ -25,6 +25,8 @@ pub enum TaskEnd {
     Released,
     /// Fenced out or the lease ran short: stopped without releasing.
     Lost(String),
+    /// The partition's records cannot be read (damaged): the worker stops.
+    Unreadable(String),
 }
 
 /// What a partition task needs.
@@ -196,6 +198,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 TaskEnd::Released
             }
             End::Lost(why) => TaskEnd::Lost(why),
+            End::Failed(why) => TaskEnd::Unreadable(why),
             End::GaveBack { .. } => unreachable!("an owned grant is released"),
         }
     }

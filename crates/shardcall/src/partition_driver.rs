@@ -26,7 +26,7 @@ use crate::handler::{BatchObserver, BatchOutcome, BatchRecord, HandlerFactory, P
 use crate::handler_cell::{CallError, HandlerCell};
 use crate::lease::LocalLease;
 use crate::source::Source;
-use crate::store::{Checkpoint, CoordinationStore, StoreError};
+use crate::store::{Checkpoint, CoordinationStore, Disposition, StoreError};
 
 /// How often the lag gauge is refreshed.
 const LAG_EVERY: Duration = Duration::from_secs(1);
@@ -184,11 +184,15 @@ where
     if let Some(w) = driver.open_write.take() {
         driver.tell_oracle(&w, BatchOutcome::Unknown);
     }
-    if let End::Lost(why) = &end {
-        tracing::warn!(reason = %why, "partition stopped");
+    match &end {
+        End::Lost(why) => tracing::warn!(reason = %why, "partition stopped"),
+        End::Failed(why) => {
+            tracing::error!(error = %why, "the partition's records cannot be read; the worker stops")
+        }
+        _ => {}
     }
     let kept = match &end {
-        End::Lost(_) => None,
+        End::Lost(_) | End::Failed(_) => None,
         _ => driver
             .cell
             .take()
@@ -281,6 +285,7 @@ where
             }
             Command::FindStart => match self.d.source.initial_offset(&self.d.ctx.partition).await {
                 Ok(o) => Event::FoundStart(Some(o)),
+                Err(e) if e.disposition() == Disposition::Fatal => Event::Unreadable(e.to_string()),
                 Err(e) => {
                     tracing::warn!(error = %e, "finding the first offset");
                     Event::FoundStart(None)
@@ -416,6 +421,7 @@ where
                 self.batch = Arc::new(records);
                 Event::Fetched(Some(offsets))
             }
+            Err(e) if e.disposition() == Disposition::Fatal => Event::Unreadable(e.to_string()),
             Err(e) => {
                 tracing::warn!(error = %e, "fetch failed; retrying");
                 Event::Fetched(None)

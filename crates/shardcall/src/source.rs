@@ -47,6 +47,18 @@ pub enum SourceError {
     Other(String),
 }
 
+impl SourceError {
+    /// What a worker does about it: damaged data that cannot be read past
+    /// is fatal (retrying cannot mend it, and another member would hit it
+    /// too); anything else is retried with a growing pause.
+    pub fn disposition(&self) -> crate::store::Disposition {
+        match self {
+            Self::Spool(SpoolError::Corrupt(_)) => crate::store::Disposition::Fatal,
+            _ => crate::store::Disposition::Retry,
+        }
+    }
+}
+
 fn for_partition(p: Option<&PartitionId>) -> String {
     p.map_or(String::new(), |p| format!(" for {p}"))
 }

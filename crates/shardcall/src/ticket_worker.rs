@@ -276,7 +276,7 @@ async fn slot<S: TicketStore, Src: Source, F: HandlerFactory>(
             Ok(Some(claim)) => {
                 shared.stats.claims.fetch_add(1, Ordering::Relaxed);
                 let span = tracing::info_span!("ticket", partition = %claim.partition, epoch = claim.epoch);
-                serve(&shared, claim, sent, &stop).instrument(span).await;
+                serve(&shared, claim, sent, &stop).instrument(span).await?;
             }
             Ok(None) => {}
             Err(StoreError::Corrupt(e)) => return Err(StoreError::Corrupt(e).into()),
@@ -359,13 +359,14 @@ impl<S: TicketStore> GrantPort for TicketGrant<'_, S> {
 }
 
 /// Serves one claim: the partition engine driven under the claim, then
-/// what the worker keeps for the partition's next claim here.
+/// what the worker keeps for the partition's next claim here. An error
+/// only when the partition's records cannot be read (the worker stops).
 async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
     s: &Shared<S, Src, F>,
     claim: TicketClaim,
     sent: Millis,
     stop: &watch::Receiver<bool>,
-) {
+) -> Result<(), WorkerError> {
     let c = &s.config;
     let p = claim.partition.clone();
     let history = s.memory.lock().await.claimed(&p);
@@ -432,10 +433,18 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
                 s.kept.lock().expect("kept lock").insert(p, k);
             }
         }
+        End::Failed(reason) => {
+            s.source.release(&p).await;
+            return Err(WorkerError::Unreadable {
+                partition: p,
+                reason: reason.clone(),
+            });
+        }
         _ => {
             // Lost: the lease lapsed or a newer claim restored.
             s.stats.fenced.fetch_add(1, Ordering::Relaxed);
             s.source.release(&p).await;
         }
     }
+    Ok(())
 }

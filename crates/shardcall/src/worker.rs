@@ -240,6 +240,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 cached: None,
                 discovered: discovered.clone(),
                 slots: slots.clone(),
+                unreadable: None,
             }
             .run(stop)
             .instrument(tracing::info_span!("member", member = %id))
@@ -297,6 +298,8 @@ struct Incarnation<'a, S, Src, F> {
     discovered: watch::Receiver<Option<Arc<Vec<PartitionId>>>>,
     /// Handler slots shared by the partitions, when limited.
     slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// A partition whose records cannot be read: the worker stops.
+    unreadable: Option<WorkerError>,
 }
 
 /// A background task, aborted when dropped.
@@ -379,6 +382,10 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             event = match command {
                 MemberCommand::Wait => {
                     let woke = self.wait(&mut ticker, &mut hints, stop, stopping).await;
+                    if let Some(e) = self.unreadable.take() {
+                        self.stop_all();
+                        return Err(e);
+                    }
                     stopping |= woke == MemberEvent::Shutdown;
                     woke
                 }
@@ -507,6 +514,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         done: Result<(tokio::task::Id, (PartitionId, Epoch, TaskEnd)), tokio::task::JoinError>,
     ) -> MemberEvent {
         let id = match done {
+            Ok((id, (partition, _, TaskEnd::Unreadable(reason)))) => {
+                self.unreadable
+                    .get_or_insert(WorkerError::Unreadable { partition, reason });
+                id
+            }
             Ok((id, _)) => id,
             Err(e) => {
                 if e.is_panic() {
