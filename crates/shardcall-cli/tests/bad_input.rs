@@ -207,28 +207,16 @@ fn a_damaged_file_log_stops_the_worker_and_is_not_taken_for_its_end() {
     let dir = tempfile::tempdir().unwrap();
     let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
     let log = log(dir.path());
-    let input: String = (0..2000).map(|i| format!("record {i}\n")).collect();
-    let mut produce = shardcall_command()
-        .args([
-            "produce",
-            "--log",
-            &log,
-            "--topic",
-            "t",
-            "--partitions",
-            "2",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    produce
-        .stdin
-        .take()
+    let mut producer = FileLog::open(&log, SpoolConfig::default())
         .unwrap()
-        .write_all(input.as_bytes())
+        .producer("t")
         .unwrap();
-    assert!(produce.wait().unwrap().success());
+    for i in 0..2000 {
+        producer
+            .send(None, format!("record {i}").as_bytes(), 0)
+            .unwrap();
+    }
+    producer.flush().unwrap();
     let segment = Path::new(&log).join("t/0/data/00000000000000000000.log");
     let mut bytes = std::fs::read(&segment).unwrap();
     let middle = bytes.len() / 2;
