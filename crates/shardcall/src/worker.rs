@@ -233,7 +233,6 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 lease,
                 stats,
                 tasks: JoinSet::new(),
-                task_ids: HashMap::new(),
                 running: HashMap::new(),
                 released: tokio::sync::mpsc::unbounded_channel(),
                 coordinator: None,
@@ -282,9 +281,6 @@ struct Incarnation<'a, S, Src, F> {
     lease: Arc<LocalLease>,
     stats: &'a WorkerStats,
     tasks: JoinSet<(PartitionId, Epoch, TaskEnd)>,
-    /// The partition and epoch of each task, by task id (a panicked task
-    /// says only its id).
-    task_ids: HashMap<tokio::task::Id, (PartitionId, Epoch)>,
     running: HashMap<PartitionId, Running>,
     /// Tasks say here that they released their grant.
     released: (
@@ -528,16 +524,18 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                 e.id()
             }
         };
-        let Some((partition, epoch)) = self.task_ids.remove(&id) else {
+        // Found by its task id (a panicked task says nothing else); a task
+        // stopped earlier was forgotten then, and a newer task of the same
+        // grant is not mistaken for it.
+        let Some(partition) = self
+            .running
+            .iter()
+            .find(|(_, r)| r.abort.id() == id)
+            .map(|(p, _)| p.clone())
+        else {
             return MemberEvent::Woke;
         };
-        if self
-            .running
-            .get(&partition)
-            .is_some_and(|r| r.epoch == epoch)
-        {
-            self.running.remove(&partition);
-        }
+        let epoch = self.running.remove(&partition).expect("found above").epoch;
         MemberEvent::TaskEnded { partition, epoch }
     }
 
@@ -653,7 +651,6 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                     epoch
                 )),
             );
-        self.task_ids.insert(abort.id(), (p.clone(), epoch));
         self.running.insert(
             p,
             Running {
