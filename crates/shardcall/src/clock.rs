@@ -24,9 +24,16 @@ pub fn now() -> Instant {
     Instant::now()
 }
 
-/// A deadline `d` from now, for `tokio::time::timeout_at`.
+/// Now on the timers' clock (tokio's, which tests may pause), for
+/// comparing with deadlines.
+pub fn timer_now() -> tokio::time::Instant {
+    tokio::time::Instant::now()
+}
+
+/// A deadline `d` from now on the timers' clock, for
+/// `tokio::time::timeout_at`.
 pub fn deadline_after(d: Duration) -> tokio::time::Instant {
-    tokio::time::Instant::from_std(now()) + d
+    timer_now() + d
 }
 
 /// Where a store reads the time it keeps leases by.

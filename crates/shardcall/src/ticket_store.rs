@@ -82,7 +82,7 @@ pub async fn claim_with_wait<F: std::future::Future<Output = StoreResult<ClaimAt
             Ok(claim) => return Ok(Some(claim)),
             Err(due_in) => due_in,
         };
-        let at = crate::clock::deadline_after(Duration::ZERO);
+        let at = crate::clock::timer_now();
         if at >= deadline {
             return Ok(None);
         }
