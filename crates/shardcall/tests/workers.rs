@@ -512,15 +512,19 @@ async fn a_call_stuck_past_its_deadline_gives_the_partition_up_and_loses_nothing
     c.settle(Duration::from_secs(10)).await;
     // Given up (released, quarantined) and processed again under a new
     // grant with a new handler, long before the stuck call returned.
-    let epochs: std::collections::BTreeSet<u64> = c
-        .oracle
-        .batches()
-        .iter()
-        .filter(|b| b.partition == p0 && b.committed())
-        .map(|b| b.epoch)
-        .collect();
+    let epochs = committed_epochs(&c, &p0);
     assert!(epochs.len() >= 2, "t/0 was not given up: {epochs:?}");
     assert_exactly_once(&c).await;
+}
+
+/// The grants under which `p`'s batches were committed.
+fn committed_epochs(c: &Cluster, p: &PartitionId) -> std::collections::BTreeSet<u64> {
+    c.oracle
+        .batches()
+        .iter()
+        .filter(|b| &b.partition == p && b.committed())
+        .map(|b| b.epoch)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,13 +546,7 @@ async fn a_partition_whose_handler_keeps_failing_here_is_given_up_when_asked() {
         None,
     );
     c.settle(Duration::from_secs(10)).await;
-    let epochs: std::collections::BTreeSet<u64> = c
-        .oracle
-        .batches()
-        .iter()
-        .filter(|b| b.committed())
-        .map(|b| b.epoch)
-        .collect();
+    let epochs = committed_epochs(&c, &p0);
     let g = c.store.load_group(GROUP).await.unwrap();
     let epoch = match &g.partitions[&p0].phase {
         Phase::Owned { epoch, .. } => *epoch,
