@@ -211,14 +211,17 @@ async fn owned(a: &BenchHolArgs, log: &FileLog, total: u64) -> anyhow::Result<Me
             config: WorkerConfig {
                 group: "hol-owned".into(),
                 name: format!("w{w}"),
-                max_batch: a.max_batch,
-                fetch_wait: Duration::from_millis(20),
                 slots: a.slots,
                 timing: GroupConfig {
                     tick_interval: Duration::from_millis(10),
                     // Everyone is in before the first assignment.
                     initial_rebalance_delay: Duration::from_millis(20),
                     ..GroupConfig::default()
+                },
+                batch: shardcall::BatchConfig {
+                    max_records: a.max_batch,
+                    fetch_wait: Duration::from_millis(20),
+                    ..shardcall::BatchConfig::default()
                 },
                 ..WorkerConfig::default()
             },

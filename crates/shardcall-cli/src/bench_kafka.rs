@@ -71,11 +71,11 @@ pub struct BenchKafkaArgs {
     #[arg(long, default_value_t = KafkaConfig::default().max_buffered_bytes)]
     max_buffered_bytes: usize,
     /// Records per handler call on the shardcall side.
-    #[arg(long, default_value_t = WorkerConfig::default().max_batch)]
+    #[arg(long, default_value_t = WorkerConfig::default().batch.max_records)]
     max_batch: usize,
     /// How often a busy partition is checkpointed on the shardcall side
     /// (0: after every batch).
-    #[arg(long, default_value_t = WorkerConfig::default().checkpoint_interval.as_millis() as u64)]
+    #[arg(long, default_value_t = WorkerConfig::default().batch.checkpoint_interval.as_millis() as u64)]
     checkpoint_interval_ms: u64,
     /// Run the handler as one whose calls may block (each on a blocking
     /// thread, under the deadline), as handlers are by default; without it
@@ -208,12 +208,15 @@ async fn through_shardcall(
     let config = WorkerConfig {
         group: group.clone(),
         name: "bench".into(),
-        max_batch: args.max_batch,
-        checkpoint_interval: Duration::from_millis(args.checkpoint_interval_ms),
         timing: GroupConfig {
             initial_rebalance_delay: Duration::ZERO,
             tick_interval: Duration::from_millis(20),
             ..GroupConfig::default()
+        },
+        batch: shardcall::BatchConfig {
+            max_records: args.max_batch,
+            checkpoint_interval: Duration::from_millis(args.checkpoint_interval_ms),
+            ..shardcall::BatchConfig::default()
         },
         ..WorkerConfig::default()
     };

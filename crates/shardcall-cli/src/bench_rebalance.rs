@@ -276,8 +276,11 @@ fn spawn(
             group: "failover".into(),
             name,
             timing: timing(),
-            max_batch: 100,
-            fetch_wait: Duration::from_millis(20),
+            batch: shardcall::BatchConfig {
+                max_records: 100,
+                fetch_wait: Duration::from_millis(20),
+                ..shardcall::BatchConfig::default()
+            },
             ..WorkerConfig::default()
         },
         store,

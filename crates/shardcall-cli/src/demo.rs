@@ -201,8 +201,11 @@ impl Demo {
                 group: GROUP.into(),
                 name: name.clone(),
                 timing: self.timing.clone(),
-                max_batch: 200,
-                fetch_wait: Duration::from_millis(100),
+                batch: shardcall::BatchConfig {
+                    max_records: 200,
+                    fetch_wait: Duration::from_millis(100),
+                    ..shardcall::BatchConfig::default()
+                },
                 ..WorkerConfig::default()
             },
             store: self.store.clone(),

@@ -23,6 +23,8 @@ mod progress;
 mod redis_opts;
 mod settings;
 mod settings_errors;
+mod settings_example;
+mod settings_load;
 mod spool_cmd;
 mod worker_cmd;
 
@@ -192,6 +194,9 @@ fn config_check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitC
                 shardcall_redis::redact_urls(&r.redis),
                 r.exec.as_deref().unwrap_or("built-in digest")
             );
+            for note in &r.renamed {
+                println!("  note: {note}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(errors) => {
@@ -220,7 +225,7 @@ fn main() -> ExitCode {
         Command::DeleteGroup(args) => groups_cmd::delete(&args),
         Command::Drain(args) => group_cmd::drain(&args),
         Command::Config(ConfigCommand::Example) => {
-            print!("{}", settings::EXAMPLE);
+            print!("{}", settings_example::example());
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(ConfigCommand::Check { file, sets }) => config_check(&file, &sets),

@@ -5,27 +5,32 @@ use shardcall::WorkerConfigError;
 use shardcall_core::GroupConfigError;
 
 /// The file key (and flag, where there is one) behind a runtime field.
-fn key(field: &str) -> &'static str {
-    match field {
-        "member_ttl" => "timing.member_ttl_ms (--ttl-ms)",
-        "heartbeat_interval" => "timing.heartbeat_ms (--heartbeat-ms)",
-        "safety_margin" => "timing.margin_ms (--margin-ms)",
-        "tick_interval" => "timing.tick_ms (--tick-ms)",
-        "coordinator_ttl" => "timing.coordinator_ttl_ms (--ttl-ms sets it too)",
-        "quarantine_min" => "timing.quarantine_ms (--quarantine-ms)",
-        "quarantine_max" => "timing.quarantine_max_ms",
-        "max_batch" => "batch.max_records",
-        "weight" => "weight (--weight)",
-        "retry.first" => "batch.retry_backoff_ms",
-        "call_deadline" => "handler.call_timeout_ms",
-        "group" => "group (--group)",
-        "name" => "name (--name)",
-        _ => "a timing or batch setting",
-    }
+/// The file's keys are the runtime's field names; what this adds is the
+/// table a field lives in and the flag that sets it.
+fn key(field: &str) -> String {
+    let flag = match field {
+        "member_ttl" => " (--ttl-ms)",
+        "heartbeat_interval" => " (--heartbeat-ms)",
+        "safety_margin" => " (--margin-ms)",
+        "tick_interval" => " (--tick-ms)",
+        "coordinator_ttl" => " (--ttl-ms sets it too)",
+        "quarantine_min" => " (--quarantine-ms)",
+        "weight" => " (--weight)",
+        "group" => " (--group)",
+        "name" => " (--name)",
+        _ => "",
+    };
+    let table = match field {
+        "weight" | "group" | "name" => "",
+        "call_deadline" => "handler.",
+        f if f.starts_with("batch.") => "",
+        _ => "timing.",
+    };
+    format!("{table}{field}{flag}")
 }
 
-fn ms(d: std::time::Duration) -> u128 {
-    d.as_millis()
+fn text(d: std::time::Duration) -> shardcall_core::duration_text::Text {
+    shardcall_core::duration_text::Text(d)
 }
 
 /// `e`, naming the keys and flags to change.
@@ -40,25 +45,25 @@ pub fn explain(e: &WorkerConfigError) -> String {
             } => format!(
                 "{} = {} plus {} = {} must be below {} = {}: else a member stops its partitions between two heartbeats",
                 key("heartbeat_interval"),
-                ms(*heartbeat),
+                text(*heartbeat),
                 key("safety_margin"),
-                ms(*margin),
+                text(*margin),
                 key("member_ttl"),
-                ms(*ttl)
+                text(*ttl)
             ),
             GroupConfigError::TickTooSlow { tick, ttl } => format!(
                 "{} = {} must be below {} = {}",
                 key("tick_interval"),
-                ms(*tick),
+                text(*tick),
                 key("coordinator_ttl"),
-                ms(*ttl)
+                text(*ttl)
             ),
             GroupConfigError::QuarantineRange { min, max } => format!(
                 "{} = {} must not be below {} = {}",
                 key("quarantine_max"),
-                ms(*max),
+                text(*max),
                 key("quarantine_min"),
-                ms(*min)
+                text(*min)
             ),
             other => other.to_string(),
         },
@@ -68,10 +73,10 @@ pub fn explain(e: &WorkerConfigError) -> String {
         ),
         WorkerConfigError::Zero(field) => format!("{} must be at least 1", key(field)),
         WorkerConfigError::FetchWaitTooLong { wait, margin } => format!(
-            "batch.fetch_wait_ms = {} must be below {} = {}",
-            ms(*wait),
+            "batch.fetch_wait = {} must be below {} = {}",
+            text(*wait),
             key("safety_margin"),
-            ms(*margin)
+            text(*margin)
         ),
         other => other.to_string(),
     }
@@ -92,15 +97,16 @@ mod tests {
         let said = explain(&e);
         for word in [
             "--ttl-ms",
-            "timing.member_ttl_ms",
-            "--heartbeat-ms",
+            "timing.member_ttl",
+            "timing.heartbeat_interval (--heartbeat-ms)",
             "--margin-ms",
-            "= 3000",
+            "= 3s",
         ] {
             assert!(said.contains(word), "{word}: {said}");
         }
-        assert!(!said.contains("heartbeat_interval"), "{said}");
-        let said = explain(&WorkerConfigError::Zero("max_batch"));
+        let said = explain(&WorkerConfigError::Zero("batch.max_records"));
         assert!(said.contains("batch.max_records"), "{said}");
+        let said = explain(&WorkerConfigError::Zero("call_deadline"));
+        assert!(said.contains("handler.call_deadline"), "{said}");
     }
 }

@@ -18,7 +18,7 @@ use crate::any_source::AnySource;
 use shardcall_spool::FileLog;
 
 use crate::Dir;
-use crate::settings::{self, DeadLetterChoice, Resolved, Settings, SourceChoice};
+use crate::settings::{self, DeadLetterChoice, Resolved, Settings, SourceChoice, TopicMode};
 
 /// Arguments of `shardcall worker`. Everything can also come from a TOML
 /// file (`--config`), environment variables and `--set`; flags win.
@@ -27,7 +27,7 @@ pub struct WorkerArgs {
     /// A TOML configuration file (see `shardcall config example`).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Override one key of the configuration: PATH=VALUE, e.g. timing.quarantine_ms=0.
+    /// Override one key of the configuration: PATH=VALUE, e.g. timing.quarantine_min=0s.
     #[arg(long = "set", value_name = "PATH=VALUE")]
     sets: Vec<String>,
     /// Redis URL: redis://[user:password@]host:port/ or rediss:// for TLS.
@@ -131,7 +131,7 @@ impl WorkerArgs {
             s.group = g.clone();
         }
         if let Some(l) = &self.log {
-            s.source.kind = "file".into();
+            s.source.kind = settings::SourceKind::File;
             s.source.log = Some(l.clone());
         }
         s.source.create_log |= self.create_log;
@@ -139,7 +139,7 @@ impl WorkerArgs {
             s.batch.give_up_after = n;
         }
         if let Some(b) = &self.kafka {
-            s.source.kind = "kafka".into();
+            s.source.kind = settings::SourceKind::Kafka;
             s.source.brokers = Some(b.clone());
         }
         for p in &self.kafka_properties {
@@ -154,13 +154,13 @@ impl WorkerArgs {
             }
         }
         if !self.topic.is_empty() || !self.ticket_topic.is_empty() {
-            let owned = self.topic.iter().map(|t| (t, "owned"));
-            let ticket = self.ticket_topic.iter().map(|t| (t, "ticket"));
+            let owned = self.topic.iter().map(|t| (t, TopicMode::Owned));
+            let ticket = self.ticket_topic.iter().map(|t| (t, TopicMode::Ticket));
             s.topics = owned
                 .chain(ticket)
                 .map(|(t, mode)| settings::TopicSettings {
                     name: t.clone(),
-                    mode: mode.into(),
+                    mode,
                 })
                 .collect();
         }
@@ -168,8 +168,9 @@ impl WorkerArgs {
             s.ticket.slots = n;
         }
         if let Some(v) = self.claim_ttl_ms {
-            s.ticket.claim_ttl_ms = v;
-            s.ticket.margin_ms = s.ticket.margin_ms.min(v / 3);
+            let ttl = Duration::from_millis(v);
+            s.ticket.claim_ttl = ttl;
+            s.ticket.safety_margin = s.ticket.safety_margin.min(ttl / 3);
         }
         if let Some(t) = &self.dead_letter_topic {
             s.dead_letters.topic = Some(t.clone());
@@ -181,22 +182,24 @@ impl WorkerArgs {
             s.weight = w;
         }
         let t = &mut s.timing;
+        let ms = Duration::from_millis;
         if let Some(v) = self.ttl_ms {
-            t.member_ttl_ms = v;
-            t.coordinator_ttl_ms = v;
+            t.member_ttl = ms(v);
+            t.coordinator_ttl = ms(v);
         }
         if let Some(v) = self.heartbeat_ms {
-            t.heartbeat_ms = v;
+            t.heartbeat_interval = ms(v);
         }
         if let Some(v) = self.margin_ms {
-            t.margin_ms = v;
-            s.batch.fetch_wait_ms = s.batch.fetch_wait_ms.min(v / 2).max(1);
+            t.safety_margin = ms(v);
+            // A fetch must end well inside the margin.
+            s.batch.fetch_wait = s.batch.fetch_wait.min(ms(v / 2)).max(ms(1));
         }
         if let Some(v) = self.tick_ms {
-            s.timing.tick_ms = v;
+            s.timing.tick_interval = ms(v);
         }
         if let Some(v) = self.quarantine_ms {
-            s.timing.quarantine_ms = v;
+            s.timing.quarantine_min = ms(v);
         }
         if let Some(e) = &self.exec {
             s.handler.exec = Some(e.clone());
@@ -205,19 +208,28 @@ impl WorkerArgs {
             s.metrics.addr = Some(a.clone());
         }
         if let Some(f) = self.log_format {
-            s.log.format = match f {
-                LogFormat::Text => "text".into(),
-                LogFormat::Json => "json".into(),
-            };
+            s.log.format = f;
         }
         Ok(s)
     }
 }
 
 /// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
+    #[default]
     Text,
     /// One JSON object per line, with the group, member, partition and epoch as fields.
     Json,
@@ -354,6 +366,9 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
     } else {
         LogFormat::Text
     });
+    for note in &resolved.renamed {
+        tracing::warn!("configuration: {note}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -122,8 +122,8 @@ impl Rig {
                 "100",
             ])
             .args(["--quarantine-ms", &QUARANTINE_MS.to_string()])
-            .args(["--set", "source.metadata_refresh_ms=500"])
-            .args(["--set", "source.commit_interval_ms=300"])
+            .args(["--set", "source.metadata_refresh=500ms"])
+            .args(["--set", "source.commit_interval=300ms"])
             .args(["--set", "batch.max_records=50"])
             .args(["--kafka-property", "reconnect.backoff.max.ms=500"])
             .args(extra);

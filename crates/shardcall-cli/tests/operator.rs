@@ -230,7 +230,7 @@ fn status_of_a_ticket_only_group_shows_its_workers_and_their_rules_not_a_quarant
         "--set",
         "ticket.slots=3",
         "--set",
-        "ticket.budget_ms=300",
+        "ticket.budget=300ms",
     ]);
     w.start("a", cmd);
     let status = |json: bool| {

@@ -793,9 +793,9 @@ fn a_panicking_handler_shows_as_failing_in_status_and_in_metrics() {
         .args(["--set", "handler.digest_panic_prefix=\"poison\""])
         .args([
             "--set",
-            "batch.retry_backoff_ms=50",
+            "batch.retry.first=50ms",
             "--set",
-            "batch.max_retry_backoff_ms=200",
+            "batch.retry.max=200ms",
         ])
         .args(["--metrics-addr", &port.to_string()])
         .spawn()
@@ -1015,7 +1015,7 @@ fn a_hung_exec_handler_is_killed_at_its_deadline_and_restarted_from_the_checkpoi
     );
     w.arg("--exec")
         .arg(format!("python3 {}", script.display()))
-        .args(["--set", "handler.call_timeout_ms=1500"])
+        .args(["--set", "handler.call_deadline=1500ms"])
         .stderr(std::fs::File::create(&stderr).unwrap());
     let child = w.spawn().unwrap();
     let worker_pid = child.id();

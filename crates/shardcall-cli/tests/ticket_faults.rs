@@ -71,9 +71,9 @@ impl Rig {
                 "--set",
                 "batch.max_records=10",
                 "--set",
-                "ticket.budget_ms=50",
+                "ticket.budget=50ms",
             ])
-            .args(["--set", "handler.digest_work_us=2000"])
+            .args(["--set", "handler.digest_work=2ms"])
             .args(extra);
         self.workers.start(name, cmd);
     }

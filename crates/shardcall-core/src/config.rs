@@ -6,28 +6,41 @@ use crate::lifecycle::QuarantinePolicy;
 use crate::membership::LeaseRule;
 
 /// How a group keeps time. Every member of a group should use the same values.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// A configuration file's `[timing]` table deserializes straight into it:
+/// the keys are the field names, durations are written with a unit
+/// (`member_ttl = "10s"`), and a missing key takes its default.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct GroupConfig {
     /// How long a member's lease lasts after each heartbeat.
+    #[serde(with = "crate::duration_text::serde")]
     pub member_ttl: Duration,
     /// How often a member renews its lease; well below `member_ttl`.
+    #[serde(with = "crate::duration_text::serde")]
     pub heartbeat_interval: Duration,
     /// How long before its lease could end a member stops its partitions.
+    #[serde(with = "crate::duration_text::serde")]
     pub safety_margin: Duration,
     /// How often the coordinator decides and members look at their view.
+    #[serde(with = "crate::duration_text::serde")]
     pub tick_interval: Duration,
     /// How long the coordinator lock lasts after each renewal.
+    #[serde(with = "crate::duration_text::serde")]
     pub coordinator_ttl: Duration,
     /// Minimum quarantine of a revoked partition (0 allowed).
+    #[serde(with = "crate::duration_text::serde")]
     pub quarantine_min: Duration,
     /// Also wait for the old owner's "backup done" before ending a quarantine.
     pub wait_for_backup: bool,
     /// The longest a quarantine waits for a backup.
+    #[serde(with = "crate::duration_text::serde")]
     pub quarantine_max: Duration,
     /// End a quarantine as soon as the backup is done, even before the minimum.
     pub release_on_backup_done: bool,
     /// A new group waits this long after its first member joined before the
     /// first assignment, so members starting together cause one rebalance.
+    #[serde(with = "crate::duration_text::serde")]
     pub initial_rebalance_delay: Duration,
 }
 

@@ -24,6 +24,7 @@ pub mod assign;
 pub mod bisect;
 pub mod config;
 pub mod coordinator;
+pub mod duration_text;
 pub mod ids;
 pub mod lifecycle;
 pub mod member_engine;

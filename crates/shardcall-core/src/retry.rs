@@ -4,11 +4,16 @@ use std::time::Duration;
 
 /// Pauses between attempts of a failing call: `first`, doubling each time,
 /// at most `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// In a configuration file: `retry = { first = "100ms", max = "5s" }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct RetryBackoff {
     /// The pause after the first failure.
+    #[serde(with = "crate::duration_text::serde")]
     pub first: Duration,
     /// The longest pause.
+    #[serde(with = "crate::duration_text::serde")]
     pub max: Duration,
 }
 

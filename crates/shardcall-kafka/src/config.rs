@@ -7,7 +7,8 @@ use rdkafka::ClientConfig;
 
 /// Where a partition starts when it has no checkpoint, and where it goes when
 /// its checkpointed offset is no longer in the log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum StartPosition {
     /// The oldest record the broker still keeps.
     #[default]

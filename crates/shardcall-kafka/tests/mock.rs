@@ -256,8 +256,11 @@ async fn workers_ride_out_a_broker_that_is_down_slow_or_failing() {
                     group: GROUP.into(),
                     name: format!("w{i}"),
                     timing: timing(),
-                    max_batch: 20,
-                    fetch_wait: Duration::from_millis(50),
+                    batch: shardcall::BatchConfig {
+                        max_records: 20,
+                        fetch_wait: Duration::from_millis(50),
+                        ..shardcall::BatchConfig::default()
+                    },
                     ..WorkerConfig::default()
                 },
                 store: store.clone(),

@@ -5,6 +5,9 @@ use std::time::Duration;
 use crate::frame::MAX_BODY_LEN;
 
 /// When appended records are forced to stable storage.
+///
+/// In a configuration file: `fsync = "batch"`, `fsync = "os"`, or an
+/// interval such as `fsync = "100ms"` (`"interval"` alone means 100 ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
     /// `fdatasync` before each append call returns: the durable watermark
@@ -30,7 +33,11 @@ pub struct Retention {
 }
 
 /// Configuration of one partition spool.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// A configuration file's `[spool]` table deserializes straight into it;
+/// `durability` is written `fsync`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct SpoolConfig {
     /// Largest record accepted, counting key and payload bytes; larger ones are
     /// refused with [`crate::SpoolError::RecordTooLarge`].
@@ -41,12 +48,46 @@ pub struct SpoolConfig {
     /// Bytes of records between two entries of the sparse offset index.
     pub index_interval_bytes: u32,
     /// When appends are made durable.
+    #[serde(rename = "fsync")]
     pub durability: Durability,
     /// Most segment files held open for reading at once (least recently used
     /// ones are closed first). The writer holds two more: data and index.
     pub max_open_files: usize,
-    /// Deletion rule for archived segments.
+    /// Deletion rule for archived segments (set by the program that owns
+    /// the spool, not by a configuration file).
+    #[serde(skip)]
     pub retention: Retention,
+}
+
+/// The interval `fsync = "interval"` stands for.
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(100);
+
+impl serde::Serialize for Durability {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::EveryBatch => s.serialize_str("batch"),
+            Self::Os => s.serialize_str("os"),
+            Self::Interval(d) => s.serialize_str(&shardcall_core::duration_text::format(*d)),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Durability {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.as_str() {
+            "batch" => Ok(Self::EveryBatch),
+            "os" => Ok(Self::Os),
+            "interval" => Ok(Self::Interval(DEFAULT_SYNC_INTERVAL)),
+            other => shardcall_core::duration_text::parse(other)
+                .map(Self::Interval)
+                .map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "{other:?} must be \"batch\", \"os\" or an interval such as \"100ms\""
+                    ))
+                }),
+        }
+    }
 }
 
 impl Default for SpoolConfig {
@@ -55,7 +96,7 @@ impl Default for SpoolConfig {
             max_record_bytes: 1 << 20,
             segment_bytes: 64 << 20,
             index_interval_bytes: 4096,
-            durability: Durability::Interval(Duration::from_millis(100)),
+            durability: Durability::Interval(DEFAULT_SYNC_INTERVAL),
             max_open_files: 32,
             retention: Retention::default(),
         }
@@ -102,30 +143,37 @@ pub const MAX_SEGMENT_BYTES: u64 = 2 << 30;
 impl SpoolConfig {
     /// Checks every field, returning the first that cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.problems().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every field that cannot work (empty: the configuration can work),
+    /// so a user fixes them all at once.
+    pub fn problems(&self) -> Vec<ConfigError> {
+        let mut out = Vec::new();
         let max_record = MAX_BODY_LEN - crate::frame::BODY_FIXED_LEN;
         if self.max_record_bytes == 0 || self.max_record_bytes > max_record {
-            return Err(ConfigError::MaxRecordBytes {
+            out.push(ConfigError::MaxRecordBytes {
                 got: self.max_record_bytes,
                 max: max_record,
             });
         }
         if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&self.segment_bytes) {
-            return Err(ConfigError::SegmentBytes {
+            out.push(ConfigError::SegmentBytes {
                 got: self.segment_bytes,
                 min: MIN_SEGMENT_BYTES,
                 max: MAX_SEGMENT_BYTES,
             });
         }
         if self.index_interval_bytes == 0 {
-            return Err(ConfigError::IndexInterval);
+            out.push(ConfigError::IndexInterval);
         }
         if self.durability == Durability::Interval(Duration::ZERO) {
-            return Err(ConfigError::ZeroInterval);
+            out.push(ConfigError::ZeroInterval);
         }
         if self.max_open_files == 0 {
-            return Err(ConfigError::MaxOpenFiles);
+            out.push(ConfigError::MaxOpenFiles);
         }
-        Ok(())
+        out
     }
 }
 
@@ -166,5 +214,43 @@ mod tests {
             ConfigError::ZeroInterval
         );
         assert_eq!(bad(|c| c.max_open_files = 0), ConfigError::MaxOpenFiles);
+        let two = SpoolConfig {
+            max_open_files: 0,
+            index_interval_bytes: 0,
+            ..SpoolConfig::default()
+        };
+        assert_eq!(
+            two.problems(),
+            vec![ConfigError::IndexInterval, ConfigError::MaxOpenFiles]
+        );
+    }
+
+    #[test]
+    fn durability_is_written_as_a_word_or_an_interval() {
+        #[derive(serde::Deserialize, serde::Serialize, PartialEq, Debug)]
+        struct File {
+            fsync: Durability,
+        }
+        let read = |text: &str| toml::from_str::<File>(text).map(|f| f.fsync);
+        assert_eq!(read("fsync = \"batch\"").unwrap(), Durability::EveryBatch);
+        assert_eq!(read("fsync = \"os\"").unwrap(), Durability::Os);
+        assert_eq!(
+            read("fsync = \"interval\"").unwrap(),
+            Durability::Interval(DEFAULT_SYNC_INTERVAL)
+        );
+        assert_eq!(
+            read("fsync = \"250ms\"").unwrap(),
+            Durability::Interval(Duration::from_millis(250))
+        );
+        let e = read("fsync = \"sometimes\"").unwrap_err().to_string();
+        assert!(e.contains("\"batch\", \"os\" or an interval"), "{e}");
+        for d in [
+            Durability::EveryBatch,
+            Durability::Os,
+            Durability::Interval(Duration::from_millis(250)),
+        ] {
+            let text = toml::to_string(&File { fsync: d }).unwrap();
+            assert_eq!(read(&text).unwrap(), d, "{text}");
+        }
     }
 }

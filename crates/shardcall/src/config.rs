@@ -19,41 +19,17 @@ pub struct WorkerConfig {
     pub weight: u32,
     /// The group's timing and quarantine rule.
     pub timing: GroupConfig,
-    /// Most records handed to the handler at once.
-    pub max_batch: usize,
-    /// How long an idle partition's fetch waits for a new record before
-    /// its task looks around again (never past the point where the lease
-    /// runs short; a revoke and a new record end the wait at once). Longer
-    /// waits make idle partitions cheaper.
-    pub fetch_wait: Duration,
-    /// While a partition's records keep coming, its checkpoint is written
-    /// at most this often, covering every batch since the last one (zero:
-    /// after every batch). A partition that catches up, is revoked, stops
-    /// or has a batch fail is checkpointed at once. A crash replays at most
-    /// this much processing; the state still counts each record once.
-    pub checkpoint_interval: Duration,
+    /// How owned partitions are fetched, checkpointed and retried.
+    pub batch: BatchConfig,
     /// Most handler calls running at once in this worker; its partitions
     /// take turns for them, as a Kafka consumer's partitions share its
     /// thread (`0`: every partition runs on its own).
     pub slots: usize,
-    /// Pauses between attempts of a failing handler call (an error, a
-    /// panic, a crashed `--exec` child): the batch is delivered again.
-    pub retry: RetryBackoff,
     /// How long one handler call may take (Kafka's `max.poll.interval.ms`):
     /// a warning at half of it; past it the call fails (an `--exec` child is
     /// killed and restarted from the checkpoint) or, when it cannot be
     /// stopped, the partition is given up.
     pub call_deadline: Duration,
-    /// Failed attempts of one batch before it goes to the worker's dead
-    /// letters (`0`: retried for ever, Kafka's blocking retry; without a
-    /// dead-letter destination too).
-    pub max_attempts: u32,
-    /// After this many failed handler calls in a row the worker gives the
-    /// partition up: it is released (quarantined, then granted again,
-    /// perhaps elsewhere) instead of retried here for ever — for failures
-    /// that belong to one machine, such as a handler command missing there
-    /// (`0`: never).
-    pub give_up_after: u32,
 }
 
 impl Default for WorkerConfig {
@@ -64,13 +40,59 @@ impl Default for WorkerConfig {
             host: "localhost".into(),
             weight: 1,
             timing: GroupConfig::default(),
-            max_batch: 500,
+            batch: BatchConfig::default(),
+            slots: 0,
+            call_deadline: crate::handler_cell::DEFAULT_DEADLINE,
+        }
+    }
+}
+
+/// How an owned partition's records are batched, checkpointed and retried.
+///
+/// A configuration file's `[batch]` table deserializes straight into it
+/// (durations with a unit: `fetch_wait = "1s"`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct BatchConfig {
+    /// Most records handed to the handler at once (ticket mode's batches
+    /// too).
+    pub max_records: usize,
+    /// How long an idle partition's fetch waits for a new record before
+    /// its task looks around again (never past the point where the lease
+    /// runs short; a revoke and a new record end the wait at once). Longer
+    /// waits make idle partitions cheaper.
+    #[serde(with = "shardcall_core::duration_text::serde")]
+    pub fetch_wait: Duration,
+    /// While a partition's records keep coming, its checkpoint is written
+    /// at most this often, covering every batch since the last one (zero:
+    /// after every batch). A partition that catches up, is revoked, stops
+    /// or has a batch fail is checkpointed at once. A crash replays at most
+    /// this much processing; the state still counts each record once.
+    #[serde(with = "shardcall_core::duration_text::serde")]
+    pub checkpoint_interval: Duration,
+    /// Failed attempts of one batch before it goes to the worker's dead
+    /// letters (`0`: retried for ever, Kafka's blocking retry; without a
+    /// dead-letter destination too).
+    pub max_attempts: u32,
+    /// Pauses between attempts of a failing handler call (an error, a
+    /// panic, a crashed `--exec` child): the batch is delivered again.
+    pub retry: RetryBackoff,
+    /// After this many failed handler calls in a row the worker gives the
+    /// partition up: it is released (quarantined, then granted again,
+    /// perhaps elsewhere) instead of retried here for ever — for failures
+    /// that belong to one machine, such as a handler command missing there
+    /// (`0`: never).
+    pub give_up_after: u32,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_records: 500,
             fetch_wait: Duration::from_millis(1000),
             checkpoint_interval: Duration::from_millis(100),
-            slots: 0,
-            retry: RetryBackoff::default(),
-            call_deadline: crate::handler_cell::DEFAULT_DEADLINE,
             max_attempts: 0,
+            retry: RetryBackoff::default(),
             give_up_after: 0,
         }
     }
@@ -91,7 +113,8 @@ pub enum WorkerConfigError {
         /// Its value.
         value: String,
     },
-    /// `max_batch` or `weight` is zero.
+    /// `batch.max_records`, `weight` or another count or duration that must
+    /// be positive is zero.
     #[error("{0} must be at least 1")]
     Zero(&'static str),
     /// A fetch could outlast the safety margin, so a lost lease would be noticed late.
@@ -131,18 +154,18 @@ impl WorkerConfig {
             }
         }
         for (what, zero) in [
-            ("max_batch", self.max_batch == 0),
+            ("batch.max_records", self.batch.max_records == 0),
             ("weight", self.weight == 0),
             ("call_deadline", self.call_deadline.is_zero()),
-            ("retry.first", self.retry.first.is_zero()),
+            ("batch.retry.first", self.batch.retry.first.is_zero()),
         ] {
             if zero {
                 out.push(WorkerConfigError::Zero(what));
             }
         }
-        if self.fetch_wait >= self.timing.safety_margin {
+        if self.batch.fetch_wait >= self.timing.safety_margin {
             out.push(WorkerConfigError::FetchWaitTooLong {
-                wait: self.fetch_wait,
+                wait: self.batch.fetch_wait,
                 margin: self.timing.safety_margin,
             });
         }
@@ -165,15 +188,14 @@ mod tests {
             bad.validate(),
             Err(WorkerConfigError::BadName { what: "group", .. })
         ));
-        let zero = WorkerConfig {
-            max_batch: 0,
-            ..WorkerConfig::default()
-        };
-        assert_eq!(zero.validate(), Err(WorkerConfigError::Zero("max_batch")));
-        let slow = WorkerConfig {
-            fetch_wait: Duration::from_secs(5),
-            ..WorkerConfig::default()
-        };
+        let mut zero = WorkerConfig::default();
+        zero.batch.max_records = 0;
+        assert_eq!(
+            zero.validate(),
+            Err(WorkerConfigError::Zero("batch.max_records"))
+        );
+        let mut slow = WorkerConfig::default();
+        slow.batch.fetch_wait = Duration::from_secs(5);
         assert!(matches!(
             slow.validate(),
             Err(WorkerConfigError::FetchWaitTooLong { .. })

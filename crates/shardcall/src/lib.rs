@@ -45,7 +45,7 @@ mod ticket_store;
 mod ticket_worker;
 mod worker;
 
-pub use config::{WorkerConfig, WorkerConfigError};
+pub use config::{BatchConfig, WorkerConfig, WorkerConfigError};
 pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use either_handler::{EitherFactory, EitherHandler};
 pub use error::WorkerError;

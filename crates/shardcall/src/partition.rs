@@ -10,8 +10,8 @@ use tokio::sync::watch;
 
 use shardcall_core::{End, Grant, PartitionRules};
 
+use crate::config::BatchConfig;
 use crate::dead_letters::DeadLetters;
-use crate::failures::RetryBackoff;
 use crate::handler::{BatchObserver, HandlerFactory, PartitionContext};
 use crate::lease::LocalLease;
 use crate::partition_driver::{Drive, GrantPort, drive};
@@ -47,25 +47,12 @@ pub struct PartitionTask<S, Src, F> {
     pub lease: Arc<LocalLease>,
     /// Becomes true when the partition is revoked (or the worker stops).
     pub revoke: watch::Receiver<bool>,
-    /// Most records a batch.
-    pub max_batch: usize,
-    /// How long a fetch waits.
-    pub fetch_wait: Duration,
-    /// While records keep coming, checkpoint at most this often (zero:
-    /// after every batch); caught up, revoked or failing: at once.
-    pub checkpoint_interval: Duration,
-    /// Pauses between attempts of a failing handler call.
-    pub retry: RetryBackoff,
+    /// Batching, checkpoint cadence, retries and giving up.
+    pub batch: BatchConfig,
     /// How long one handler call may take.
     pub call_deadline: Duration,
-    /// Failed attempts of one batch before it goes to `dead_letters`
-    /// (`0`, or no destination: retried for ever).
-    pub max_attempts: u32,
-    /// Where a batch goes after `max_attempts` failures.
+    /// Where a batch goes after `batch.max_attempts` failures.
     pub dead_letters: Option<Arc<dyn DeadLetters>>,
-    /// Give the partition up (release it) after this many failed calls in
-    /// a row (`0`: never).
-    pub give_up_after: u32,
     /// Records processed, for statistics.
     pub processed: Arc<std::sync::atomic::AtomicU64>,
     /// The worker's handler slots, when limited: one is held per handler call.
@@ -156,14 +143,14 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
     pub async fn run(self) -> TaskEnd {
         let rules = PartitionRules {
             grant: Grant::Owned,
-            max_batch: self.max_batch,
-            fetch_wait: self.fetch_wait,
-            checkpoint_interval: self.checkpoint_interval,
-            retry: self.retry,
-            max_attempts: self.max_attempts,
+            max_batch: self.batch.max_records,
+            fetch_wait: self.batch.fetch_wait,
+            checkpoint_interval: self.batch.checkpoint_interval,
+            retry: self.batch.retry,
+            max_attempts: self.batch.max_attempts,
             dead_letters: self.dead_letters.is_some(),
             count_in_store: false,
-            give_up_after: self.give_up_after,
+            give_up_after: self.batch.give_up_after,
         };
         let grant = OwnedGrant {
             group: &self.group,

@@ -5,36 +5,54 @@ use std::time::Duration;
 use crate::config::good_name;
 
 /// How a ticket-mode worker claims and serves partitions.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// A configuration file's `[ticket]` table deserializes straight into it
+/// (durations with a unit: `budget = "200ms"`). The names, the batch size
+/// and the call deadline are not read from that table: they come from the
+/// worker's own keys (`group`, `name`, `batch.max_records`,
+/// `handler.call_deadline`), which both modes share.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct TicketConfig {
     /// The group whose ticket pool the worker serves.
+    #[serde(skip)]
     pub group: String,
     /// This worker's name; each slot holds tickets as `NAME-SUFFIX/SLOT`.
+    #[serde(skip)]
     pub name: String,
     /// The machine it runs on, for operators.
+    #[serde(skip)]
     pub host: String,
     /// Partitions served at once by this worker (one per slot).
     pub slots: usize,
     /// Most records handed to the handler at once.
+    #[serde(skip)]
     pub max_batch: usize,
     /// How long a slot keeps a ticket before giving it back, when the
     /// partition still has records (its time budget). A batch that starts
     /// inside the budget finishes.
+    #[serde(with = "shardcall_core::duration_text::serde")]
     pub budget: Duration,
     /// Lease of a claim on the store's clock; renewed before each batch. A
     /// slot that stalls longer than this loses the ticket and is fenced.
+    #[serde(with = "shardcall_core::duration_text::serde")]
     pub claim_ttl: Duration,
     /// The part of the lease a slot does not use (clock drift, the time a
     /// checkpoint takes to land).
+    #[serde(with = "shardcall_core::duration_text::serde")]
     pub safety_margin: Duration,
     /// How long an idle slot waits for a due ticket before looking again.
+    #[serde(with = "shardcall_core::duration_text::serde")]
     pub claim_wait: Duration,
     /// How long a slot waits for a record of a partition it just claimed.
+    #[serde(with = "shardcall_core::duration_text::serde")]
     pub fetch_wait: Duration,
     /// A partition found empty is not due again for this long, doubling each
     /// time it is found empty again, up to `max_idle_backoff`.
+    #[serde(with = "shardcall_core::duration_text::serde")]
     pub idle_backoff: Duration,
     /// The longest backoff of an empty partition.
+    #[serde(with = "shardcall_core::duration_text::serde")]
     pub max_idle_backoff: Duration,
     /// Handler attempts on one batch before it goes to the dead letters
     /// (`0`: retry for ever, never dead-letter).
@@ -45,13 +63,16 @@ pub struct TicketConfig {
     /// How long one handler call may take: past it the call fails (an
     /// `--exec` child is killed) or, when it cannot be stopped, the handler
     /// is abandoned and the ticket goes back.
+    #[serde(skip)]
     pub call_deadline: Duration,
     /// How often the source's partitions are listed and tickets seeded.
+    #[serde(with = "shardcall_core::duration_text::serde")]
     pub discover_every: Duration,
     /// How long the source keeps reading ahead a partition this worker gave
     /// back, so a claim of it here starts with records in hand (Kafka: the
     /// partition stays assigned); after that long unclaimed here, it is
     /// released.
+    #[serde(with = "shardcall_core::duration_text::serde")]
     pub keep_reading_for: Duration,
 }
 

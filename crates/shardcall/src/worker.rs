@@ -116,7 +116,7 @@ pub struct Worker<S, Src, F> {
     pub factory: Arc<F>,
     /// Sees every batch (tests and the demo).
     pub observer: Option<Arc<dyn BatchObserver>>,
-    /// Where a batch goes after `config.max_attempts` failed attempts;
+    /// Where a batch goes after `config.batch.max_attempts` failed attempts;
     /// without one a failing batch is retried for ever (as a Kafka
     /// consumer's blocking retry does).
     pub dead_letters: Option<Arc<dyn DeadLetters>>,
@@ -630,13 +630,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             observer: w.observer.clone(),
             lease: self.lease.clone(),
             revoke: revoke_rx,
-            max_batch: w.config.max_batch,
-            fetch_wait: w.config.fetch_wait,
-            checkpoint_interval: w.config.checkpoint_interval,
-            retry: w.config.retry,
+            batch: w.config.batch.clone(),
             call_deadline: w.config.call_deadline,
-            max_attempts: w.config.max_attempts,
-            give_up_after: w.config.give_up_after,
             dead_letters: w.dead_letters.clone(),
             processed: self.stats.processed.clone(),
             slots: self.slots.clone(),

@@ -117,8 +117,11 @@ async fn a_worker_through_the_spool_is_exactly_once() {
                 coordinator_ttl: Duration::from_millis(1000),
                 ..GroupConfig::default()
             },
-            max_batch: 37,
-            fetch_wait: Duration::from_millis(50),
+            batch: shardcall::BatchConfig {
+                max_records: 37,
+                fetch_wait: Duration::from_millis(50),
+                ..shardcall::BatchConfig::default()
+            },
             ..WorkerConfig::default()
         },
         store: store.clone(),

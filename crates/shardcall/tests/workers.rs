@@ -85,8 +85,11 @@ impl Cluster {
             group: GROUP.into(),
             name: format!("w{i}"),
             timing: timing(),
-            max_batch: 50,
-            fetch_wait: Duration::from_millis(50),
+            batch: shardcall::BatchConfig {
+                max_records: 50,
+                fetch_wait: Duration::from_millis(50),
+                ..shardcall::BatchConfig::default()
+            },
             ..WorkerConfig::default()
         };
         tweak(&mut config);
@@ -264,8 +267,8 @@ async fn busy_partitions_checkpoint_once_an_interval_and_at_once_when_caught_up_
     // A long interval: 60 batches of 10 in a row, then caught up.
     let w = c.add_worker_with(
         |cfg| {
-            cfg.max_batch = 10;
-            cfg.checkpoint_interval = Duration::from_secs(5);
+            cfg.batch.max_records = 10;
+            cfg.batch.checkpoint_interval = Duration::from_secs(5);
         },
         slow(),
     );
@@ -304,8 +307,8 @@ async fn busy_partitions_checkpoint_once_an_interval_and_at_once_when_caught_up_
     // Zero: a checkpoint after every batch.
     c.add_worker_with(
         |cfg| {
-            cfg.max_batch = 10;
-            cfg.checkpoint_interval = Duration::ZERO;
+            cfg.batch.max_records = 10;
+            cfg.batch.checkpoint_interval = Duration::ZERO;
         },
         DigestFactory::default(),
     );
@@ -352,11 +355,11 @@ async fn invalid_config_is_refused_before_starting() {
 }
 
 fn quick_retries(cfg: &mut WorkerConfig) {
-    cfg.retry = RetryBackoff {
+    cfg.batch.retry = RetryBackoff {
         first: Duration::from_millis(20),
         max: Duration::from_millis(80),
     };
-    cfg.max_batch = 4;
+    cfg.batch.max_records = 4;
 }
 
 /// Every property a run of these tests can show: each partition's final
@@ -449,7 +452,7 @@ async fn owned_mode_sends_a_batch_that_keeps_failing_to_the_dead_letters_when_as
     c.add_worker_full(
         |cfg| {
             quick_retries(cfg);
-            cfg.max_attempts = 3;
+            cfg.batch.max_attempts = 3;
         },
         digest,
         Some(Arc::new(dead.clone())),
@@ -540,7 +543,7 @@ async fn a_partition_whose_handler_keeps_failing_here_is_given_up_when_asked() {
     c.add_worker_full(
         |cfg| {
             quick_retries(cfg);
-            cfg.give_up_after = 2;
+            cfg.batch.give_up_after = 2;
         },
         flaky,
         None,

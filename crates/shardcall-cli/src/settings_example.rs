@@ -1,0 +1,207 @@
+//! `shardcall config example`: a complete, commented configuration file
+//! whose values are the program's defaults.
+//!
+//! The text below holds the layout and the comments; every `@` is replaced
+//! by the default of the key on its line, read from [`Settings::default`],
+//! so the example cannot drift from the code. Keys a user must choose
+//! (the group, Redis, the log folder, the topics) are written out.
+
+use crate::settings::Settings;
+
+/// The layout: `key = @` takes the key's default in the current table
+/// (also on commented-out lines, for keys that are off by default).
+const TEMPLATE: &str = r#"# shardcall worker configuration. Every key has a default but group,
+# redis.urls, source.log and topics. Durations take a unit ("10s",
+# "500ms", "1m30s"). Environment variables override keys
+# (SHARDCALL_GROUP, SHARDCALL_TIMING__MEMBER_TTL, ...), and flags override
+# both (--set timing.member_ttl=5s, or the worker's flags).
+
+group = "billing"          # the group to join
+name = "worker-1"          # member ids add a unique suffix per incarnation
+weight = @                 # relative capacity
+
+[redis]
+urls = ["redis://127.0.0.1:6379/"]   # several = a Redis Cluster's seed nodes
+cluster = @                          # true: treat a single URL as a cluster seed
+# ca = "/etc/shardcall/ca.pem"       # private CA for rediss://
+
+[source]
+kind = @                             # the embedded file log...
+log = "/var/lib/shardcall/log"
+create_log = @                       # create the folder if it is missing (off: a typo is an error)
+# kind = "kafka"                     # ...or Kafka (and Kafka-protocol logs)
+# brokers = "kafka-1:9092,kafka-2:9092"
+# start = @                          # no checkpoint / offset gone: earliest | latest
+# group_id = "billing"               # Kafka group offsets are committed to (default: group)
+# commit_offsets = @                 # so kafka-consumer-groups shows the lag
+# commit_interval = @
+# metadata_refresh = @               # how soon new partitions are picked up
+# max_buffered_bytes = @             # fetched ahead per partition, then fetching waits for the handler
+# spool = "/var/lib/shardcall/spool" # spool fetched records to disk, process from there
+# spool_backlog = @                  # spooled records not yet checkpointed, per partition
+
+# [kafka]                            # librdkafka properties, passed unchanged
+# "security.protocol" = "SASL_SSL"
+# "sasl.mechanism" = "SCRAM-SHA-512"
+# "sasl.username" = "billing"
+# sasl_password = "..."              # `_` stands for `.`: SHARDCALL_KAFKA__SASL_PASSWORD
+
+[[topics]]
+name = "orders"
+mode = "owned"                       # owned | ticket
+
+# [[topics]]
+# name = "reports"
+# mode = "ticket"                    # idle slots claim the next due partition
+
+[timing]                             # the same in every member of a group
+member_ttl = @                       # a member's lease, renewed by each heartbeat
+heartbeat_interval = @               # heartbeat + margin must stay below the lease
+safety_margin = @                    # partitions stop this long before the lease could end
+tick_interval = @                    # how often the coordinator decides
+coordinator_ttl = @                  # the coordinator lock's lease
+quarantine_min = @                   # a revoked partition rests at least this long
+wait_for_backup = @                  # also wait for the old owner's backup...
+quarantine_max = @                   # ...at most this long
+release_on_backup_done = @           # end early once the backup is done
+initial_rebalance_delay = @          # a new group waits this long for its members
+
+[batch]
+max_records = @                      # most records a handler call gets (both modes)
+fetch_wait = @                       # an idle partition waits this long for a record (one arriving, or a revoke, ends it)
+checkpoint_interval = @              # owned mode: busy partitions checkpoint this often (0s: every batch)
+max_attempts = @                     # owned mode: failed attempts before the dead letters (0: retry for ever)
+retry = @                            # owned mode: pause after a failed call, doubling up to max
+give_up_after = @                    # owned mode: release a partition after this many failures in a row here (0: never)
+
+[ticket]                             # topics with mode = "ticket"
+slots = @                            # partitions served at once by this worker
+budget = @                           # a slot keeps a busy partition this long
+claim_ttl = @                        # a claim's lease; renewed before each batch
+safety_margin = @                    # the end of the lease a slot does not use
+claim_wait = @                       # an idle slot waits this long for a due ticket
+fetch_wait = @                       # a slot waits this long for a claimed partition's first record
+max_attempts = @                     # failing batch: tries before the dead letters
+retry = @                            # pause after a failed attempt, doubling up to max
+idle_backoff = @                     # an empty partition rests this long, doubling...
+max_idle_backoff = @                 # ...up to this (new records wake it where the source can tell)
+discover_every = @                   # how often the source's partitions are listed
+keep_reading_for = @                 # Kafka: a given-back partition stays assigned here this long
+
+[dead_letters]                       # batches that keep failing, in either mode
+# topic = "orders.dead"              # none: retry for ever; a topic where the
+#                                    # source lives (the file log or Kafka)...
+# log = "/var/lib/shardcall/log"     # ...or of this file log
+
+[spool]
+max_record_bytes = @
+segment_bytes = @
+index_interval_bytes = @             # bytes of records between two index entries
+fsync = @                            # "batch" | "os" | an interval such as "100ms"
+max_open_files = @                   # segment files held open for reading
+
+[handler]
+# exec = "python3 examples/handlers/digest.py"   # none: the built-in digest handler
+call_deadline = @                    # one call's deadline: warned at half; then it fails (an
+                                     # exec child is killed) or the partition is given up
+digest_work = @                      # the built-in handler's simulated work per record
+# digest_refuse_prefix = "poison"    # test knobs of the built-in handler: fail batches
+# digest_crash_prefix = "poison"     # holding such a record / abort the process on one
+# digest_panic_prefix = "poison"     # / panic on one
+
+[metrics]
+# addr = "9464"                      # a bare port binds to 127.0.0.1
+
+[log]
+format = @                           # text | json
+"#;
+
+/// The column comments start at, where the value leaves room.
+const COMMENT_COLUMN: usize = 37;
+
+/// The example file, with every `@` replaced by its default.
+pub fn example() -> String {
+    let defaults = toml::Table::try_from(Settings::default()).expect("the defaults serialize");
+    let mut out = String::new();
+    let mut table: Option<&toml::Table> = Some(&defaults);
+    for line in TEMPLATE.lines() {
+        let bare = line.trim_start_matches("# ");
+        if let Some(name) = bare
+            .strip_prefix('[')
+            .map(|h| h.trim_start_matches('[').split(']').next().unwrap_or(""))
+        {
+            table = defaults.get(name).and_then(toml::Value::as_table);
+        }
+        match line.split_once(" = @") {
+            Some((key_part, rest)) => {
+                let key = key_part.trim_start_matches("# ");
+                let value = table
+                    .and_then(|t| t.get(key))
+                    .unwrap_or_else(|| panic!("the example names {key:?}, which has no default"));
+                let set = format!("{key_part} = {value}");
+                let comment = rest.trim_start();
+                if comment.is_empty() {
+                    out.push_str(&set);
+                } else {
+                    let pad = COMMENT_COLUMN.saturating_sub(set.len()).max(1);
+                    out.push_str(&format!("{set}{}{comment}", " ".repeat(pad)));
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key a user can set shows in the example (as a setting or a
+    /// commented-out one), so the example documents the whole file.
+    #[test]
+    fn the_example_names_every_key() {
+        let defaults = toml::Table::try_from(Settings::default()).unwrap();
+        let text = example();
+        let mut missing = Vec::new();
+        for (section, value) in &defaults {
+            match value {
+                toml::Value::Table(t) => {
+                    for key in t.keys() {
+                        let in_section = text
+                            .split(&format!("[{section}]"))
+                            .nth(1)
+                            .and_then(|rest| rest.split("\n[").next())
+                            .is_some_and(|body| {
+                                body.lines().any(|l| {
+                                    l.trim_start_matches("# ").starts_with(&format!("{key} = "))
+                                })
+                            });
+                        if !in_section {
+                            missing.push(format!("{section}.{key}"));
+                        }
+                    }
+                }
+                // [[topics]] tables are written out.
+                toml::Value::Array(_) => {}
+                _ if !text.contains(&format!("\n{section} = ")) => missing.push(section.clone()),
+                _ => {}
+            }
+        }
+        for optional in [
+            "redis.ca",
+            "source.brokers",
+            "source.group_id",
+            "source.spool",
+            "handler.exec",
+            "metrics.addr",
+        ] {
+            assert!(
+                text.contains(&format!("# {} = ", optional.split('.').nth(1).unwrap())),
+                "{optional} is shown commented out"
+            );
+        }
+        assert!(missing.is_empty(), "not in the example: {missing:?}");
+    }
+}
