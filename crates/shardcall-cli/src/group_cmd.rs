@@ -284,7 +284,14 @@ pub(crate) fn explained(
     result: anyhow::Result<ExitCode>,
 ) -> anyhow::Result<ExitCode> {
     let e = match result {
-        Err(e) if matches!(e.downcast_ref::<StoreError>(), Some(StoreError::Corrupt(_))) => e,
+        Err(e)
+            if matches!(
+                e.downcast_ref::<StoreError>(),
+                Some(StoreError::Corrupt { .. })
+            ) =>
+        {
+            e
+        }
         other => return other,
     };
     let store_error = e.downcast::<StoreError>().expect("checked above");

@@ -209,6 +209,24 @@ fn config_check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitC
     }
 }
 
+/// An error and its causes, each said once: an error whose message
+/// already quotes its cause (as the store's errors do, so that a log line
+/// says everything) is not followed by that cause again.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut said = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if said.contains(&text) {
+            continue;
+        }
+        if !said.is_empty() {
+            said.push_str(": ");
+        }
+        said.push_str(&text);
+    }
+    said
+}
+
 fn main() -> ExitCode {
     pipes::quiet_on_closed_pipe();
     let cli = Cli::parse();
@@ -244,8 +262,28 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) if pipes::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_already_quoted_is_not_said_twice() {
+        let store = shardcall::StoreError::unavailable(
+            "cannot reach Redis",
+            std::io::Error::other("connection refused"),
+        );
+        let e = anyhow::Error::new(store).context("joining the group");
+        assert_eq!(
+            error_chain(&e),
+            "joining the group: store unavailable: cannot reach Redis: connection refused"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&plain), "outer: inner");
     }
 }

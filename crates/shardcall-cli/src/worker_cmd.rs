@@ -416,7 +416,7 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
             Ok(s) => break s,
             Err(e)
                 if e.disposition() == Disposition::Fatal
-                    || matches!(e, StoreError::Unauthorized(_)) =>
+                    || matches!(e, StoreError::Unauthorized { .. }) =>
             {
                 tracing::error!(error = %e, redis = %redis.shown(), "cannot use Redis");
                 eprintln!("error: Redis at {}: {e}", redis.shown());

@@ -290,7 +290,7 @@ fn status_of_a_ticket_only_group_shows_its_workers_and_their_rules_not_a_quarant
     let out = delete();
     assert!(!out.status.success());
     assert!(
-        text(&out.stderr).contains("live ticket workers (a-"),
+        text(&out.stderr).contains("ticket workers running (a-"),
         "{}",
         text(&out.stderr)
     );

@@ -187,6 +187,13 @@ pub enum StateError {
     },
 }
 
+/// The phases an offset reset without `force` accepts (what
+/// [`StateError::WrongPhase`] says it wanted).
+pub const RESET_WANTS: &str = "free or quarantined (drain its owner first, or force)";
+
+/// The phase an operator's early release of a quarantine accepts.
+pub const RELEASE_WANTS: &str = "quarantined";
+
 /// The whole state of one group.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct GroupState {
@@ -297,7 +304,7 @@ impl GroupState {
             return Err(StateError::WrongPhase {
                 partition: partition.clone(),
                 phase: ph.name().to_owned(),
-                wanted: "free or quarantined (drain its owner first, or force)",
+                wanted: RESET_WANTS,
             });
         }
         self.audit.push(AuditEntry {
@@ -608,7 +615,7 @@ impl GroupState {
             other => Err(StateError::WrongPhase {
                 partition: partition.clone(),
                 phase: other.map_or("unknown", |r| r.phase.name()).to_owned(),
-                wanted: "quarantined",
+                wanted: RELEASE_WANTS,
             }),
         }
     }

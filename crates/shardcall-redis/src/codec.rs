@@ -13,11 +13,13 @@ pub fn partition_field(p: &PartitionId) -> String {
 pub fn parse_partition_field(s: &str) -> Result<PartitionId, StoreError> {
     s.rsplit_once('/')
         .and_then(|(t, p)| p.parse::<u32>().ok().map(|p| PartitionId::new(t, p)))
-        .ok_or_else(|| StoreError::Corrupt(format!("partition field {s:?}")))
+        .ok_or_else(|| {
+            StoreError::corrupt("a partition field", format!("{s:?} is not topic/partition"))
+        })
 }
 
 fn corrupt(what: &str, raw: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what} {raw:?}: {e}"))
+    StoreError::corrupt(what, format!("{raw:?}: {e}"))
 }
 
 /// A member's record as stored: weight, host, joined, heartbeat, lease end,
@@ -68,8 +70,9 @@ pub fn decode_lock(
         return Ok(None);
     };
     let num = |s: &str| {
-        s.parse::<u64>()
-            .map_err(|_| StoreError::Corrupt(format!("coordinator lock field {s:?}")))
+        s.parse::<u64>().map_err(|_| {
+            StoreError::corrupt("the coordinator lock", format!("{s:?} is not a number"))
+        })
     };
     Ok(Some(shardcall_core::CoordinatorLease {
         holder: MemberId::new(holder),
@@ -215,7 +218,7 @@ fn value_u64(v: &redis::Value) -> Option<u64> {
 
 /// Reads the apply script's reply: the new version, then groups of four.
 pub fn decode_apply_reply(out: &[redis::Value]) -> Result<(u64, Vec<GrantSync>), StoreError> {
-    let bad = || StoreError::Corrupt(format!("apply reply {out:?}"));
+    let bad = || StoreError::corrupt("the apply script's reply", format!("{out:?}"));
     let version = out.first().and_then(value_u64).ok_or_else(bad)?;
     let mut syncs = Vec::new();
     for chunk in out[1..].chunks(4) {
@@ -244,9 +247,8 @@ pub fn decode_policy(key: &str, raw: &str) -> shardcall::StoreResult<shardcall::
         #[serde(default)]
         set_at: Option<f64>,
     }
-    let kept: Kept = serde_json::from_str(raw).map_err(|e| {
-        StoreError::Corrupt(format!("{key}: not a quarantine policy ({e}): {raw:?}"))
-    })?;
+    let kept: Kept = serde_json::from_str(raw)
+        .map_err(|e| StoreError::corrupt(key, format!("not a quarantine policy ({e}): {raw:?}")))?;
     Ok(shardcall::GroupPolicy {
         policy: kept.policy,
         set_by: kept.set_by.unwrap_or_else(|| "unknown".into()),
@@ -269,15 +271,15 @@ mod tests {
     fn unexpected_data_is_a_clear_error() {
         assert!(matches!(
             decode_entry("{\"ph\":\"weird\"}"),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
         assert!(matches!(
             decode_entry("not json"),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
         assert!(matches!(
             decode_member("m", "{}"),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
     }
 }

@@ -1,7 +1,9 @@
 //! Mapping Redis replies and failures onto the port's errors.
 
 use shardcall::StoreError;
-use shardcall_core::{Fenced, MemberId, PartitionId};
+use shardcall_core::{Fenced, MemberId, PartitionId, StateError};
+
+use crate::codec;
 
 /// Maps a Redis error: a script's refusal becomes the matching port error
 /// (fenced ones never retried); anything about reaching the server becomes
@@ -30,36 +32,69 @@ pub fn map_error(e: &redis::RedisError) -> StoreError {
             partition: PartitionId::new("?", 0),
             epoch: 0,
         }),
-        "CONFLICT" => StoreError::Conflict(format!("group changed (version {detail})")),
-        "EXISTS" => StoreError::Refused(format!("member {detail} already exists")),
-        "INVALID" => StoreError::Refused(format!("command {detail}")),
-        "WRONGPHASE" => StoreError::Refused(format!("wrong phase: {detail}")),
-        "WRONGPASS" | "NOAUTH" => StoreError::Unauthorized(format!(
-            "Redis refused the user name or password (check user:password in the URL): {e}"
-        )),
-        "NOPERM" => StoreError::Unauthorized(format!(
-            "the Redis user may not run this command or touch this key (its ACL): {e}"
-        )),
-        _ if e.kind() == redis::ErrorKind::AuthenticationFailed => {
-            StoreError::Unauthorized(format!(
-                "Redis refused the user name or password (check user:password in the URL): {e}"
-            ))
+        // The scripts refuse with the same rules as `GroupState`, and say
+        // so in the same terms: the expected version is the caller's to
+        // fill in (`StoreError::for_version`).
+        "CONFLICT" => StoreError::Conflict {
+            expected: 0,
+            actual: first.parse().unwrap_or(0),
+        },
+        "EXISTS" => StateError::MemberExists(MemberId::new(first)).into(),
+        "INVALID" => {
+            let (index, reason) = detail.split_once(' ').unwrap_or((&detail, ""));
+            StateError::InvalidCommand {
+                index: index.parse().unwrap_or(0),
+                reason: reason.to_owned(),
+            }
+            .into()
         }
+        "WRONGPHASE" => {
+            let mut words = detail.split(' ');
+            let partition = words
+                .next()
+                .and_then(|p| codec::parse_partition_field(p).ok())
+                .unwrap_or_else(|| PartitionId::new("?", 0));
+            StateError::WrongPhase {
+                partition,
+                phase: words.next().unwrap_or("unknown").to_owned(),
+                wanted: shardcall_core::state::RELEASE_WANTS,
+            }
+            .into()
+        }
+        "WRONGPASS" | "NOAUTH" => unauthorized(BAD_PASSWORD, e),
+        "NOPERM" => unauthorized(
+            "the Redis user may not run this command or touch this key: check its ACL",
+            e,
+        ),
+        _ if e.kind() == redis::ErrorKind::AuthenticationFailed => unauthorized(BAD_PASSWORD, e),
         // Another program's key, or one of another type, where shardcall
         // keeps its own: not an outage, and retrying cannot mend it.
-        "WRONGTYPE" => StoreError::Corrupt(format!(
-            "a key of this group holds another type of data than shardcall keeps there: {e}"
-        )),
-        _ if e.kind() == redis::ErrorKind::UnexpectedReturnType => StoreError::Corrupt(format!(
-            "a key of this group holds data shardcall cannot read: {e}"
-        )),
+        "WRONGTYPE" => StoreError::corrupt(
+            "a key of this group",
+            format!("it holds another type of data than shardcall keeps there: {e}"),
+        ),
+        _ if e.kind() == redis::ErrorKind::UnexpectedReturnType => StoreError::corrupt(
+            "a key of this group",
+            format!("it holds data shardcall cannot read: {e}"),
+        ),
         _ if e.is_io_error()
             || e.is_connection_refusal()
             || e.is_timeout()
             || e.is_connection_dropped() =>
         {
-            StoreError::Unavailable(format!("cannot reach Redis: {e}"))
+            StoreError::unavailable("cannot reach Redis", e.clone())
         }
-        _ => StoreError::Unavailable(format!("Redis error: {e}")),
+        _ => StoreError::unavailable("Redis answered with an error", e.clone()),
+    }
+}
+
+/// What to check when Redis refuses the credentials.
+const BAD_PASSWORD: &str =
+    "Redis refused the user name or password: check user:password in the URL";
+
+fn unauthorized(hint: &'static str, e: &redis::RedisError) -> StoreError {
+    StoreError::Unauthorized {
+        hint,
+        cause: std::sync::Arc::new(e.clone()),
     }
 }

@@ -85,9 +85,12 @@ impl FailureReports for RedisStore {
                     last_error,
                 }))
             }
-            other => Err(StoreError::Corrupt(format!(
-                "{key}: a failing partition's report with missing or unreadable fields: {other:?}"
-            ))),
+            other => Err(StoreError::corrupt(
+                key,
+                format!(
+                    "a failing partition's report with missing or unreadable fields: {other:?}"
+                ),
+            )),
         }
     }
 }

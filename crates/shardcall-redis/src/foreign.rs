@@ -50,15 +50,17 @@ impl RedisStore {
     /// `e` with the keys named, when it is about data of the wrong type in
     /// `group`'s slot (other errors come back unchanged).
     pub async fn explain(&self, group: &str, e: StoreError) -> StoreError {
-        let StoreError::Corrupt(what) = &e else {
+        let StoreError::Corrupt { what, detail } = &e else {
             return e;
         };
         match self.foreign_keys(group).await {
-            Ok(keys) if !keys.is_empty() => StoreError::Corrupt(format!(
-                "{} (another program's keys, or data of an incompatible version; \
-                 shardcall changes nothing until they are moved away): {what}",
-                keys.join("; ")
-            )),
+            Ok(keys) if !keys.is_empty() => StoreError::corrupt(
+                keys.join("; "),
+                format!(
+                    "another program's keys, or data of an incompatible version; \
+                     shardcall changes nothing until they are moved away ({what}: {detail})"
+                ),
+            ),
             _ => e,
         }
     }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use shardcall::{CoordinationStore, StoreError, StoreResult, TicketStore};
+use shardcall::{CoordinationStore, Refusal, StoreResult, TicketStore};
 
 use crate::error::map_error;
 use crate::store::RedisStore;
@@ -62,23 +62,40 @@ impl RedisStore {
             .map(|m| m.id.to_string())
             .collect();
         if !live.is_empty() {
-            return Err(StoreError::Refused(format!(
-                "group {group} has live members ({}): stop them first",
-                live.join(", ")
-            )));
+            return Err(Refusal::InUse {
+                group: group.to_owned(),
+                what: "live members",
+                names: live,
+            }
+            .into());
         }
         let tickets = self.ticket_view(group).await?;
         if !tickets.workers.is_empty() {
-            let names: Vec<&str> = tickets.workers.iter().map(|w| w.member.as_str()).collect();
-            return Err(StoreError::Refused(format!(
-                "group {group} has live ticket workers ({}): stop them first",
-                names.join(", ")
-            )));
+            let names = tickets
+                .workers
+                .iter()
+                .map(|w| w.member.to_string())
+                .collect();
+            return Err(Refusal::InUse {
+                group: group.to_owned(),
+                what: "ticket workers",
+                names,
+            }
+            .into());
         }
         if tickets.claimed.iter().any(|c| c.expires > now) {
-            return Err(StoreError::Refused(format!(
-                "group {group} has ticket claims running: stop its workers first"
-            )));
+            let names = tickets
+                .claimed
+                .iter()
+                .filter(|c| c.expires > now)
+                .map(|c| c.partition.to_string())
+                .collect();
+            return Err(Refusal::InUse {
+                group: group.to_owned(),
+                what: "ticket claims",
+                names,
+            }
+            .into());
         }
         let mut keys = self.scan(&format!("shardcall:{{{group}}}:*")).await?;
         keys.extend(self.scan(&format!("shardcall:{{{group}/*}}:*")).await?);

@@ -31,7 +31,7 @@ use redis::{AsyncCommands, Script};
 use shardcall::{Checkpoint, CoordinationStore, GroupPolicy, StoreError, StoreResult};
 use shardcall_core::{
     AuditEntry, Command, CoordinatorLease, Epoch, Fenced, GroupState, MemberId, MemberRecord,
-    Millis, PartitionId, Phase, QuarantinePolicy,
+    Millis, PartitionId, Phase, QuarantinePolicy, StateError,
 };
 
 use crate::codec::{self, TableEntry};
@@ -170,9 +170,10 @@ pub(crate) fn decode_checkpoint(
             state,
             epoch,
         })),
-        _ => Err(StoreError::Corrupt(format!(
-            "checkpoint of {partition} is missing fields"
-        ))),
+        _ => Err(StoreError::corrupt(
+            format!("the checkpoint of {partition}"),
+            "some of its fields (offset, state, epoch) are missing",
+        )),
     }
 }
 
@@ -726,8 +727,8 @@ impl CoordinationStore for RedisStore {
             ..GroupState::default()
         };
         if let Some(p) = policy {
-            state.policy = serde_json::from_str(&p)
-                .map_err(|e| StoreError::Corrupt(format!("group policy: {e}")))?;
+            state.policy =
+                serde_json::from_str(&p).map_err(|e| StoreError::corrupt("the group policy", e))?;
         }
         for (id, raw) in members {
             let rec: MemberRecord = codec::decode_member(&id, &raw)?;
@@ -742,8 +743,9 @@ impl CoordinationStore for RedisStore {
             (lock.get("holder"), lock.get("epoch"), lock.get("x"))
         {
             let num = |s: &str| {
-                s.parse::<u64>()
-                    .map_err(|_| StoreError::Corrupt(format!("coordinator lock field {s:?}")))
+                s.parse::<u64>().map_err(|_| {
+                    StoreError::corrupt("the coordinator lock", format!("{s:?} is not a number"))
+                })
             };
             state.coordinator = Some(CoordinatorLease {
                 holder: MemberId::new(holder),
@@ -752,8 +754,8 @@ impl CoordinationStore for RedisStore {
             });
         }
         for raw in audit {
-            let a: AuditEntry = serde_json::from_str(&raw)
-                .map_err(|e| StoreError::Corrupt(format!("audit entry: {e}")))?;
+            let a: AuditEntry =
+                serde_json::from_str(&raw).map_err(|e| StoreError::corrupt("an audit entry", e))?;
             state.audit.push(a);
         }
         Ok(state)
@@ -822,7 +824,8 @@ impl CoordinationStore for RedisStore {
                     .arg(expected_version)
                     .arg(encoded),
             )
-            .await?;
+            .await
+            .map_err(|e| e.for_version(expected_version))?;
         let (version, syncs) = codec::decode_apply_reply(&out)?;
         for s in syncs {
             self.sync_grant(
@@ -974,10 +977,12 @@ impl CoordinationStore for RedisStore {
             && let Some(e) = self.table_entry(group, partition).await?
             && matches!(e.phase(), Phase::Owned { .. } | Phase::Draining { .. })
         {
-            return Err(StoreError::Refused(format!(
-                "wrong phase: {partition} is {} (drain its owner first, or force)",
-                e.phase().name()
-            )));
+            return Err(StateError::WrongPhase {
+                partition: partition.clone(),
+                phase: e.phase().name().to_owned(),
+                wanted: shardcall_core::state::RESET_WANTS,
+            }
+            .into());
         }
         let prev: i64 = self
             .invoke(

@@ -68,7 +68,7 @@ fn with_pool_keys<'a>(script: &'a redis::Script, group: &str) -> redis::ScriptIn
 }
 
 fn corrupt(what: &str, v: &impl std::fmt::Debug) -> StoreError {
-    StoreError::Corrupt(format!("{what}: unexpected reply {v:?}"))
+    StoreError::corrupt(what, format!("unexpected reply {v:?}"))
 }
 
 impl RedisStore {
@@ -297,7 +297,7 @@ impl TicketStore for RedisStore {
                 x: u64,
             }
             let r: Raw = serde_json::from_str(&raw)
-                .map_err(|e| StoreError::Corrupt(format!("ticket claim {raw:?}: {e}")))?;
+                .map_err(|e| StoreError::corrupt("a ticket claim", format!("{raw:?}: {e}")))?;
             view.claimed.push(TicketClaim {
                 partition: parse_partition_field(&field)?,
                 holder: MemberId::new(r.h),
@@ -308,7 +308,7 @@ impl TicketStore for RedisStore {
         view.claimed.sort_by(|a, b| a.partition.cmp(&b.partition));
         for (member, raw) in workers {
             let w: TicketWorkerInfo = serde_json::from_str(&raw).map_err(|e| {
-                StoreError::Corrupt(format!("ticket worker {member:?}: {raw:?}: {e}"))
+                StoreError::corrupt(format!("ticket worker {member:?}"), format!("{raw:?}: {e}"))
             })?;
             if w.expires > now {
                 view.workers.push(w);
@@ -324,8 +324,9 @@ impl TicketStore for RedisStore {
         worker: &TicketWorkerInfo,
         ttl: Duration,
     ) -> StoreResult<()> {
-        let record = serde_json::to_string(worker)
-            .map_err(|e| StoreError::Corrupt(format!("encoding a ticket worker: {e}")))?;
+        let record = serde_json::to_string(worker).map_err(|e| {
+            StoreError::corrupt("a ticket worker's record", format!("cannot encode it: {e}"))
+        })?;
         let mut call = self.scripts.ticket_announce.prepare_invoke();
         call.key(ticket_keys(group).workers)
             .arg(worker.member.as_str())

@@ -72,7 +72,7 @@ async fn wrong_password_is_a_clear_error() {
         asked.elapsed()
     );
     assert!(
-        matches!(err, shardcall::StoreError::Unauthorized(_)),
+        matches!(err, shardcall::StoreError::Unauthorized { .. }),
         "{err:?}"
     );
     let text = err.to_string();

@@ -37,7 +37,7 @@ async fn unreachable_server_is_a_clear_error() {
         asked.elapsed()
     );
     assert!(
-        matches!(err, shardcall::StoreError::Unavailable(_)),
+        matches!(err, shardcall::StoreError::Unavailable { .. }),
         "{err:?}"
     );
     assert!(!err.is_fenced());

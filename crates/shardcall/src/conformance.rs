@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use shardcall_core::{Command, Fenced, MemberId, PartitionId, Phase, QuarantinePolicy};
+use shardcall_core::{Command, Fenced, MemberId, PartitionId, Phase, QuarantinePolicy, StateError};
 
-use crate::store::{Checkpoint, CoordinationStore, StoreError};
+use crate::store::{Checkpoint, CoordinationStore, Refusal, StoreError};
 
 const TTL: Duration = Duration::from_millis(400);
 const LONG: Duration = Duration::from_secs(30);
@@ -225,12 +225,17 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
         epoch: epochs[0],
     };
     store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
-    assert!(matches!(
-        store
-            .reset_offset(group, &p(0), 10, false, false, "ops")
-            .await,
-        Err(StoreError::Refused(_))
-    ));
+    match store
+        .reset_offset(group, &p(0), 10, false, false, "ops")
+        .await
+    {
+        Err(StoreError::Refused(Refusal::State(StateError::WrongPhase {
+            partition,
+            phase,
+            ..
+        }))) => assert_eq!((partition, phase.as_str()), (p(0), "owned")),
+        other => panic!("a reset of an owned partition must be refused, got {other:?}"),
+    }
     assert_eq!(
         store
             .load_checkpoint(group, &p(0))
@@ -376,10 +381,12 @@ pub async fn leases<S: CoordinationStore>(store: &S, group: &str) {
         expires > now && expires <= now + 400 + 50,
         "lease end {expires} vs now {now}"
     );
-    assert!(matches!(
-        store.join(group, &a, 1, "host-a", TTL).await,
-        Err(StoreError::Refused(_))
-    ));
+    match store.join(group, &a, 1, "host-a", TTL).await {
+        Err(StoreError::Refused(Refusal::State(StateError::MemberExists(id)))) => {
+            assert_eq!(id, a)
+        }
+        other => panic!("a second join under one id must be refused, got {other:?}"),
+    }
     store.renew(group, &a, TTL).await.unwrap();
     tokio::time::sleep(TTL + Duration::from_millis(150)).await;
     match store.renew(group, &a, TTL).await {
@@ -466,7 +473,9 @@ pub async fn apply_is_atomic_and_versioned<S: CoordinationStore>(store: &S, grou
     ];
     assert!(matches!(
         store.apply(group, lease.epoch, before.version, &bad).await,
-        Err(StoreError::Refused(_))
+        Err(StoreError::Refused(Refusal::State(
+            StateError::InvalidCommand { index: 1, .. }
+        )))
     ));
     let after = store.load_group(group).await.unwrap();
     assert_eq!(after.version, before.version);
@@ -480,10 +489,13 @@ pub async fn apply_is_atomic_and_versioned<S: CoordinationStore>(store: &S, grou
         .await
         .unwrap();
     assert!(v > before.version);
-    assert!(matches!(
-        store.apply(group, lease.epoch, before.version, &good).await,
-        Err(StoreError::Conflict(_))
-    ));
+    // Every store says which versions disagreed.
+    match store.apply(group, lease.epoch, before.version, &good).await {
+        Err(StoreError::Conflict { expected, actual }) => {
+            assert_eq!((expected, actual), (before.version, v));
+        }
+        other => panic!("a stale version must conflict, got {other:?}"),
+    }
 }
 
 /// Only the live holder under the current epoch may checkpoint.

@@ -39,6 +39,7 @@ mod running;
 mod source;
 mod spooled;
 mod store;
+mod store_error;
 pub mod telemetry;
 mod ticket_config;
 mod ticket_store;
@@ -60,7 +61,10 @@ pub use partition::TaskEnd;
 pub use running::RunningWorker;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
-pub use store::{Checkpoint, CoordinationStore, Disposition, GroupPolicy, StoreError, StoreResult};
+pub use store::{
+    Cause, Checkpoint, CoordinationStore, Disposition, GroupPolicy, Refusal, StoreError,
+    StoreResult,
+};
 pub use ticket_config::{TicketConfig, TicketConfigError};
 pub use ticket_store::{ClaimAttempt, TicketStore, TicketView, TicketWorkerInfo, claim_with_wait};
 pub use ticket_worker::{TicketStats, TicketWorker, TicketWorkerHandle};

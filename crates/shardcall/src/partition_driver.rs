@@ -643,7 +643,10 @@ mod tests {
                 return Ok(());
             }
             self.failures_left -= 1;
-            Err(StoreError::Unavailable("redis restarting".into()))
+            Err(StoreError::unavailable(
+                "cannot reach Redis",
+                std::io::Error::other("redis restarting"),
+            ))
         }
         async fn backup_done(&mut self) {}
         async fn give_back(&mut self, _delay: Duration) {}

@@ -9,9 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::failures::FailureReports;
+pub use crate::store_error::{Cause, Disposition, Refusal, StoreError};
 use shardcall_core::{
-    Command, CoordinatorLease, Epoch, Fenced, GroupState, MemberId, Millis, PartitionId, Phase,
-    QuarantinePolicy, StateError,
+    Command, CoordinatorLease, Epoch, GroupState, MemberId, Millis, PartitionId, Phase,
+    QuarantinePolicy,
 };
 
 /// A partition's checkpoint: where to resume and the application's state,
@@ -37,92 +38,6 @@ pub struct GroupPolicy {
     pub set_by: String,
     /// When, on the store's clock (0: before this was recorded).
     pub set_at: Millis,
-}
-
-/// Why a store call failed. [`StoreError::disposition`] is the one place
-/// that says what the caller does about each kind.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// The caller is fenced out: stop what depends on the grant. Never retry.
-    #[error("fenced: {0}")]
-    Fenced(#[from] Fenced),
-    /// The group changed since the state the request was based on; read again.
-    #[error("conflict: {0}")]
-    Conflict(String),
-    /// The request does not fit the group's state.
-    #[error("refused: {0}")]
-    Refused(String),
-    /// The store cannot be reached or answered with an error; retry with backoff.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// The store holds data this version cannot read (another program's
-    /// key, another type, unparsable contents); nothing was changed. Not an
-    /// outage: retrying cannot mend it.
-    #[error("unexpected data in the store: {0}")]
-    Corrupt(String),
-    /// The store refused the credentials, or the user may not run a command
-    /// or touch a key (an ACL). At start that is a configuration error;
-    /// during a run it is handled like losing the store.
-    #[error("the store refused access: {0}")]
-    Unauthorized(String),
-}
-
-/// What a caller does about a [`StoreError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Disposition {
-    /// Try again later, with backoff (the work it guards stops when its
-    /// lease runs short).
-    Retry,
-    /// Stop what depends on the grant or claim, at once; never retry it.
-    Fenced,
-    /// Stop and say why: retrying cannot mend it.
-    Fatal,
-}
-
-impl StoreError {
-    /// What the caller does about this error, during a run. (At start, a
-    /// worker also treats [`StoreError::Unauthorized`] as fatal: a wrong
-    /// password does not mend itself.)
-    pub fn disposition(&self) -> Disposition {
-        match self {
-            Self::Fenced(_) => Disposition::Fenced,
-            Self::Corrupt(_) => Disposition::Fatal,
-            Self::Conflict(_) | Self::Refused(_) | Self::Unavailable(_) | Self::Unauthorized(_) => {
-                Disposition::Retry
-            }
-        }
-    }
-
-    /// The error with a refused holder named as the grant the call was
-    /// about (`member`, `partition`, `epoch`): a store that learns only
-    /// "not the holder" from its server fills in which grant it was.
-    /// Other errors come back unchanged.
-    pub fn for_grant(self, member: &MemberId, partition: &PartitionId, epoch: Epoch) -> Self {
-        match self {
-            Self::Fenced(Fenced::NotHolder { .. }) => Self::Fenced(Fenced::NotHolder {
-                member: member.clone(),
-                partition: partition.clone(),
-                epoch,
-            }),
-            other => other,
-        }
-    }
-
-    /// Whether the caller must stop (as opposed to retrying later).
-    pub fn is_fenced(&self) -> bool {
-        self.disposition() == Disposition::Fenced
-    }
-}
-
-impl From<StateError> for StoreError {
-    fn from(e: StateError) -> Self {
-        match e {
-            StateError::Fenced(f) => Self::Fenced(f),
-            StateError::Conflict { .. } => Self::Conflict(e.to_string()),
-            other => Self::Refused(other.to_string()),
-        }
-    }
 }
 
 /// Result of a store call.

@@ -23,7 +23,7 @@ use crate::handler::{BatchObserver, HandlerFactory, PartitionContext};
 use crate::lease::LocalLease;
 use crate::partition_driver::{Drive, GrantPort, Kept, drive};
 use crate::source::Source;
-use crate::store::{Checkpoint, StoreError};
+use crate::store::{Checkpoint, Disposition, StoreError};
 use crate::ticket_config::TicketConfig;
 use crate::ticket_store::{TicketStore, TicketWorkerInfo};
 use crate::worker::{AbortOnDrop, incarnation_id, task_outcome};
@@ -279,7 +279,7 @@ async fn slot<S: TicketStore, Src: Source, F: HandlerFactory>(
                 serve(&shared, claim, sent, &stop).instrument(span).await?;
             }
             Ok(None) => {}
-            Err(StoreError::Corrupt(e)) => return Err(StoreError::Corrupt(e).into()),
+            Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
             Err(e) => {
                 tracing::warn!(error = %e, "claiming a ticket; retrying");
                 tokio::time::sleep(RETRY).await;
