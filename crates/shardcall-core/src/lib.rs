@@ -21,6 +21,7 @@
 //! - [`retry`]: pauses between attempts of a failing call.
 
 pub mod assign;
+pub mod backup_plan;
 pub mod bisect;
 pub mod config;
 pub mod coordinator;

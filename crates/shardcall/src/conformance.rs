@@ -62,6 +62,7 @@ macro_rules! __run_checks {
 /// ```ignore
 /// shardcall::conformance_tests!(store: async { ((), MemoryStore::default()) });
 /// shardcall::conformance_tests!(tickets: async { ((), MemoryStore::default()) });
+/// shardcall::conformance_tests!(backup: async { ((), MemoryBackupStore::new()) });
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
@@ -70,6 +71,9 @@ macro_rules! conformance_tests {
     };
     (tickets: $make:expr) => {
         $crate::__ticket_checks!(__check_tests!(conformance_tickets, $make));
+    };
+    (backup: $make:expr) => {
+        $crate::__backup_checks!(__check_tests!(conformance_backup, $make));
     };
 }
 

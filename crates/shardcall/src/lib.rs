@@ -13,10 +13,14 @@
 //! Decisions come from the pure `shardcall-core`; this crate only performs
 //! them: heartbeats, the coordinator's tick, partition tasks, fencing.
 
+mod backup_dir;
+mod backup_store;
 pub mod clock;
 mod config;
 #[cfg(feature = "testkit")]
 pub mod conformance;
+#[cfg(feature = "testkit")]
+pub mod conformance_backup;
 #[cfg(feature = "testkit")]
 pub mod conformance_tickets;
 mod dead_letters;
@@ -36,6 +40,7 @@ pub mod oracle;
 mod partition;
 mod partition_driver;
 mod running;
+pub mod snapshot;
 mod source;
 mod spooled;
 mod store;
@@ -46,6 +51,8 @@ mod ticket_store;
 mod ticket_worker;
 mod worker;
 
+pub use backup_dir::DirBackupStore;
+pub use backup_store::{BackupError, BackupResult, BackupStore, MemoryBackupStore};
 pub use config::{BatchConfig, WorkerConfig, WorkerConfigError};
 pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use either_handler::{EitherFactory, EitherHandler};

@@ -12,3 +12,17 @@ mod tickets {
     use super::*;
     shardcall::conformance_tests!(tickets: async { ((), MemoryStore::default()) });
 }
+
+mod backup_in_memory {
+    use shardcall::MemoryBackupStore;
+    shardcall::conformance_tests!(backup: async { ((), MemoryBackupStore::new()) });
+}
+
+mod backup_in_a_directory {
+    use shardcall::DirBackupStore;
+    shardcall::conformance_tests!(backup: async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirBackupStore::new(dir.path().join("backups")).unwrap();
+        (dir, store)
+    });
+}

@@ -1,0 +1,475 @@
+//! Incremental snapshots of a state directory to a [`BackupStore`], and
+//! restores from them.
+//!
+//! Files are cut into chunks of [`CHUNK_BYTES`], each addressed by its
+//! SHA-256; a snapshot uploads only the chunks the store does not hold, so
+//! the immutable files of an LSM store, or the unchanged pages of a B-tree,
+//! cost nothing the second time. A restore takes every chunk it can from
+//! the files already in the directory and downloads only the rest, and
+//! checks each chunk against its address: a damaged or missing chunk is an
+//! error naming it, never a silently different state.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use shardcall_core::Epoch;
+use shardcall_core::backup_plan::{ChunkRef, FileEntry, Manifest, manifest_name};
+
+use crate::backup_store::{BackupError, BackupStore};
+
+/// The most bytes of one chunk.
+pub const CHUNK_BYTES: usize = 4 << 20;
+
+/// Why a snapshot or a restore failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// The backup store failed, or holds a damaged or missing chunk.
+    #[error(transparent)]
+    Backup(#[from] BackupError),
+    /// A local file could not be read or written.
+    #[error("{path}: {cause}")]
+    Local {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        cause: std::io::Error,
+    },
+}
+
+fn local(path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotError + '_ {
+    move |cause| SnapshotError::Local {
+        path: path.to_owned(),
+        cause,
+    }
+}
+
+/// What a snapshot did.
+#[derive(Debug, Clone)]
+pub struct SnapshotReport {
+    /// The manifest's name in the store.
+    pub name: String,
+    /// The manifest.
+    pub manifest: Manifest,
+    /// Chunks uploaded (the others were already there).
+    pub uploaded_chunks: usize,
+    /// Bytes uploaded.
+    pub uploaded_bytes: u64,
+}
+
+/// What a restore did.
+#[derive(Debug, Clone)]
+pub struct RestoreReport {
+    /// The manifest restored.
+    pub name: String,
+    /// Its contents (the caller replays the log from `manifest.offset`).
+    pub manifest: Manifest,
+    /// Bytes downloaded (the rest came from the files already there).
+    pub downloaded_bytes: u64,
+    /// Manifests tried first and passed over because a chunk of theirs
+    /// was missing or damaged, newest first, with why.
+    pub passed_over: Vec<(String, String)>,
+}
+
+/// The hex SHA-256 of `bytes`: a chunk's address.
+pub fn chunk_id(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Every regular file below `dir`, as `/`-separated relative paths, sorted.
+fn files_below(dir: &Path) -> std::io::Result<Vec<String>> {
+    fn walk(root: &Path, at: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(at)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let path = entry.path();
+            if kind.is_dir() {
+                walk(root, &path, out)?;
+            } else if kind.is_file() {
+                let rel = path.strip_prefix(root).expect("below the root");
+                let parts: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                out.push(parts.join("/"));
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    match walk(dir, dir, &mut out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        other => other?,
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads `file` chunk by chunk, giving each chunk's bytes to `each`.
+fn for_each_chunk(
+    path: &Path,
+    mut each: impl FnMut(Bytes) -> Result<(), SnapshotError>,
+) -> Result<(), SnapshotError> {
+    let mut file = std::fs::File::open(path).map_err(local(path))?;
+    loop {
+        let mut buf = Vec::with_capacity(CHUNK_BYTES);
+        (&mut file)
+            .take(CHUNK_BYTES as u64)
+            .read_to_end(&mut buf)
+            .map_err(local(path))?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        each(Bytes::from(buf))?;
+    }
+}
+
+/// Snapshots `dir` (which must not change meanwhile: the runtime takes
+/// snapshots between batches) as the state at `offset` under `epoch`:
+/// uploads the chunks the store lacks, then writes the manifest, so a
+/// manifest never names a chunk that is not stored.
+pub async fn snapshot(
+    store: &dyn BackupStore,
+    scope: &str,
+    dir: &Path,
+    epoch: Epoch,
+    offset: u64,
+) -> Result<SnapshotReport, SnapshotError> {
+    let mut stored = store.chunk_ids(scope).await?;
+    let mut files = Vec::new();
+    let (mut uploaded_chunks, mut uploaded_bytes) = (0, 0);
+    for path in files_below(dir).map_err(local(dir))? {
+        let full = dir.join(&path);
+        let mut chunks = Vec::new();
+        let mut pending = Vec::new();
+        // Hashing is CPU work: off the async threads, a file at a time.
+        let read = {
+            let full = full.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut out = Vec::new();
+                for_each_chunk(&full, |bytes| {
+                    out.push((chunk_id(&bytes), bytes));
+                    Ok(())
+                })
+                .map(|()| out)
+            })
+        };
+        let hashed = read.await.map_err(|e| SnapshotError::Local {
+            path: full.clone(),
+            cause: std::io::Error::other(e),
+        })??;
+        for (id, bytes) in hashed {
+            chunks.push(ChunkRef {
+                id: id.clone(),
+                len: bytes.len() as u64,
+            });
+            if stored.insert(id.clone()) {
+                pending.push((id, bytes));
+            }
+        }
+        for (id, bytes) in pending {
+            uploaded_bytes += bytes.len() as u64;
+            uploaded_chunks += 1;
+            store.put_chunk(scope, &id, bytes).await?;
+        }
+        files.push(FileEntry { path, chunks });
+    }
+    let manifest = Manifest::new(epoch, offset, files);
+    let name = manifest_name(epoch, offset);
+    store.put_manifest(scope, &name, &manifest).await?;
+    Ok(SnapshotReport {
+        name,
+        manifest,
+        uploaded_chunks,
+        uploaded_bytes,
+    })
+}
+
+/// Where each chunk of the files already in a directory is: `id → (file,
+/// start)`.
+fn local_chunks(dir: &Path) -> Result<BTreeMap<String, (PathBuf, u64)>, SnapshotError> {
+    let mut out = BTreeMap::new();
+    for path in files_below(dir).map_err(local(dir))? {
+        let full = dir.join(&path);
+        let mut at = 0;
+        for_each_chunk(&full, |bytes| {
+            out.entry(chunk_id(&bytes)).or_insert((full.clone(), at));
+            at += bytes.len() as u64;
+            Ok(())
+        })?;
+    }
+    Ok(out)
+}
+
+fn read_at(path: &Path, start: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::open(path)?;
+    file.seek(SeekFrom::Start(start))?;
+    let mut buf = vec![0; len as usize];
+    file.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// Restores the manifest `name` into `dir`: every chunk is taken from the
+/// files already there when one has it, else downloaded, and checked
+/// against its address either way. The new state is built beside `dir`
+/// and swapped in whole, so a failed restore leaves `dir` as it was.
+pub async fn restore(
+    store: &dyn BackupStore,
+    scope: &str,
+    name: &str,
+    dir: &Path,
+) -> Result<RestoreReport, SnapshotError> {
+    let manifest = store.get_manifest(scope, name).await?;
+    let have = {
+        let dir = dir.to_owned();
+        tokio::task::spawn_blocking(move || local_chunks(&dir))
+            .await
+            .map_err(|e| SnapshotError::Local {
+                path: PathBuf::new(),
+                cause: std::io::Error::other(e),
+            })??
+    };
+    let building = dir.with_extension("restoring");
+    let _ = std::fs::remove_dir_all(&building);
+    std::fs::create_dir_all(&building).map_err(local(&building))?;
+    let built = build(store, scope, name, &manifest, &have, &building).await;
+    let downloaded_bytes = match built {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&building);
+            return Err(e);
+        }
+    };
+    let old = dir.with_extension("replaced");
+    let _ = std::fs::remove_dir_all(&old);
+    if dir.exists() {
+        std::fs::rename(dir, &old).map_err(local(dir))?;
+    }
+    std::fs::rename(&building, dir).map_err(local(dir))?;
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(RestoreReport {
+        name: name.to_owned(),
+        manifest,
+        downloaded_bytes,
+        passed_over: Vec::new(),
+    })
+}
+
+/// Writes `manifest`'s files into `building`, each chunk from `have` when
+/// a local file holds it, else from the store; gives the bytes downloaded.
+async fn build(
+    store: &dyn BackupStore,
+    scope: &str,
+    name: &str,
+    manifest: &Manifest,
+    have: &BTreeMap<String, (PathBuf, u64)>,
+    building: &Path,
+) -> Result<u64, SnapshotError> {
+    let mut downloaded_bytes = 0;
+    for file in &manifest.files {
+        let path = building.join(&file.path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(local(parent))?;
+        }
+        let mut out = std::fs::File::create(&path).map_err(local(&path))?;
+        for c in &file.chunks {
+            let local_bytes = have
+                .get(&c.id)
+                .and_then(|(p, start)| read_at(p, *start, c.len).ok())
+                .filter(|b| chunk_id(b) == c.id);
+            let bytes = match local_bytes {
+                Some(b) => Bytes::from(b),
+                None => {
+                    let b = store.get_chunk(scope, &c.id).await?;
+                    if b.len() as u64 != c.len || chunk_id(&b) != c.id {
+                        return Err(BackupError::Corrupt {
+                            what: "chunk",
+                            scope: scope.to_owned(),
+                            name: c.id.clone(),
+                            detail: format!(
+                                "{} bytes that do not hash to its address (manifest {name}, file {})",
+                                b.len(),
+                                file.path
+                            ),
+                        }
+                        .into());
+                    }
+                    downloaded_bytes += b.len() as u64;
+                    b
+                }
+            };
+            std::io::Write::write_all(&mut out, &bytes).map_err(local(&path))?;
+        }
+        out.sync_data().map_err(local(&path))?;
+    }
+    Ok(downloaded_bytes)
+}
+
+/// Restores the newest manifest of `scope` that restores whole, passing
+/// over one whose chunk is missing or damaged for the one before it (the
+/// caller then replays more of the log, from the older offset). `None`
+/// when the scope has no manifest at all; an error when every manifest
+/// fails, naming the newest one's failure, or when the store or the local
+/// disk fails (a retry may succeed; an older state must not be taken for
+/// that).
+pub async fn restore_latest(
+    store: &dyn BackupStore,
+    scope: &str,
+    dir: &Path,
+) -> Result<Option<RestoreReport>, SnapshotError> {
+    let names = store.manifest_names(scope).await?;
+    let mut passed_over = Vec::new();
+    let mut first_failure = None;
+    for name in names.iter().rev() {
+        match restore(store, scope, name, dir).await {
+            Ok(mut report) => {
+                report.passed_over = passed_over;
+                return Ok(Some(report));
+            }
+            Err(SnapshotError::Backup(
+                e @ (BackupError::Missing { .. } | BackupError::Corrupt { .. }),
+            )) => {
+                passed_over.push((name.clone(), e.to_string()));
+                first_failure.get_or_insert(e);
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    match first_failure {
+        Some(e) => Err(e.into()),
+        None => Ok(None),
+    }
+}
+
+/// The ids of the chunks a directory's files consist of (what a restore
+/// into it would not download).
+pub fn chunks_in(dir: &Path) -> Result<BTreeSet<String>, SnapshotError> {
+    Ok(local_chunks(dir)?.into_keys().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backup_store::MemoryBackupStore;
+
+    fn write(dir: &Path, path: &str, bytes: &[u8]) {
+        let p = dir.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+
+    fn read_all(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+        files_below(dir)
+            .unwrap()
+            .into_iter()
+            .map(|p| {
+                let bytes = std::fs::read(dir.join(&p)).unwrap();
+                (p, bytes)
+            })
+            .collect()
+    }
+
+    /// Bytes that differ chunk by chunk (so equal chunks are equal on purpose).
+    fn pattern(seed: u8, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| {
+                seed.wrapping_add((i / CHUNK_BYTES) as u8 * 31)
+                    .wrapping_add((i % 251) as u8)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_second_snapshot_uploads_only_what_changed() {
+        let store = MemoryBackupStore::new();
+        let state = tempfile::tempdir().unwrap();
+        write(state.path(), "sst/1.sst", &pattern(1, 3 * CHUNK_BYTES));
+        write(state.path(), "CURRENT", b"1");
+        let first = snapshot(&store, "g/t/0", state.path(), 1, 100)
+            .await
+            .unwrap();
+        assert_eq!(first.uploaded_bytes, 3 * CHUNK_BYTES as u64 + 1);
+        // One new immutable file, one changed small file.
+        write(state.path(), "sst/2.sst", &pattern(9, CHUNK_BYTES / 2));
+        write(state.path(), "CURRENT", b"2");
+        let second = snapshot(&store, "g/t/0", state.path(), 1, 200)
+            .await
+            .unwrap();
+        assert_eq!(second.uploaded_bytes, CHUNK_BYTES as u64 / 2 + 1);
+        assert_eq!(second.uploaded_chunks, 2);
+        assert_eq!(
+            second.manifest.state_bytes(),
+            3 * CHUNK_BYTES as u64 + CHUNK_BYTES as u64 / 2 + 1
+        );
+    }
+
+    #[tokio::test]
+    async fn a_restore_rebuilds_the_files_and_reuses_the_ones_it_has() {
+        let store = MemoryBackupStore::new();
+        let state = tempfile::tempdir().unwrap();
+        write(state.path(), "a/b/data", &pattern(3, CHUNK_BYTES + 10));
+        write(state.path(), "meta", b"m");
+        let report = snapshot(&store, "s", state.path(), 2, 50).await.unwrap();
+        let target = tempfile::tempdir().unwrap();
+        let dir = target.path().join("state");
+        let restored = restore(&store, "s", &report.name, &dir).await.unwrap();
+        assert_eq!(read_all(&dir), read_all(state.path()));
+        assert_eq!(restored.downloaded_bytes, CHUNK_BYTES as u64 + 11);
+        assert_eq!(restored.manifest.offset, 50);
+        // Again into the same directory: every chunk is already there.
+        let again = restore(&store, "s", &report.name, &dir).await.unwrap();
+        assert_eq!(
+            again.downloaded_bytes, 0,
+            "current local files: nothing downloaded"
+        );
+        assert_eq!(read_all(&dir), read_all(state.path()));
+    }
+
+    #[tokio::test]
+    async fn a_damaged_chunk_is_named_and_the_older_snapshot_restored() {
+        let store = MemoryBackupStore::new();
+        let state = tempfile::tempdir().unwrap();
+        write(state.path(), "data", b"old state");
+        snapshot(&store, "s", state.path(), 1, 10).await.unwrap();
+        write(state.path(), "data", b"new state");
+        let newer = snapshot(&store, "s", state.path(), 1, 20).await.unwrap();
+        let damaged = &newer.manifest.files[0].chunks[0].id;
+        store.overwrite_chunk("s", damaged, Bytes::from_static(b"bit rot"));
+        let target = tempfile::tempdir().unwrap();
+        let dir = target.path().join("state");
+        let err = restore(&store, "s", &newer.name, &dir).await.unwrap_err();
+        assert!(err.to_string().contains(damaged.as_str()), "{err}");
+        assert!(!dir.exists(), "a failed restore leaves nothing behind");
+        assert!(!dir.with_extension("restoring").exists());
+        let fallback = restore_latest(&store, "s", &dir).await.unwrap().unwrap();
+        assert_eq!(
+            fallback.manifest.offset, 10,
+            "the older snapshot, replayed from 10"
+        );
+        assert_eq!(std::fs::read(dir.join("data")).unwrap(), b"old state");
+        assert_eq!(fallback.passed_over.len(), 1);
+        // When no snapshot restores whole, the newest one's damage is the error.
+        let only = MemoryBackupStore::new();
+        let one = snapshot(&only, "s", state.path(), 1, 5).await.unwrap();
+        only.overwrite_chunk("s", &one.manifest.files[0].chunks[0].id, Bytes::new());
+        assert!(matches!(
+            restore_latest(&only, "s", &dir).await,
+            Err(SnapshotError::Backup(BackupError::Corrupt { .. }))
+        ));
+        assert!(
+            restore_latest(&MemoryBackupStore::new(), "s", &dir)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+}
