@@ -45,6 +45,13 @@ if ! command -v tansu >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/tansu" ]; then
   say "installing the tansu broker (cached in ~/.cargo/bin; slow the first time)"
   cargo install --locked tansu --features dynostore
 fi
+# s3s-fs, an S3-compatible server that keeps objects in a folder, for the
+# S3 backup store's tests (they start their own on free ports).
+if ! command -v s3s-fs >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/s3s-fs" ]; then
+  say "installing the s3s-fs server (cached in ~/.cargo/bin)"
+  # Pinned: later releases need a newer rustc than this machine has.
+  cargo install --locked s3s-fs --version 0.14.1 --features binary
+fi
 # The independent Kafka client (kafka-python, from PyPI), in a virtualenv
 # cached outside the repository.
 venv="$HOME/.cache/shardcall/kafka-venv"

@@ -279,7 +279,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 async fn preflight(client: &redis::Client) -> StoreResult<()> {
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(CONNECT_TIMEOUT));
+        .set_response_timeout(Some(RESPONSE_TIMEOUT));
     let mut c = client
         .get_multiplexed_async_connection_with_config(&config)
         .await
@@ -291,9 +291,18 @@ async fn preflight(client: &redis::Client) -> StoreResult<()> {
     Ok(())
 }
 
+/// How long one command may wait for its answer. The client's default
+/// (half a second) failed calls of a healthy server on a busy two-core
+/// machine — a checkpoint, an operator's `status` — as "timed out". Leases
+/// do not depend on it: a member counts its lease from the renewal's send,
+/// so a slow answer only costs liveness, never safety.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The reconnecting manager: each attempt bounded, as the first one was.
 fn manager_config() -> redis::aio::ConnectionManagerConfig {
-    redis::aio::ConnectionManagerConfig::new().set_connection_timeout(Some(CONNECT_TIMEOUT))
+    redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
 }
 
 impl RedisStore {
@@ -340,6 +349,7 @@ impl RedisStore {
         preflight(&redis::Client::open(first.as_str()).map_err(|e| map_error(&e))?).await?;
         let client = redis::cluster::ClusterClient::builder(nodes.to_vec())
             .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT)
             .build()
             .map_err(|e| map_error(&e))?;
         let conn = client
