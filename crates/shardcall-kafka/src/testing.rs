@@ -31,20 +31,7 @@ pub enum BrokerError {
 
 /// Where the tansu binary is: `$TANSU`, then `PATH`, then `~/.cargo/bin`.
 pub fn tansu_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("TANSU").map(PathBuf::from)
-        && p.is_file()
-    {
-        return Some(p);
-    }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("tansu"))
-            .find(|p| p.is_file())
-    });
-    on_path.or_else(|| {
-        let p = PathBuf::from(std::env::var_os("HOME")?).join(".cargo/bin/tansu");
-        p.is_file().then_some(p)
-    })
+    shardcall::test_binaries::installed_binary("TANSU", "tansu")
 }
 
 fn free_port() -> u16 {

@@ -23,20 +23,7 @@ pub enum ServerError {
 
 /// Where the s3s-fs binary is: `$S3S_FS`, then `PATH`, then `~/.cargo/bin`.
 pub fn s3s_fs_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("S3S_FS").map(PathBuf::from)
-        && p.is_file()
-    {
-        return Some(p);
-    }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("s3s-fs"))
-            .find(|p| p.is_file())
-    });
-    on_path.or_else(|| {
-        let p = PathBuf::from(std::env::var_os("HOME")?).join(".cargo/bin/s3s-fs");
-        p.is_file().then_some(p)
-    })
+    shardcall::test_binaries::installed_binary("S3S_FS", "s3s-fs")
 }
 
 /// The bucket every test server has.

@@ -46,6 +46,8 @@ mod spooled;
 mod store;
 mod store_error;
 pub mod telemetry;
+#[cfg(feature = "testkit")]
+pub mod test_binaries;
 mod ticket_config;
 mod ticket_store;
 mod ticket_worker;
