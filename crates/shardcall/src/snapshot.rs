@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use shardcall_core::Epoch;
-use shardcall_core::backup_plan::{ChunkRef, FileEntry, Manifest, manifest_name};
+use shardcall_core::backup_plan::{self, ChunkRef, Collection, FileEntry, Manifest, manifest_name};
 
 use crate::backup_store::{BackupError, BackupStore};
 
@@ -350,6 +350,36 @@ pub async fn restore_latest(
     }
 }
 
+/// Deletes the manifests of `scope` older than its newest `keep` and the
+/// chunks only they named ([`backup_plan::collect`]); manifests first, so a
+/// failure half-way leaves chunks no manifest names (collected next time),
+/// never a manifest without its chunks. Only the partition's current owner
+/// collects, between its own snapshots.
+pub async fn collect(
+    store: &dyn BackupStore,
+    scope: &str,
+    keep: usize,
+) -> Result<Collection, SnapshotError> {
+    let mut manifests = Vec::new();
+    for name in store.manifest_names(scope).await? {
+        match store.get_manifest(scope, &name).await {
+            Ok(m) => manifests.push((name, m)),
+            // A damaged manifest cannot say which chunks it names: keep
+            // every chunk, and the manifest for an operator to look at.
+            Err(BackupError::Corrupt { .. }) => return Ok(Collection::default()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let collection = backup_plan::collect(&manifests, keep);
+    for name in &collection.manifests {
+        store.delete_manifest(scope, name).await?;
+    }
+    for id in &collection.chunks {
+        store.delete_chunk(scope, id).await?;
+    }
+    Ok(collection)
+}
+
 /// The ids of the chunks a directory's files consist of (what a restore
 /// into it would not download).
 pub fn chunks_in(dir: &Path) -> Result<BTreeSet<String>, SnapshotError> {
@@ -471,5 +501,32 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    #[tokio::test]
+    async fn collection_keeps_the_newest_snapshots_restorable() {
+        let store = MemoryBackupStore::new();
+        let state = tempfile::tempdir().unwrap();
+        for (offset, text) in [(10, "one"), (20, "two"), (30, "three")] {
+            write(state.path(), "data", text.as_bytes());
+            write(state.path(), "same", b"unchanged");
+            snapshot(&store, "s", state.path(), 1, offset)
+                .await
+                .unwrap();
+        }
+        let gone = collect(&store, "s", 2).await.unwrap();
+        assert_eq!(gone.manifests, vec![manifest_name(1, 10)]);
+        assert_eq!(
+            gone.chunks,
+            vec![chunk_id(b"one")],
+            "the shared chunk stays"
+        );
+        assert_eq!(store.manifest_names("s").await.unwrap().len(), 2);
+        let target = tempfile::tempdir().unwrap();
+        let dir = target.path().join("state");
+        for name in store.manifest_names("s").await.unwrap() {
+            restore(&store, "s", &name, &dir).await.unwrap();
+        }
+        assert_eq!(std::fs::read(dir.join("same")).unwrap(), b"unchanged");
     }
 }
