@@ -34,10 +34,15 @@ const MARGIN: Millis = 100;
 const PARTITIONS: u32 = 6;
 const SLOTS: u32 = 2;
 
-fn rules(history: shardcall_core::TicketHistory) -> PartitionRules {
+/// Time budgets a seed may serve under: short ones give tickets back long
+/// before the lease needs renewing; the longest keeps a slot past half the
+/// lease, so its claim is renewed (and, with a pause, fenced).
+const BUDGETS: [Millis; 3] = [40, 150, 280];
+
+fn rules(history: shardcall_core::TicketHistory, budget: Millis) -> PartitionRules {
     PartitionRules {
         grant: Grant::Ticket(TicketRules {
-            budget: Duration::from_millis(40),
+            budget: Duration::from_millis(budget),
             renew_below: Duration::from_millis(CLAIM_TTL / 2),
             idle_backoff: Duration::from_millis(10),
             max_idle_backoff: Duration::from_millis(40),
@@ -99,6 +104,10 @@ struct Sim {
     failed_once: BTreeSet<(PartitionId, u64)>,
     broken_chains: Vec<String>,
     crashes: usize,
+    /// This seed's time budget per claim.
+    budget: Millis,
+    /// Claims extended by their holder's partition engine.
+    renewals: usize,
     trace: Trace,
 }
 
@@ -119,6 +128,7 @@ impl Sim {
         }
         let mut pool = TicketPool::new();
         pool.seed(&partitions, 0);
+        let budget = BUDGETS[rng.below(BUDGETS.len() as u64) as usize];
         let mut sim = Self {
             seed,
             now: 0,
@@ -137,6 +147,8 @@ impl Sim {
             failed_once: BTreeSet::new(),
             broken_chains: Vec::new(),
             crashes: 0,
+            budget,
+            renewals: 0,
             trace: Trace::default(),
         };
         for _ in 0..3 {
@@ -210,7 +222,7 @@ impl Sim {
                         self.workers[w].slots[s] = Some(Serving {
                             until: lease.may_process_until(now),
                             claim,
-                            engine: PartitionEngine::new(rules(history)),
+                            engine: PartitionEngine::new(rules(history, self.budget)),
                             answer: Event::Start,
                             ready_at: now,
                             in_flight: Vec::new(),
@@ -277,6 +289,7 @@ impl Sim {
                     let serving = self.workers[w].slots[s].as_mut().unwrap();
                     serving.claim = renewed;
                     serving.until = lease.may_process_until(now);
+                    self.renewals += 1;
                     Event::Renewed(StoreAnswer::Ok(()))
                 }
                 Err(f) => Event::Renewed(StoreAnswer::Fenced(f.to_string())),
@@ -500,15 +513,20 @@ fn verify(sim: &Sim) {
 
 #[test]
 fn ticket_slots_keep_every_property_under_kills_pauses_and_poison_that_crashes_workers() {
-    let (mut crashes, mut dead) = (0, 0);
+    let (mut crashes, mut dead, mut renewals) = (0, 0, 0);
     let seeds = common::seeds(1_000);
     for &seed in &seeds {
         let sim = scenario(seed);
         verify(&sim);
         crashes += sim.crashes;
         dead += sim.dead.len();
+        renewals += sim.renewals;
     }
     if seeds.len() >= 100 {
+        assert!(
+            renewals >= seeds.len() / 10,
+            "only {renewals} claims were renewed: the engines' renewal went untested"
+        );
         assert!(
             crashes > seeds.len(),
             "only {crashes} workers crashed on poison"
