@@ -292,6 +292,15 @@ fn spawn(
     .spawn()?)
 }
 
+/// Sets its flag when dropped.
+struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Kill -9 to every partition of the victim processed again, and join to
 /// balanced, in milliseconds.
 async fn measure_failover(
@@ -304,6 +313,10 @@ async fn measure_failover(
     let source = Arc::new(FileLogSource::new(log.clone(), vec!["t".into()]));
     let oracle = Arc::new(Oracle::default());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The producer stops however this returns: a blocking task that never
+    // ends would keep the runtime, and so the command, from exiting on an
+    // error (a bench once hung for minutes instead of saying why).
+    let _stop_producer = StopOnDrop(stop.clone());
     // Records keep arriving on every partition, so a partition's owner is seen at work.
     let producer = {
         let (log, stop) = (log.clone(), stop.clone());

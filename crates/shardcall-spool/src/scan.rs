@@ -63,7 +63,10 @@ pub fn scan_segment(
     index_interval: Option<u32>,
 ) -> Result<ScanOutcome> {
     let mut file = File::open(path).ctx("open segment", path)?;
-    let file_len = file.metadata().ctx("stat segment", path)?.len();
+    // A reader scans a segment its writer may still be appending to: the
+    // length grows to whatever was read, so a frame past the first stat is
+    // counted, never subtracted from a smaller length.
+    let mut file_len = file.metadata().ctx("stat segment", path)?.len();
     file.seek(SeekFrom::Start(start.pos))
         .ctx("seek segment", path)?;
     let mut policy = index_interval.map(|i| IndexPolicy::new(i, 0));
@@ -111,10 +114,11 @@ pub fn scan_segment(
                     .take(want as u64)
                     .read_to_end(&mut buf)
                     .ctx("read segment", path)?;
+                file_len = file_len.max(buf_pos + buf.len() as u64);
                 at_eof = got == 0 || buf_pos + buf.len() as u64 >= file_len;
             }
             Err(DecodeError::Incomplete) => {
-                let len = file_len - out.valid_len;
+                let len = file_len.saturating_sub(out.valid_len);
                 if len > 0 {
                     out.end = ScanEnd::TornTail {
                         at: out.valid_len,

@@ -516,6 +516,39 @@ fn read_only_reader_follows_a_writer() {
     ));
 }
 
+/// A reader that scans the tail while the writer appends to it sees the
+/// segment grow under its scan (a reader once subtracted the grown length
+/// from the length it first saw, and panicked in a debug build); the end it
+/// reports only moves forward, and ends where the writer did.
+#[test]
+fn a_reader_scanning_a_growing_tail_never_goes_backwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SpoolConfig {
+        durability: shardcall_spool::Durability::Os,
+        ..SpoolConfig::default()
+    };
+    let writer = Spool::open(dir.path(), config.clone()).unwrap();
+    let reader = Spool::open_read_only(dir.path(), config).unwrap();
+    let total = 20_000u64;
+    let appending = std::thread::spawn(move || {
+        let payload = vec![7u8; 300];
+        for _ in 0..total / 10 {
+            let batch: Vec<NewRecord> = (0..10).map(|_| NewRecord::new(0, &payload)).collect();
+            writer.append(&batch).unwrap();
+        }
+        writer
+    });
+    let mut last = 0;
+    while !appending.is_finished() {
+        let end = reader.end_offset().unwrap();
+        assert!(end >= last, "the end went back from {last} to {end}");
+        last = end;
+    }
+    let _writer = appending.join().unwrap();
+    assert!(reader.wait_for(total - 1, Duration::from_secs(5)).unwrap());
+    assert_eq!(reader.end_offset().unwrap(), total);
+}
+
 #[test]
 fn records_larger_than_a_read_chunk_round_trip() {
     let dir = tempfile::tempdir().unwrap();
