@@ -9,7 +9,7 @@ use futures_util::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ObjectStore, PutPayload};
-use shardcall::{BackupError, BackupResult, BackupStore};
+use shardcall::{BackupError, BackupResult, BackupStore, decode_manifest, encode_manifest};
 use shardcall_core::backup_plan::Manifest;
 
 /// Where the bucket is and how to sign in. The secret never shows in
@@ -178,6 +178,15 @@ impl S3BackupStore {
             .map_err(|e| self.unavailable("reading", &path, e))
     }
 
+    /// One S3 PUT: the object appears whole or not at all.
+    async fn put(&self, path: Path, bytes: Bytes) -> BackupResult<()> {
+        self.client
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+            .map_err(|e| self.unavailable("writing", &path, e))
+    }
+
     async fn delete(&self, path: Path) -> BackupResult<()> {
         match self.client.delete(&path).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
@@ -191,12 +200,7 @@ impl BackupStore for S3BackupStore {
     async fn put_chunk(&self, scope: &str, id: &str, bytes: Bytes) -> BackupResult<()> {
         // A chunk's name is its content: writing it again writes the same
         // bytes, so no check for its existence is needed.
-        let path = self.path(scope, "chunks", id);
-        self.client
-            .put(&path, PutPayload::from(bytes))
-            .await
-            .map(|_| ())
-            .map_err(|e| self.unavailable("writing", &path, e))
+        self.put(self.path(scope, "chunks", id), bytes).await
     }
 
     async fn get_chunk(&self, scope: &str, id: &str) -> BackupResult<Bytes> {
@@ -214,23 +218,13 @@ impl BackupStore for S3BackupStore {
 
     async fn put_manifest(&self, scope: &str, name: &str, manifest: &Manifest) -> BackupResult<()> {
         let path = self.path(scope, "manifests", &format!("{name}.json"));
-        let raw = serde_json::to_vec(manifest).expect("a manifest always encodes");
-        self.client
-            .put(&path, PutPayload::from(raw))
-            .await
-            .map(|_| ())
-            .map_err(|e| self.unavailable("writing", &path, e))
+        self.put(path, Bytes::from(encode_manifest(manifest))).await
     }
 
     async fn get_manifest(&self, scope: &str, name: &str) -> BackupResult<Manifest> {
         let path = self.path(scope, "manifests", &format!("{name}.json"));
         let raw = self.get("manifest", scope, name, path).await?;
-        serde_json::from_slice(&raw).map_err(|e| BackupError::Corrupt {
-            what: "manifest",
-            scope: scope.to_owned(),
-            name: name.to_owned(),
-            detail: e.to_string(),
-        })
+        decode_manifest(scope, name, &raw)
     }
 
     async fn manifest_names(&self, scope: &str) -> BackupResult<Vec<String>> {

@@ -118,6 +118,18 @@ async fn blocking<T: Send + 'static>(
         })?
 }
 
+/// The file's bytes; [`BackupError::Missing`] (naming `what`) when there is
+/// no such file.
+async fn read(path: PathBuf, what: &'static str, scope: &str, name: &str) -> BackupResult<Vec<u8>> {
+    let (scope, name) = (scope.to_owned(), name.to_owned());
+    blocking(move || match std::fs::read(&path) {
+        Ok(bytes) => Ok(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(missing(what, &scope, &name)),
+        Err(e) => Err(unavailable("reading", &path, e)),
+    })
+    .await
+}
+
 fn check_names(scope: &str, name: &str) -> BackupResult<()> {
     let scope_ok = scope.split('/').all(plain);
     if scope_ok && plain(name) {
@@ -150,15 +162,7 @@ impl BackupStore for DirBackupStore {
     async fn get_chunk(&self, scope: &str, id: &str) -> BackupResult<Bytes> {
         check_names(scope, id)?;
         let path = self.dir(scope, "chunks").join(id);
-        let (scope, id) = (scope.to_owned(), id.to_owned());
-        blocking(move || match std::fs::read(&path) {
-            Ok(bytes) => Ok(Bytes::from(bytes)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(missing("chunk", &scope, &id))
-            }
-            Err(e) => Err(unavailable("reading", &path, e)),
-        })
-        .await
+        read(path, "chunk", scope, id).await.map(Bytes::from)
     }
 
     async fn chunk_ids(&self, scope: &str) -> BackupResult<BTreeSet<String>> {
@@ -191,15 +195,8 @@ impl BackupStore for DirBackupStore {
     async fn get_manifest(&self, scope: &str, name: &str) -> BackupResult<Manifest> {
         check_names(scope, name)?;
         let path = self.dir(scope, "manifests").join(format!("{name}.json"));
-        let (scope, name) = (scope.to_owned(), name.to_owned());
-        blocking(move || match std::fs::read(&path) {
-            Ok(raw) => decode_manifest(&scope, &name, &raw),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(missing("manifest", &scope, &name))
-            }
-            Err(e) => Err(unavailable("reading", &path, e)),
-        })
-        .await
+        let raw = read(path, "manifest", scope, name).await?;
+        decode_manifest(scope, name, &raw)
     }
 
     async fn manifest_names(&self, scope: &str) -> BackupResult<Vec<String>> {

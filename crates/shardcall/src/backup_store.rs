@@ -124,13 +124,14 @@ impl MemoryBackupStore {
     }
 }
 
-/// The manifest's stored form.
-pub(crate) fn encode_manifest(manifest: &Manifest) -> Vec<u8> {
+/// The manifest's stored form, the same in every backend.
+pub fn encode_manifest(manifest: &Manifest) -> Vec<u8> {
     serde_json::to_vec(manifest).expect("a manifest always encodes")
 }
 
-/// A stored manifest read back.
-pub(crate) fn decode_manifest(scope: &str, name: &str, raw: &[u8]) -> BackupResult<Manifest> {
+/// A stored manifest read back; [`BackupError::Corrupt`] when it does not
+/// parse.
+pub fn decode_manifest(scope: &str, name: &str, raw: &[u8]) -> BackupResult<Manifest> {
     serde_json::from_slice(raw).map_err(|e| BackupError::Corrupt {
         what: "manifest",
         scope: scope.to_owned(),

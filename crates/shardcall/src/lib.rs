@@ -54,7 +54,9 @@ mod ticket_worker;
 mod worker;
 
 pub use backup_dir::DirBackupStore;
-pub use backup_store::{BackupError, BackupResult, BackupStore, MemoryBackupStore};
+pub use backup_store::{
+    BackupError, BackupResult, BackupStore, MemoryBackupStore, decode_manifest, encode_manifest,
+};
 pub use config::{BatchConfig, WorkerConfig, WorkerConfigError};
 pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use either_handler::{EitherFactory, EitherHandler};
