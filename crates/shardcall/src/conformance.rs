@@ -63,6 +63,7 @@ macro_rules! __run_checks {
 /// shardcall::conformance_tests!(store: async { ((), MemoryStore::default()) });
 /// shardcall::conformance_tests!(tickets: async { ((), MemoryStore::default()) });
 /// shardcall::conformance_tests!(backup: async { ((), MemoryBackupStore::new()) });
+/// shardcall::conformance_tests!(state: ((), MemoryStateStore::new()));
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
@@ -74,6 +75,25 @@ macro_rules! conformance_tests {
     };
     (backup: $make:expr) => {
         $crate::__backup_checks!(__check_tests!(conformance_backup, $make));
+    };
+    (state: $make:expr) => {
+        $crate::__state_checks!(__sync_check_tests!(conformance_state, $make));
+    };
+}
+
+/// Makes one plain test per named check of a blocking port; `$make` is an
+/// expression giving `(keep, store)`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __sync_check_tests {
+    ($module:ident, $make:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $check() {
+                let (_keep, store) = $make;
+                $crate::$module::$check(&store);
+            }
+        )*
     };
 }
 

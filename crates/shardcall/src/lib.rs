@@ -22,6 +22,8 @@ pub mod conformance;
 #[cfg(feature = "testkit")]
 pub mod conformance_backup;
 #[cfg(feature = "testkit")]
+pub mod conformance_state;
+#[cfg(feature = "testkit")]
 pub mod conformance_tickets;
 mod dead_letters;
 pub mod digest;
@@ -43,6 +45,11 @@ mod running;
 pub mod snapshot;
 mod source;
 mod spooled;
+mod state_fjall;
+mod state_memory;
+pub mod state_runs;
+mod state_store;
+mod state_txn;
 mod store;
 mod store_error;
 pub mod telemetry;
@@ -72,6 +79,13 @@ pub use partition::TaskEnd;
 pub use running::RunningWorker;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
+pub use state_fjall::FjallStateStore;
+pub use state_memory::MemoryStateStore;
+pub use state_store::{
+    Applied, ChangeSink, EntrySink, MAX_STATE_KEY, MAX_STATE_VALUE, RunEntry, RunMark, RunStats,
+    StateResult, StateStore, StateStoreError, WriteSet,
+};
+pub use state_txn::StateTxn;
 pub use store::{
     Cause, Checkpoint, CoordinationStore, Disposition, GroupPolicy, Refusal, StoreError,
     StoreResult,

@@ -26,3 +26,17 @@ mod backup_in_a_directory {
         (dir, store)
     });
 }
+
+mod state_in_memory {
+    use shardcall::MemoryStateStore;
+    shardcall::conformance_tests!(state: ((), MemoryStateStore::new()));
+}
+
+mod state_on_disk {
+    use shardcall::FjallStateStore;
+    shardcall::conformance_tests!(state: {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FjallStateStore::open(dir.path().join("state"), 8 << 20).unwrap();
+        (dir, store)
+    });
+}

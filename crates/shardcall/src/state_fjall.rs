@@ -1,0 +1,421 @@
+//! [`FjallStateStore`]: the state port on local disk, through the fjall
+//! engine (an LSM tree in safe Rust). It was picked over redb by measuring
+//! both on this workload (docs/state.md): read-modify-write of keys spread
+//! over a large state, one transaction per batch, and the bulk load of a
+//! restore.
+//!
+//! Three keyspaces in one database, so that one write batch covers all of
+//! them atomically: `data` (the state), `changes` (keys written since the
+//! last cut) and `meta` (the position and the run mark).
+
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::{RwLock, RwLockReadGuard};
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions};
+
+use crate::state_store::{
+    Applied, ChangeSink, EntrySink, RunEntry, RunMark, RunStats, StateResult, StateStore,
+    StateStoreError, WriteSet,
+};
+
+const APPLIED: &[u8] = b"applied";
+const MARK: &[u8] = b"mark";
+/// Entries written per batch while a run loads.
+const LOAD_BATCH: usize = 4096;
+
+struct Open {
+    db: Database,
+    data: Keyspace,
+    changes: Keyspace,
+    meta: Keyspace,
+}
+
+/// One partition's state in a directory of its own.
+pub struct FjallStateStore {
+    path: PathBuf,
+    cache_bytes: u64,
+    open: RwLock<Option<Open>>,
+}
+
+impl std::fmt::Debug for FjallStateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FjallStateStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FjallStateStore {
+    /// Opens (or creates) the store in `path`, with a block cache of
+    /// `cache_bytes`. Fails if another process has it open.
+    pub fn open(path: impl Into<PathBuf>, cache_bytes: u64) -> StateResult<Self> {
+        let path = path.into();
+        let open = open_at(&path, cache_bytes)?;
+        let store = Self {
+            path,
+            cache_bytes,
+            open: RwLock::new(Some(open)),
+        };
+        // Both records parse, or the directory is not a store of ours.
+        store.applied()?;
+        store.run_mark()?;
+        Ok(store)
+    }
+
+    /// The store's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read(&self) -> StateResult<RwLockReadGuard<'_, Option<Open>>> {
+        let guard = self.open.read().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            return Err(StateStoreError::Engine {
+                path: self.path.clone(),
+                action: "reopening after a clear",
+                cause: "the store is closed".into(),
+            });
+        }
+        Ok(guard)
+    }
+
+    fn fail(&self, action: &'static str) -> impl Fn(fjall::Error) -> StateStoreError + '_ {
+        move |e| engine_error(&self.path, action, e)
+    }
+
+    fn meta_record<T: serde::de::DeserializeOwned>(
+        &self,
+        open: &Open,
+        key: &[u8],
+    ) -> StateResult<Option<T>> {
+        let Some(bytes) = open
+            .meta
+            .get(key)
+            .map_err(self.fail("reading its position"))?
+        else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StateStoreError::Corrupt {
+                path: self.path.clone(),
+                detail: format!(
+                    "its {} record does not parse: {e}",
+                    String::from_utf8_lossy(key)
+                ),
+            })
+    }
+}
+
+fn open_at(path: &Path, cache_bytes: u64) -> StateResult<Open> {
+    std::fs::create_dir_all(path).map_err(|e| io_error(path, "creating its directory", e))?;
+    let db = Database::builder(path)
+        .cache_size(cache_bytes)
+        .open()
+        .map_err(|e| engine_error(path, "opening", e))?;
+    let keyspace = |name: &str, point_hits: bool| {
+        db.keyspace(name, || {
+            KeyspaceCreateOptions::default().expect_point_read_hits(point_hits)
+        })
+        .map_err(|e| engine_error(path, "opening a keyspace", e))
+    };
+    Ok(Open {
+        data: keyspace("data", true)?,
+        changes: keyspace("changes", false)?,
+        meta: keyspace("meta", true)?,
+        db,
+    })
+}
+
+fn io_error(path: &Path, action: &'static str, e: std::io::Error) -> StateStoreError {
+    if e.kind() == std::io::ErrorKind::StorageFull {
+        return StateStoreError::DiskFull {
+            path: path.to_owned(),
+            cause: Box::new(e),
+        };
+    }
+    StateStoreError::Engine {
+        path: path.to_owned(),
+        action,
+        cause: Box::new(e),
+    }
+}
+
+fn engine_error(path: &Path, action: &'static str, e: fjall::Error) -> StateStoreError {
+    match e {
+        fjall::Error::Io(io) => io_error(path, action, io),
+        fjall::Error::Storage(fjall::LsmError::Io(io)) => io_error(path, action, io),
+        other => StateStoreError::Engine {
+            path: path.to_owned(),
+            action,
+            cause: Box::new(other),
+        },
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("plain records serialize")
+}
+
+impl StateStore for FjallStateStore {
+    fn applied(&self) -> StateResult<Option<Applied>> {
+        let guard = self.read()?;
+        self.meta_record(guard.as_ref().expect("checked"), APPLIED)
+    }
+
+    fn run_mark(&self) -> StateResult<Option<RunMark>> {
+        let guard = self.read()?;
+        self.meta_record(guard.as_ref().expect("checked"), MARK)
+    }
+
+    fn get(&self, key: &[u8]) -> StateResult<Option<Vec<u8>>> {
+        let guard = self.read()?;
+        let open = guard.as_ref().expect("checked");
+        Ok(open
+            .data
+            .get(key)
+            .map_err(self.fail("reading a key"))?
+            .map(|v| v.to_vec()))
+    }
+
+    fn range(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> StateResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let guard = self.read()?;
+        let open = guard.as_ref().expect("checked");
+        let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut out = Vec::new();
+        for item in open.data.range::<&[u8], _>((Bound::Included(start), upper)) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item.into_inner().map_err(self.fail("scanning"))?;
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn commit(&self, writes: &WriteSet, applied: Applied) -> StateResult<()> {
+        let guard = self.read()?;
+        let open = guard.as_ref().expect("checked");
+        let mut batch = open.db.batch();
+        for (key, value) in writes.iter() {
+            match value {
+                Some(v) => batch.insert(&open.data, key, v),
+                None => batch.remove(&open.data, key),
+            }
+            batch.insert(&open.changes, key, b"");
+        }
+        batch.insert(&open.meta, APPLIED, json(&applied));
+        batch.commit().map_err(self.fail("committing a batch"))
+    }
+
+    fn take_changes(&self, run: &str, out: &mut ChangeSink<'_>) -> StateResult<RunStats> {
+        let guard = self.read()?;
+        let open = guard.as_ref().expect("checked");
+        let applied: Option<Applied> = self.meta_record(open, APPLIED)?;
+        let mut stats = RunStats::default();
+        let mut forget = open.db.batch();
+        for item in open.changes.iter() {
+            let key = item.key().map_err(self.fail("reading its changes"))?;
+            let value = open.data.get(&key).map_err(self.fail("reading a key"))?;
+            out(&key, value.as_deref()).map_err(|e| io_error(&self.path, "writing a run", e))?;
+            stats.entries += 1;
+            stats.bytes += (key.len() + value.as_ref().map_or(0, |v| v.len())) as u64;
+            forget.remove(&open.changes, key);
+        }
+        match applied {
+            Some(applied) => forget.insert(
+                &open.meta,
+                MARK,
+                json(&RunMark {
+                    run: run.to_owned(),
+                    applied,
+                }),
+            ),
+            None => forget.remove(&open.meta, MARK),
+        }
+        forget
+            .commit()
+            .map_err(self.fail("forgetting cut changes"))?;
+        Ok(stats)
+    }
+
+    fn export(&self, run: &str, out: &mut EntrySink<'_>) -> StateResult<RunStats> {
+        let guard = self.read()?;
+        let open = guard.as_ref().expect("checked");
+        let applied: Option<Applied> = self.meta_record(open, APPLIED)?;
+        let mut stats = RunStats::default();
+        for item in open.data.iter() {
+            let (k, v) = item.into_inner().map_err(self.fail("exporting"))?;
+            out(&k, &v).map_err(|e| io_error(&self.path, "writing a run", e))?;
+            stats.entries += 1;
+            stats.bytes += (k.len() + v.len()) as u64;
+        }
+        let mut forget = open.db.batch();
+        for item in open.changes.iter() {
+            forget.remove(
+                &open.changes,
+                item.key().map_err(self.fail("reading its changes"))?,
+            );
+        }
+        match applied {
+            Some(applied) => forget.insert(
+                &open.meta,
+                MARK,
+                json(&RunMark {
+                    run: run.to_owned(),
+                    applied,
+                }),
+            ),
+            None => forget.remove(&open.meta, MARK),
+        }
+        forget
+            .commit()
+            .map_err(self.fail("forgetting exported changes"))?;
+        Ok(stats)
+    }
+
+    fn clear(&self) -> StateResult<()> {
+        let mut guard = self.open.write().unwrap_or_else(|p| p.into_inner());
+        // Closing the database first: its files go with the directory, and
+        // a fresh one opens in their place (far quicker than deleting keys).
+        drop(guard.take());
+        std::fs::remove_dir_all(&self.path)
+            .map_err(|e| io_error(&self.path, "clearing its directory", e))?;
+        *guard = Some(open_at(&self.path, self.cache_bytes)?);
+        Ok(())
+    }
+
+    fn apply_run(
+        &self,
+        run: &str,
+        entries: &mut dyn Iterator<Item = StateResult<RunEntry>>,
+        applied: Applied,
+    ) -> StateResult<RunStats> {
+        let guard = self.read()?;
+        let open = guard.as_ref().expect("checked");
+        open.meta
+            .remove(MARK)
+            .map_err(self.fail("unmarking before a load"))?;
+        let mut stats = RunStats::default();
+        let mut batch = open.db.batch();
+        let mut in_batch = 0;
+        for entry in entries {
+            let (key, value) = entry?;
+            stats.entries += 1;
+            stats.bytes += (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
+            match value {
+                Some(v) => batch.insert(&open.data, key, v),
+                None => batch.remove(&open.data, key),
+            }
+            in_batch += 1;
+            if in_batch == LOAD_BATCH {
+                std::mem::replace(&mut batch, open.db.batch())
+                    .commit()
+                    .map_err(self.fail("loading a run"))?;
+                in_batch = 0;
+            }
+        }
+        batch.insert(&open.meta, APPLIED, json(&applied));
+        batch.insert(
+            &open.meta,
+            MARK,
+            json(&RunMark {
+                run: run.to_owned(),
+                applied,
+            }),
+        );
+        batch.commit().map_err(self.fail("loading a run"))?;
+        Ok(stats)
+    }
+
+    fn size(&self) -> StateResult<u64> {
+        let guard = self.read()?;
+        let open = guard.as_ref().expect("checked");
+        // Tables on disk (compressed) plus what is still in memory: an
+        // estimate, which is what status shows it as.
+        Ok(open.data.disk_space() + open.db.write_buffer_size())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(offset: u64) -> Applied {
+        Applied { offset, epoch: 2 }
+    }
+
+    #[test]
+    fn commits_and_unforgotten_changes_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p0");
+        {
+            let store = FjallStateStore::open(&path, 1 << 20).unwrap();
+            let mut w = WriteSet::new();
+            w.put(b"a", b"1").unwrap();
+            w.put(b"b", b"2").unwrap();
+            store.commit(&w, at(7)).unwrap();
+            store.take_changes("r1", &mut |_, _| Ok(())).unwrap();
+            let mut w = WriteSet::new();
+            w.delete(b"a").unwrap();
+            store.commit(&w, at(9)).unwrap();
+        }
+        let store = FjallStateStore::open(&path, 1 << 20).unwrap();
+        assert_eq!(store.applied().unwrap(), Some(at(9)));
+        assert_eq!(store.run_mark().unwrap().unwrap().applied, at(7));
+        assert_eq!(store.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+        let mut changed = Vec::new();
+        store
+            .take_changes("r2", &mut |k, v| {
+                changed.push((k.to_vec(), v.map(<[u8]>::to_vec)));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(changed, vec![(b"a".to_vec(), None)]);
+    }
+
+    #[test]
+    fn a_store_open_elsewhere_is_refused_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p0");
+        let _first = FjallStateStore::open(&path, 1 << 20).unwrap();
+        let err = FjallStateStore::open(&path, 1 << 20).unwrap_err();
+        assert!(err.to_string().contains("p0"), "{err}");
+        assert!(
+            matches!(
+                err,
+                StateStoreError::Engine {
+                    action: "opening",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_damaged_position_record_is_named_not_read_as_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p0");
+        {
+            let store = FjallStateStore::open(&path, 1 << 20).unwrap();
+            let guard = store.read().unwrap();
+            guard
+                .as_ref()
+                .unwrap()
+                .meta
+                .insert(APPLIED, b"{not json")
+                .unwrap();
+        }
+        match FjallStateStore::open(&path, 1 << 20) {
+            Err(StateStoreError::Corrupt { detail, .. }) => assert!(detail.contains("applied")),
+            other => panic!("{other:?}"),
+        }
+    }
+}
