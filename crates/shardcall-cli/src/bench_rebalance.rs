@@ -207,6 +207,7 @@ async fn measure_round_trips(store: &RedisStore) -> anyhow::Result<Vec<(String, 
                 offset: 1,
                 state: vec![0; 64],
                 epoch,
+                backup: Vec::new(),
             };
             store.save_checkpoint(g, &m, &parts[0], &cp).await?;
             let n = round_trips(store, || async {
@@ -489,6 +490,7 @@ async fn measure_checkpoint_rate(
                     offset: n,
                     state: vec![7; 64],
                     epoch,
+                    backup: Vec::new(),
                 };
                 store.save_checkpoint(g, &m, &p, &cp).await?;
                 n += 1;

@@ -125,20 +125,38 @@ pub struct Collection {
 pub fn collect(manifests: &[(String, Manifest)], keep: usize) -> Collection {
     let keep = keep.max(1);
     let cut = manifests.len().saturating_sub(keep);
-    let (old, kept) = manifests.split_at(cut);
+    collect_where(manifests, |i, _| i >= cut)
+}
+
+/// Keeps the manifests named in `listed` (a partition's pointer history:
+/// the ones that were current) and gives what may be deleted: every other
+/// manifest (an older one, or a fenced former owner's that never became
+/// current) and the chunks that no kept manifest names.
+pub fn collect_unlisted(manifests: &[(String, Manifest)], listed: &BTreeSet<String>) -> Collection {
+    collect_where(manifests, |_, name| listed.contains(name))
+}
+
+fn collect_where(
+    manifests: &[(String, Manifest)],
+    kept: impl Fn(usize, &String) -> bool,
+) -> Collection {
+    let (kept, old): (Vec<_>, Vec<_>) = manifests
+        .iter()
+        .enumerate()
+        .partition(|(i, (name, _))| kept(*i, name));
     let kept_chunks: BTreeSet<&str> = kept
         .iter()
-        .flat_map(|(_, m)| m.files.iter().flat_map(|f| &f.chunks))
+        .flat_map(|(_, (_, m))| m.files.iter().flat_map(|f| &f.chunks))
         .map(|c| c.id.as_str())
         .collect();
     let chunks: BTreeSet<&str> = old
         .iter()
-        .flat_map(|(_, m)| m.files.iter().flat_map(|f| &f.chunks))
+        .flat_map(|(_, (_, m))| m.files.iter().flat_map(|f| &f.chunks))
         .map(|c| c.id.as_str())
         .filter(|id| !kept_chunks.contains(id))
         .collect();
     Collection {
-        manifests: old.iter().map(|(name, _)| name.clone()).collect(),
+        manifests: old.iter().map(|(_, (name, _))| name.clone()).collect(),
         chunks: chunks.into_iter().map(str::to_owned).collect(),
     }
 }
@@ -220,6 +238,26 @@ mod tests {
         let c = collect(&history, 0);
         assert_eq!(c.manifests.len(), 2, "the newest one is always kept");
         assert!(collect(&history, 5).manifests.is_empty());
+    }
+
+    #[test]
+    fn collection_by_list_drops_unlisted_manifests_wherever_they_sort() {
+        let m = |offset, files| Manifest::new(1, offset, files);
+        let history = vec![
+            ("a".to_string(), m(10, vec![file("r1", &[("x", 1)])])),
+            (
+                "b".to_string(),
+                m(15, vec![file("r1", &[("x", 1), ("zombie", 1)])]),
+            ),
+            (
+                "c".to_string(),
+                m(20, vec![file("r1", &[("x", 1), ("y", 1)])]),
+            ),
+        ];
+        let listed: BTreeSet<String> = ["a".to_string(), "c".to_string()].into();
+        let c = collect_unlisted(&history, &listed);
+        assert_eq!(c.manifests, vec!["b".to_string()]);
+        assert_eq!(c.chunks, vec!["zombie".to_string()]);
     }
 
     #[test]

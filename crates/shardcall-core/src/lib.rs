@@ -33,6 +33,7 @@ pub mod membership;
 pub mod partition_engine;
 pub mod retry;
 pub mod state;
+pub mod state_plan;
 pub mod ticket_memory;
 pub mod tickets;
 
@@ -53,5 +54,6 @@ pub use state::{
     AuditEntry, Command, CoordinatorLease, Fenced, GroupState, MemberRecord, PartitionRecord,
     StateError,
 };
+pub use state_plan::BackupPointer;
 pub use ticket_memory::TicketMemory;
 pub use tickets::{ClaimOutcome, TicketClaim, TicketPool};

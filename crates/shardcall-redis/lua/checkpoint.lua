@@ -1,5 +1,6 @@
 -- Partition slot. KEYS: grant, checkpoint
--- ARGV: member, epoch, offset, state, lease end (server ms, as the last renewal reported it)
+-- ARGV: member, epoch, offset, state, lease end (server ms, as the last renewal reported it),
+--       snapshot history (JSON; empty: leave the stored one)
 -- Written only by the holder under its epoch, and only while its lease runs
 -- on this server's clock (the lease itself lives in another slot, so the
 -- member hands in the end the server last gave it); offset and state together.
@@ -9,4 +10,5 @@ if g[1] ~= ARGV[1] or g[2] ~= ARGV[2] or g[3] ~= '1' then
   return fail('NOTHOLDER', ARGV[1] .. ' ' .. ARGV[2])
 end
 redis.call('HSET', KEYS[2], 'offset', ARGV[3], 'state', ARGV[4], 'epoch', ARGV[2])
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], 'backup', ARGV[6]) end
 return 1

@@ -158,17 +158,29 @@ pub(crate) fn checkpoint_key(group: &str, p: &PartitionId) -> String {
 }
 
 /// A checkpoint from its hash's `offset`, `state` and `epoch` fields (all
-/// absent: none yet).
+/// absent: none yet) and its snapshot history (`backup`, JSON; absent:
+/// none).
 pub(crate) fn decode_checkpoint(
     partition: &PartitionId,
     fields: (Option<u64>, Option<Vec<u8>>, Option<u64>),
+    backup: Option<Vec<u8>>,
 ) -> StoreResult<Option<Checkpoint>> {
+    let history = match backup.filter(|b| !b.is_empty()) {
+        None => Vec::new(),
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            StoreError::corrupt(
+                format!("the checkpoint of {partition}"),
+                format!("its snapshot history does not parse: {e}"),
+            )
+        })?,
+    };
     match fields {
         (None, None, None) => Ok(None),
         (Some(offset), Some(state), Some(epoch)) => Ok(Some(Checkpoint {
             offset,
             state,
             epoch,
+            backup: history,
         })),
         _ => Err(StoreError::corrupt(
             format!("the checkpoint of {partition}"),
@@ -549,6 +561,11 @@ impl RedisStore {
             .arg(cp.offset)
             .arg(cp.state.as_slice())
             .arg(self.lease_end(group, member))
+            .arg(if cp.backup.is_empty() {
+                String::new()
+            } else {
+                serde_json::to_string(&cp.backup).expect("pointers serialize")
+            })
             .invoke_async(&mut c)
             .await?;
         Ok(())
@@ -1050,16 +1067,22 @@ impl CoordinationStore for RedisStore {
         partition: &PartitionId,
     ) -> StoreResult<Option<Checkpoint>> {
         let mut c = self.conn.clone();
-        let (offset, state, epoch): (Option<u64>, Option<Vec<u8>>, Option<u64>) =
-            redis::cmd("HMGET")
-                .arg(checkpoint_key(group, partition))
-                .arg("offset")
-                .arg("state")
-                .arg("epoch")
-                .query_async(&mut c)
-                .await
-                .map_err(|e| map_error(&e))?;
-        decode_checkpoint(partition, (offset, state, epoch))
+        #[allow(clippy::type_complexity)]
+        let (offset, state, epoch, backup): (
+            Option<u64>,
+            Option<Vec<u8>>,
+            Option<u64>,
+            Option<Vec<u8>>,
+        ) = redis::cmd("HMGET")
+            .arg(checkpoint_key(group, partition))
+            .arg("offset")
+            .arg("state")
+            .arg("epoch")
+            .arg("backup")
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))?;
+        decode_checkpoint(partition, (offset, state, epoch), backup)
     }
 
     async fn save_checkpoint(

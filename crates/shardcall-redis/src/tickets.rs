@@ -218,7 +218,7 @@ impl TicketStore for RedisStore {
             .invoke(&mut call)
             .await
             .map_err(|e| Self::fenced_as_claim(e, claim))?;
-        decode_checkpoint(&claim.partition, (offset, state, epoch))
+        decode_checkpoint(&claim.partition, (offset, state, epoch), None)
     }
 
     async fn count_delivery(

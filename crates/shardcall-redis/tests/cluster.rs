@@ -46,6 +46,7 @@ async fn the_store_works_across_a_three_master_cluster() {
             offset: 7,
             state: b"s".to_vec(),
             epoch: 1,
+            backup: Vec::new(),
         };
         store.save_checkpoint(group, &m, p, &cp).await.unwrap();
     }

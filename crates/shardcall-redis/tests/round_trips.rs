@@ -36,6 +36,7 @@ async fn operations_cost_what_they_should() {
         offset: 1,
         state: vec![1; 32],
         epoch: e,
+        backup: Vec::new(),
     };
     // Warm the script cache, then count.
     store.renew(g, &m, ttl).await.unwrap();

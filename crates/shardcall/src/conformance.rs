@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use shardcall_core::{Command, Fenced, MemberId, PartitionId, Phase, QuarantinePolicy, StateError};
+use shardcall_core::{
+    BackupPointer, Command, Fenced, MemberId, PartitionId, Phase, QuarantinePolicy, StateError,
+};
 
 use crate::store::{Checkpoint, CoordinationStore, Refusal, StoreError};
 
@@ -27,6 +29,7 @@ macro_rules! __store_checks {
             coordinator_lock,
             apply_is_atomic_and_versioned,
             checkpoints_are_fenced,
+            snapshot_history_moves_only_with_a_fenced_checkpoint,
             quarantine_and_release,
             leave_quarantines_held,
             checkpoint_bytes_round_trip,
@@ -237,7 +240,7 @@ pub async fn failure_reports_clear_by_epoch<S: CoordinationStore>(store: &S, gro
     assert_eq!(store.failure(group, &p(0)).await.unwrap(), None);
 }
 
-/// An operator reset moves only the offset, is refused while the partition
+/// An operator reset moves the offset (and marks it the operator's), is refused while the partition
 /// is held unless forced, and is audited.
 pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
     let a = m("a");
@@ -247,6 +250,7 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
         offset: 50,
         state: b"kept".to_vec(),
         epoch: epochs[0],
+        backup: Vec::new(),
     };
     store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
     match store
@@ -277,11 +281,13 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
         Some(50)
     );
     let after = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
+    // The epoch becomes the operator's (0), so no grant's local state store
+    // takes the new position for its own.
     assert_eq!(
         (after.offset, after.state.as_slice(), after.epoch),
-        (10, &b"kept"[..], epochs[0])
+        (10, &b"kept"[..], 0)
     );
-    // The holder's next checkpoint still passes (its epoch is kept).
+    // The holder's next checkpoint still passes (fencing is the grant's).
     store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
     // A released (quarantined) partition resets without force; no checkpoint yet is fine.
     store.release(group, &a, &p(1), epochs[1]).await.unwrap();
@@ -522,6 +528,68 @@ pub async fn apply_is_atomic_and_versioned<S: CoordinationStore>(store: &S, grou
     }
 }
 
+/// The snapshot history rides on the fenced checkpoint: written with it,
+/// kept by a checkpoint that carries none, never moved by a refused one
+/// (a fenced former owner's upload never becomes current), and cleared
+/// with the epoch by an operator's reset.
+pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: CoordinationStore>(
+    store: &S,
+    group: &str,
+) {
+    let (a, b) = (m("a"), m("b"));
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    store.join(group, &b, 1, "h", LONG).await.unwrap();
+    let (_, epochs) = grant_all(store, group, &a, 1).await;
+    let e = epochs[0];
+    let pointer = |name: &str, offset| BackupPointer {
+        manifest: name.into(),
+        offset,
+    };
+    let cp = |offset, epoch, backup: Vec<BackupPointer>| Checkpoint {
+        offset,
+        state: Vec::new(),
+        epoch,
+        backup,
+    };
+    let history = vec![pointer("m2", 8), pointer("m1", 4)];
+    store
+        .save_checkpoint(group, &a, &p(0), &cp(10, e, history.clone()))
+        .await
+        .unwrap();
+    let read = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
+    assert_eq!(read.backup, history);
+    store
+        .save_checkpoint(group, &a, &p(0), &cp(12, e, Vec::new()))
+        .await
+        .unwrap();
+    let read = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
+    assert_eq!(
+        (read.offset, read.backup),
+        (12, history.clone()),
+        "an empty history erased the stored one"
+    );
+    let zombie = store
+        .save_checkpoint(group, &b, &p(0), &cp(20, e, vec![pointer("zombie", 20)]))
+        .await;
+    assert!(matches!(zombie, Err(StoreError::Fenced(_))), "{zombie:?}");
+    let read = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
+    assert_eq!(
+        read.backup, history,
+        "a refused checkpoint moved the pointer"
+    );
+    store
+        .reset_offset(group, &p(0), 3, true, false, "operator")
+        .await
+        .unwrap();
+    let read = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
+    assert_eq!((read.offset, read.epoch), (3, 0));
+    assert!(
+        read.backup.is_empty(),
+        "a reset kept the snapshots: {:?}",
+        read.backup
+    );
+}
+
 /// Only the live holder under the current epoch may checkpoint.
 pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str) {
     let (a, b) = (m("a"), m("b"));
@@ -533,6 +601,7 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
         offset,
         state: format!("state@{offset}").into_bytes(),
         epoch,
+        backup: Vec::new(),
     };
     assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), None);
     store
@@ -704,6 +773,7 @@ pub async fn checkpoint_bytes_round_trip<S: CoordinationStore>(store: &S, group:
             offset: u64::MAX - 1,
             state,
             epoch: epochs[0],
+            backup: Vec::new(),
         };
         store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
         assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), Some(cp));

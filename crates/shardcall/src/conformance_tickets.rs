@@ -238,6 +238,7 @@ pub async fn a_lapsed_claim_returns_and_is_fenced<S: TicketStore>(store: &S, gro
         offset: 1,
         state: vec![],
         epoch: renewed.epoch,
+        backup: Vec::new(),
     };
     fenced(
         store.save_ticket_checkpoint(group, &renewed, &cp).await,
@@ -257,6 +258,7 @@ pub async fn checkpoints_follow_the_newest_claim<S: TicketStore>(store: &S, grou
         offset,
         state: format!("s{offset}").into_bytes(),
         epoch,
+        backup: Vec::new(),
     };
     store
         .save_ticket_checkpoint(group, &a, &cp(10, a.epoch))

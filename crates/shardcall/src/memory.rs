@@ -380,8 +380,13 @@ impl CoordinationStore for MemoryStore {
             offset,
             state: Vec::new(),
             epoch: 0,
+            backup: Vec::new(),
         });
         cp.offset = offset;
+        // The position is the operator's now: no grant's local state store
+        // may take it for its own, and the snapshots no longer cover it.
+        cp.epoch = 0;
+        cp.backup.clear();
         if clear_state {
             cp.state.clear();
         }
@@ -422,9 +427,18 @@ impl CoordinationStore for MemoryStore {
         let g = inner.groups.entry(group.to_owned()).or_default();
         g.check_holder(member, partition, checkpoint.epoch, now)
             .map_err(|f: Fenced| StoreError::Fenced(f))?;
-        inner
-            .checkpoints
-            .insert((group.to_owned(), partition.clone()), checkpoint.clone());
+        let key = (group.to_owned(), partition.clone());
+        let backup = match (checkpoint.backup.is_empty(), inner.checkpoints.get(&key)) {
+            (true, Some(old)) => old.backup.clone(),
+            _ => checkpoint.backup.clone(),
+        };
+        inner.checkpoints.insert(
+            key,
+            Checkpoint {
+                backup,
+                ..checkpoint.clone()
+            },
+        );
         Ok(())
     }
 }

@@ -523,6 +523,7 @@ where
             offset: last + 1,
             state,
             epoch: self.d.ctx.epoch,
+            backup: Vec::new(),
         };
         let mut write = self.open_write.take().unwrap_or(OpenWrite {
             first,

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use crate::failures::FailureReports;
 pub use crate::store_error::{Cause, Disposition, Refusal, StoreError};
 use shardcall_core::{
-    Command, CoordinatorLease, Epoch, GroupState, MemberId, Millis, PartitionId, Phase,
-    QuarantinePolicy,
+    BackupPointer, Command, CoordinatorLease, Epoch, GroupState, MemberId, Millis, PartitionId,
+    Phase, QuarantinePolicy,
 };
 
 /// A partition's checkpoint: where to resume and the application's state,
@@ -23,8 +23,13 @@ pub struct Checkpoint {
     pub offset: u64,
     /// The application's state after every record below `offset`.
     pub state: Vec<u8>,
-    /// The epoch of the grant that wrote it.
+    /// The epoch of the grant that wrote it (0: an operator's reset).
     pub epoch: Epoch,
+    /// The partition's local state store snapshots that were current,
+    /// newest first (empty for a partition without one). Written, it
+    /// replaces the stored history; an empty one leaves the stored history
+    /// as it is. An operator's reset clears it.
+    pub backup: Vec<BackupPointer>,
 }
 
 /// A group's quarantine rule and who set it when: group state, created by
@@ -179,7 +184,9 @@ pub trait CoordinationStore: FailureReports {
     /// Sets a partition's checkpointed offset on an operator's word; audited.
     /// Like Kafka, only the position moves unless `clear_state`: then the
     /// state bytes are emptied too (a handler that adds up would otherwise
-    /// count the replayed records twice).
+    /// count the replayed records twice). The checkpoint's epoch becomes 0
+    /// and its snapshot history is cleared: a partition with a local state
+    /// store starts that store afresh from the new offset.
     /// Refused while a member holds the partition unless `force` (the holder
     /// then keeps its own position until the partition next moves). Returns
     /// the previous offset, if there was a checkpoint.
