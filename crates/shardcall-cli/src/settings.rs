@@ -469,6 +469,7 @@ impl Settings {
             batch: self.batch.clone(),
             slots: 0,
             call_deadline: self.handler.call_deadline,
+            state: None,
         };
         if !self.group.is_empty() {
             errors.extend(

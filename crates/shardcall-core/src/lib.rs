@@ -47,7 +47,7 @@ pub use member_engine::{MemberCommand, MemberEngine, MemberEvent, MemberRules};
 pub use membership::LeaseRule;
 pub use partition_engine::{
     CallFailure, CheckpointAnswer, End, Env, Event, Grant, PartitionEngine, PartitionRules, Served,
-    StateOf, StoreAnswer, TicketHistory, TicketRules,
+    StateOf, StateRules, StoreAnswer, TicketHistory, TicketRules,
 };
 pub use retry::RetryBackoff;
 pub use state::{

@@ -96,6 +96,24 @@ pub struct PartitionRules {
     /// Give the partition up after this many failed calls in a row (`0`:
     /// never).
     pub give_up_after: u32,
+    /// The partition's state lives in a local state store that snapshots
+    /// to a backup store (`None`: the handler's state bytes, checkpointed
+    /// whole).
+    pub state: Option<StateRules>,
+}
+
+/// When a partition with a local state store snapshots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateRules {
+    /// While the state changes, a snapshot at least this often (taken
+    /// just before a checkpoint, which then carries its pointer).
+    pub snapshot_every: Duration,
+    /// Or as soon as this many bytes changed since the last one.
+    pub snapshot_bytes: u64,
+    /// How long a partition that is ending keeps trying its final snapshot
+    /// (the backup store may be down) before it releases without it; the
+    /// next owner then restores the snapshot before and replays more.
+    pub final_snapshot_wait: Duration,
 }
 
 impl PartitionRules {
@@ -114,6 +132,9 @@ pub struct Env {
     pub lease_left: Duration,
     /// The partition is revoked (owned) or the worker stops (both).
     pub revoked: bool,
+    /// Bytes the local state store committed since its last snapshot (0
+    /// without one).
+    pub unsnapshotted: u64,
 }
 
 /// Which state a checkpoint writes.
@@ -207,6 +228,15 @@ pub enum Command {
     /// Run the handler's backup and report it done (owned). Answer:
     /// [`Event::Done`].
     Backup,
+    /// Snapshot the local state store: cut what changed since the last
+    /// snapshot, upload it, and keep the new pointer for the next
+    /// checkpoint to write, or write it now with the last checkpoint's
+    /// offset (`write_pointer`: no records are pending). Answer:
+    /// [`Event::Snapshotted`].
+    Snapshot {
+        /// Write the pointer now.
+        write_pointer: bool,
+    },
     /// Give the ticket back, due again after `delay`. Answer:
     /// [`Event::Done`].
     GiveBack {
@@ -276,6 +306,9 @@ pub enum CallFailure {
     /// The call outlived its deadline and could not be stopped: the
     /// handler is abandoned.
     Stuck(String),
+    /// The batch's writes could not be committed to the local state store
+    /// (a full disk, a failing one): the partition is given up.
+    Storage(String),
 }
 
 /// A checkpoint write's outcome.
@@ -316,6 +349,9 @@ pub enum Event {
     DeadLettered(bool),
     /// The release's outcome.
     Released(StoreAnswer<()>),
+    /// The snapshot's outcome (a pointer write that was refused is
+    /// `Fenced`).
+    Snapshotted(StoreAnswer<()>),
     /// A command without an answer of its own is done.
     Done,
     /// A revoke cut a fetch or a pause short.
@@ -357,6 +393,7 @@ struct Isolation {
 /// Why a partition is given up.
 const STUCK: &str = "its handler is stuck in a call";
 const FAILING: &str = "its handler failed too many times in a row here";
+const STORAGE: &str = "its local state store failed";
 
 /// One partition's engine.
 #[derive(Debug, Clone)]
@@ -396,6 +433,10 @@ pub struct PartitionEngine {
     /// Store or source calls (restore, finding the start, fetch) that
     /// failed in a row: the pause before the next doubles.
     io_failures: u32,
+    /// When the last snapshot was taken (or the partition started).
+    last_snapshot: Option<Millis>,
+    /// When the final snapshot was first tried, and how often it failed.
+    final_snapshot: Option<(Millis, u32)>,
 }
 
 impl PartitionEngine {
@@ -425,6 +466,8 @@ impl PartitionEngine {
             history,
             singles_until: None,
             io_failures: 0,
+            last_snapshot: None,
+            final_snapshot: None,
         }
     }
 
@@ -447,6 +490,7 @@ impl PartitionEngine {
         assert!(self.stage != Stage::Ended, "the engine has ended");
         if self.began.is_none() {
             self.began = Some(env.now);
+            self.last_snapshot = Some(env.now);
         }
         let awaited = self.awaiting.take();
         self.absorb(awaited, event, env);
@@ -503,15 +547,80 @@ impl PartitionEngine {
         self.rules.retry.after(self.io_failures)
     }
 
-    /// The pending records' checkpoint, queued.
-    fn checkpoint_pending(&mut self) {
-        if let Some(p) = self.pending {
-            self.queue.push_back(Command::Checkpoint {
-                first: p.first,
-                last: p.last,
-                state: StateOf::Processed,
-            });
+    /// The pending records' checkpoint, queued; with a local state store,
+    /// after a snapshot when one is due (the checkpoint carries its
+    /// pointer). A partition that is ending snapshots what changed even
+    /// with nothing pending, and writes the pointer itself.
+    fn checkpoint_pending(&mut self, env: Env) {
+        let ending = self.stage == Stage::Releasing;
+        match self.pending {
+            Some(p) => {
+                if self.snapshot_due(env, ending) {
+                    self.queue.push_back(Command::Snapshot {
+                        write_pointer: false,
+                    });
+                }
+                self.queue.push_back(Command::Checkpoint {
+                    first: p.first,
+                    last: p.last,
+                    state: StateOf::Processed,
+                });
+            }
+            None if ending && self.snapshot_due(env, true) => {
+                self.queue.push_back(Command::Snapshot {
+                    write_pointer: true,
+                })
+            }
+            None => {}
         }
+    }
+
+    /// Whether the local state store (if any) is to snapshot now: it
+    /// changed, and the partition is ending, or the interval has passed,
+    /// or enough bytes changed.
+    fn snapshot_due(&self, env: Env, ending: bool) -> bool {
+        let Some(rules) = &self.rules.state else {
+            return false;
+        };
+        if env.unsnapshotted == 0 {
+            return false;
+        }
+        let since = env
+            .now
+            .saturating_sub(self.last_snapshot.unwrap_or(env.now));
+        ending
+            || since >= rules.snapshot_every.as_millis() as u64
+            || env.unsnapshotted >= rules.snapshot_bytes
+    }
+
+    /// A snapshot failed: an ending partition tries again after a pause
+    /// while its wait lasts (and the lease runs); a running one goes on
+    /// and tries at the next interval.
+    fn snapshot_failed(&mut self, write_pointer: bool, env: Env) {
+        let ending = self.stage == Stage::Releasing;
+        let wait = self
+            .rules
+            .state
+            .as_ref()
+            .map_or(Duration::ZERO, |r| r.final_snapshot_wait);
+        if !ending {
+            self.last_snapshot = Some(env.now);
+            return;
+        }
+        let (since, failures) = self.final_snapshot.get_or_insert((env.now, 0));
+        *failures += 1;
+        let waited = env.now.saturating_sub(*since);
+        if waited >= wait.as_millis() as u64 || env.lease_left.is_zero() {
+            return;
+        }
+        let pause = self
+            .rules
+            .retry
+            .after(*failures)
+            .min(wait - Duration::from_millis(waited))
+            .min(env.lease_left);
+        self.queue.push_front(Command::Snapshot { write_pointer });
+        self.queue.push_front(Command::Pause(pause));
     }
 
     /// A call succeeded (or its records went to the dead letters): the
@@ -565,6 +674,20 @@ impl PartitionEngine {
         self.finish(Served::Failed, STORE_RETRY);
     }
 
+    /// The local state store failed a commit: the partition is given up
+    /// (released for another member, whose disk may be fine), after what
+    /// is pending is checkpointed.
+    fn storage_failed(&mut self, error: String) {
+        self.streak += 1;
+        self.queue.push_back(Command::ReportFailure {
+            attempts: self.streak.max(self.attempts),
+            error,
+            retry_in: None,
+        });
+        self.give_up = Some(STORAGE);
+        self.finish(Served::Failed, STORE_RETRY);
+    }
+
     /// The handler refused the partition. Owned: a failed call like any
     /// other. Ticket: the ticket goes back, backed off more each claim.
     fn refused(&mut self, error: String) {
@@ -613,6 +736,7 @@ impl PartitionEngine {
                     }
                 }
                 Err(CallFailure::Stuck(e)) => self.stuck(e),
+                Err(CallFailure::Storage(e)) => self.storage_failed(e),
                 Err(CallFailure::Batch(e) | CallFailure::Refused(e)) => self.refused(e),
             },
             (Some(Command::Renew), Event::Renewed(answer)) => match answer {
@@ -622,7 +746,7 @@ impl PartitionEngine {
             },
             (Some(Command::Fetch { .. }), Event::Fetched(fetched)) => {
                 self.renew_failed = false;
-                self.fetched(fetched);
+                self.fetched(fetched, env);
             }
             (Some(Command::CountDelivery { .. }), Event::Counted(answer)) => match answer {
                 StoreAnswer::Ok(n) => {
@@ -687,6 +811,15 @@ impl PartitionEngine {
                     }
                 }
             }
+            (Some(Command::Snapshot { write_pointer }), Event::Snapshotted(answer)) => match answer
+            {
+                StoreAnswer::Ok(()) => {
+                    self.last_snapshot = Some(env.now);
+                    self.final_snapshot = None;
+                }
+                StoreAnswer::Fenced(why) => self.lose(format!("snapshot pointer refused: {why}")),
+                StoreAnswer::Failed(_) => self.snapshot_failed(write_pointer, env),
+            },
             (Some(Command::DeadLetter { range, .. }), Event::DeadLettered(sent)) => {
                 self.dead_lettered(range, sent)
             }
@@ -705,9 +838,12 @@ impl PartitionEngine {
                 StoreAnswer::Failed(_) => self.queue.push_back(Command::Pause(STORE_RETRY)),
             },
             (Some(Command::Pause(_) | Command::Fetch { .. }), Event::Interrupted) => {}
-            (Some(Command::Fetch { .. } | Command::FindStart), Event::Unreadable(why)) => {
+            (
+                Some(Command::Fetch { .. } | Command::FindStart | Command::Restore),
+                Event::Unreadable(why),
+            ) => {
                 self.queue.clear();
-                self.checkpoint_pending();
+                self.checkpoint_pending(env);
                 self.queue.push_back(Command::Done(End::Failed(why)));
             }
             (
@@ -724,7 +860,7 @@ impl PartitionEngine {
         }
     }
 
-    fn fetched(&mut self, fetched: Option<Vec<u64>>) {
+    fn fetched(&mut self, fetched: Option<Vec<u64>>, env: Env) {
         let ticket = self.ticket().is_some();
         if fetched.is_some() {
             self.io_failures = 0;
@@ -737,7 +873,7 @@ impl PartitionEngine {
                 if ticket {
                     self.finish(Served::Failed, pause);
                 } else {
-                    self.checkpoint_pending();
+                    self.checkpoint_pending(env);
                     self.queue.push_back(Command::Pause(pause));
                 }
             }
@@ -751,7 +887,7 @@ impl PartitionEngine {
                     self.finish(served, Duration::ZERO);
                 } else {
                     // Caught up: what is pending is checkpointed now.
-                    self.checkpoint_pending();
+                    self.checkpoint_pending(env);
                 }
             }
             Some(offsets) => {
@@ -794,6 +930,10 @@ impl PartitionEngine {
                     self.isolation = None;
                     self.stuck(e);
                 }
+                Err(CallFailure::Storage(e)) => {
+                    self.isolation = None;
+                    self.storage_failed(e);
+                }
                 Err(CallFailure::Refused(e)) => {
                     // No record to blame: from what was checkpointed, later.
                     self.isolation = None;
@@ -820,14 +960,15 @@ impl PartitionEngine {
                 let due = env.now.saturating_sub(pending.began)
                     >= self.rules.checkpoint_interval.as_millis() as u64;
                 if due {
-                    self.checkpoint_pending();
+                    self.checkpoint_pending(env);
                 }
             }
             Err(failure) => {
                 // What was processed before this batch is kept.
-                self.checkpoint_pending();
+                self.checkpoint_pending(env);
                 match failure {
                     CallFailure::Stuck(e) => self.stuck(e),
+                    CallFailure::Storage(e) => self.storage_failed(e),
                     CallFailure::Refused(e) => {
                         // The delivery never reached a handler.
                         self.attempts = self.attempts.saturating_sub(1);
@@ -893,7 +1034,7 @@ impl PartitionEngine {
                 }
                 Stage::Finishing => {
                     self.stage = Stage::Releasing;
-                    self.checkpoint_pending();
+                    self.checkpoint_pending(env);
                     if let Some(c) = self.queue.pop_front() {
                         return c;
                     }
@@ -1017,6 +1158,7 @@ mod tests {
             dead_letters: true,
             count_in_store: false,
             give_up_after: 0,
+            state: None,
         }
     }
 
@@ -1064,6 +1206,13 @@ mod tests {
         writes: usize,
         calls: u32,
         commands: Vec<Command>,
+        /// Bytes the local state store took since its last snapshot (each
+        /// processed record writes 10).
+        unsnapshotted: u64,
+        /// The next this many snapshots fail.
+        failing_snapshots: u32,
+        /// The local store's commits fail from this call on.
+        disk_full_from_call: Option<u32>,
     }
 
     impl World {
@@ -1081,6 +1230,7 @@ mod tests {
                 now: self.now,
                 lease_left: self.lease_left,
                 revoked: self.revoked,
+                unsnapshotted: self.unsnapshotted,
             }
         }
 
@@ -1143,7 +1293,11 @@ mod tests {
                     if records.iter().any(|r| self.poison.contains(r)) {
                         return Event::Processed(Err(CallFailure::Batch("poison".into())));
                     }
+                    if self.disk_full_from_call.is_some_and(|c| self.calls >= c) {
+                        return Event::Processed(Err(CallFailure::Storage("disk full".into())));
+                    }
                     self.processed.extend_from_slice(records);
+                    self.unsnapshotted += 10 * records.len() as u64;
                     Event::Processed(Ok(()))
                 }
                 Command::Checkpoint { first, last, state } => {
@@ -1182,6 +1336,14 @@ mod tests {
                 }
                 Command::Release => Event::Released(StoreAnswer::Ok(())),
                 Command::GiveBack { .. } => Event::Done,
+                Command::Snapshot { .. } if self.failing_snapshots > 0 => {
+                    self.failing_snapshots -= 1;
+                    Event::Snapshotted(StoreAnswer::Failed("backup store down".into()))
+                }
+                Command::Snapshot { .. } => {
+                    self.unsnapshotted = 0;
+                    Event::Snapshotted(StoreAnswer::Ok(()))
+                }
                 Command::Done(_) => unreachable!(),
             }
         }
@@ -1189,6 +1351,112 @@ mod tests {
         fn count(&self, f: impl Fn(&Command) -> bool) -> usize {
             self.commands.iter().filter(|c| f(c)).count()
         }
+    }
+
+    fn with_state(every: Duration, wait: Duration) -> PartitionRules {
+        PartitionRules {
+            state: Some(StateRules {
+                snapshot_every: every,
+                snapshot_bytes: u64::MAX,
+                final_snapshot_wait: wait,
+            }),
+            ..owned()
+        }
+    }
+
+    /// The commands with snapshots, checkpoints and the release, in order.
+    fn backup_trace(w: &World) -> Vec<String> {
+        w.commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Snapshot { write_pointer } => Some(format!(
+                    "snapshot{}",
+                    if *write_pointer { "+pointer" } else { "" }
+                )),
+                Command::Checkpoint { .. } => Some("checkpoint".into()),
+                Command::Release => Some("release".into()),
+                Command::Backup => Some("backup".into()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_due_snapshot_comes_just_before_the_checkpoint_that_carries_it() {
+        let mut w = World::new(20);
+        assert_eq!(
+            w.run(with_state(Duration::ZERO, Duration::ZERO)),
+            End::Released
+        );
+        let trace = backup_trace(&w);
+        assert!(trace.len() > 2, "{trace:?}");
+        for pair in trace.windows(2) {
+            if pair[1] == "checkpoint" {
+                assert_eq!(pair[0], "snapshot", "{trace:?}");
+            }
+        }
+        assert_eq!(w.committed.len(), 20);
+        // Without a local state store, never.
+        let mut w = World::new(20);
+        w.run(owned());
+        assert_eq!(w.count(|c| matches!(c, Command::Snapshot { .. })), 0);
+    }
+
+    #[test]
+    fn an_ending_partition_snapshots_what_changed_and_writes_the_pointer_itself() {
+        // Snapshots are not due while it runs: the checkpoints carry none.
+        let mut w = World::new(20);
+        assert_eq!(
+            w.run(with_state(Duration::from_secs(3600), Duration::ZERO)),
+            End::Released
+        );
+        let trace = backup_trace(&w);
+        let release = trace.iter().position(|t| t == "release").unwrap();
+        assert_eq!(trace[release - 1], "snapshot+pointer", "{trace:?}");
+        assert_eq!(
+            trace.iter().filter(|t| t.starts_with("snapshot")).count(),
+            1,
+            "{trace:?}"
+        );
+        assert_eq!(w.unsnapshotted, 0);
+    }
+
+    #[test]
+    fn a_failing_final_snapshot_is_retried_for_its_wait_then_the_partition_is_released() {
+        let wait = Duration::from_millis(500);
+        let mut w = World::new(20);
+        w.failing_snapshots = u32::MAX;
+        let started = w.now;
+        assert_eq!(
+            w.run(with_state(Duration::from_secs(3600), wait)),
+            End::Released
+        );
+        let tries = w.count(|c| matches!(c, Command::Snapshot { .. }));
+        assert!(tries > 2, "retried: {tries}");
+        assert!(
+            w.now - started <= 600 + 100,
+            "waited {} ms for a {wait:?} wait",
+            w.now - started
+        );
+        assert_eq!(w.committed.len(), 20, "nothing processed was lost");
+        // A store that comes back in time gets the final snapshot.
+        let mut w = World::new(20);
+        w.failing_snapshots = 2;
+        assert_eq!(
+            w.run(with_state(Duration::from_secs(3600), wait)),
+            End::Released
+        );
+        assert_eq!(w.unsnapshotted, 0);
+    }
+
+    #[test]
+    fn a_full_disk_gives_the_partition_up_after_checkpointing_what_was_done() {
+        let mut w = World::new(40);
+        w.disk_full_from_call = Some(3);
+        let end = w.run(with_state(Duration::from_secs(3600), Duration::ZERO));
+        assert_eq!(end, End::GivenUp(STORAGE));
+        assert_eq!(w.committed.len(), 16, "the two batches before were kept");
+        assert!(w.count(|c| matches!(c, Command::Release)) == 1);
     }
 
     #[test]
@@ -1397,6 +1665,7 @@ mod tests {
             now: 0,
             lease_left: Duration::from_secs(10),
             revoked: false,
+            unsnapshotted: 0,
         };
         // Failing fetches, and failing to find where to start.
         for fails_at_start in [false, true] {
@@ -1429,6 +1698,7 @@ mod tests {
             now: 0,
             lease_left: Duration::from_secs(10),
             revoked: false,
+            unsnapshotted: 0,
         };
         let rules = PartitionRules {
             checkpoint_interval: Duration::from_secs(60),

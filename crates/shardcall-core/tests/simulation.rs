@@ -54,6 +54,7 @@ fn partition_rules() -> PartitionRules {
         dead_letters: true,
         count_in_store: false,
         give_up_after: 0,
+        state: None,
     }
 }
 
@@ -373,6 +374,7 @@ impl Sim {
                     now,
                     lease_left,
                     revoked: task.revoked,
+                    unsnapshotted: 0,
                 };
                 let command = task.engine.step(answer, env);
                 let epoch = task.epoch;

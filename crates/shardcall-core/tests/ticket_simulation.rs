@@ -59,6 +59,7 @@ fn rules(history: shardcall_core::TicketHistory, budget: Millis) -> PartitionRul
         dead_letters: true,
         count_in_store: true,
         give_up_after: 0,
+        state: None,
     }
 }
 
@@ -239,6 +240,7 @@ impl Sim {
                 now,
                 lease_left: Duration::from_millis(serving.until.saturating_sub(now)),
                 revoked: false,
+                unsnapshotted: 0,
             };
             let answer = std::mem::replace(&mut serving.answer, Event::Done);
             serving.in_flight.clear();

@@ -7,7 +7,7 @@ use shardcall_core::{GroupConfig, GroupConfigError};
 use crate::failures::RetryBackoff;
 
 /// How a worker joins its group and processes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// The group to join.
     pub group: String,
@@ -30,6 +30,11 @@ pub struct WorkerConfig {
     /// killed and restarted from the checkpoint) or, when it cannot be
     /// stopped, the partition is given up.
     pub call_deadline: Duration,
+    /// The partitions' local state stores and where their snapshots go, for
+    /// a handler that keeps its state in one
+    /// ([`crate::PartitionHandler::process_state`]); `None`: the handler's
+    /// state bytes, checkpointed whole.
+    pub state: Option<crate::StateConfig>,
 }
 
 impl Default for WorkerConfig {
@@ -43,6 +48,7 @@ impl Default for WorkerConfig {
             batch: BatchConfig::default(),
             slots: 0,
             call_deadline: crate::handler_cell::DEFAULT_DEADLINE,
+            state: None,
         }
     }
 }

@@ -63,6 +63,15 @@ impl<A: PartitionHandler, B: PartitionHandler> PartitionHandler for EitherHandle
         each!(self, h => h.process(ctx, batch))
     }
 
+    fn process_state(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+        state: &mut crate::StateTxn<'_>,
+    ) -> Result<(), HandlerError> {
+        each!(self, h => h.process_state(ctx, batch, state))
+    }
+
     fn revoked(&mut self, ctx: &PartitionContext) -> Result<(), HandlerError> {
         each!(self, h => h.revoked(ctx))
     }

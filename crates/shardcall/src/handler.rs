@@ -40,12 +40,40 @@ pub trait PartitionHandler: Send + 'static {
     ) -> Result<(), HandlerError>;
 
     /// Processes a batch, in offset order, returning the new state. The state
-    /// and the offset after the batch are checkpointed together.
+    /// and the offset after the batch are checkpointed together. (A handler
+    /// that keeps its state in a local state store implements
+    /// [`Self::process_state`] instead.)
     fn process(
         &mut self,
         ctx: &PartitionContext,
         batch: &[Record],
-    ) -> Result<Vec<u8>, HandlerError>;
+    ) -> Result<Vec<u8>, HandlerError> {
+        let _ = (ctx, batch);
+        Err(HandlerError(
+            "this handler keeps its state in a local state store: run the worker with one \
+             (WorkerConfig::state, or [state] in the configuration)"
+                .into(),
+        ))
+    }
+
+    /// Processes a batch, in offset order, reading and writing the
+    /// partition's local state store through `state` (the worker runs with
+    /// [`crate::WorkerConfig::state`]). The batch's writes and the offset
+    /// after it are committed in one local transaction when this returns
+    /// `Ok`; on an error they are dropped and the batch is delivered again.
+    /// `assigned` is then given no state bytes: the state is in the store.
+    fn process_state(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+        state: &mut crate::StateTxn<'_>,
+    ) -> Result<(), HandlerError> {
+        let _ = (ctx, batch, state);
+        Err(HandlerError(
+            "this handler returns its state as bytes: run the worker without a local state store"
+                .into(),
+        ))
+    }
 
     /// The partition was taken away: the final state is checkpointed and the
     /// partition released (it is in quarantine, nobody consumes it). Back up

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use shardcall_spool::Record;
 
 use crate::handler::{HandlerError, HandlerFactory, PartitionContext, PartitionHandler};
+use crate::state_store::{StateStore, WriteSet};
+use crate::state_txn::StateTxn;
 
 /// A handler call's deadline unless set otherwise (Kafka's
 /// `max.poll.interval.ms` default).
@@ -236,6 +238,28 @@ impl<F: HandlerFactory> HandlerCell<F> {
         let ctx = self.ctx.clone();
         let (handler, result) = call(handler, &self.ctx, self.deadline, move |h| {
             h.process(&ctx, &batch)
+        })
+        .await;
+        if result.is_ok() {
+            self.handler = handler;
+        }
+        result.map_err(CallError::from)
+    }
+
+    /// A batch through the partition's local state store: the writes it
+    /// made, for the caller to commit with the offset after the batch.
+    pub(crate) async fn process_state(
+        &mut self,
+        batch: Arc<Vec<Record>>,
+        store: Arc<dyn StateStore>,
+    ) -> Result<WriteSet, CallError> {
+        self.ready().await?;
+        let handler = self.handler.take().expect("ready");
+        let ctx = self.ctx.clone();
+        let (handler, result) = call(handler, &self.ctx, self.deadline, move |h| {
+            let mut txn = StateTxn::new(&*store);
+            h.process_state(&ctx, &batch, &mut txn)?;
+            Ok(txn.into_writes())
         })
         .await;
         if result.is_ok() {

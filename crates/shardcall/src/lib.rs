@@ -41,10 +41,12 @@ mod memory_tickets;
 pub mod oracle;
 mod partition;
 mod partition_driver;
+mod partition_state;
 mod running;
 pub mod snapshot;
 mod source;
 mod spooled;
+mod state_config;
 mod state_fjall;
 mod state_memory;
 pub mod state_runs;
@@ -76,9 +78,11 @@ pub use handler::{
 pub use lease::LocalLease;
 pub use memory::{Clock, MemoryStore, SystemClock};
 pub use partition::TaskEnd;
+pub use partition_state::{RestoreFailure, Restored};
 pub use running::RunningWorker;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
+pub use state_config::StateConfig;
 pub use state_fjall::FjallStateStore;
 pub use state_memory::MemoryStateStore;
 pub use state_store::{

@@ -51,6 +51,9 @@ pub struct PartitionTask<S, Src, F> {
     pub batch: BatchConfig,
     /// How long one handler call may take.
     pub call_deadline: Duration,
+    /// The worker's local state stores, if the handler keeps its state in
+    /// one.
+    pub state: Option<crate::StateConfig>,
     /// Where a batch goes after `batch.max_attempts` failures.
     pub dead_letters: Option<Arc<dyn DeadLetters>>,
     /// Records processed, for statistics.
@@ -151,6 +154,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             dead_letters: self.dead_letters.is_some(),
             count_in_store: false,
             give_up_after: self.batch.give_up_after,
+            state: self.state.as_ref().map(|s| shardcall_core::StateRules {
+                snapshot_every: s.snapshot_every,
+                snapshot_bytes: s.snapshot_bytes,
+                final_snapshot_wait: s.final_snapshot_wait,
+            }),
         };
         let grant = OwnedGrant {
             group: &self.group,
@@ -175,6 +183,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             dead_lettered: None,
             lag_gauge: true,
             log_start: true,
+            state: self.state.clone(),
         };
         let driven = drive(d, grant, rules).await;
         self.source.release(&self.ctx.partition).await;

@@ -25,7 +25,10 @@ use crate::failures;
 use crate::handler::{BatchObserver, BatchOutcome, BatchRecord, HandlerFactory, PartitionContext};
 use crate::handler_cell::{CallError, HandlerCell};
 use crate::lease::LocalLease;
+use crate::partition_state::{PartitionState, RestoreFailure};
 use crate::source::Source;
+use crate::state_config::StateConfig;
+use crate::state_store::{Applied, StateStoreError, WriteSet};
 use crate::store::{Checkpoint, CoordinationStore, Disposition, StoreError};
 
 /// How often the lag gauge is refreshed.
@@ -88,6 +91,9 @@ pub(crate) struct Drive<'a, S, Src, F: HandlerFactory> {
     pub lag_gauge: bool,
     /// Whether to log the start (owned mode; a ticket is claimed too often).
     pub log_start: bool,
+    /// The worker's local state stores, if the handler keeps its state in
+    /// one.
+    pub state: Option<StateConfig>,
 }
 
 /// A handler kept after a claim, valid while the partition's checkpoint is
@@ -137,6 +143,8 @@ struct Driver<'a, S, Src, F: HandlerFactory, G> {
     open_write: Option<OpenWrite>,
     lag_checked: Option<Instant>,
     lag_task: Option<tokio::task::JoinHandle<()>>,
+    /// The partition's local state store, once opened.
+    local: Option<PartitionState>,
 }
 
 /// Runs one partition under `rules` to its end.
@@ -165,6 +173,7 @@ where
         open_write: None,
         lag_checked: None,
         lag_task: None,
+        local: None,
     };
     let mut engine = PartitionEngine::new(rules);
     let mut event = Event::Start;
@@ -255,6 +264,7 @@ where
             now: self.began.elapsed().as_millis() as u64,
             lease_left: self.grant.lease().remaining(),
             revoked: *self.d.revoke.borrow(),
+            unsnapshotted: self.local.as_ref().map_or(0, PartitionState::unsnapshotted),
         }
     }
 
@@ -270,6 +280,7 @@ where
 
     async fn carry_out(&mut self, command: Command, engine: &PartitionEngine) -> Event {
         match command {
+            Command::Restore if self.d.state.is_some() => self.restore_state().await,
             Command::Restore => {
                 let restored = self.grant.restore().await;
                 if let Err(e) = &restored {
@@ -379,11 +390,112 @@ where
                 }
                 Event::Done
             }
+            Command::Snapshot { write_pointer } => self.snapshot(write_pointer).await,
             Command::GiveBack { delay } => {
                 self.grant.give_back(delay).await;
                 Event::Done
             }
             Command::Done(_) => unreachable!("the loop ends at Done"),
+        }
+    }
+
+    /// Opens the partition's local state store (once) and makes it the
+    /// state the checkpoint's snapshot history has: the answer is where to
+    /// read on. A damaged local store is only a cache of the snapshots: it
+    /// is removed and restored again.
+    async fn restore_state(&mut self) -> Event {
+        if self.local.is_none() {
+            let config = self.d.state.clone().expect("state mode");
+            let (group, p) = (self.d.group.to_owned(), self.d.ctx.partition.clone());
+            let opened = tokio::task::spawn_blocking(move || {
+                match PartitionState::open(&config, &group, &p) {
+                    Err(StateStoreError::Corrupt { path, detail }) => {
+                        tracing::error!(path = %path.display(), %detail,
+                            "the local state store is damaged; removing it to restore it from the snapshots");
+                        std::fs::remove_dir_all(&path).map_err(|e| StateStoreError::Engine {
+                            path: path.clone(),
+                            action: "removing a damaged store",
+                            cause: Box::new(e),
+                        })?;
+                        PartitionState::open(&config, &group, &p)
+                    }
+                    other => other,
+                }
+            })
+            .await;
+            match opened {
+                Ok(Ok(local)) => self.local = Some(local),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "opening the local state store");
+                    return Event::Restored(StoreAnswer::Failed(e.to_string()));
+                }
+                Err(e) => return Event::Restored(StoreAnswer::Failed(e.to_string())),
+            }
+        }
+        let checkpoint = match self.grant.restore().await {
+            Ok(cp) => cp,
+            Err(e) => {
+                tracing::warn!(error = %e, "restoring the checkpoint");
+                return Event::Restored(answer(Err(e)));
+            }
+        };
+        self.checkpoint = checkpoint.as_ref().map(|cp| (cp.offset, cp.epoch));
+        let began = clock::now();
+        let local = self.local.as_mut().expect("opened");
+        match local.restore(checkpoint.as_ref()).await {
+            Ok(restored) => {
+                crate::telemetry::state_restore_seconds(began.elapsed());
+                tracing::info!(
+                    resume_at = ?restored.resume_at,
+                    local_was_current = restored.local_was_current,
+                    downloaded_bytes = restored.downloaded_bytes,
+                    passed_over = restored.passed_over.len(),
+                    ms = began.elapsed().as_millis() as u64,
+                    "local state store restored"
+                );
+                Event::Restored(StoreAnswer::Ok(restored.resume_at))
+            }
+            Err(RestoreFailure::Unrecoverable(why)) => Event::Unreadable(why),
+            Err(e) => {
+                tracing::warn!(error = %e, "restoring the local state store");
+                Event::Restored(StoreAnswer::Failed(e.to_string()))
+            }
+        }
+    }
+
+    /// Cuts and uploads a snapshot of the local state store; with
+    /// `write_pointer`, writes its pointer now with the last checkpoint.
+    async fn snapshot(&mut self, write_pointer: bool) -> Event {
+        let epoch = self.d.ctx.epoch;
+        let Some(local) = self.local.as_mut() else {
+            return Event::Snapshotted(StoreAnswer::Ok(()));
+        };
+        let began = clock::now();
+        let pointer = match local.snapshot(epoch).await {
+            Ok(Some(p)) => p,
+            Ok(None) => return Event::Snapshotted(StoreAnswer::Ok(())),
+            Err(e) => {
+                tracing::warn!(error = %e, "snapshot failed; processing goes on");
+                return Event::Snapshotted(StoreAnswer::Failed(e.to_string()));
+            }
+        };
+        tracing::debug!(manifest = %pointer.manifest, offset = pointer.offset,
+            ms = began.elapsed().as_millis() as u64, "snapshot taken");
+        let Some((offset, _)) = self.checkpoint.filter(|_| write_pointer) else {
+            return Event::Snapshotted(StoreAnswer::Ok(()));
+        };
+        let checkpoint = Checkpoint {
+            offset,
+            state: Vec::new(),
+            epoch,
+            backup: local.history_to_write(),
+        };
+        match self.grant.save(&checkpoint).await {
+            Ok(()) => {
+                local.history_written().await;
+                Event::Snapshotted(StoreAnswer::Ok(()))
+            }
+            Err(e) => Event::Snapshotted(answer(Err(e))),
         }
     }
 
@@ -470,8 +582,26 @@ where
             ),
             None => None,
         };
-        let result = self.cell().process(records).await;
-        drop(permit);
+        let last = records.last().map(|r| r.offset);
+        let result = match self.local.as_ref().map(PartitionState::store) {
+            Some(store) => match self.cell().process_state(records, store).await {
+                Ok(writes) => {
+                    drop(permit);
+                    let applied = Applied {
+                        offset: last.map_or(0, |l| l + 1),
+                        epoch: self.d.ctx.epoch,
+                    };
+                    let local = self.local.as_mut().expect("checked");
+                    if let Err(e) = local.commit(writes, applied).await {
+                        tracing::error!(error = %e, "the local state store refused a batch; the partition is given up");
+                        return Event::Processed(Err(CallFailure::Storage(e.to_string())));
+                    }
+                    Ok(Vec::new())
+                }
+                Err(e) => Err(e),
+            },
+            None => self.cell().process(records).await,
+        };
         match result {
             Ok(state) => {
                 crate::telemetry::batch_seconds(self.d.group, began.elapsed());
@@ -507,8 +637,8 @@ where
     }
 
     /// One attempt at writing `first..=last`, bounded by the lease.
-    async fn checkpoint(&mut self, first: u64, last: u64, state: StateOf) -> CheckpointAnswer {
-        let state = match state {
+    async fn checkpoint(&mut self, first: u64, last: u64, which: StateOf) -> CheckpointAnswer {
+        let state = match which {
             StateOf::Processed => self.state.clone().unwrap_or_default(),
             StateOf::Checkpointed => {
                 // Skipped records change nothing; the handler starts again
@@ -519,11 +649,28 @@ where
                 s
             }
         };
+        if let Some(local) = self.local.as_mut()
+            && matches!(which, StateOf::Checkpointed)
+        {
+            // Records skipped to the dead letters change nothing, but the
+            // store's position moves past them.
+            let applied = Applied {
+                offset: last + 1,
+                epoch: self.d.ctx.epoch,
+            };
+            if let Err(e) = local.commit(WriteSet::new(), applied).await {
+                tracing::warn!(error = %e, "moving the local state store's position failed");
+                return CheckpointAnswer::Failed(e.to_string());
+            }
+        }
         let checkpoint = Checkpoint {
             offset: last + 1,
             state,
             epoch: self.d.ctx.epoch,
-            backup: Vec::new(),
+            backup: self
+                .local
+                .as_ref()
+                .map_or_else(Vec::new, PartitionState::history_to_write),
         };
         let mut write = self.open_write.take().unwrap_or(OpenWrite {
             first,
@@ -546,6 +693,9 @@ where
         match result {
             Ok(Ok(())) => {
                 self.tell_oracle(&write, BatchOutcome::Committed);
+                if let Some(local) = self.local.as_mut() {
+                    local.history_written().await;
+                }
                 self.committed(first, last, checkpoint).await;
                 CheckpointAnswer::Committed
             }
@@ -671,6 +821,7 @@ mod tests {
             asked: asked.clone(),
         };
         let d = Drive {
+            state: None,
             group: "g",
             ctx: PartitionContext {
                 partition: PartitionId::new("t", 0),
@@ -701,6 +852,7 @@ mod tests {
             dead_letters: false,
             count_in_store: false,
             give_up_after: 0,
+            state: None,
         };
         let driven = drive(d, grant, rules).await;
         assert_eq!(driven.end, End::Released);

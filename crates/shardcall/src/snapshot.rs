@@ -144,11 +144,45 @@ pub async fn snapshot(
     epoch: Epoch,
     offset: u64,
 ) -> Result<SnapshotReport, SnapshotError> {
+    snapshot_with(store, scope, dir, epoch, offset, None).await
+}
+
+/// [`snapshot`] of a directory whose files never change once written (a
+/// local state store's runs): a file that `known` (the last snapshot's
+/// manifest) lists with the same length, and whose chunks the store still
+/// holds, is taken from it without being read again.
+pub async fn snapshot_immutable(
+    store: &dyn BackupStore,
+    scope: &str,
+    dir: &Path,
+    epoch: Epoch,
+    offset: u64,
+    known: Option<&Manifest>,
+) -> Result<SnapshotReport, SnapshotError> {
+    snapshot_with(store, scope, dir, epoch, offset, known).await
+}
+
+async fn snapshot_with(
+    store: &dyn BackupStore,
+    scope: &str,
+    dir: &Path,
+    epoch: Epoch,
+    offset: u64,
+    known: Option<&Manifest>,
+) -> Result<SnapshotReport, SnapshotError> {
     let mut stored = store.chunk_ids(scope).await?;
     let mut files = Vec::new();
     let (mut uploaded_chunks, mut uploaded_bytes) = (0, 0);
     for path in files_below(dir).map_err(local(dir))? {
         let full = dir.join(&path);
+        let same = known.and_then(|m| m.files.iter().find(|f| f.path == path));
+        if let Some(entry) = same {
+            let len = std::fs::metadata(&full).map_err(local(&full))?.len();
+            if len == entry.len() && entry.chunks.iter().all(|c| stored.contains(&c.id)) {
+                files.push(entry.clone());
+                continue;
+            }
+        }
         let mut chunks = Vec::new();
         let mut pending = Vec::new();
         // Hashing is CPU work: off the async threads, a file at a time.
@@ -360,17 +394,53 @@ pub async fn collect(
     scope: &str,
     keep: usize,
 ) -> Result<Collection, SnapshotError> {
+    let manifests = read_manifests(store, scope).await?;
+    match manifests {
+        Some(m) => delete(store, scope, backup_plan::collect(&m, keep)).await,
+        None => Ok(Collection::default()),
+    }
+}
+
+/// Deletes the manifests of `scope` that `listed` (a partition's snapshot
+/// history) does not name, and the chunks only they named
+/// ([`backup_plan::collect_unlisted`]): older snapshots, and uploads of a
+/// fenced former owner that never became current.
+pub async fn collect_unlisted(
+    store: &dyn BackupStore,
+    scope: &str,
+    listed: &BTreeSet<String>,
+) -> Result<Collection, SnapshotError> {
+    let manifests = read_manifests(store, scope).await?;
+    match manifests {
+        Some(m) => delete(store, scope, backup_plan::collect_unlisted(&m, listed)).await,
+        None => Ok(Collection::default()),
+    }
+}
+
+/// Every manifest of `scope`, oldest first; `None` if one is damaged (it
+/// cannot say which chunks it names, so nothing may be collected; the
+/// manifest stays for an operator to look at).
+async fn read_manifests(
+    store: &dyn BackupStore,
+    scope: &str,
+) -> Result<Option<Vec<(String, Manifest)>>, SnapshotError> {
     let mut manifests = Vec::new();
     for name in store.manifest_names(scope).await? {
         match store.get_manifest(scope, &name).await {
             Ok(m) => manifests.push((name, m)),
-            // A damaged manifest cannot say which chunks it names: keep
-            // every chunk, and the manifest for an operator to look at.
-            Err(BackupError::Corrupt { .. }) => return Ok(Collection::default()),
+            Err(BackupError::Corrupt { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         }
     }
-    let collection = backup_plan::collect(&manifests, keep);
+    Ok(Some(manifests))
+}
+
+/// Carries a collection out: manifests first.
+async fn delete(
+    store: &dyn BackupStore,
+    scope: &str,
+    collection: Collection,
+) -> Result<Collection, SnapshotError> {
     for name in &collection.manifests {
         store.delete_manifest(scope, name).await?;
     }

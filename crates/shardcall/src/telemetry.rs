@@ -74,6 +74,21 @@ pub fn describe() {
         Unit::Count,
         "Handler calls that failed (an error, a panic, a crashed child), per partition"
     );
+    describe_counter!(
+        "shardcall_state_uploaded_bytes_total",
+        Unit::Bytes,
+        "Bytes of local state store snapshots uploaded to the backup store"
+    );
+    describe_counter!(
+        "shardcall_state_downloaded_bytes_total",
+        Unit::Bytes,
+        "Bytes of snapshots downloaded to restore local state stores"
+    );
+    describe_histogram!(
+        "shardcall_state_restore_seconds",
+        Unit::Seconds,
+        "How long restoring a partition's local state store took"
+    );
 }
 
 use shardcall_core::PartitionId;
@@ -133,4 +148,19 @@ pub fn handler_failure(group: &str, p: &PartitionId) {
 /// A handler call that outlived its deadline and could not be stopped.
 pub fn handler_stuck(p: &PartitionId) {
     metrics::counter!("shardcall_handler_stuck_total", "partition" => p.to_string()).increment(1);
+}
+
+/// Bytes a snapshot uploaded.
+pub fn state_uploaded(bytes: u64) {
+    metrics::counter!("shardcall_state_uploaded_bytes_total").increment(bytes);
+}
+
+/// Bytes a restore downloaded.
+pub fn state_downloaded(bytes: u64) {
+    metrics::counter!("shardcall_state_downloaded_bytes_total").increment(bytes);
+}
+
+/// How long a restore of a local state store took.
+pub fn state_restore_seconds(d: Duration) {
+    metrics::histogram!("shardcall_state_restore_seconds").record(d.as_secs_f64());
 }

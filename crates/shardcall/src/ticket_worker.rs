@@ -387,6 +387,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
         dead_letters: s.dead_letters.is_some(),
         count_in_store: true,
         give_up_after: 0,
+        state: None,
     };
     let ctx = PartitionContext {
         partition: p.clone(),
@@ -403,6 +404,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
     };
     let kept = s.kept.lock().expect("kept lock").remove(&p);
     let d = Drive {
+        state: None,
         group: &c.group,
         ctx,
         store: &*s.store,

@@ -632,6 +632,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             revoke: revoke_rx,
             batch: w.config.batch.clone(),
             call_deadline: w.config.call_deadline,
+            state: w.config.state.clone(),
             dead_letters: w.dead_letters.clone(),
             processed: self.stats.processed.clone(),
             slots: self.slots.clone(),

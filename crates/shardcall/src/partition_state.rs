@@ -1,0 +1,473 @@
+//! One partition's local state store while this worker holds it: opening
+//! it, restoring it from the snapshot history, committing batches, cutting
+//! and uploading snapshots, and collecting the ones no longer kept. The
+//! decisions (is the local store current, which runs to load, when to
+//! rebase, how the history moves) are `shardcall_core::state_plan`'s; this
+//! carries them out against the disk and the backup store.
+//!
+//! On disk, a partition has `store/` (the engine's files) and `runs/` (the
+//! runs its contents consist of: the base and the deltas cut since, which
+//! a snapshot uploads and a restore downloads). The store's run mark says
+//! which run it was last cut into or loaded from.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use shardcall_core::backup_plan::Manifest;
+use shardcall_core::state_plan::{
+    self, BackupPointer, CheckpointPosition, LocalPosition, RunsToLoad,
+};
+use shardcall_core::{Epoch, PartitionId};
+
+use crate::backup_store::BackupError;
+use crate::snapshot::{self, SnapshotError};
+use crate::state_config::StateConfig;
+use crate::state_fjall::FjallStateStore;
+use crate::state_runs::{RunReader, RunWriter};
+use crate::state_store::{Applied, StateStore, StateStoreError, WriteSet};
+use crate::store::Checkpoint;
+
+/// Why a restore did not give a state.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RestoreFailure {
+    /// The backup store or the local disk failed; a retry may succeed.
+    #[error("restoring the partition's state failed (will retry): {0}")]
+    Retry(String),
+    /// Every snapshot the history names is missing or damaged: the state
+    /// cannot be rebuilt, and the partition must stop rather than start
+    /// from an empty state.
+    #[error("no snapshot of the partition's state restores: {0}")]
+    Unrecoverable(String),
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, Default)]
+pub struct Restored {
+    /// Where to read on (`None`: no snapshot; the store is empty and the
+    /// partition starts where a new one would).
+    pub resume_at: Option<u64>,
+    /// Bytes downloaded.
+    pub downloaded_bytes: u64,
+    /// Snapshots passed over (missing or damaged), each with why.
+    pub passed_over: Vec<(String, String)>,
+    /// The local store was current: nothing was downloaded or loaded.
+    pub local_was_current: bool,
+}
+
+/// A partition's local state store, its runs and its snapshot history.
+pub(crate) struct PartitionState {
+    config: StateConfig,
+    store: Arc<FjallStateStore>,
+    scope: String,
+    runs_dir: PathBuf,
+    history: Vec<BackupPointer>,
+    /// A snapshot was taken since the last checkpoint: the next one writes
+    /// the history.
+    fresh: bool,
+    unsnapshotted: u64,
+    last_manifest: Option<Manifest>,
+}
+
+fn blocking_failed(e: tokio::task::JoinError) -> StateStoreError {
+    StateStoreError::Engine {
+        path: PathBuf::new(),
+        action: "running a blocking call",
+        cause: Box::new(e),
+    }
+}
+
+/// The runs in `dir`, in cut order (a leftover `.tmp` of a cut that
+/// crashed is removed).
+fn runs_in(dir: &Path) -> std::io::Result<Vec<(String, u64)>> {
+    let mut runs = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".tmp") {
+            std::fs::remove_file(entry.path())?;
+            continue;
+        }
+        if state_plan::run_seq(&name).is_some() {
+            runs.push((name, entry.metadata()?.len()));
+        }
+    }
+    runs.sort();
+    Ok(runs)
+}
+
+fn run_applied(name: &str) -> Option<Applied> {
+    let stem = name.strip_suffix(".run")?;
+    let mut parts = stem.split('-').skip(1);
+    let epoch = parts.next()?.parse().ok()?;
+    let offset = parts.next()?.parse().ok()?;
+    Some(Applied { offset, epoch })
+}
+
+impl PartitionState {
+    /// Opens the partition's store (blocking: call off the async threads).
+    pub(crate) fn open(
+        config: &StateConfig,
+        group: &str,
+        partition: &PartitionId,
+    ) -> Result<Self, StateStoreError> {
+        let base = config
+            .dir
+            .join(group)
+            .join(&*partition.topic)
+            .join(partition.partition.to_string());
+        let runs_dir = base.join("runs");
+        std::fs::create_dir_all(&runs_dir).map_err(|e| StateStoreError::Engine {
+            path: runs_dir.clone(),
+            action: "creating its runs directory",
+            cause: Box::new(e),
+        })?;
+        let store = FjallStateStore::open(base.join("store"), config.cache_bytes)?;
+        Ok(Self {
+            config: config.clone(),
+            store: Arc::new(store),
+            scope: format!("{group}/{}/{}", partition.topic, partition.partition),
+            runs_dir,
+            history: Vec::new(),
+            fresh: false,
+            unsnapshotted: 0,
+            last_manifest: None,
+        })
+    }
+
+    /// The store, for a batch's [`crate::StateTxn`].
+    pub(crate) fn store(&self) -> Arc<dyn StateStore> {
+        self.store.clone()
+    }
+
+    /// Bytes committed since the last snapshot.
+    pub(crate) fn unsnapshotted(&self) -> u64 {
+        self.unsnapshotted
+    }
+
+    /// The history the next checkpoint writes: the new one after a
+    /// snapshot, else none (the stored one stays).
+    pub(crate) fn history_to_write(&self) -> Vec<BackupPointer> {
+        if self.fresh {
+            self.history.clone()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The checkpoint carrying the history was written: its snapshot is
+    /// current, and the ones the history dropped may be collected.
+    pub(crate) async fn history_written(&mut self) {
+        if !std::mem::take(&mut self.fresh) {
+            return;
+        }
+        let listed = state_plan::listed(&self.history);
+        match snapshot::collect_unlisted(&*self.config.backups, &self.scope, &listed).await {
+            Ok(c) if !c.manifests.is_empty() => tracing::debug!(
+                manifests = c.manifests.len(),
+                chunks = c.chunks.len(),
+                "old snapshots collected"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "collecting old snapshots failed; next time"),
+        }
+    }
+
+    /// Commits a batch's writes with the position after it (blocking on a
+    /// thread of its own).
+    pub(crate) async fn commit(
+        &mut self,
+        writes: WriteSet,
+        applied: Applied,
+    ) -> Result<(), StateStoreError> {
+        let bytes = writes.bytes();
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.commit(&writes, applied))
+            .await
+            .map_err(blocking_failed)??;
+        self.unsnapshotted += bytes;
+        Ok(())
+    }
+
+    /// Makes the store the partition's state as the checkpoint has it: the
+    /// local store as it is when nobody checkpointed since its last commit;
+    /// else the newest snapshot of the history that restores (only the runs
+    /// the store lacks are loaded, only the chunks its runs lack are
+    /// downloaded); else, with no history, an empty store.
+    pub(crate) async fn restore(
+        &mut self,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<Restored, RestoreFailure> {
+        let store = self.store.clone();
+        let (applied, mark) = tokio::task::spawn_blocking(move || {
+            Ok::<_, StateStoreError>((store.applied()?, store.run_mark()?))
+        })
+        .await
+        .map_err(|e| RestoreFailure::Retry(e.to_string()))?
+        .map_err(|e| RestoreFailure::Retry(e.to_string()))?;
+        self.history = checkpoint.map(|c| c.backup.clone()).unwrap_or_default();
+        self.fresh = false;
+        let local = applied.map(|a| LocalPosition {
+            offset: a.offset,
+            epoch: a.epoch,
+        });
+        let cp = checkpoint.map(|c| CheckpointPosition {
+            offset: c.offset,
+            epoch: c.epoch,
+        });
+        if let Some(offset) = state_plan::resume_local(local, cp) {
+            return Ok(Restored {
+                resume_at: Some(offset),
+                local_was_current: true,
+                ..Restored::default()
+            });
+        }
+        let mut passed_over = Vec::new();
+        for pointer in self.history.clone() {
+            match self.restore_pointer(&pointer, applied, mark.clone()).await {
+                Ok(downloaded_bytes) => {
+                    return Ok(Restored {
+                        resume_at: Some(pointer.offset),
+                        downloaded_bytes,
+                        passed_over,
+                        local_was_current: false,
+                    });
+                }
+                Err(Damaged(why)) => {
+                    tracing::error!(manifest = %pointer.manifest, error = %why,
+                        "a snapshot does not restore; trying the one before");
+                    passed_over.push((pointer.manifest.clone(), why));
+                }
+                Err(Failed(why)) => return Err(RestoreFailure::Retry(why)),
+            }
+        }
+        if let Some((name, why)) = passed_over.first() {
+            return Err(RestoreFailure::Unrecoverable(format!(
+                "{} snapshots passed over, the newest ({name}): {why}",
+                passed_over.len()
+            )));
+        }
+        // No snapshot: the partition starts afresh, from an empty store.
+        let store = self.store.clone();
+        let runs_dir = self.runs_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            store.clear()?;
+            clear_runs(&runs_dir)
+        })
+        .await
+        .map_err(|e| RestoreFailure::Retry(e.to_string()))?
+        .map_err(|e| RestoreFailure::Retry(e.to_string()))?;
+        self.last_manifest = None;
+        self.unsnapshotted = 0;
+        Ok(Restored::default())
+    }
+
+    async fn restore_pointer(
+        &mut self,
+        pointer: &BackupPointer,
+        applied: Option<Applied>,
+        mark: Option<crate::state_store::RunMark>,
+    ) -> Result<u64, Attempt> {
+        let report = snapshot::restore(
+            &*self.config.backups,
+            &self.scope,
+            &pointer.manifest,
+            &self.runs_dir,
+        )
+        .await
+        .map_err(Attempt::from)?;
+        let runs: Vec<String> = report
+            .manifest
+            .files
+            .iter()
+            .map(|f| f.path.clone())
+            .collect();
+        let still_at_mark = mark.as_ref().is_some_and(|m| Some(m.applied) == applied);
+        let plan =
+            state_plan::runs_to_load(mark.as_ref().map(|m| m.run.as_str()), still_at_mark, &runs);
+        let store = self.store.clone();
+        let runs_dir = self.runs_dir.clone();
+        let loaded =
+            tokio::task::spawn_blocking(move || load_runs(&*store, &runs_dir, &runs, plan))
+                .await
+                .map_err(|e| Failed(e.to_string()))?;
+        if let Err(e) = loaded {
+            // Whatever was loaded is not any run's: start the next try
+            // from an empty store.
+            let store = self.store.clone();
+            let _ = tokio::task::spawn_blocking(move || store.clear()).await;
+            return Err(match e {
+                StateStoreError::BadRun { .. } | StateStoreError::Corrupt { .. } => {
+                    Damaged(e.to_string())
+                }
+                other => Failed(other.to_string()),
+            });
+        }
+        crate::telemetry::state_downloaded(report.downloaded_bytes);
+        self.last_manifest = Some(report.manifest);
+        self.unsnapshotted = 0;
+        Ok(report.downloaded_bytes)
+    }
+
+    /// Cuts what changed since the last snapshot into a run (or, when the
+    /// deltas outgrew the base or the runs do not match the store, exports
+    /// a new base), uploads what the backup store lacks and keeps the new
+    /// pointer for the next checkpoint. `None` when the store has nothing.
+    pub(crate) async fn snapshot(
+        &mut self,
+        epoch: Epoch,
+    ) -> Result<Option<BackupPointer>, SnapshotError> {
+        let store = self.store.clone();
+        let runs_dir = self.runs_dir.clone();
+        let (ratio, max_runs) = (self.config.rebase_ratio, self.config.max_runs);
+        let cut = tokio::task::spawn_blocking(move || {
+            cut_run(&*store, &runs_dir, epoch, ratio, max_runs)
+        })
+        .await
+        .map_err(|e| SnapshotError::Local {
+            path: PathBuf::new(),
+            cause: std::io::Error::other(e),
+        })??;
+        let Some(applied) = cut else {
+            return Ok(None);
+        };
+        let report = snapshot::snapshot_immutable(
+            &*self.config.backups,
+            &self.scope,
+            &self.runs_dir,
+            epoch,
+            applied.offset,
+            self.last_manifest.as_ref(),
+        )
+        .await?;
+        crate::telemetry::state_uploaded(report.uploaded_bytes);
+        let pointer = BackupPointer {
+            manifest: report.name.clone(),
+            offset: applied.offset,
+        };
+        self.history = state_plan::push_pointer(&self.history, pointer.clone(), self.config.keep);
+        self.fresh = true;
+        self.unsnapshotted = 0;
+        self.last_manifest = Some(report.manifest);
+        Ok(Some(pointer))
+    }
+}
+
+/// How one snapshot of the history failed.
+enum Attempt {
+    /// Missing or damaged: the one before may restore.
+    Damaged(String),
+    /// The store or the disk failed: retry the same later.
+    Failed(String),
+}
+use Attempt::{Damaged, Failed};
+
+impl From<SnapshotError> for Attempt {
+    fn from(e: SnapshotError) -> Self {
+        match e {
+            SnapshotError::Backup(
+                e @ (BackupError::Missing { .. } | BackupError::Corrupt { .. }),
+            ) => Damaged(e.to_string()),
+            other => Failed(other.to_string()),
+        }
+    }
+}
+
+fn clear_runs(dir: &Path) -> Result<(), StateStoreError> {
+    let io = |e| StateStoreError::Engine {
+        path: dir.to_owned(),
+        action: "clearing its runs",
+        cause: Box::new(e),
+    };
+    for (name, _) in runs_in(dir).map_err(io)? {
+        std::fs::remove_file(dir.join(name)).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Loads `runs[plan.from..]` (after clearing the store if the plan says
+/// so), each with the position its name records.
+fn load_runs(
+    store: &dyn StateStore,
+    dir: &Path,
+    runs: &[String],
+    plan: RunsToLoad,
+) -> Result<(), StateStoreError> {
+    if plan.clear {
+        store.clear()?;
+    }
+    for name in &runs[plan.from.min(runs.len())..] {
+        let applied = run_applied(name).ok_or_else(|| StateStoreError::BadRun {
+            run: name.clone(),
+            detail: "its name is not a run's".into(),
+        })?;
+        let mut reader = RunReader::open(&dir.join(name), name)?;
+        store.apply_run(name, &mut reader, applied)?;
+    }
+    Ok(())
+}
+
+/// Writes the next run into `dir` (blocking): a delta, or a new base that
+/// replaces every earlier run. Returns the position it covers, or `None`
+/// for an empty store.
+fn cut_run(
+    store: &dyn StateStore,
+    dir: &Path,
+    epoch: Epoch,
+    ratio: f64,
+    max_runs: usize,
+) -> Result<Option<Applied>, SnapshotError> {
+    let local = |path: &Path| {
+        let path = path.to_owned();
+        move |cause| SnapshotError::Local { path, cause }
+    };
+    let engine = |e: StateStoreError| SnapshotError::Local {
+        path: dir.to_owned(),
+        cause: std::io::Error::other(e),
+    };
+    let Some(applied) = store.applied().map_err(engine)? else {
+        return Ok(None);
+    };
+    let runs = runs_in(dir).map_err(local(dir))?;
+    let mark = store.run_mark().map_err(engine)?;
+    // The runs on disk must be exactly what the store was last cut into
+    // or loaded from; else only a new base describes the store.
+    let consistent = match (&mark, runs.last()) {
+        (None, None) => true,
+        (Some(m), Some((last, _))) => m.run == *last,
+        _ => false,
+    };
+    let base_bytes = runs.first().map_or(0, |(_, len)| *len);
+    let delta_bytes: u64 = runs.iter().skip(1).map(|(_, len)| len).sum();
+    let rebase = !consistent
+        || (!runs.is_empty()
+            && state_plan::rebase_due(base_bytes, delta_bytes, runs.len() + 1, ratio, max_runs));
+    let seq = runs
+        .last()
+        .and_then(|(name, _)| state_plan::run_seq(name))
+        .map_or(1, |s| s + 1);
+    let name = state_plan::run_name(seq, epoch, applied.offset);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut writer = RunWriter::create(&tmp).map_err(local(&tmp))?;
+    let written = if rebase {
+        store.export(&name, &mut |k, v| writer.entry(k, Some(v)))
+    } else {
+        store.take_changes(&name, &mut |k, v| writer.entry(k, v))
+    };
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(engine(e));
+    }
+    let file = writer
+        .finish()
+        .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
+        .map_err(local(&tmp))?;
+    file.sync_data().map_err(local(&tmp))?;
+    std::fs::rename(&tmp, dir.join(&name)).map_err(local(dir))?;
+    if rebase {
+        for (old, _) in &runs {
+            std::fs::remove_file(dir.join(old)).map_err(local(dir))?;
+        }
+    }
+    Ok(Some(applied))
+}

@@ -1,0 +1,405 @@
+//! Workers whose handler keeps its state in the local state store, end to
+//! end on the embedded default: a kill -9, a join and a graceful stop, then
+//! a new machine that restores every partition from the backups alone.
+//!
+//! The state is its own oracle: for every record the handler writes a
+//! marker under the record's offset and counts the record under its key.
+//! Finding the marker already there when a record comes means the state
+//! already holds that record (it would count it twice); at the end every
+//! offset's marker must be there and every key's count must equal its
+//! records (nothing lost, nothing twice). Offsets between a snapshot and a
+//! later checkpoint are committed twice after a crash (the state is rolled
+//! back to the snapshot and the log replayed), so the commit-chain check of
+//! the byte-state tests does not apply; ownership and coverage do.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use shardcall::oracle::{Oracle, check_coverage, check_ownership};
+use shardcall::{
+    BackupResult, BackupStore, CoordinationStore, DirBackupStore, FileLogSource, FjallStateStore,
+    HandlerError, HandlerFactory, MemoryStore, PartitionContext, PartitionHandler, StateConfig,
+    StateStore, StateTxn, Worker, WorkerConfig, WorkerHandle,
+};
+use shardcall_core::backup_plan::Manifest;
+use shardcall_core::{GroupConfig, PartitionId, Phase};
+use shardcall_spool::{FileLog, Record, SpoolConfig};
+
+const GROUP: &str = "g";
+const QUARANTINE: Duration = Duration::from_millis(300);
+const PARTITIONS: u32 = 4;
+
+fn timing() -> GroupConfig {
+    GroupConfig {
+        member_ttl: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        safety_margin: Duration::from_millis(500),
+        tick_interval: Duration::from_millis(50),
+        coordinator_ttl: Duration::from_millis(1000),
+        quarantine_min: QUARANTINE,
+        ..GroupConfig::default()
+    }
+}
+
+/// Counts records per key in the state store and marks each offset.
+struct Counting {
+    violations: Arc<Mutex<Vec<String>>>,
+}
+
+fn marker(offset: u64) -> Vec<u8> {
+    format!("seen/{offset:020}").into_bytes()
+}
+
+fn count_key(key: &[u8]) -> Vec<u8> {
+    [b"count/".as_slice(), key].concat()
+}
+
+impl PartitionHandler for Counting {
+    fn assigned(&mut self, _: &PartitionContext, state: Option<&[u8]>) -> Result<(), HandlerError> {
+        assert!(
+            state.is_none(),
+            "a state-store handler is given no state bytes"
+        );
+        Ok(())
+    }
+
+    fn process_state(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+        state: &mut StateTxn<'_>,
+    ) -> Result<(), HandlerError> {
+        let failed = |e: shardcall::StateStoreError| HandlerError(e.to_string());
+        for r in batch {
+            if state.get(&marker(r.offset)).map_err(failed)?.is_some() {
+                self.violations.lock().unwrap().push(format!(
+                    "{}: offset {} was already in the state when it came again (epoch {})",
+                    ctx.partition, r.offset, ctx.epoch
+                ));
+            }
+            state.put(&marker(r.offset), b"1").map_err(failed)?;
+            let key = count_key(r.key.as_deref().unwrap_or(b"-"));
+            let n = state
+                .get(&key)
+                .map_err(failed)?
+                .map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+            // Some weight, so that snapshots have bytes to move.
+            state.put(&key, &(n + 1).to_le_bytes()).map_err(failed)?;
+            state
+                .put(&[b"pad/".as_slice(), &key].concat(), &[7u8; 512])
+                .map_err(failed)?;
+        }
+        Ok(())
+    }
+}
+
+struct CountingFactory {
+    violations: Arc<Mutex<Vec<String>>>,
+}
+
+impl HandlerFactory for CountingFactory {
+    type Handler = Counting;
+    fn create(&self, _: &PartitionContext) -> Counting {
+        Counting {
+            violations: self.violations.clone(),
+        }
+    }
+}
+
+/// A backup store that counts the chunk bytes read through it.
+struct Counted {
+    inner: DirBackupStore,
+    read: AtomicU64,
+}
+
+#[async_trait]
+impl BackupStore for Counted {
+    async fn put_chunk(&self, scope: &str, id: &str, bytes: Bytes) -> BackupResult<()> {
+        self.inner.put_chunk(scope, id, bytes).await
+    }
+    async fn get_chunk(&self, scope: &str, id: &str) -> BackupResult<Bytes> {
+        let b = self.inner.get_chunk(scope, id).await?;
+        self.read.fetch_add(b.len() as u64, Ordering::Relaxed);
+        Ok(b)
+    }
+    async fn chunk_ids(&self, scope: &str) -> BackupResult<std::collections::BTreeSet<String>> {
+        self.inner.chunk_ids(scope).await
+    }
+    async fn delete_chunk(&self, scope: &str, id: &str) -> BackupResult<()> {
+        self.inner.delete_chunk(scope, id).await
+    }
+    async fn put_manifest(&self, scope: &str, name: &str, manifest: &Manifest) -> BackupResult<()> {
+        self.inner.put_manifest(scope, name, manifest).await
+    }
+    async fn get_manifest(&self, scope: &str, name: &str) -> BackupResult<Manifest> {
+        self.inner.get_manifest(scope, name).await
+    }
+    async fn manifest_names(&self, scope: &str) -> BackupResult<Vec<String>> {
+        self.inner.manifest_names(scope).await
+    }
+    async fn delete_manifest(&self, scope: &str, name: &str) -> BackupResult<()> {
+        self.inner.delete_manifest(scope, name).await
+    }
+}
+
+/// Per partition: the state's position and its entries.
+type States = BTreeMap<u32, (u64, BTreeMap<Vec<u8>, Vec<u8>>)>;
+
+struct Cluster {
+    root: PathBuf,
+    log: FileLog,
+    store: Arc<MemoryStore>,
+    source: Arc<FileLogSource>,
+    oracle: Arc<Oracle>,
+    backups: Arc<Counted>,
+    violations: Arc<Mutex<Vec<String>>>,
+    workers: Vec<Option<WorkerHandle>>,
+    produced: usize,
+}
+
+impl Cluster {
+    fn new(root: &Path) -> Self {
+        let log = FileLog::open(root.join("log"), SpoolConfig::default()).unwrap();
+        log.ensure_topic("t", PARTITIONS).unwrap();
+        Self {
+            root: root.to_owned(),
+            source: Arc::new(FileLogSource::new(log.clone(), vec!["t".into()])),
+            log,
+            store: Arc::new(MemoryStore::default()),
+            oracle: Arc::new(Oracle::default()),
+            backups: Arc::new(Counted {
+                inner: DirBackupStore::new(root.join("backups")).unwrap(),
+                read: AtomicU64::new(0),
+            }),
+            violations: Arc::default(),
+            workers: Vec::new(),
+            produced: 0,
+        }
+    }
+
+    fn produce(&mut self, n: usize) {
+        let mut p = self.log.producer("t").unwrap();
+        for i in 0..n {
+            let key = format!("k{}", (self.produced + i) % 29);
+            p.send(Some(key.as_bytes()), b"x", 0).unwrap();
+        }
+        p.flush().unwrap();
+        self.produced += n;
+    }
+
+    /// The state directory of the `i`-th worker (each its own machine).
+    fn state_dir(&self, i: usize) -> PathBuf {
+        self.root.join(format!("state-{i}"))
+    }
+
+    fn add_worker(&mut self) -> usize {
+        self.add_worker_on(self.workers.len())
+    }
+
+    /// A worker on the machine whose state directory is `machine`'s.
+    fn add_worker_on(&mut self, machine: usize) -> usize {
+        let i = self.workers.len();
+        let mut state = StateConfig::new(self.state_dir(machine), self.backups.clone());
+        // Snapshots by changed bytes only (about every 35 records of a
+        // partition), so that a kill finds the last snapshot behind the
+        // last checkpoint and the new owner must replay the log between.
+        state.snapshot_every = Duration::from_secs(3600);
+        state.snapshot_bytes = 20_000;
+        let config = WorkerConfig {
+            group: GROUP.into(),
+            name: format!("w{i}"),
+            timing: timing(),
+            batch: shardcall::BatchConfig {
+                max_records: 20,
+                fetch_wait: Duration::from_millis(50),
+                ..shardcall::BatchConfig::default()
+            },
+            state: Some(state),
+            ..WorkerConfig::default()
+        };
+        let handle = Worker {
+            config,
+            store: self.store.clone(),
+            source: self.source.clone(),
+            factory: Arc::new(CountingFactory {
+                violations: self.violations.clone(),
+            }),
+            observer: Some(self.oracle.clone()),
+            dead_letters: None,
+        }
+        .spawn()
+        .unwrap();
+        self.workers.push(Some(handle));
+        i
+    }
+
+    fn ends(&self) -> BTreeMap<PartitionId, u64> {
+        (0..PARTITIONS)
+            .map(|p| {
+                let s = self.log.open_partition_read_only("t", p).unwrap();
+                (PartitionId::new("t", p), s.end_offset().unwrap())
+            })
+            .collect()
+    }
+
+    /// Waits until every partition is owned and checkpointed at its end.
+    async fn settle(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let g = self.store.load_group(GROUP).await.unwrap();
+            let mut done = g.partitions.len() == PARTITIONS as usize;
+            for (p, end) in self.ends() {
+                let owned = matches!(
+                    g.partitions.get(&p).map(|r| &r.phase),
+                    Some(Phase::Owned { .. })
+                );
+                let at = self
+                    .store
+                    .load_checkpoint(GROUP, &p)
+                    .await
+                    .unwrap()
+                    .map_or(0, |c| c.offset);
+                done &= owned && at == end;
+            }
+            if done {
+                return;
+            }
+            assert!(Instant::now() < deadline, "group did not settle: {g:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stop(&mut self, i: usize) {
+        let w = self.workers[i].take().unwrap();
+        w.shutdown();
+        w.join().await.unwrap();
+    }
+
+    /// The state of each partition as worker `i`'s stores hold it (the
+    /// worker must have stopped).
+    fn read_states(&self, i: usize) -> States {
+        let mut out = BTreeMap::new();
+        for p in 0..PARTITIONS {
+            let dir = self
+                .state_dir(i)
+                .join(GROUP)
+                .join("t")
+                .join(p.to_string())
+                .join("store");
+            let store = FjallStateStore::open(dir, 1 << 20).unwrap();
+            let offset = store.applied().unwrap().map_or(0, |a| a.offset);
+            let entries = store
+                .range(b"", None, usize::MAX)
+                .unwrap()
+                .into_iter()
+                .collect();
+            out.insert(p, (offset, entries));
+        }
+        out
+    }
+
+    /// Each partition's state holds every record of its log exactly once.
+    fn check_states(&self, states: &States) {
+        for (p, (offset, entries)) in states {
+            let spool = self.log.open_partition_read_only("t", *p).unwrap();
+            let records = spool.read(0, usize::MAX, usize::MAX).unwrap();
+            assert_eq!(*offset, records.len() as u64, "t/{p}: the state's position");
+            let mut want: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+            for r in &records {
+                assert!(
+                    entries.contains_key(&marker(r.offset)),
+                    "t/{p}: offset {} lost",
+                    r.offset
+                );
+                *want
+                    .entry(count_key(r.key.as_deref().unwrap()))
+                    .or_default() += 1;
+            }
+            for (key, n) in want {
+                let got = u64::from_le_bytes(entries[&key].clone().try_into().unwrap());
+                assert_eq!(got, n, "t/{p}: {}", String::from_utf8_lossy(&key));
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn state_moves_with_its_partitions_through_a_kill_a_join_and_a_graceful_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.produce(400);
+    c.add_worker();
+    c.add_worker();
+    c.settle(Duration::from_secs(20)).await;
+    c.produce(100);
+    c.settle(Duration::from_secs(20)).await;
+
+    // kill -9 of worker 0 while records keep coming: its partitions are
+    // restored on worker 1 from their last snapshots and replayed.
+    c.workers[0].as_ref().unwrap().kill();
+    c.produce(200);
+    c.settle(Duration::from_secs(30)).await;
+    // A new machine joins: partitions move to it gracefully.
+    c.add_worker();
+    c.produce(200);
+    c.settle(Duration::from_secs(30)).await;
+    // A graceful stop: its partitions' final snapshots go with them.
+    c.stop(1).await;
+    c.produce(100);
+    c.settle(Duration::from_secs(30)).await;
+    c.stop(2).await;
+
+    let violations = c.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    let batches = c.oracle.batches();
+    let mut v = check_ownership(&batches, QUARANTINE.as_micros() as u64);
+    v.extend(check_coverage(&batches, &c.ends()));
+    assert!(v.is_empty(), "{v:?}");
+    let served_by_2 = batches
+        .iter()
+        .filter(|b| b.member.as_str().starts_with("w2"))
+        .count();
+    assert!(served_by_2 > 0, "the joining worker got nothing to restore");
+    c.check_states(&c.read_states(2));
+
+    // A new machine with an empty disk restores every partition from the
+    // backups alone, and its state is the same.
+    let read_before = c.backups.read.load(Ordering::Relaxed);
+    let i = c.add_worker();
+    c.settle(Duration::from_secs(30)).await;
+    c.stop(i).await;
+    assert!(
+        c.backups.read.load(Ordering::Relaxed) > read_before,
+        "an empty disk was filled without downloading"
+    );
+    c.check_states(&c.read_states(i));
+    assert!(c.violations.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_gets_its_own_current_partitions_back_downloads_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.produce(300);
+    c.add_worker_on(0);
+    c.settle(Duration::from_secs(20)).await;
+    c.stop(0).await;
+    // The same machine starts again: nobody checkpointed since its final
+    // snapshots, so its stores are current and nothing is downloaded.
+    let i = c.add_worker_on(0);
+    c.produce(100);
+    c.settle(Duration::from_secs(20)).await;
+    c.stop(i).await;
+    assert_eq!(
+        c.backups.read.load(Ordering::Relaxed),
+        0,
+        "a current store was downloaded again"
+    );
+    c.check_states(&c.read_states(0));
+    assert!(c.violations.lock().unwrap().is_empty());
+}
