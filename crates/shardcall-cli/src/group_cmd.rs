@@ -471,6 +471,13 @@ async fn status_once(
             "quarantine_left_ms": quarantine_left(&r.phase, &g.policy, now).map(|d| d.as_millis() as u64),
             "backup_done": matches!(r.phase, Phase::Quarantined { backup_done: true, .. }),
             "state_bytes": cp.as_ref().map(|c| c.state.len()),
+            // A local state store's last snapshot that became current.
+            "snapshot": cp.and_then(|c| c.backup.first()).map(|b| json!({
+                "manifest": b.manifest,
+                "offset": b.offset,
+                "state_bytes": b.state_bytes,
+                "age_ms": now.saturating_sub(b.taken_at_ms),
+            })),
             "target": r.target.as_ref().map(ToString::to_string),
             "failing": match &r.phase {
                 Phase::Owned { .. } | Phase::Draining { .. } => failing_json(failures.get(p), epoch, now),
@@ -677,9 +684,22 @@ async fn status_once(
                 Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
                 None => "-".into(),
             };
-            let state = r["state_bytes"]
-                .as_u64()
-                .map_or("-".into(), |b| format!("{b} B"));
+            // A local state store's snapshot: its size, offset and age;
+            // else the checkpointed state bytes.
+            let state = match r["snapshot"].as_object() {
+                Some(snap) => format!(
+                    "{} @{} {} ago",
+                    crate::progress::human_bytes(snap["state_bytes"].as_u64().unwrap_or(0)),
+                    snap["offset"],
+                    ago(
+                        now,
+                        now.saturating_sub(snap["age_ms"].as_u64().unwrap_or(0))
+                    )
+                ),
+                None => r["state_bytes"]
+                    .as_u64()
+                    .map_or("-".into(), |b| format!("{b} B")),
+            };
             // Where a draining or quarantined partition goes next.
             let next = match (r["target"].as_str(), r["holder"].as_str()) {
                 (Some(t), h) if Some(t) != h => t.to_owned(),

@@ -28,12 +28,37 @@ pub fn bar(len: Option<u64>, what: &str) -> ProgressBar {
     pb
 }
 
+/// Bytes the way people read them: `512 B`, `12.3 KiB`, `4.0 GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::human_bytes;
+
     #[test]
     fn hidden_when_stderr_is_not_a_terminal() {
         // Tests run with stderr captured, as in CI.
         assert!(super::bar(Some(10), "x").is_hidden());
         assert!(super::bar(None, "x").is_hidden());
+    }
+
+    #[test]
+    fn bytes_read_as_people_write_them() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(5 << 30), "5.0 GiB");
     }
 }

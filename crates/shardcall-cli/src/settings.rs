@@ -56,6 +56,8 @@ pub struct Settings {
     pub spool: SpoolConfig,
     /// The handler.
     pub handler: HandlerSettings,
+    /// Local state stores for the handler's partitions (owned mode).
+    pub state: StateSettings,
     /// Prometheus metrics.
     pub metrics: MetricsSettings,
     /// Logging.
@@ -153,6 +155,119 @@ pub struct TopicSettings {
     pub mode: TopicMode,
 }
 
+/// `[state]`: a local state store per partition, snapshotted to a backup
+/// store, for a handler that keeps its state there (the built-in digest
+/// handler, or an `--exec` handler speaking the store protocol).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StateSettings {
+    /// Where the partitions' stores live; none: no local state store (the
+    /// handler's state bytes are checkpointed in Redis).
+    pub dir: Option<PathBuf>,
+    /// Snapshots in this folder (a local disk, or a file system every
+    /// member shares).
+    pub backup_dir: Option<PathBuf>,
+    /// Snapshots in S3-compatible object storage.
+    pub s3: Option<S3Settings>,
+    /// Each partition store's block cache.
+    pub cache_bytes: u64,
+    /// When snapshots are taken, and how many are kept.
+    pub snapshots: shardcall::SnapshotConfig,
+}
+
+impl Default for StateSettings {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            backup_dir: None,
+            s3: None,
+            cache_bytes: 64 << 20,
+            snapshots: shardcall::SnapshotConfig::default(),
+        }
+    }
+}
+
+/// `[state.s3]`: where snapshots go in S3-compatible object storage.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct S3Settings {
+    /// The service's URL (`http://127.0.0.1:9000` for a local server);
+    /// none: AWS for the region.
+    pub endpoint: Option<String>,
+    /// The region.
+    pub region: String,
+    /// The bucket.
+    pub bucket: String,
+    /// A key prefix inside the bucket.
+    pub prefix: String,
+    /// The access key id.
+    pub access_key_id: String,
+    /// The secret access key (better from SHARDCALL_STATE__S3__SECRET_ACCESS_KEY).
+    pub secret_access_key: String,
+}
+
+impl Default for S3Settings {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            region: "us-east-1".into(),
+            bucket: String::new(),
+            prefix: String::new(),
+            access_key_id: String::new(),
+            secret_access_key: String::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for S3Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Settings")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .finish()
+    }
+}
+
+impl S3Settings {
+    /// The S3 backup store's configuration.
+    pub fn config(&self) -> shardcall_s3::S3Config {
+        shardcall_s3::S3Config {
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            bucket: self.bucket.clone(),
+            prefix: self.prefix.clone(),
+            access_key_id: self.access_key_id.clone(),
+            secret_access_key: self.secret_access_key.clone(),
+        }
+    }
+}
+
+/// Where a worker's snapshots go.
+#[derive(Debug, Clone)]
+pub enum BackupChoice {
+    /// A folder.
+    Dir(PathBuf),
+    /// S3-compatible object storage.
+    S3(shardcall_s3::S3Config),
+}
+
+/// The local state stores, resolved.
+#[derive(Debug, Clone)]
+pub struct StateChoice {
+    /// Where the stores live.
+    pub dir: PathBuf,
+    /// Where snapshots go.
+    pub backup: BackupChoice,
+    /// Each store's block cache.
+    pub cache_bytes: u64,
+    /// When snapshots are taken.
+    pub snapshots: shardcall::SnapshotConfig,
+}
+
 /// `[dead_letters]`
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -236,6 +351,7 @@ impl Default for Settings {
             dead_letters: DeadLetterSettings::default(),
             spool: SpoolConfig::default(),
             handler: HandlerSettings::default(),
+            state: StateSettings::default(),
             metrics: MetricsSettings::default(),
             log: LogSettings::default(),
             renamed: Vec::new(),
@@ -345,9 +461,72 @@ pub struct Resolved {
     pub json_logs: bool,
     /// Notes on older key spellings that were read.
     pub renamed: Vec<String>,
+    /// Local state stores, if configured.
+    pub state: Option<StateChoice>,
 }
 
 impl Settings {
+    /// The local state stores, explaining each problem.
+    fn state_choice(
+        &self,
+        ticket_topics: &[String],
+        errors: &mut Vec<String>,
+    ) -> Option<StateChoice> {
+        let s = &self.state;
+        let Some(dir) = &s.dir else {
+            if s.backup_dir.is_some() || s.s3.is_some() {
+                errors.push(
+                    "state.dir (--state-dir): required with a backup store (state.backup_dir or [state.s3]): where the partitions' stores live".into(),
+                );
+            }
+            return None;
+        };
+        let before = errors.len();
+        if !ticket_topics.is_empty() {
+            errors.push(format!(
+                "state.dir: local state stores work in owned mode; {} in ticket mode (whose partitions move at every claim) cannot use one",
+                ticket_topics.join(", ")
+            ));
+        }
+        errors.extend(
+            s.snapshots
+                .problems()
+                .into_iter()
+                .map(|p| format!("state.snapshots.{p}")),
+        );
+        if s.cache_bytes == 0 {
+            errors.push("state.cache_bytes: must be above zero".into());
+        }
+        let backup = match (&s.backup_dir, &s.s3) {
+            (Some(_), Some(_)) => {
+                errors.push("state.backup_dir and [state.s3]: choose one backup store".into());
+                None
+            }
+            (Some(b), None) => Some(BackupChoice::Dir(b.clone())),
+            (None, Some(s3)) => {
+                let config = s3.config();
+                let problems = config.problems();
+                errors.extend(problems.iter().map(|p| format!("state.s3: {p}")));
+                problems.is_empty().then_some(BackupChoice::S3(config))
+            }
+            (None, None) => {
+                errors.push(
+                    "state.backup_dir (--backup-dir) or [state.s3]: required with state.dir: where snapshots go (every member of the group must reach it)".into(),
+                );
+                None
+            }
+        };
+        if errors.len() > before {
+            return None;
+        }
+        Some(StateChoice {
+            dir: dir.clone(),
+            backup: backup.expect("checked"),
+            cache_bytes: s.cache_bytes,
+            snapshots: s.snapshots.clone(),
+        })
+    }
+
     /// The Kafka source's configuration, explaining each problem.
     fn kafka_config(&self, errors: &mut Vec<String>) -> Option<KafkaConfig> {
         let before = errors.len();
@@ -480,6 +659,7 @@ impl Settings {
             );
         }
         errors.extend(self.spool.problems().iter().map(|e| format!("spool: {e}")));
+        let state = self.state_choice(&ticket_topics, &mut errors);
         let metrics = match &self.metrics.addr {
             None => None,
             Some(a) => match metrics_addr(a) {
@@ -540,6 +720,7 @@ impl Settings {
             metrics,
             json_logs: self.log.format == LogFormat::Json,
             renamed: self.renamed.clone(),
+            state,
         })
     }
 }
@@ -804,6 +985,51 @@ mod tests {
             all.contains("kafka: kafka property \"enable.auto.commit\""),
             "{all}"
         );
+    }
+
+    #[test]
+    fn state_settings_that_cannot_work_are_all_refused_by_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let errors_of = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            load(Some(&path), none(), &[])
+                .unwrap()
+                .resolve()
+                .map(|r| r.state.is_some())
+                .map_err(|e| e.join("\n"))
+        };
+        let base = "group = \"g\"\n[redis]\nurls = [\"redis://127.0.0.1:1/\"]\n[source]\nlog = \"/tmp\"\n[[topics]]\nname = \"t\"\n";
+        assert_eq!(errors_of(base), Ok(false), "no [state]: no store");
+        assert_eq!(
+            errors_of(&format!("{base}[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\n")),
+            Ok(true)
+        );
+        let all = errors_of(&format!(
+            "{base}[[topics]]\nname = \"q\"\nmode = \"ticket\"\n[state]\ndir = \"/s\"\n[state.snapshots]\nevery = \"0s\"\nkeep = 0\n"
+        ))
+        .unwrap_err();
+        for needle in [
+            "state.backup_dir (--backup-dir) or [state.s3]: required",
+            "q in ticket mode",
+            "state.snapshots.every",
+            "state.snapshots.keep",
+        ] {
+            assert!(all.contains(needle), "{needle} missing from:\n{all}");
+        }
+        let all = errors_of(&format!(
+            "{base}[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\n[state.s3]\nbucket = \"x\"\n"
+        ))
+        .unwrap_err();
+        assert!(all.contains("choose one backup store"), "{all}");
+        let all = errors_of(&format!("{base}[state]\nbackup_dir = \"/b\"\n")).unwrap_err();
+        assert!(all.contains("state.dir (--state-dir): required"), "{all}");
+        // The secret never shows in the settings' Debug output.
+        let s = S3Settings {
+            secret_access_key: "hunter2".into(),
+            ..S3Settings::default()
+        };
+        assert!(!format!("{s:?}").contains("hunter2"));
     }
 
     #[test]

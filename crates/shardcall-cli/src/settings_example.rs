@@ -109,6 +109,27 @@ digest_work = @                      # the built-in handler's simulated work per
 # digest_crash_prefix = "poison"     # holding such a record / abort the process on one
 # digest_panic_prefix = "poison"     # / panic on one
 
+# [state]                           # a local state store per partition (owned mode):
+# dir = "/var/lib/shardcall/state"  # where partitions' stores live (--state-dir)
+# backup_dir = "/mnt/shared/backups" # snapshots here (--backup-dir)...
+# cache_bytes = @                   # each partition store's block cache
+#
+# [state.s3]                        # ...or in S3-compatible object storage
+# endpoint = "http://127.0.0.1:9000" # none: AWS for the region
+# region = "us-east-1"
+# bucket = "shardcall-state"
+# prefix = "billing"
+# access_key_id = "..."
+# secret_access_key = "..."         # better SHARDCALL_STATE__S3__SECRET_ACCESS_KEY
+#
+# [state.snapshots]
+# every = @                         # while the state changes, a snapshot at least this often
+# bytes = @                         # or once this many bytes changed
+# final_wait = @                    # a released partition retries its last snapshot this long
+# rebase_ratio = @                  # a new base once the deltas hold this many times its bytes
+# max_runs = @                      # or once a snapshot would have more runs
+# keep = @                          # snapshots kept (restores fall back along them)
+
 [metrics]
 # addr = "9464"                      # a bare port binds to 127.0.0.1
 
@@ -130,7 +151,10 @@ pub fn example() -> String {
             .strip_prefix('[')
             .map(|h| h.trim_start_matches('[').split(']').next().unwrap_or(""))
         {
-            table = defaults.get(name).and_then(toml::Value::as_table);
+            // `[a.b]` is the table `b` in `a`.
+            table = name.split('.').try_fold(&defaults, |t, part| {
+                t.get(part).and_then(toml::Value::as_table)
+            });
         }
         match line.split_once(" = @") {
             Some((key_part, rest)) => {
@@ -168,18 +192,35 @@ mod tests {
         for (section, value) in &defaults {
             match value {
                 toml::Value::Table(t) => {
-                    for key in t.keys() {
-                        let in_section = text
-                            .split(&format!("[{section}]"))
-                            .nth(1)
-                            .and_then(|rest| rest.split("\n[").next())
-                            .is_some_and(|body| {
-                                body.lines().any(|l| {
-                                    l.trim_start_matches("# ").starts_with(&format!("{key} = "))
-                                })
-                            });
-                        if !in_section {
-                            missing.push(format!("{section}.{key}"));
+                    // One level of nested tables written as their own
+                    // section (`[state.snapshots]`); others are inline.
+                    let own_section = |key: &str| text.contains(&format!("[{section}.{key}]"));
+                    let mut tables = vec![(section.clone(), t)];
+                    for (key, v) in t {
+                        if let toml::Value::Table(inner) = v
+                            && own_section(key)
+                        {
+                            tables.push((format!("{section}.{key}"), inner));
+                        }
+                    }
+                    for (name, t) in tables {
+                        for (key, v) in t {
+                            if v.is_table() && own_section(key) {
+                                continue;
+                            }
+                            let in_section = text
+                                .split(&format!("[{name}]"))
+                                .nth(1)
+                                .and_then(|rest| rest.split("\n[").next())
+                                .and_then(|rest| rest.split("\n# [").next())
+                                .is_some_and(|body| {
+                                    body.lines().any(|l| {
+                                        l.trim_start_matches("# ").starts_with(&format!("{key} = "))
+                                    })
+                                });
+                            if !in_section {
+                                missing.push(format!("{name}.{key}"));
+                            }
                         }
                     }
                 }

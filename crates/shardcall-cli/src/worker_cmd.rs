@@ -99,6 +99,14 @@ pub struct WorkerArgs {
     /// Minimum quarantine of a revoked partition, in milliseconds (default 5000).
     #[arg(long)]
     quarantine_ms: Option<u64>,
+    /// Keep each partition's state in a local state store under this folder
+    /// (state.dir), snapshotted to --backup-dir or [state.s3].
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Snapshots of the local state stores go to this folder
+    /// (state.backup_dir): a local disk, or a file system all members share.
+    #[arg(long)]
+    backup_dir: Option<PathBuf>,
     /// Append every processed batch as a JSON line to this file (an oracle for tests).
     #[arg(long)]
     oracle: Option<PathBuf>,
@@ -174,6 +182,12 @@ impl WorkerArgs {
         }
         if let Some(t) = &self.dead_letter_topic {
             s.dead_letters.topic = Some(t.clone());
+        }
+        if let Some(d) = &self.state_dir {
+            s.state.dir = Some(d.clone());
+        }
+        if let Some(d) = &self.backup_dir {
+            s.state.backup_dir = Some(d.clone());
         }
         if let Some(n) = &self.name {
             s.name = n.clone();
@@ -338,8 +352,26 @@ fn spawn<Src: Source>(
     observer: Option<Arc<dyn BatchObserver>>,
     dead_letters: Option<Arc<dyn shardcall::DeadLetters>>,
 ) -> anyhow::Result<RunningWorker> {
+    let mut config = r.worker.clone();
+    if let Some(state) = &r.state {
+        let backups: Arc<dyn shardcall::BackupStore> = match &state.backup {
+            settings::BackupChoice::Dir(dir) => Arc::new(
+                shardcall::DirBackupStore::new(dir)
+                    .with_context(|| format!("state.backup_dir: {}", dir.display()))?,
+            ),
+            settings::BackupChoice::S3(s3) => {
+                Arc::new(shardcall_s3::S3BackupStore::new(s3).context("[state.s3]")?)
+            }
+        };
+        config.state = Some(shardcall::StateConfig {
+            dir: state.dir.clone(),
+            backups,
+            snapshots: state.snapshots.clone(),
+            cache_bytes: state.cache_bytes,
+        });
+    }
     let worker = Worker {
-        config: r.worker.clone(),
+        config,
         store,
         source: Arc::new(source),
         factory: handlers(r),

@@ -1172,3 +1172,120 @@ fn the_tools_a_kafka_user_reaches_for_audit_release_by_topic_and_drain() {
     let last: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(last["actor"], "bob");
 }
+
+#[test]
+fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
+    use shardcall::StateStore;
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 2);
+    let mut p = log.producer("t").unwrap();
+    for i in 0..400u32 {
+        p.send(Some(format!("k{}", i % 7).as_bytes()), b"v", 0)
+            .unwrap();
+    }
+    p.sync().unwrap();
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/handlers/counts.py");
+    let state_dir = dir.path().join("state");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args([
+            "worker",
+            "--redis",
+            &redis.url(),
+            "--group",
+            "py",
+            "--topic",
+            "t",
+        ])
+        .arg("--log")
+        .arg(&log_dir)
+        .args(["--name", "w", "--tick-ms", "100"])
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .arg("--backup-dir")
+        .arg(dir.path().join("backups"))
+        .args(["--set", "batch.max_records=50"])
+        .arg("--exec")
+        .arg(format!("python3 {}", script.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use shardcall::CoordinationStore;
+        let store = shardcall_redis::RedisStore::connect(&redis.url())
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        'wait: loop {
+            assert!(
+                Instant::now() < deadline,
+                "the Python handler never caught up"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for n in 0..2 {
+                let end = log
+                    .open_partition_read_only("t", n)
+                    .unwrap()
+                    .end_offset()
+                    .unwrap();
+                let id = shardcall_core::PartitionId::new("t", n);
+                match store.load_checkpoint("py", &id).await.unwrap() {
+                    Some(cp) if cp.offset == end => {}
+                    _ => continue 'wait,
+                }
+            }
+            break;
+        }
+    });
+    // A graceful stop takes the final snapshots; status shows them.
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    assert!(child.wait().unwrap().success());
+    let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args(["status", "--redis", &redis.url(), "--group", "py", "--json"])
+        .arg("--log")
+        .arg(&log_dir)
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for row in status["partitions"].as_array().unwrap() {
+        let snap = &row["snapshot"];
+        assert_eq!(snap["offset"], row["offset"], "{row}");
+        assert!(snap["state_bytes"].as_u64().unwrap() > 0, "{row}");
+        assert_eq!(row["state_bytes"], 0, "state went to Redis: {row}");
+    }
+    for n in 0..2u32 {
+        let records = log
+            .open_partition_read_only("t", n)
+            .unwrap()
+            .read(0, usize::MAX, usize::MAX)
+            .unwrap();
+        let path = state_dir
+            .join("py")
+            .join("t")
+            .join(n.to_string())
+            .join("store");
+        let s = shardcall::FjallStateStore::open(path, 1 << 20).unwrap();
+        let mut want: std::collections::BTreeMap<Vec<u8>, u64> = Default::default();
+        for r in &records {
+            assert!(
+                s.get(format!("seen/{:020}", r.offset).as_bytes())
+                    .unwrap()
+                    .is_some(),
+                "t/{n}: offset {} missing",
+                r.offset
+            );
+            *want
+                .entry([b"count/".as_slice(), r.key.as_deref().unwrap()].concat())
+                .or_default() += 1;
+        }
+        for (key, n) in want {
+            let got = s.get(&key).unwrap().expect("a count");
+            assert_eq!(u64::from_le_bytes(got.try_into().unwrap()), n);
+        }
+    }
+}

@@ -20,6 +20,14 @@ pub struct BackupPointer {
     pub manifest: String,
     /// The next offset to read after restoring it.
     pub offset: u64,
+    /// When it was taken (milliseconds since the Unix epoch, on the clock
+    /// of the worker that took it), for operators.
+    #[serde(default)]
+    pub taken_at_ms: u64,
+    /// Bytes of state it holds (its runs), for operators and for the cost
+    /// of moving the partition.
+    #[serde(default)]
+    pub state_bytes: u64,
 }
 
 /// How many pointers a partition keeps (the newest first): restores fall
@@ -151,6 +159,8 @@ mod tests {
         BackupPointer {
             manifest: name.into(),
             offset,
+            taken_at_ms: 0,
+            state_bytes: 0,
         }
     }
 

@@ -131,6 +131,9 @@ pub enum WorkerConfigError {
         /// The safety margin.
         margin: Duration,
     },
+    /// A snapshot setting of the local state stores cannot work.
+    #[error("state.snapshots.{0}")]
+    Snapshots(String),
 }
 
 pub(crate) fn good_name(s: &str) -> bool {
@@ -174,6 +177,15 @@ impl WorkerConfig {
                 wait: self.batch.fetch_wait,
                 margin: self.timing.safety_margin,
             });
+        }
+        if let Some(state) = &self.state {
+            out.extend(
+                state
+                    .snapshots
+                    .problems()
+                    .into_iter()
+                    .map(WorkerConfigError::Snapshots),
+            );
         }
         out
     }

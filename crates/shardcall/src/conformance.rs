@@ -544,6 +544,8 @@ pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: Coordinatio
     let pointer = |name: &str, offset| BackupPointer {
         manifest: name.into(),
         offset,
+        taken_at_ms: 1_700_000_000_000 + offset,
+        state_bytes: 10 * offset,
     };
     let cp = |offset, epoch, backup: Vec<BackupPointer>| Checkpoint {
         offset,

@@ -77,25 +77,13 @@ pub struct DigestHandler {
     panic_prefix: Option<&'static [u8]>,
 }
 
-impl PartitionHandler for DigestHandler {
-    fn assigned(
-        &mut self,
-        _ctx: &PartitionContext,
-        state: Option<&[u8]>,
-    ) -> Result<(), HandlerError> {
-        self.state = match state {
-            None => DigestState::default(),
-            Some(b) => DigestState::from_bytes(b)
-                .ok_or_else(|| HandlerError(format!("checkpointed state of {} bytes", b.len())))?,
-        };
-        Ok(())
-    }
+/// Where the digest handler keeps its digest in a local state store.
+pub const DIGEST_KEY: &[u8] = b"digest";
 
-    fn process(
-        &mut self,
-        _ctx: &PartitionContext,
-        batch: &[Record],
-    ) -> Result<Vec<u8>, HandlerError> {
+impl DigestHandler {
+    /// Folds `batch` into `state`, with the test switches: a crash, a
+    /// refusal before anything changes, a panic half-way, simulated work.
+    fn fold_batch(&self, state: &mut DigestState, batch: &[Record]) -> Result<(), HandlerError> {
         if let Some(prefix) = self.crash_prefix
             && batch.iter().any(|r| r.payload.starts_with(prefix))
         {
@@ -121,12 +109,55 @@ impl PartitionHandler for DigestHandler {
             {
                 panic!("digest handler: a poison record at offset {}", r.offset);
             }
-            self.state.fold(r);
+            state.fold(r);
         }
         if !self.work_per_record.is_zero() {
             std::thread::sleep(self.work_per_record * batch.len() as u32);
         }
-        Ok(self.state.to_bytes())
+        Ok(())
+    }
+}
+
+impl PartitionHandler for DigestHandler {
+    fn assigned(
+        &mut self,
+        _ctx: &PartitionContext,
+        state: Option<&[u8]>,
+    ) -> Result<(), HandlerError> {
+        self.state = match state {
+            None => DigestState::default(),
+            Some(b) => DigestState::from_bytes(b)
+                .ok_or_else(|| HandlerError(format!("checkpointed state of {} bytes", b.len())))?,
+        };
+        Ok(())
+    }
+
+    fn process(
+        &mut self,
+        _ctx: &PartitionContext,
+        batch: &[Record],
+    ) -> Result<Vec<u8>, HandlerError> {
+        let mut state = self.state;
+        self.fold_batch(&mut state, batch)?;
+        self.state = state;
+        Ok(state.to_bytes())
+    }
+
+    /// The same digest, kept in the local state store under [`DIGEST_KEY`].
+    fn process_state(
+        &mut self,
+        _ctx: &PartitionContext,
+        batch: &[Record],
+        txn: &mut crate::StateTxn<'_>,
+    ) -> Result<(), HandlerError> {
+        let failed = |e: crate::StateStoreError| HandlerError(e.to_string());
+        let mut state = match txn.get(DIGEST_KEY).map_err(failed)? {
+            None => DigestState::default(),
+            Some(b) => DigestState::from_bytes(&b)
+                .ok_or_else(|| HandlerError(format!("a stored digest of {} bytes", b.len())))?,
+        };
+        self.fold_batch(&mut state, batch)?;
+        txn.put(DIGEST_KEY, &state.to_bytes()).map_err(failed)
     }
 
     /// Folding a digest never blocks; only the simulated work sleeps.

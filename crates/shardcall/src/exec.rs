@@ -17,6 +17,23 @@
 //! <- {"action":"error","message":"…"}   (instead of any answer: the batch is retried)
 //! ```
 //!
+//! With a local state store (the worker's `[state]`), the child keeps its
+//! state there instead of returning it: `process` says `"store":true`, and
+//! before its answer the child may read and write the partition's store;
+//! the writes commit with the offset after the batch when it answers
+//! `processed`, and are dropped if the batch fails. Gets and ranges are
+//! answered; puts and deletes are not (send many, then read on):
+//!
+//! ```text
+//! -> {"action":"process","store":true,"records":[…]}
+//! <- {"action":"get","key":"<b64>"}                 -> {"action":"value","value":"<b64>"|null}
+//! <- {"action":"put","key":"<b64>","value":"<b64>"}
+//! <- {"action":"delete","key":"<b64>"}
+//! <- {"action":"range","start":"<b64>","end":"<b64>"|null,"limit":100}
+//!                                                   -> {"action":"entries","entries":[{"key":…,"value":…}, …]}
+//! <- {"action":"processed"}
+//! ```
+//!
 //! A child that exits, answers garbage or says `error` fails the call; the
 //! batch is not checkpointed and is delivered again after a pause that
 //! grows with each failure in a row (the worker's retry backoff), to a
@@ -35,6 +52,7 @@ use serde_json::{Value, json};
 use shardcall_spool::Record;
 
 use crate::handler::{HandlerError, HandlerFactory, Interrupt, PartitionContext, PartitionHandler};
+use crate::state_txn::StateTxn;
 
 /// Makes an [`ExecHandler`] per partition, running `command` with `sh -c`.
 #[derive(Debug, Clone)]
@@ -192,68 +210,150 @@ impl ExecHandler {
 
     /// Sends one request and reads its answer, which must be `expect`.
     fn call(&mut self, request: &Value, expect: &str) -> Result<Value, HandlerError> {
-        let result = (|| {
-            let r = self.child.as_mut().ok_or("no child")?;
-            let mut line = serde_json::to_string(request).map_err(|e| e.to_string())?;
-            line.push('\n');
-            r.stdin
-                .write_all(line.as_bytes())
-                .and_then(|()| r.stdin.flush())
-                .map_err(|e| format!("writing to the handler: {e}"))?;
-            let mut answer = String::new();
-            let n = r
-                .stdout
-                .read_line(&mut answer)
-                .map_err(|e| format!("reading from the handler: {e}"))?;
-            if n == 0 {
-                let status = r
-                    .child
-                    .lock()
-                    .expect("child lock")
-                    .wait()
-                    .map(|s| s.to_string())
-                    .unwrap_or_default();
-                // Its last words, once its stderr is drained (a grandchild
-                // holding the pipe open gets a moment, not a wait).
-                let waited = crate::clock::now();
-                while !r.stderr_reader.is_finished()
-                    && waited.elapsed() < Duration::from_millis(200)
-                {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                let tail: Vec<String> = r
-                    .stderr_tail
-                    .lock()
-                    .expect("stderr lock")
-                    .iter()
-                    .cloned()
-                    .collect();
-                return Err(if tail.is_empty() {
-                    format!("the handler exited ({status}) without a word on stderr")
-                } else {
-                    format!(
-                        "the handler exited ({status}); its last stderr lines: {}",
-                        tail.join(" | ")
-                    )
-                });
-            }
-            let v: Value = serde_json::from_str(answer.trim()).map_err(|e| {
-                format!(
-                    "the handler answered something that is not JSON ({e}): {:?}",
-                    answer.trim()
-                )
-            })?;
+        let result = self.send(request).and_then(|()| {
+            let v = self.receive()?;
             match v["action"].as_str() {
                 Some(a) if a == expect => Ok(v),
-                Some("error") => Err(format!(
-                    "the handler reported an error: {}",
-                    v["message"].as_str().unwrap_or("(no message)")
-                )),
-                _ => Err(format!("the handler answered {v} where {expect:?} was due")),
+                _ => Err(unexpected(&v, expect)),
             }
-        })();
+        });
         result.map_err(|why| self.failed(why))
     }
+
+    /// Writes one line to the child.
+    fn send(&mut self, request: &Value) -> Result<(), String> {
+        let r = self.child.as_mut().ok_or("no child")?;
+        let mut line = serde_json::to_string(request).map_err(|e| e.to_string())?;
+        line.push('\n');
+        r.stdin
+            .write_all(line.as_bytes())
+            .and_then(|()| r.stdin.flush())
+            .map_err(|e| format!("writing to the handler: {e}"))
+    }
+
+    /// Reads one line from the child: a JSON object (an `error` from the
+    /// child is an error here, with its message).
+    fn receive(&mut self) -> Result<Value, String> {
+        let r = self.child.as_mut().ok_or("no child")?;
+        let mut answer = String::new();
+        let n = r
+            .stdout
+            .read_line(&mut answer)
+            .map_err(|e| format!("reading from the handler: {e}"))?;
+        if n == 0 {
+            let status = r
+                .child
+                .lock()
+                .expect("child lock")
+                .wait()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            // Its last words, once its stderr is drained (a grandchild
+            // holding the pipe open gets a moment, not a wait).
+            let waited = crate::clock::now();
+            while !r.stderr_reader.is_finished() && waited.elapsed() < Duration::from_millis(200) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let tail: Vec<String> = r
+                .stderr_tail
+                .lock()
+                .expect("stderr lock")
+                .iter()
+                .cloned()
+                .collect();
+            return Err(if tail.is_empty() {
+                format!("the handler exited ({status}) without a word on stderr")
+            } else {
+                format!(
+                    "the handler exited ({status}); its last stderr lines: {}",
+                    tail.join(" | ")
+                )
+            });
+        }
+        let v: Value = serde_json::from_str(answer.trim()).map_err(|e| {
+            format!(
+                "the handler answered something that is not JSON ({e}): {:?}",
+                answer.trim()
+            )
+        })?;
+        if v["action"].as_str() == Some("error") {
+            return Err(format!(
+                "the handler reported an error: {}",
+                v["message"].as_str().unwrap_or("(no message)")
+            ));
+        }
+        Ok(v)
+    }
+
+    /// One batch whose state requests the child makes while it runs:
+    /// answered from (and written to) the batch's transaction.
+    fn process_with_store(
+        &mut self,
+        batch: &[Record],
+        state: &mut StateTxn<'_>,
+    ) -> Result<(), String> {
+        let request = json!({
+            "action": "process",
+            "store": true,
+            "records": batch.iter().map(record_json).collect::<Vec<_>>(),
+        });
+        self.send(&request)?;
+        // A refused write fails the batch once the child is done with it
+        // (its answers must still be read, to keep the lines in step).
+        let mut refused: Option<String> = None;
+        loop {
+            let v = self.receive()?;
+            let key = || field_bytes(&v, "key");
+            match v["action"].as_str() {
+                Some("processed") => return refused.map_or(Ok(()), Err),
+                Some("get") => {
+                    let value = state.get(&key()?).map_err(|e| e.to_string())?;
+                    self.send(&json!({"action": "value", "value": value.map(|b| B64.encode(b))}))?;
+                }
+                Some("put") => {
+                    let value = field_bytes(&v, "value")?;
+                    if let Err(e) = state.put(&key()?, &value) {
+                        refused.get_or_insert(format!("the handler's put was refused: {e}"));
+                    }
+                }
+                Some("delete") => {
+                    if let Err(e) = state.delete(&key()?) {
+                        refused.get_or_insert(format!("the handler's delete was refused: {e}"));
+                    }
+                }
+                Some("range") => {
+                    let start = field_bytes(&v, "start")?;
+                    let end = match v["end"].as_str() {
+                        Some(_) => Some(field_bytes(&v, "end")?),
+                        None => None,
+                    };
+                    let limit = v["limit"].as_u64().unwrap_or(1000).min(100_000) as usize;
+                    let entries = state
+                        .range(&start, end.as_deref(), limit)
+                        .map_err(|e| e.to_string())?;
+                    let entries: Vec<Value> = entries
+                        .iter()
+                        .map(|(k, v)| json!({"key": B64.encode(k), "value": B64.encode(v)}))
+                        .collect();
+                    self.send(&json!({"action": "entries", "entries": entries}))?;
+                }
+                _ => return Err(unexpected(&v, "processed, get, put, delete or range")),
+            }
+        }
+    }
+}
+
+fn unexpected(v: &Value, expect: &str) -> String {
+    format!("the handler answered {v} where {expect:?} was due")
+}
+
+/// A base64 field of a child's request, decoded.
+fn field_bytes(v: &Value, name: &str) -> Result<Vec<u8>, String> {
+    let text = v[name]
+        .as_str()
+        .ok_or_else(|| format!("the handler's {:?} request has no {name:?}", v["action"]))?;
+    B64.decode(text)
+        .map_err(|e| format!("the handler's {name:?} is not base64: {e}"))
 }
 
 fn record_json(r: &Record) -> Value {
@@ -294,6 +394,17 @@ impl PartitionHandler for ExecHandler {
         };
         self.state = Some(state.clone());
         Ok(state)
+    }
+
+    fn process_state(
+        &mut self,
+        _ctx: &PartitionContext,
+        batch: &[Record],
+        state: &mut StateTxn<'_>,
+    ) -> Result<(), HandlerError> {
+        self.ensure_started()?;
+        self.process_with_store(batch, state)
+            .map_err(|why| self.failed(why))
     }
 
     fn revoked(&mut self, _ctx: &PartitionContext) -> Result<(), HandlerError> {

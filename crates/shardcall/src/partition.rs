@@ -155,9 +155,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             count_in_store: false,
             give_up_after: self.batch.give_up_after,
             state: self.state.as_ref().map(|s| shardcall_core::StateRules {
-                snapshot_every: s.snapshot_every,
-                snapshot_bytes: s.snapshot_bytes,
-                final_snapshot_wait: s.final_snapshot_wait,
+                snapshot_every: s.snapshots.every,
+                snapshot_bytes: s.snapshots.bytes,
+                final_snapshot_wait: s.snapshots.final_wait,
             }),
         };
         let grant = OwnedGrant {

@@ -319,7 +319,10 @@ impl PartitionState {
     ) -> Result<Option<BackupPointer>, SnapshotError> {
         let store = self.store.clone();
         let runs_dir = self.runs_dir.clone();
-        let (ratio, max_runs) = (self.config.rebase_ratio, self.config.max_runs);
+        let (ratio, max_runs) = (
+            self.config.snapshots.rebase_ratio,
+            self.config.snapshots.max_runs,
+        );
         let cut = tokio::task::spawn_blocking(move || {
             cut_run(&*store, &runs_dir, epoch, ratio, max_runs)
         })
@@ -344,8 +347,11 @@ impl PartitionState {
         let pointer = BackupPointer {
             manifest: report.name.clone(),
             offset: applied.offset,
+            taken_at_ms: crate::clock::wall_since_epoch().as_millis() as u64,
+            state_bytes: report.manifest.state_bytes(),
         };
-        self.history = state_plan::push_pointer(&self.history, pointer.clone(), self.config.keep);
+        self.history =
+            state_plan::push_pointer(&self.history, pointer.clone(), self.config.snapshots.keep);
         self.fresh = true;
         self.unsnapshotted = 0;
         self.last_manifest = Some(report.manifest);

@@ -1,5 +1,7 @@
 //! [`StateConfig`]: where a worker keeps its partitions' local state
-//! stores, where their snapshots go, and how often they are taken.
+//! stores, where their snapshots go, and how often they are taken
+//! ([`SnapshotConfig`], which a configuration file's `[state.snapshots]`
+//! table deserializes into).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,22 +17,9 @@ pub struct StateConfig {
     pub dir: PathBuf,
     /// Where snapshots go: every member of the group must reach the same one.
     pub backups: Arc<dyn BackupStore>,
-    /// While a partition's state changes, a snapshot at least this often.
-    pub snapshot_every: Duration,
-    /// Or as soon as this many bytes changed since the last one.
-    pub snapshot_bytes: u64,
-    /// How long a partition that is being released keeps trying its final
-    /// snapshot while the backup store fails, before it releases without it
-    /// (the next owner restores the one before and replays more).
-    pub final_snapshot_wait: Duration,
-    /// A snapshot writes a whole new base, not a delta, once the deltas
-    /// since the base hold this many times its bytes.
-    pub rebase_ratio: f64,
-    /// Or once a snapshot would consist of more runs than this.
-    pub max_runs: usize,
-    /// Snapshots kept per partition (restores fall back along them).
-    pub keep: usize,
-    /// The block cache of each partition's store.
+    /// When snapshots are taken and how many are kept.
+    pub snapshots: SnapshotConfig,
+    /// The block cache of each partition's store, in bytes.
     pub cache_bytes: u64,
 }
 
@@ -41,12 +30,7 @@ impl StateConfig {
         Self {
             dir: dir.into(),
             backups,
-            snapshot_every: Duration::from_secs(30),
-            snapshot_bytes: 64 << 20,
-            final_snapshot_wait: Duration::from_secs(30),
-            rebase_ratio: 2.0,
-            max_runs: 64,
-            keep: shardcall_core::state_plan::KEPT_POINTERS,
+            snapshots: SnapshotConfig::default(),
             cache_bytes: 64 << 20,
         }
     }
@@ -56,12 +40,71 @@ impl std::fmt::Debug for StateConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StateConfig")
             .field("dir", &self.dir)
-            .field("snapshot_every", &self.snapshot_every)
-            .field("snapshot_bytes", &self.snapshot_bytes)
-            .field("final_snapshot_wait", &self.final_snapshot_wait)
-            .field("rebase_ratio", &self.rebase_ratio)
-            .field("max_runs", &self.max_runs)
-            .field("keep", &self.keep)
+            .field("snapshots", &self.snapshots)
+            .field("cache_bytes", &self.cache_bytes)
             .finish_non_exhaustive()
+    }
+}
+
+/// When a partition's local state store is snapshotted, and what is kept.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct SnapshotConfig {
+    /// While a partition's state changes, a snapshot at least this often.
+    #[serde(with = "shardcall_core::duration_text::serde")]
+    pub every: Duration,
+    /// Or as soon as this many bytes changed since the last one.
+    pub bytes: u64,
+    /// How long a partition that is being released keeps trying its final
+    /// snapshot while the backup store fails, before it releases without it
+    /// (the next owner restores the one before and replays more).
+    #[serde(with = "shardcall_core::duration_text::serde")]
+    pub final_wait: Duration,
+    /// A snapshot writes a whole new base, not a delta, once the deltas
+    /// since the base hold this many times its bytes.
+    pub rebase_ratio: f64,
+    /// Or once a snapshot would consist of more runs than this.
+    pub max_runs: usize,
+    /// Snapshots kept per partition (restores fall back along them).
+    pub keep: usize,
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        Self {
+            every: Duration::from_secs(30),
+            bytes: 64 << 20,
+            final_wait: Duration::from_secs(30),
+            rebase_ratio: 2.0,
+            max_runs: 64,
+            keep: shardcall_core::state_plan::KEPT_POINTERS,
+        }
+    }
+}
+
+impl SnapshotConfig {
+    /// Everything wrong with it, each naming its key.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.every.is_zero() {
+            out.push("every: must be above zero (a snapshot at every checkpoint: use 1ms)".into());
+        }
+        if self.bytes == 0 {
+            out.push("bytes: must be above zero".into());
+        }
+        // NaN is refused too.
+        if self.rebase_ratio.is_nan() || self.rebase_ratio < 0.5 {
+            out.push(format!(
+                "rebase_ratio: {} is below 0.5 (a new base at nearly every snapshot)",
+                self.rebase_ratio
+            ));
+        }
+        if self.max_runs < 2 {
+            out.push("max_runs: at least 2 (a base and a delta)".into());
+        }
+        if self.keep == 0 {
+            out.push("keep: at least 1".into());
+        }
+        out
     }
 }

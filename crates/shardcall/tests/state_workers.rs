@@ -208,8 +208,8 @@ impl Cluster {
         // Snapshots by changed bytes only (about every 35 records of a
         // partition), so that a kill finds the last snapshot behind the
         // last checkpoint and the new owner must replay the log between.
-        state.snapshot_every = Duration::from_secs(3600);
-        state.snapshot_bytes = 20_000;
+        state.snapshots.every = Duration::from_secs(3600);
+        state.snapshots.bytes = 20_000;
         let config = WorkerConfig {
             group: GROUP.into(),
             name: format!("w{i}"),

@@ -1,0 +1,248 @@
+//! Fault tests of local state stores with real processes: `shardcall
+//! worker --state-dir --backup-dir` processes (the built-in digest handler
+//! keeps its digest in the store) share a file log through a real
+//! redis-server and a backup folder. Snapshots run every 100 ms, so kills
+//! and pauses land while uploads are under way. After kill -9, SIGSTOP past
+//! the lease (the paused worker resumes as a zombie with uploads in hand)
+//! and a graceful stop, the oracle is checked, the final state in each
+//! partition's last store is checked against processing every record once,
+//! and then a worker with an empty disk restores every partition from the
+//! backups alone and is checked the same way: a zombie's manifest that had
+//! become current would show there.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Workers, file_log_ends, shardcall_command};
+use shardcall::oracle::{check_coverage, check_final_state, check_ownership};
+use shardcall::{CoordinationStore, FjallStateStore, StateStore};
+use shardcall_core::{PartitionId, Phase};
+use shardcall_redis::RedisStore;
+use shardcall_redis::testing::RedisServer;
+use shardcall_spool::{FileLog, SpoolConfig};
+
+const GROUP: &str = "state";
+const TTL_MS: u64 = 1500;
+const QUARANTINE_MS: u64 = 400;
+
+struct Rig {
+    dir: PathBuf,
+    log: FileLog,
+    redis: RedisServer,
+    workers: Workers,
+}
+
+impl Rig {
+    fn new(dir: &Path, partitions: u32) -> Self {
+        let log = FileLog::open(dir.join("log"), SpoolConfig::default()).unwrap();
+        log.ensure_topic("t", partitions).unwrap();
+        Self {
+            dir: dir.to_owned(),
+            log,
+            redis: RedisServer::start(
+                dir.join("redis"),
+                &["--appendonly", "yes", "--appendfsync", "always"],
+            )
+            .unwrap(),
+            workers: Workers::new(dir),
+        }
+    }
+
+    fn produce(&self, n: usize, tag: &str) {
+        let mut p = self.log.producer("t").unwrap();
+        for i in 0..n {
+            let key = format!("k{}", i % 41);
+            p.send(Some(key.as_bytes()), format!("{tag}-{i}").as_bytes(), 0)
+                .unwrap();
+        }
+        p.sync().unwrap();
+    }
+
+    fn state_dir(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("state-{name}"))
+    }
+
+    fn spawn(&mut self, name: &str) {
+        let mut cmd = shardcall_command();
+        cmd.args([
+            "worker",
+            "--redis",
+            &self.redis.url(),
+            "--group",
+            GROUP,
+            "--topic",
+            "t",
+        ])
+        .arg("--log")
+        .arg(self.dir.join("log"))
+        .arg("--state-dir")
+        .arg(self.state_dir(name))
+        .arg("--backup-dir")
+        .arg(self.dir.join("backups"))
+        .args(["--set", "state.snapshots.every=100ms"])
+        .args(["--set", "state.snapshots.final_wait=2s"])
+        .args(["--set", "batch.max_records=20"])
+        .args(["--name", name, "--ttl-ms", &TTL_MS.to_string()])
+        .args([
+            "--heartbeat-ms",
+            "200",
+            "--margin-ms",
+            "500",
+            "--tick-ms",
+            "100",
+        ])
+        .args(["--quarantine-ms", &QUARANTINE_MS.to_string()]);
+        self.workers.start(name, cmd);
+    }
+
+    fn ends(&self) -> BTreeMap<PartitionId, u64> {
+        file_log_ends(&self.log, "t")
+    }
+
+    /// Waits until every partition is owned and checkpointed at its end.
+    async fn settle(&self, store: &RedisStore, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let g = store.load_group(GROUP).await.unwrap();
+            let mut done = g.partitions.len() == self.ends().len();
+            for (p, end) in self.ends() {
+                let owned = matches!(
+                    g.partitions.get(&p).map(|r| &r.phase),
+                    Some(Phase::Owned { .. })
+                );
+                let at = store
+                    .load_checkpoint(GROUP, &p)
+                    .await
+                    .unwrap()
+                    .map_or(0, |c| c.offset);
+                done &= owned && at == end;
+            }
+            if done {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("group did not settle: {g:#?}\n{}", self.workers.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Each partition's state, from the store (among `names`' state
+    /// folders) that holds the partition's checkpoint: its position and
+    /// grant match the checkpoint's. The workers must have stopped.
+    async fn check_states(&self, store: &RedisStore, names: &[&str]) {
+        for p in self.ends().keys() {
+            let cp = store.load_checkpoint(GROUP, p).await.unwrap().unwrap();
+            let mut found = None;
+            for name in names {
+                let dir = self
+                    .state_dir(name)
+                    .join(GROUP)
+                    .join("t")
+                    .join(p.partition.to_string())
+                    .join("store");
+                if !dir.exists() {
+                    continue;
+                }
+                let s = FjallStateStore::open(dir, 1 << 20).unwrap();
+                let applied = s.applied().unwrap();
+                if applied.is_some_and(|a| a.offset == cp.offset) {
+                    found = Some(s.get(shardcall::digest::DIGEST_KEY).unwrap());
+                    break;
+                }
+            }
+            let digest = found.unwrap_or_else(|| {
+                panic!(
+                    "{p}: no store is at the checkpoint {cp:?}\n{}",
+                    self.workers.logs()
+                )
+            });
+            let records = self
+                .log
+                .open_partition_read_only("t", p.partition)
+                .unwrap()
+                .read(0, usize::MAX, usize::MAX)
+                .unwrap();
+            let v = check_final_state(p, &records, digest.as_deref());
+            assert!(v.is_none(), "{v:?}");
+            assert!(!cp.backup.is_empty(), "{p}: no snapshot became current");
+            assert!(cp.state.is_empty(), "{p}: state bytes went to Redis");
+        }
+    }
+}
+
+fn member_of(g: &shardcall_core::GroupState, name: &str) -> Option<String> {
+    g.members
+        .keys()
+        .map(|m| m.to_string())
+        .find(|m| m.starts_with(&format!("{name}-")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_survives_kill_9_a_zombie_and_a_graceful_stop_and_restores_on_an_empty_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 6);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    rig.produce(600, "a");
+    for name in ["a", "b", "c"] {
+        rig.spawn(name);
+    }
+    rig.settle(&store, Duration::from_secs(30)).await;
+
+    // kill -9 while records keep coming (and snapshots upload).
+    rig.produce(300, "b");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    rig.workers.signal("a", "-KILL");
+    rig.settle(&store, Duration::from_secs(30)).await;
+
+    // SIGSTOP past the lease while it processes: its partitions are
+    // restored elsewhere; on SIGCONT it is a zombie whose checkpoints, and
+    // so its snapshot pointers, are refused.
+    let g = store.load_group(GROUP).await.unwrap();
+    let before = member_of(&g, "b").unwrap();
+    rig.produce(300, "c");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    rig.workers.signal("b", "-STOP");
+    tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
+    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.workers.signal("b", "-CONT");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let g = store.load_group(GROUP).await.unwrap();
+        if member_of(&g, "b").is_some_and(|m| m != before) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the resumed worker did not rejoin: {g:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    rig.produce(300, "d");
+    rig.settle(&store, Duration::from_secs(30)).await;
+
+    // A graceful stop: final snapshots, then the others take over.
+    rig.workers.signal("c", "-TERM");
+    assert!(rig.workers.wait("c").success());
+    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.workers.signal("b", "-TERM");
+    assert!(rig.workers.wait("b").success());
+    let batches = rig.workers.oracle();
+    let mut v = check_ownership(&batches, QUARANTINE_MS * 1000);
+    v.extend(check_coverage(&batches, &rig.ends()));
+    assert!(v.is_empty(), "{v:?}");
+    rig.check_states(&store, &["a", "b", "c"]).await;
+
+    // A worker with an empty disk restores every partition from the
+    // backups alone: the state it builds is the same.
+    rig.spawn("z");
+    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.workers.signal("z", "-TERM");
+    assert!(rig.workers.wait("z").success());
+    rig.check_states(&store, &["z"]).await;
+    let logs = rig.workers.log("z");
+    assert!(logs.contains("local state store restored"), "{logs}");
+}
