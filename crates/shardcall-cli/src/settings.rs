@@ -1002,7 +1002,9 @@ mod tests {
         let base = "group = \"g\"\n[redis]\nurls = [\"redis://127.0.0.1:1/\"]\n[source]\nlog = \"/tmp\"\n[[topics]]\nname = \"t\"\n";
         assert_eq!(errors_of(base), Ok(false), "no [state]: no store");
         assert_eq!(
-            errors_of(&format!("{base}[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\n")),
+            errors_of(&format!(
+                "{base}[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\n"
+            )),
             Ok(true)
         );
         let all = errors_of(&format!(

@@ -111,38 +111,60 @@ impl HandlerFactory for CountingFactory {
     }
 }
 
-/// A backup store that counts the chunk bytes read through it.
+/// A backup store that counts the chunk bytes read through it, and can be
+/// taken down (every call fails as an unreachable server's would).
 struct Counted {
     inner: DirBackupStore,
     read: AtomicU64,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl Counted {
+    fn up(&self) -> BackupResult<()> {
+        if self.down.load(Ordering::Relaxed) {
+            return Err(shardcall::BackupError::Unavailable {
+                context: "the test took the backup store down".into(),
+                cause: std::io::Error::other("connection refused"),
+            });
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
 impl BackupStore for Counted {
     async fn put_chunk(&self, scope: &str, id: &str, bytes: Bytes) -> BackupResult<()> {
+        self.up()?;
         self.inner.put_chunk(scope, id, bytes).await
     }
     async fn get_chunk(&self, scope: &str, id: &str) -> BackupResult<Bytes> {
+        self.up()?;
         let b = self.inner.get_chunk(scope, id).await?;
         self.read.fetch_add(b.len() as u64, Ordering::Relaxed);
         Ok(b)
     }
     async fn chunk_ids(&self, scope: &str) -> BackupResult<std::collections::BTreeSet<String>> {
+        self.up()?;
         self.inner.chunk_ids(scope).await
     }
     async fn delete_chunk(&self, scope: &str, id: &str) -> BackupResult<()> {
+        self.up()?;
         self.inner.delete_chunk(scope, id).await
     }
     async fn put_manifest(&self, scope: &str, name: &str, manifest: &Manifest) -> BackupResult<()> {
+        self.up()?;
         self.inner.put_manifest(scope, name, manifest).await
     }
     async fn get_manifest(&self, scope: &str, name: &str) -> BackupResult<Manifest> {
+        self.up()?;
         self.inner.get_manifest(scope, name).await
     }
     async fn manifest_names(&self, scope: &str) -> BackupResult<Vec<String>> {
+        self.up()?;
         self.inner.manifest_names(scope).await
     }
     async fn delete_manifest(&self, scope: &str, name: &str) -> BackupResult<()> {
+        self.up()?;
         self.inner.delete_manifest(scope, name).await
     }
 }
@@ -160,6 +182,8 @@ struct Cluster {
     violations: Arc<Mutex<Vec<String>>>,
     workers: Vec<Option<WorkerHandle>>,
     produced: usize,
+    /// When new workers snapshot.
+    snapshots: shardcall::SnapshotConfig,
 }
 
 impl Cluster {
@@ -175,10 +199,19 @@ impl Cluster {
             backups: Arc::new(Counted {
                 inner: DirBackupStore::new(root.join("backups")).unwrap(),
                 read: AtomicU64::new(0),
+                down: Default::default(),
             }),
             violations: Arc::default(),
             workers: Vec::new(),
             produced: 0,
+            // Snapshots by changed bytes only (about every 35 records of a
+            // partition), so that a kill finds the last snapshot behind the
+            // last checkpoint and the new owner must replay the log between.
+            snapshots: shardcall::SnapshotConfig {
+                every: Duration::from_secs(3600),
+                bytes: 20_000,
+                ..shardcall::SnapshotConfig::default()
+            },
         }
     }
 
@@ -205,11 +238,7 @@ impl Cluster {
     fn add_worker_on(&mut self, machine: usize) -> usize {
         let i = self.workers.len();
         let mut state = StateConfig::new(self.state_dir(machine), self.backups.clone());
-        // Snapshots by changed bytes only (about every 35 records of a
-        // partition), so that a kill finds the last snapshot behind the
-        // last checkpoint and the new owner must replay the log between.
-        state.snapshots.every = Duration::from_secs(3600);
-        state.snapshots.bytes = 20_000;
+        state.snapshots = self.snapshots.clone();
         let config = WorkerConfig {
             group: GROUP.into(),
             name: format!("w{i}"),
@@ -249,22 +278,25 @@ impl Cluster {
 
     /// Waits until every partition is owned and checkpointed at its end.
     async fn settle(&self, within: Duration) {
+        self.settle_by(within, false).await
+    }
+
+    /// [`Self::settle`], with the checkpoint written by the current owner
+    /// (one that restores an older snapshot must replay to the end first).
+    async fn settle_by(&self, within: Duration, by_owner: bool) {
         let deadline = Instant::now() + within;
         loop {
             let g = self.store.load_group(GROUP).await.unwrap();
             let mut done = g.partitions.len() == PARTITIONS as usize;
             for (p, end) in self.ends() {
-                let owned = matches!(
-                    g.partitions.get(&p).map(|r| &r.phase),
-                    Some(Phase::Owned { .. })
-                );
-                let at = self
-                    .store
-                    .load_checkpoint(GROUP, &p)
-                    .await
-                    .unwrap()
-                    .map_or(0, |c| c.offset);
-                done &= owned && at == end;
+                let owner_epoch = match g.partitions.get(&p).map(|r| &r.phase) {
+                    Some(Phase::Owned { epoch, .. }) => Some(*epoch),
+                    _ => None,
+                };
+                let cp = self.store.load_checkpoint(GROUP, &p).await.unwrap();
+                let at = cp.as_ref().map_or(0, |c| c.offset);
+                let by = cp.as_ref().map(|c| c.epoch);
+                done &= owner_epoch.is_some() && at == end && (!by_owner || by == owner_epoch);
             }
             if done {
                 return;
@@ -402,4 +434,128 @@ async fn a_worker_that_gets_its_own_current_partitions_back_downloads_nothing() 
     );
     c.check_states(&c.read_states(0));
     assert!(c.violations.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_snapshot_is_passed_over_for_the_one_before_and_the_log_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    // A snapshot at every checkpoint: several snapshots per partition.
+    c.snapshots.every = Duration::from_millis(1);
+    c.produce(400);
+    c.add_worker_on(0);
+    c.settle(Duration::from_secs(20)).await;
+    c.produce(200);
+    c.settle(Duration::from_secs(20)).await;
+    c.stop(0).await;
+    // Damage, in every partition, a chunk only the newest snapshot names.
+    let mut damaged = 0;
+    for p in 0..PARTITIONS {
+        let id = PartitionId::new("t", p);
+        let cp = c.store.load_checkpoint(GROUP, &id).await.unwrap().unwrap();
+        assert!(
+            cp.backup.len() >= 2,
+            "t/{p}: too few snapshots to fall back: {:?}",
+            cp.backup
+        );
+        let scope = format!("{GROUP}/t/{p}");
+        let newest = c
+            .backups
+            .get_manifest(&scope, &cp.backup[0].manifest)
+            .await
+            .unwrap();
+        let older = c
+            .backups
+            .get_manifest(&scope, &cp.backup[1].manifest)
+            .await
+            .unwrap();
+        let old_chunks: std::collections::BTreeSet<_> =
+            older.chunks().into_iter().map(|ch| ch.id.clone()).collect();
+        let only_newest = newest
+            .chunks()
+            .into_iter()
+            .find(|ch| !old_chunks.contains(&ch.id))
+            .expect("the newest snapshot has a chunk of its own");
+        let path = dir
+            .path()
+            .join("backups")
+            .join(&scope)
+            .join("chunks")
+            .join(&only_newest.id);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[0] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+        damaged += 1;
+    }
+    assert_eq!(damaged, PARTITIONS);
+    // A machine with an empty disk: each partition falls back to the
+    // snapshot before and replays the log from its offset.
+    let i = c.add_worker_on(7);
+    c.settle_by(Duration::from_secs(20), true).await;
+    c.stop(i).await;
+    c.check_states(&c.read_states(7));
+    assert!(c.violations.lock().unwrap().is_empty());
+    let replayed = c
+        .oracle
+        .batches()
+        .iter()
+        .filter(|b| b.member.as_str().starts_with(&format!("w{i}")))
+        .count();
+    assert!(
+        replayed > 0,
+        "nothing was replayed: the damaged snapshot was used"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_backup_store_down_processing_goes_on_and_a_handover_replays_from_the_older_snapshot()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.snapshots.every = Duration::from_millis(1);
+    c.snapshots.final_wait = Duration::from_millis(800);
+    c.produce(300);
+    c.add_worker_on(0);
+    c.settle(Duration::from_secs(20)).await;
+    let before: Vec<_> = current_pointers(&c).await;
+    // The backup store goes down: batches still commit locally and
+    // checkpoint, snapshots fail and are tried again.
+    c.backups.down.store(true, Ordering::Relaxed);
+    c.produce(300);
+    c.settle(Duration::from_secs(20)).await;
+    assert_eq!(
+        current_pointers(&c).await,
+        before,
+        "a pointer moved while the store was down"
+    );
+    // A handover while it is down: the old owner tries its final snapshot
+    // for its wait, then releases; the new owner cannot restore until the
+    // store is back, then restores the older snapshot and replays.
+    c.add_worker_on(1);
+    let stop = Instant::now();
+    c.stop(0).await;
+    assert!(
+        stop.elapsed() >= Duration::from_millis(800),
+        "the final snapshot was not waited for"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.backups.down.store(false, Ordering::Relaxed);
+    c.settle_by(Duration::from_secs(30), true).await;
+    c.stop(1).await;
+    c.check_states(&c.read_states(1));
+    assert!(c.violations.lock().unwrap().is_empty());
+}
+
+/// Every partition's current snapshot pointer.
+async fn current_pointers(c: &Cluster) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    for p in 0..PARTITIONS {
+        let cp = c
+            .store
+            .load_checkpoint(GROUP, &PartitionId::new("t", p))
+            .await
+            .unwrap();
+        out.push(cp.and_then(|cp| cp.backup.first().map(|b| b.manifest.clone())));
+    }
+    out
 }
