@@ -8,6 +8,7 @@ mod bench_idle;
 mod bench_kafka;
 mod bench_rebalance;
 mod bench_spool;
+mod bench_state;
 mod bench_target;
 mod consume;
 mod demo;
@@ -115,6 +116,8 @@ enum BenchCommand {
     Hol(bench_hol::BenchHolArgs),
     /// CPU of idle workers holding many file-log partitions, and kill -9 failover next to its bound.
     Idle(bench_idle::BenchIdleArgs),
+    /// Large state in local state stores: throughput, upload cost, handover and failover, Redis memory.
+    State(bench_state::BenchStateArgs),
 }
 
 /// When appended records are forced to disk (command-line form).
@@ -255,6 +258,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Kafka(args)) => bench_kafka::run(&args),
         Command::Bench(BenchCommand::Hol(args)) => bench_hol::run(&args),
         Command::Bench(BenchCommand::Idle(args)) => bench_idle::run(&args),
+        Command::Bench(BenchCommand::State(args)) => bench_state::run(&args),
         Command::Bench(BenchCommand::Assign(args)) => bench_assign::run(&args),
         Command::Bench(BenchCommand::Rebalance(args)) => bench_rebalance::run(&args),
     };

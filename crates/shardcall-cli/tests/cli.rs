@@ -171,6 +171,48 @@ fn verify_reports_corruption_and_repair_mends_it() {
 }
 
 #[test]
+fn bench_state_json_has_figures_baselines_ratios_and_targets() {
+    let out = shardcall(
+        &[
+            "bench",
+            "state",
+            "--json",
+            "--state-mib",
+            "4",
+            "--records",
+            "5000",
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["inputs"]["state_mib"], 4);
+    for (section, key) in [
+        ("measured", "large_state_records_per_s"),
+        ("measured", "uploaded_bytes"),
+        ("measured", "handover_ms"),
+        ("measured", "failover_ms"),
+        ("baselines", "empty_state_records_per_s"),
+        ("baselines", "backup_read_mib_per_s"),
+        ("ratios", "large_vs_empty_throughput"),
+        ("ratios", "uploaded_per_changed"),
+    ] {
+        assert!(
+            doc[section][key].as_f64().unwrap() > 0.0,
+            "{section}.{key}: {doc}"
+        );
+    }
+    assert_eq!(
+        doc["baselines"]["state_bytes_in_redis"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_targets(&doc, 5);
+}
+
+#[test]
 fn bench_spool_json_has_figures_baseline_and_ratios() {
     let dir = tempfile::tempdir().unwrap();
     let out = shardcall(

@@ -24,7 +24,7 @@ use crate::snapshot::{self, SnapshotError};
 use crate::state_config::StateConfig;
 use crate::state_fjall::FjallStateStore;
 use crate::state_runs::{RunReader, RunWriter};
-use crate::state_store::{Applied, StateStore, StateStoreError, WriteSet};
+use crate::state_store::{Applied, RunStats, StateStore, StateStoreError, WriteSet};
 use crate::store::Checkpoint;
 
 /// Why a restore did not give a state.
@@ -331,9 +331,10 @@ impl PartitionState {
             path: PathBuf::new(),
             cause: std::io::Error::other(e),
         })??;
-        let Some(applied) = cut else {
+        let Some((applied, stats, base)) = cut else {
             return Ok(None);
         };
+        crate::telemetry::state_snapshot(stats.bytes, base);
         let report = snapshot::snapshot_immutable(
             &*self.config.backups,
             &self.scope,
@@ -414,15 +415,15 @@ fn load_runs(
 }
 
 /// Writes the next run into `dir` (blocking): a delta, or a new base that
-/// replaces every earlier run. Returns the position it covers, or `None`
-/// for an empty store.
+/// replaces every earlier run. Returns the position it covers, what it
+/// holds and whether it is a base, or `None` for an empty store.
 fn cut_run(
     store: &dyn StateStore,
     dir: &Path,
     epoch: Epoch,
     ratio: f64,
     max_runs: usize,
-) -> Result<Option<Applied>, SnapshotError> {
+) -> Result<Option<(Applied, RunStats, bool)>, SnapshotError> {
     let local = |path: &Path| {
         let path = path.to_owned();
         move |cause| SnapshotError::Local { path, cause }
@@ -460,10 +461,13 @@ fn cut_run(
     } else {
         store.take_changes(&name, &mut |k, v| writer.entry(k, v))
     };
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(engine(e));
-    }
+    let stats = match written {
+        Ok(stats) => stats,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(engine(e));
+        }
+    };
     let file = writer
         .finish()
         .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
@@ -475,5 +479,5 @@ fn cut_run(
             std::fs::remove_file(dir.join(old)).map_err(local(dir))?;
         }
     }
-    Ok(Some(applied))
+    Ok(Some((applied, stats, rebase)))
 }

@@ -303,6 +303,38 @@ impl StateStore for FjallStateStore {
             .remove(MARK)
             .map_err(self.fail("unmarking before a load"))?;
         let mut stats = RunStats::default();
+        // Into an empty store (a restore after a clear), the run is written
+        // as the engine's own tables, not through the journal: several
+        // times quicker, and the keys come sorted as that needs.
+        if open.data.is_empty().map_err(self.fail("loading a run"))? {
+            let mut ingest = open
+                .data
+                .start_ingestion()
+                .map_err(self.fail("loading a run"))?;
+            for entry in entries {
+                let (key, value) = entry?;
+                stats.entries += 1;
+                stats.bytes += (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
+                match value {
+                    Some(v) => ingest.write(key, v),
+                    None => ingest.write_tombstone(key),
+                }
+                .map_err(self.fail("loading a run"))?;
+            }
+            ingest.finish().map_err(self.fail("loading a run"))?;
+            let mut meta = open.db.batch();
+            meta.insert(&open.meta, APPLIED, json(&applied));
+            meta.insert(
+                &open.meta,
+                MARK,
+                json(&RunMark {
+                    run: run.to_owned(),
+                    applied,
+                }),
+            );
+            meta.commit().map_err(self.fail("loading a run"))?;
+            return Ok(stats);
+        }
         let mut batch = open.db.batch();
         let mut in_batch = 0;
         for entry in entries {

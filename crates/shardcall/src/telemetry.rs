@@ -80,6 +80,16 @@ pub fn describe() {
         "Bytes of local state store snapshots uploaded to the backup store"
     );
     describe_counter!(
+        "shardcall_state_changed_bytes_total",
+        Unit::Bytes,
+        "Bytes of keys and values that snapshots cut (changed since the snapshot before, or a whole new base)"
+    );
+    describe_counter!(
+        "shardcall_state_snapshots_total",
+        Unit::Count,
+        "Snapshots of local state stores taken, by kind (delta, base)"
+    );
+    describe_counter!(
         "shardcall_state_downloaded_bytes_total",
         Unit::Bytes,
         "Bytes of snapshots downloaded to restore local state stores"
@@ -153,6 +163,14 @@ pub fn handler_stuck(p: &PartitionId) {
 /// Bytes a snapshot uploaded.
 pub fn state_uploaded(bytes: u64) {
     metrics::counter!("shardcall_state_uploaded_bytes_total").increment(bytes);
+}
+
+/// A snapshot was cut: `changed` bytes of keys and values, a delta or a
+/// whole new base.
+pub fn state_snapshot(changed: u64, base: bool) {
+    metrics::counter!("shardcall_state_changed_bytes_total").increment(changed);
+    metrics::counter!("shardcall_state_snapshots_total", "kind" => if base { "base" } else { "delta" })
+        .increment(1);
 }
 
 /// Bytes a restore downloaded.

@@ -1,0 +1,659 @@
+//! `shardcall bench state`: large per-partition state on the embedded
+//! default (the file log, local state stores, snapshots to a folder) and a
+//! redis-server this command starts: throughput with a large state next to
+//! an empty one, the state-bytes-in-Redis path at 1 MB and 10 MB in the
+//! same run, bytes uploaded per byte changed, a graceful handover and a
+//! kill -9 failover of the large state next to their bounds, and Redis's
+//! memory with the large state next to none.
+//!
+//! The handler keeps per-key aggregates: each update record reads a key
+//! chosen by its sequence number (spread uniformly over the state's keys),
+//! bumps its counter and writes it back; the large state is built first by
+//! load records that write the keys in order.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::json;
+
+use crate::bench_target::{Goal, target};
+use shardcall::oracle::Oracle;
+use shardcall::{
+    BackupStore, BatchObserver, CoordinationStore, DirBackupStore, FileLogSource, HandlerError,
+    HandlerFactory, PartitionContext, PartitionHandler, StateConfig, StateTxn, Worker,
+    WorkerConfig, WorkerHandle,
+};
+use shardcall_core::{GroupConfig, PartitionId};
+use shardcall_redis::RedisStore;
+use shardcall_redis::testing::RedisServer;
+use shardcall_spool::{FileLog, Record, SpoolConfig};
+
+/// Arguments of `shardcall bench state`.
+#[derive(Debug, clap::Args)]
+pub struct BenchStateArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The large state, in MiB (of 16-byte keys and 100-byte values).
+    #[arg(long, default_value_t = 1024)]
+    state_mib: u64,
+    /// Update records of each throughput run.
+    #[arg(long, default_value_t = 200_000)]
+    records: u64,
+    /// Each partition store's block cache, in MiB (0: the state's size
+    /// plus 64, so that the whole state fits, as it should when reads
+    /// spread over all of it).
+    #[arg(long, default_value_t = 0)]
+    cache_mib: u64,
+}
+
+const KEY_LEN: u64 = 16;
+const VALUE_LEN: usize = 100;
+/// Keys one load record writes.
+const LOAD_KEYS: u64 = 200;
+/// Update records of the state-bytes-in-Redis runs (each checkpoint writes
+/// the whole state).
+const BLOB_RECORDS: u64 = 20_000;
+
+fn timing() -> GroupConfig {
+    GroupConfig {
+        member_ttl: Duration::from_millis(3000),
+        heartbeat_interval: Duration::from_millis(300),
+        safety_margin: Duration::from_millis(1000),
+        tick_interval: Duration::from_millis(100),
+        coordinator_ttl: Duration::from_millis(3000),
+        quarantine_min: Duration::from_millis(500),
+        initial_rebalance_delay: Duration::from_millis(200),
+        ..GroupConfig::default()
+    }
+}
+
+fn key(k: u64) -> [u8; KEY_LEN as usize] {
+    let mut out = [0u8; KEY_LEN as usize];
+    out[..8].copy_from_slice(b"agg/key/");
+    out[8..].copy_from_slice(&k.to_be_bytes());
+    out
+}
+
+/// The key an update record touches: its sequence number, mixed.
+fn chosen(seq: u64, keys: u64) -> u64 {
+    let mut x = seq.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (x ^ (x >> 31)) % keys.max(1)
+}
+
+/// Per-key aggregates in the local state store.
+struct Aggregates {
+    keys: u64,
+}
+
+fn number(payload: &[u8], prefix: &[u8]) -> Option<u64> {
+    std::str::from_utf8(payload.strip_prefix(prefix)?)
+        .ok()?
+        .parse()
+        .ok()
+}
+
+impl PartitionHandler for Aggregates {
+    fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    fn process_state(
+        &mut self,
+        _: &PartitionContext,
+        batch: &[Record],
+        state: &mut StateTxn<'_>,
+    ) -> Result<(), HandlerError> {
+        let failed = |e: shardcall::StateStoreError| HandlerError(e.to_string());
+        for r in batch {
+            if let Some(i) = number(&r.payload, b"load:") {
+                let value = [7u8; VALUE_LEN];
+                for k in i * LOAD_KEYS..((i + 1) * LOAD_KEYS).min(self.keys) {
+                    state.put(&key(k), &value).map_err(failed)?;
+                }
+            } else if let Some(seq) = number(&r.payload, b"u:") {
+                let k = key(chosen(seq, self.keys));
+                let mut value = state
+                    .get(&k)
+                    .map_err(failed)?
+                    .unwrap_or_else(|| vec![0u8; VALUE_LEN]);
+                let n = u64::from_le_bytes(value[..8].try_into().expect("8 bytes")) + 1;
+                value[..8].copy_from_slice(&n.to_le_bytes());
+                state.put(&k, &value).map_err(failed)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct AggregatesFactory {
+    keys: u64,
+}
+
+impl HandlerFactory for AggregatesFactory {
+    type Handler = Aggregates;
+    fn create(&self, _: &PartitionContext) -> Aggregates {
+        Aggregates { keys: self.keys }
+    }
+}
+
+/// The whole state as bytes, returned after every batch (and so written
+/// into Redis at every checkpoint).
+struct Blob {
+    state: Vec<u8>,
+}
+
+impl PartitionHandler for Blob {
+    fn assigned(&mut self, _: &PartitionContext, s: Option<&[u8]>) -> Result<(), HandlerError> {
+        if let Some(s) = s.filter(|s| s.len() == self.state.len()) {
+            self.state.copy_from_slice(s);
+        }
+        Ok(())
+    }
+
+    fn process(&mut self, _: &PartitionContext, batch: &[Record]) -> Result<Vec<u8>, HandlerError> {
+        let n =
+            u64::from_le_bytes(self.state[..8].try_into().expect("8 bytes")) + batch.len() as u64;
+        self.state[..8].copy_from_slice(&n.to_le_bytes());
+        Ok(self.state.clone())
+    }
+}
+
+struct BlobFactory {
+    bytes: usize,
+}
+
+impl HandlerFactory for BlobFactory {
+    type Handler = Blob;
+    fn create(&self, _: &PartitionContext) -> Blob {
+        Blob {
+            state: vec![1u8; self.bytes],
+        }
+    }
+}
+
+/// The log and the oracle of the run (each group reads the topic of its
+/// own name).
+struct Rig {
+    dir: std::path::PathBuf,
+    log: FileLog,
+    oracle: Arc<Oracle>,
+}
+
+impl Rig {
+    fn produce(&self, topic: &str, payloads: impl Iterator<Item = String>) -> anyhow::Result<()> {
+        let mut p = self.log.producer(topic)?;
+        for payload in payloads {
+            p.send(None, payload.as_bytes(), 0)?;
+        }
+        p.flush()?;
+        Ok(())
+    }
+
+    fn end(&self, topic: &str) -> anyhow::Result<u64> {
+        Ok(self.log.open_partition_read_only(topic, 0)?.end_offset()?)
+    }
+
+    fn worker<F: HandlerFactory>(
+        &self,
+        store: &Arc<RedisStore>,
+        group: &str,
+        name: &str,
+        factory: F,
+        state: Option<StateConfig>,
+    ) -> anyhow::Result<WorkerHandle> {
+        let config = WorkerConfig {
+            group: group.into(),
+            name: name.into(),
+            timing: timing(),
+            batch: shardcall::BatchConfig {
+                max_records: 500,
+                fetch_wait: Duration::from_millis(100),
+                ..shardcall::BatchConfig::default()
+            },
+            state,
+            ..WorkerConfig::default()
+        };
+        Ok(Worker {
+            config,
+            store: store.clone(),
+            source: Arc::new(FileLogSource::new(self.log.clone(), vec![group.into()])),
+            factory: Arc::new(factory),
+            observer: Some(self.oracle.clone() as Arc<dyn BatchObserver>),
+            dead_letters: None,
+        }
+        .spawn()?)
+    }
+
+    /// Waits until the group's partition is checkpointed at `end`.
+    async fn settle(
+        &self,
+        store: &RedisStore,
+        group: &str,
+        end: u64,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        let p = PartitionId::new(group, 0);
+        loop {
+            let at = store
+                .load_checkpoint(group, &p)
+                .await?
+                .map_or(0, |c| c.offset);
+            if at >= end {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{group} did not reach offset {end} (at {at})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until a member owns the group's partition.
+    async fn owned(&self, store: &RedisStore, group: &str, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        let p = PartitionId::new(group, 0);
+        loop {
+            let g = store.load_group(group).await?;
+            if matches!(
+                g.partitions.get(&p).map(|r| &r.phase),
+                Some(shardcall_core::Phase::Owned { .. })
+            ) {
+                return Ok(());
+            }
+            anyhow::ensure!(Instant::now() < deadline, "nobody took {group}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Records per second through the group's owner: the records produced
+    /// now, from their production to the checkpoint at their end.
+    async fn timed(
+        &self,
+        store: &RedisStore,
+        group: &str,
+        payloads: impl Iterator<Item = String>,
+    ) -> anyhow::Result<f64> {
+        self.owned(store, group, Duration::from_secs(60)).await?;
+        let before = self.end(group)?;
+        let t = Instant::now();
+        self.produce(group, payloads)?;
+        let end = self.end(group)?;
+        self.settle(store, group, end, Duration::from_secs(3600))
+            .await?;
+        Ok((end - before) as f64 / t.elapsed().as_secs_f64())
+    }
+
+    /// When `member` first started a batch of `group` (the oracle's clock).
+    fn first_batch_us(&self, group: &str, member: &str) -> Option<u64> {
+        self.oracle
+            .batches()
+            .iter()
+            .filter(|b| {
+                b.partition.topic.as_ref() == group && b.member.as_str().starts_with(member)
+            })
+            .map(|b| b.started_us)
+            .min()
+    }
+
+    /// Waits until `member` has started a batch of `group`.
+    async fn wait_first(&self, group: &str, member: &str, within: Duration) -> anyhow::Result<u64> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(us) = self.first_batch_us(group, member) {
+                return Ok(us);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{member} never processed {group}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn used_memory(url: &str) -> anyhow::Result<u64> {
+    let mut c = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut c).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("INFO memory has no used_memory")
+}
+
+/// A counter's value in the recorder's rendering (summed over its labels).
+fn counter(metrics: &metrics_exporter_prometheus::PrometheusHandle, name: &str) -> f64 {
+    metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Runs the command.
+pub fn run(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.state_mib >= 1, "--state-mib must be at least 1");
+    anyhow::ensure!(args.records >= 1000, "--records must be at least 1000");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing a metrics recorder")?;
+    let tmp = tempfile::Builder::new()
+        .prefix("shardcall-bench-state-")
+        .tempdir()?;
+    let dir = tmp.path();
+    let log = FileLog::open(dir.join("log"), SpoolConfig::default())?;
+    let rig = Rig {
+        dir: dir.to_owned(),
+        log,
+        oracle: Arc::new(Oracle::default()),
+    };
+    let keys = (args.state_mib << 20) / (KEY_LEN + VALUE_LEN as u64);
+    let loads = keys.div_ceil(LOAD_KEYS);
+    for topic in ["base", "big", "blob1", "blob10"] {
+        rig.log.ensure_topic(topic, 1)?;
+    }
+    let updates = || (0..args.records).map(|j| format!("u:{j}"));
+    rig.produce("big", (0..loads).map(|i| format!("load:{i}")))?;
+    let started = Instant::now();
+    let redis_empty = RedisServer::start(dir.join("redis-empty"), &[])
+        .context("starting redis-server (install it: apt-get install redis-server)")?;
+    let redis_big = RedisServer::start(dir.join("redis-big"), &[])?;
+    let redis_blob = RedisServer::start(dir.join("redis-blob"), &[])?;
+    let store_empty = Arc::new(RedisStore::connect(&redis_empty.url()).await?);
+    let store_big = Arc::new(RedisStore::connect(&redis_big.url()).await?);
+    let store_blob = Arc::new(RedisStore::connect(&redis_blob.url()).await?);
+    let backups: Arc<DirBackupStore> = Arc::new(DirBackupStore::new(dir.join("backups"))?);
+    // Snapshots every sixteenth of the state changed (at most the default
+    // 64 MiB), so that the run takes several.
+    let snapshot_bytes = ((args.state_mib << 20) / 16).clamp(1 << 20, 64 << 20);
+    let cache_mib = if args.cache_mib == 0 {
+        args.state_mib + 64
+    } else {
+        args.cache_mib
+    };
+    let state = |machine: &str| {
+        let mut s = StateConfig::new(rig.dir.join(format!("state-{machine}")), backups.clone());
+        s.snapshots.bytes = snapshot_bytes;
+        s.cache_bytes = cache_mib << 20;
+        s
+    };
+
+    // 1. The same update records on an empty state.
+    eprintln!("empty state: {} updates", args.records);
+    let w = rig.worker(
+        &store_empty,
+        "base",
+        "empty",
+        AggregatesFactory { keys },
+        Some(state("empty")),
+    )?;
+    let empty_rate = rig.timed(&store_empty, "base", updates()).await?;
+    w.shutdown();
+    w.join().await?;
+
+    // 2. The large state: loaded, then the same updates.
+    eprintln!(
+        "large state: loading {} MiB ({keys} keys), then {} updates",
+        args.state_mib, args.records
+    );
+    let (uploaded0, changed0) = (
+        counter(&metrics, "shardcall_state_uploaded_bytes_total"),
+        counter(&metrics, "shardcall_state_changed_bytes_total"),
+    );
+    let a = rig.worker(
+        &store_big,
+        "big",
+        "a",
+        AggregatesFactory { keys },
+        Some(state("a")),
+    )?;
+    rig.settle(
+        &store_big,
+        "big",
+        rig.end("big")?,
+        Duration::from_secs(3600),
+    )
+    .await?;
+    let big_rate = rig.timed(&store_big, "big", updates()).await?;
+    let uploaded = counter(&metrics, "shardcall_state_uploaded_bytes_total") - uploaded0;
+    let changed = counter(&metrics, "shardcall_state_changed_bytes_total") - changed0;
+    let upload_ratio = uploaded / changed.max(1.0);
+
+    // 3. A graceful handover to a machine with an empty disk.
+    eprintln!("graceful handover");
+    let b = rig.worker(
+        &store_big,
+        "big",
+        "b",
+        AggregatesFactory { keys },
+        Some(state("b")),
+    )?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    rig.produce(
+        "big",
+        (args.records..args.records + 1000).map(|j| format!("u:{j}")),
+    )?;
+    let uploaded_before = counter(&metrics, "shardcall_state_uploaded_bytes_total");
+    let revoked_us = rig.oracle.now_us();
+    a.shutdown();
+    a.join().await?;
+    let first_b = rig
+        .wait_first("big", "b", Duration::from_secs(3600))
+        .await?;
+    let handover_ms = first_b.saturating_sub(revoked_us) as f64 / 1000.0;
+    let final_delta = counter(&metrics, "shardcall_state_uploaded_bytes_total") - uploaded_before;
+    // The backup store's read bandwidth: every chunk of the current snapshot.
+    let p = PartitionId::new("big", 0);
+    let pointer = store_big
+        .load_checkpoint("big", &p)
+        .await?
+        .and_then(|c| c.backup.first().cloned());
+    let (full_bytes, full_read_s) = match &pointer {
+        Some(pointer) => {
+            let manifest = backups.get_manifest("big/big/0", &pointer.manifest).await?;
+            let t = Instant::now();
+            let mut bytes = 0u64;
+            for c in manifest.chunks() {
+                bytes += backups.get_chunk("big/big/0", &c.id).await?.len() as u64;
+            }
+            (bytes, t.elapsed().as_secs_f64())
+        }
+        None => (0, 0.0),
+    };
+    let read_mib_s = full_bytes as f64 / (1 << 20) as f64 / full_read_s.max(1e-9);
+
+    let final_delta_ms = final_delta / (read_mib_s * (1 << 20) as f64) * 1000.0;
+    let handover_bound_ms = (timing().quarantine_min.as_millis() as f64).max(1.2 * final_delta_ms);
+    rig.settle(
+        &store_big,
+        "big",
+        rig.end("big")?,
+        Duration::from_secs(3600),
+    )
+    .await?;
+
+    // 4. A kill -9 failover to another machine with an empty disk.
+    eprintln!("kill -9 failover");
+    let c = rig.worker(
+        &store_big,
+        "big",
+        "c",
+        AggregatesFactory { keys },
+        Some(state("c")),
+    )?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    rig.produce(
+        "big",
+        (args.records + 1000..args.records + 2000).map(|j| format!("u:{j}")),
+    )?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cp = store_big
+        .load_checkpoint("big", &p)
+        .await?
+        .context("a checkpoint")?;
+    let replay = cp.offset - cp.backup.first().map_or(0, |b| b.offset);
+    let killed_us = rig.oracle.now_us();
+    b.kill();
+    let first_c = rig
+        .wait_first("big", "c", Duration::from_secs(3600))
+        .await?;
+    let failover_ms = first_c.saturating_sub(killed_us) as f64 / 1000.0;
+    let t = timing();
+    let replay_ms = replay as f64 / big_rate.max(1.0) * 1000.0;
+    let failover_bound_ms = (t.member_ttl + t.quarantine_min).as_millis() as f64
+        + 1.2 * full_read_s * 1000.0
+        + replay_ms;
+    rig.settle(
+        &store_big,
+        "big",
+        rig.end("big")?,
+        Duration::from_secs(3600),
+    )
+    .await?;
+    c.shutdown();
+    c.join().await?;
+
+    // 5. Redis's memory with the large state and with none.
+    let mem_big = used_memory(&redis_big.url()).await?;
+    let mem_empty = used_memory(&redis_empty.url()).await?;
+
+    // 6. The state bytes in Redis, whole at every checkpoint.
+    let mut blob_rates = Vec::new();
+    for (topic, bytes) in [("blob1", 1usize << 20), ("blob10", 10 << 20)] {
+        eprintln!("state bytes in Redis: {} MiB", bytes >> 20);
+        let w = rig.worker(&store_blob, topic, "blob", BlobFactory { bytes }, None)?;
+        let blob_updates = (0..BLOB_RECORDS.min(args.records)).map(|j| format!("u:{j}"));
+        let rate = rig.timed(&store_blob, topic, blob_updates).await?;
+        w.shutdown();
+        w.join().await?;
+        blob_rates.push((bytes, rate));
+    }
+
+    let ratio = big_rate / empty_rate;
+    let mem_ratio = mem_big as f64 / mem_empty as f64;
+    let targets = vec![
+        target(
+            "throughput with the large state / with an empty one",
+            Goal::AtLeast,
+            0.8,
+            ratio,
+        ),
+        target(
+            "bytes uploaded / bytes changed, over the run",
+            Goal::AtMost,
+            2.0,
+            upload_ratio,
+        ),
+        target(
+            "graceful handover / max(quarantine, 1.2 x final delta transfer)",
+            Goal::AtMost,
+            1.0,
+            handover_ms / handover_bound_ms,
+        ),
+        target(
+            "kill -9 failover / (lease + quarantine + 1.2 x full download + replay)",
+            Goal::AtMost,
+            1.0,
+            failover_ms / failover_bound_ms,
+        ),
+        target(
+            "Redis used_memory, large state / none",
+            Goal::AtMost,
+            1.10,
+            mem_ratio,
+        ),
+    ];
+    if args.json {
+        let doc = json!({
+            "bench": "state",
+            "inputs": {"state_mib": args.state_mib, "keys": keys, "cache_mib": cache_mib,
+                       "snapshot_bytes": snapshot_bytes, "update_records": args.records,
+                       "load_records": loads, "blob_records": BLOB_RECORDS.min(args.records),
+                       "lease_ms": t.member_ttl.as_millis() as u64,
+                       "quarantine_ms": t.quarantine_min.as_millis() as u64,
+                       "backup_store": "directory", "partitions": 1},
+            "measured": {
+                "large_state_records_per_s": big_rate,
+                "uploaded_bytes": uploaded, "changed_bytes": changed,
+                "handover_ms": handover_ms, "final_delta_bytes": final_delta,
+                "failover_ms": failover_ms, "replayed_records": replay,
+                "redis_used_memory_large_state": mem_big,
+                "seconds": started.elapsed().as_secs_f64(),
+            },
+            "baselines": {
+                "empty_state_records_per_s": empty_rate,
+                "backup_read_mib_per_s": read_mib_s, "full_download_ms": full_read_s * 1000.0,
+                "full_snapshot_bytes": full_bytes,
+                "redis_used_memory_no_state": mem_empty,
+                "state_bytes_in_redis": blob_rates.iter().map(|(b, r)| json!({"state_bytes": b, "records_per_s": r})).collect::<Vec<_>>(),
+                "handover_bound_ms": handover_bound_ms, "failover_bound_ms": failover_bound_ms,
+            },
+            "ratios": {"large_vs_empty_throughput": ratio, "uploaded_per_changed": upload_ratio,
+                       "handover_vs_bound": handover_ms / handover_bound_ms,
+                       "failover_vs_bound": failover_ms / failover_bound_ms,
+                       "redis_memory_large_vs_none": mem_ratio},
+            "targets": targets,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "state per partition: {} MiB ({keys} keys); {} update records; snapshots to a folder",
+        args.state_mib, args.records
+    );
+    println!("  empty state:                  {empty_rate:>10.0} records/s");
+    println!("  large state:                  {big_rate:>10.0} records/s   {ratio:.2} x empty");
+    for (bytes, rate) in &blob_rates {
+        println!(
+            "  {:>2} MiB state bytes in Redis: {rate:>10.0} records/s",
+            bytes >> 20
+        );
+    }
+    println!(
+        "  uploaded {:.1} MiB for {:.1} MiB changed: {upload_ratio:.2} x",
+        uploaded / 1048576.0,
+        changed / 1048576.0
+    );
+    println!(
+        "  backup store read: {read_mib_s:.0} MiB/s ({:.0} ms for the full snapshot)",
+        full_read_s * 1000.0
+    );
+    println!("  graceful handover: {handover_ms:.0} ms (bound {handover_bound_ms:.0} ms)");
+    println!(
+        "  kill -9 failover:  {failover_ms:.0} ms (bound {failover_bound_ms:.0} ms, {replay} records replayed)"
+    );
+    println!(
+        "  Redis used_memory: {mem_big} B with the large state, {mem_empty} B with none ({mem_ratio:.2} x)"
+    );
+    for t in &targets {
+        println!(
+            "target {}: {} ({:.3} vs {})",
+            t["name"].as_str().unwrap_or(""),
+            if t["met"].as_bool() == Some(true) {
+                "met"
+            } else {
+                "MISSED"
+            },
+            t["measured"].as_f64().unwrap_or(0.0),
+            t["threshold"]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
