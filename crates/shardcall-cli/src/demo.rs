@@ -62,6 +62,84 @@ pub struct DemoArgs {
     /// Members' lease (ticket mode: a claim's lease), in milliseconds.
     #[arg(long, default_value_t = 3000)]
     pub ttl_ms: u64,
+    /// Keep each partition's state in a local state store, snapshotted to a
+    /// folder: per-customer aggregates over this many MiB of state in all
+    /// (loaded before the script starts), checked exactly-once at the end
+    /// from each partition's last store. Owned mode only.
+    #[arg(long, value_name = "MIB")]
+    pub state: Option<u64>,
+}
+
+/// Keys one load record of `--state` writes.
+const LOAD_KEYS: u64 = 500;
+/// Bytes of one aggregate of `--state`.
+const AGGREGATE_BYTES: usize = 100;
+
+/// The handler of `demo --state`: per-customer aggregates (count, sum of
+/// order numbers) and the loaded tables in the local state store, and the
+/// digest of every record (to check exactly-once from the store).
+struct AggregatesHandler {
+    digest: shardcall::digest::DigestHandler,
+}
+
+impl shardcall::PartitionHandler for AggregatesHandler {
+    fn assigned(
+        &mut self,
+        _: &shardcall::PartitionContext,
+        _: Option<&[u8]>,
+    ) -> Result<(), shardcall::HandlerError> {
+        Ok(())
+    }
+
+    fn process_state(
+        &mut self,
+        ctx: &shardcall::PartitionContext,
+        batch: &[shardcall_spool::Record],
+        state: &mut shardcall::StateTxn<'_>,
+    ) -> Result<(), shardcall::HandlerError> {
+        let failed = |e: shardcall::StateStoreError| shardcall::HandlerError(e.to_string());
+        for r in batch {
+            let text = std::str::from_utf8(&r.payload).unwrap_or("");
+            if let Some(i) = text
+                .strip_prefix("load ")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                let value = [7u8; AGGREGATE_BYTES];
+                for k in 0..LOAD_KEYS {
+                    state
+                        .put(format!("table/{i:010}/{k:05}").as_bytes(), &value)
+                        .map_err(failed)?;
+                }
+            } else if let Some(n) = text
+                .strip_prefix("order ")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                let key = [b"customer/".as_slice(), r.key.as_deref().unwrap_or(b"-")].concat();
+                let mut agg = state
+                    .get(&key)
+                    .map_err(failed)?
+                    .unwrap_or_else(|| vec![0; 16]);
+                let count = u64::from_le_bytes(agg[..8].try_into().expect("8 bytes")) + 1;
+                let sum = u64::from_le_bytes(agg[8..16].try_into().expect("8 bytes")) + n;
+                agg[..8].copy_from_slice(&count.to_le_bytes());
+                agg[8..16].copy_from_slice(&sum.to_le_bytes());
+                state.put(&key, &agg).map_err(failed)?;
+            }
+        }
+        // The digest of every record, in order, kept in the same store.
+        self.digest.process_state(ctx, batch, state)
+    }
+}
+
+struct AggregatesFactory;
+
+impl shardcall::HandlerFactory for AggregatesFactory {
+    type Handler = AggregatesHandler;
+    fn create(&self, ctx: &shardcall::PartitionContext) -> AggregatesHandler {
+        AggregatesHandler {
+            digest: DigestFactory::default().create(ctx),
+        }
+    }
 }
 
 /// Runs the command.
@@ -73,6 +151,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     );
     anyhow::ensure!(args.seconds >= 6, "--seconds must be at least 6");
     anyhow::ensure!(args.ttl_ms >= 600, "--ttl-ms must be at least 600");
+    anyhow::ensure!(
+        args.state.is_none() || args.mode == DemoMode::Owned,
+        "--state runs in owned mode (a ticket's partition moves at every claim)"
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -106,6 +188,9 @@ struct Demo {
     stats: Vec<Arc<shardcall::WorkerStats>>,
     /// Records processed at the last status line, and when.
     last_status: (u64, Instant),
+    /// With `--state`: where the workers' stores live (one folder per
+    /// worker, as if each were a machine) and the backups they share.
+    state: Option<(std::path::PathBuf, Arc<shardcall::DirBackupStore>)>,
 }
 
 /// The verification a demo prints: a line per check, then PASS only if
@@ -196,28 +281,45 @@ impl Scripted for Demo {
 impl Demo {
     fn start_worker(&mut self) -> anyhow::Result<String> {
         let name = format!("w{}", self.workers.len());
-        let handle = Worker {
-            config: WorkerConfig {
-                group: GROUP.into(),
-                name: name.clone(),
-                timing: self.timing.clone(),
-                batch: shardcall::BatchConfig {
-                    max_records: 200,
-                    fetch_wait: Duration::from_millis(100),
-                    ..shardcall::BatchConfig::default()
-                },
-                ..WorkerConfig::default()
+        let config = WorkerConfig {
+            group: GROUP.into(),
+            name: name.clone(),
+            timing: self.timing.clone(),
+            batch: shardcall::BatchConfig {
+                max_records: 200,
+                fetch_wait: Duration::from_millis(100),
+                ..shardcall::BatchConfig::default()
             },
-            store: self.store.clone(),
-            source: self.source.clone(),
-            factory: Arc::new(DigestFactory {
-                work_per_record: Duration::from_micros(20),
-                ..DigestFactory::default()
+            state: self.state.as_ref().map(|(dir, backups)| {
+                let mut s = shardcall::StateConfig::new(dir.join(&name), backups.clone());
+                s.snapshots.every = Duration::from_secs(2);
+                s
             }),
-            observer: Some(self.oracle.clone()),
-            dead_letters: None,
-        }
-        .spawn()?;
+            ..WorkerConfig::default()
+        };
+        let handle = match self.state {
+            Some(_) => Worker {
+                config,
+                store: self.store.clone(),
+                source: self.source.clone(),
+                factory: Arc::new(AggregatesFactory),
+                observer: Some(self.oracle.clone()),
+                dead_letters: None,
+            }
+            .spawn()?,
+            None => Worker {
+                config,
+                store: self.store.clone(),
+                source: self.source.clone(),
+                factory: Arc::new(DigestFactory {
+                    work_per_record: Duration::from_micros(20),
+                    ..DigestFactory::default()
+                }),
+                observer: Some(self.oracle.clone()),
+                dead_letters: None,
+            }
+            .spawn()?,
+        };
         self.stats.push(handle.stats.clone());
         self.workers.push((name.clone(), Some(handle)));
         Ok(name)
@@ -449,6 +551,13 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         workers: Vec::new(),
         stats: Vec::new(),
         last_status: (0, Instant::now()),
+        state: match args.state {
+            Some(_) => Some((
+                dir.join("state"),
+                Arc::new(shardcall::DirBackupStore::new(dir.join("backups"))?),
+            )),
+            None => None,
+        },
     };
     println!(
         "shardcall demo: {} partitions in a file log at {}, an in-process store, {} workers",
@@ -461,6 +570,23 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         args.ttl_ms, args.quarantine_ms
     );
 
+    if let Some(mib) = args.state {
+        // The tables first: `mib` MiB of aggregates over all partitions.
+        let loads = (mib << 20).div_ceil(LOAD_KEYS * (AGGREGATE_BYTES as u64 + 16));
+        let mut p = d.log.producer(TOPIC)?;
+        for i in 0..loads {
+            p.send(
+                Some(format!("table-{i}").as_bytes()),
+                format!("load {i}").as_bytes(),
+                0,
+            )?;
+        }
+        p.flush()?;
+        println!(
+            "state: {mib} MiB of per-customer aggregates and tables in local state stores (one folder per worker), snapshots to {}",
+            dir.join("backups").display()
+        );
+    }
     // The producer runs until 60% of the script.
     let stop_producing = Arc::new(AtomicBool::new(false));
     let producer = produce_orders(&d.log, TOPIC, args.rate, stop_producing.clone(), None);
@@ -538,7 +664,11 @@ async fn verify(
         let spool = d.log.open_partition_read_only(TOPIC, p.partition)?;
         let records = spool.read(0, usize::MAX, usize::MAX)?;
         let cp = d.store.load_checkpoint(GROUP, p).await?;
-        if check_final_state(p, &records, cp.as_ref().map(|c| &c.state[..])).is_none() {
+        let state = match &d.state {
+            Some((dir, _)) => final_store_state(dir, p, cp.as_ref().map(|c| c.offset))?,
+            None => cp.as_ref().map(|c| c.state.clone()),
+        };
+        if check_final_state(p, &records, state.as_deref()).is_none() {
             exact += 1;
         } else {
             wrong.push(p.to_string());
@@ -549,8 +679,13 @@ async fn verify(
         wrong.is_empty(),
         if wrong.is_empty() {
             format!(
-                "{exact}/{} final checkpoints equal the log folded once, in order",
-                ends.len()
+                "{exact}/{} final {} equal the log folded once, in order",
+                ends.len(),
+                if d.state.is_some() {
+                    "stores (each partition's last owner's)"
+                } else {
+                    "checkpoints"
+                }
             )
         } else {
             format!("differs in {}", wrong.join(", "))
@@ -558,7 +693,14 @@ async fn verify(
     );
     let quarantine_us = d.timing.quarantine_min.as_micros() as u64;
     let violations = check_ownership(&batches, quarantine_us);
-    let chain = check_commit_chain(&batches);
+    // With local state stores a crash rolls a partition back to its last
+    // snapshot and the log is replayed: those records are committed twice,
+    // on a state that did not hold them (the state check above shows it).
+    let chain = if d.state.is_some() {
+        Vec::new()
+    } else {
+        check_commit_chain(&batches)
+    };
     let overlaps: Vec<_> = violations
         .iter()
         .filter(|v| v.0.contains("during"))
@@ -624,6 +766,9 @@ async fn verify(
         balanced && live_loads.iter().sum::<usize>() == ends.len(),
         format!("{} workers own {:?}", live_loads.len(), live_loads),
     );
+    if d.state.is_some() {
+        print_handovers(&batches);
+    }
     if interrupted {
         println!("  (interrupted: the run was cut short, so the script did not finish)");
     }
@@ -651,4 +796,62 @@ fn handover_gaps(batches: &[shardcall::BatchRecord]) -> (usize, Option<u64>) {
         }
     }
     (count, min_gap)
+}
+
+/// The digest in the store of `p` that ends at the checkpoint's offset,
+/// among the workers' folders (the partition's last owner's).
+fn final_store_state(
+    dir: &std::path::Path,
+    p: &PartitionId,
+    checkpoint: Option<u64>,
+) -> anyhow::Result<Option<Vec<u8>>> {
+    use shardcall::StateStore;
+    let Some(offset) = checkpoint else {
+        return Ok(None);
+    };
+    for worker in std::fs::read_dir(dir)? {
+        let path = worker?
+            .path()
+            .join(GROUP)
+            .join(&*p.topic)
+            .join(p.partition.to_string())
+            .join("store");
+        if !path.exists() {
+            continue;
+        }
+        let store = shardcall::FjallStateStore::open(&path, 1 << 20)?;
+        if store.applied()?.is_some_and(|a| a.offset == offset) {
+            return Ok(store.get(shardcall::digest::DIGEST_KEY)?);
+        }
+    }
+    Ok(None)
+}
+
+/// How long partitions were without an owner when they moved: from the
+/// old owner's last batch to the new owner's first, in order of size.
+fn print_handovers(batches: &[shardcall::BatchRecord]) {
+    let mut by_partition: BTreeMap<&PartitionId, Vec<&shardcall::BatchRecord>> = BTreeMap::new();
+    for b in batches {
+        by_partition.entry(&b.partition).or_default().push(b);
+    }
+    let mut gaps = Vec::new();
+    for list in by_partition.values_mut() {
+        list.sort_by_key(|b| b.started_us);
+        for w in list.windows(2) {
+            if w[0].member != w[1].member {
+                gaps.push(w[1].started_us.saturating_sub(w[0].ended_us) as f64 / 1e6);
+            }
+        }
+    }
+    gaps.sort_by(f64::total_cmp);
+    if gaps.is_empty() {
+        return;
+    }
+    let median = gaps[gaps.len() / 2];
+    println!(
+        "  handovers with their state: {} (gap between owners: median {median:.2}s, longest {:.2}s, shortest {:.2}s)",
+        gaps.len(),
+        gaps[gaps.len() - 1],
+        gaps[0]
+    );
 }

@@ -266,6 +266,45 @@ fn invalid_config_is_explained() {
 }
 
 #[test]
+fn demo_with_state_moves_local_stores_through_the_script_exactly_once() {
+    let out = shardcall(
+        &[
+            "demo",
+            "--state",
+            "16",
+            "--seconds",
+            "8",
+            "--ttl-ms",
+            "1200",
+            "--quarantine-ms",
+            "600",
+            "--rate",
+            "1000",
+        ],
+        "",
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    for check in [
+        "processed at least once",
+        "state = exactly once",
+        "no overlapping ownership",
+        "quarantine respected",
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(check))
+            .unwrap_or_else(|| panic!("no line for {check}: {stdout}"));
+        assert!(line.contains(" ok "), "{line}");
+    }
+    assert!(
+        stdout.contains("final stores (each partition's last owner's)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("handovers with their state"), "{stdout}");
+}
+
+#[test]
 fn demo_runs_the_script_and_passes_every_check() {
     let out = shardcall(
         &[

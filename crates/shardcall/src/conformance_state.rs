@@ -248,7 +248,10 @@ pub fn a_load_cut_short_leaves_no_mark<S: StateStore>(store: &S) {
         ]
     };
     let failed = store.apply_run("d0", &mut broken().into_iter(), at(5));
-    assert!(matches!(failed, Err(StateStoreError::BadRun { .. })), "{failed:?}");
+    assert!(
+        matches!(failed, Err(StateStoreError::BadRun { .. })),
+        "{failed:?}"
+    );
     assert_eq!(store.run_mark().unwrap(), None);
     store.clear().unwrap();
     // ...and on top of a loaded one.
