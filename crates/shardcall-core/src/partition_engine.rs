@@ -236,6 +236,10 @@ pub enum Command {
     Snapshot {
         /// Write the pointer now.
         write_pointer: bool,
+        /// The partition is ending: cut a delta only, never a new base (a
+        /// full export would hold the release up for as long as the whole
+        /// state takes to write and upload; the next snapshot rebases).
+        ending: bool,
     },
     /// Give the ticket back, due again after `delay`. Answer:
     /// [`Event::Done`].
@@ -558,6 +562,7 @@ impl PartitionEngine {
                 if self.snapshot_due(env, ending) {
                     self.queue.push_back(Command::Snapshot {
                         write_pointer: false,
+                        ending,
                     });
                 }
                 self.queue.push_back(Command::Checkpoint {
@@ -569,6 +574,7 @@ impl PartitionEngine {
             None if ending && self.snapshot_due(env, true) => {
                 self.queue.push_back(Command::Snapshot {
                     write_pointer: true,
+                    ending,
                 })
             }
             None => {}
@@ -619,7 +625,10 @@ impl PartitionEngine {
             .after(*failures)
             .min(wait - Duration::from_millis(waited))
             .min(env.lease_left);
-        self.queue.push_front(Command::Snapshot { write_pointer });
+        self.queue.push_front(Command::Snapshot {
+            write_pointer,
+            ending,
+        });
         self.queue.push_front(Command::Pause(pause));
     }
 
@@ -811,15 +820,18 @@ impl PartitionEngine {
                     }
                 }
             }
-            (Some(Command::Snapshot { write_pointer }), Event::Snapshotted(answer)) => match answer
-            {
-                StoreAnswer::Ok(()) => {
-                    self.last_snapshot = Some(env.now);
-                    self.final_snapshot = None;
+            (Some(Command::Snapshot { write_pointer, .. }), Event::Snapshotted(answer)) => {
+                match answer {
+                    StoreAnswer::Ok(()) => {
+                        self.last_snapshot = Some(env.now);
+                        self.final_snapshot = None;
+                    }
+                    StoreAnswer::Fenced(why) => {
+                        self.lose(format!("snapshot pointer refused: {why}"))
+                    }
+                    StoreAnswer::Failed(_) => self.snapshot_failed(write_pointer, env),
                 }
-                StoreAnswer::Fenced(why) => self.lose(format!("snapshot pointer refused: {why}")),
-                StoreAnswer::Failed(_) => self.snapshot_failed(write_pointer, env),
-            },
+            }
             (Some(Command::DeadLetter { range, .. }), Event::DeadLettered(sent)) => {
                 self.dead_lettered(range, sent)
             }
@@ -1369,7 +1381,7 @@ mod tests {
         w.commands
             .iter()
             .filter_map(|c| match c {
-                Command::Snapshot { write_pointer } => Some(format!(
+                Command::Snapshot { write_pointer, .. } => Some(format!(
                     "snapshot{}",
                     if *write_pointer { "+pointer" } else { "" }
                 )),

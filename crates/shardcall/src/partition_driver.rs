@@ -390,7 +390,10 @@ where
                 }
                 Event::Done
             }
-            Command::Snapshot { write_pointer } => self.snapshot(write_pointer).await,
+            Command::Snapshot {
+                write_pointer,
+                ending,
+            } => self.snapshot(write_pointer, ending).await,
             Command::GiveBack { delay } => {
                 self.grant.give_back(delay).await;
                 Event::Done
@@ -463,15 +466,16 @@ where
         }
     }
 
-    /// Cuts and uploads a snapshot of the local state store; with
-    /// `write_pointer`, writes its pointer now with the last checkpoint.
-    async fn snapshot(&mut self, write_pointer: bool) -> Event {
+    /// Cuts and uploads a snapshot of the local state store (a delta only
+    /// when `ending`); with `write_pointer`, writes its pointer now with
+    /// the last checkpoint.
+    async fn snapshot(&mut self, write_pointer: bool, ending: bool) -> Event {
         let epoch = self.d.ctx.epoch;
         let Some(local) = self.local.as_mut() else {
             return Event::Snapshotted(StoreAnswer::Ok(()));
         };
         let began = clock::now();
-        let pointer = match local.snapshot(epoch).await {
+        let pointer = match local.snapshot(epoch, !ending).await {
             Ok(Some(p)) => p,
             Ok(None) => return Event::Snapshotted(StoreAnswer::Ok(())),
             Err(e) => {

@@ -23,7 +23,7 @@ use crate::backup_store::BackupError;
 use crate::snapshot::{self, SnapshotError};
 use crate::state_config::StateConfig;
 use crate::state_fjall::FjallStateStore;
-use crate::state_runs::{RunReader, RunWriter};
+use crate::state_runs::{MergedRuns, RunReader, RunWriter};
 use crate::state_store::{Applied, RunStats, StateStore, StateStoreError, WriteSet};
 use crate::store::Checkpoint;
 
@@ -310,12 +310,14 @@ impl PartitionState {
     }
 
     /// Cuts what changed since the last snapshot into a run (or, when the
-    /// deltas outgrew the base or the runs do not match the store, exports
-    /// a new base), uploads what the backup store lacks and keeps the new
-    /// pointer for the next checkpoint. `None` when the store has nothing.
+    /// deltas outgrew the base and `may_rebase`, or the runs do not match
+    /// the store, exports a new base), uploads what the backup store lacks
+    /// and keeps the new pointer for the next checkpoint. `None` when the
+    /// store has nothing.
     pub(crate) async fn snapshot(
         &mut self,
         epoch: Epoch,
+        may_rebase: bool,
     ) -> Result<Option<BackupPointer>, SnapshotError> {
         let store = self.store.clone();
         let runs_dir = self.runs_dir.clone();
@@ -324,7 +326,7 @@ impl PartitionState {
             self.config.snapshots.max_runs,
         );
         let cut = tokio::task::spawn_blocking(move || {
-            cut_run(&*store, &runs_dir, epoch, ratio, max_runs)
+            cut_run(&*store, &runs_dir, epoch, ratio, max_runs, may_rebase)
         })
         .await
         .map_err(|e| SnapshotError::Local {
@@ -402,6 +404,20 @@ fn load_runs(
 ) -> Result<(), StateStoreError> {
     if plan.clear {
         store.clear()?;
+        // Into the empty store, every run at once: merged (each key's
+        // latest value), loaded in one pass as the engine's own tables.
+        if let Some(last) = runs.last() {
+            let applied = run_applied(last).ok_or_else(|| StateStoreError::BadRun {
+                run: last.clone(),
+                detail: "its name is not a run's".into(),
+            })?;
+            let readers = runs
+                .iter()
+                .map(|name| RunReader::open(&dir.join(name), name))
+                .collect::<Result<Vec<_>, _>>()?;
+            store.apply_run(last, &mut MergedRuns::new(readers), applied)?;
+        }
+        return Ok(());
     }
     for name in &runs[plan.from.min(runs.len())..] {
         let applied = run_applied(name).ok_or_else(|| StateStoreError::BadRun {
@@ -423,6 +439,7 @@ fn cut_run(
     epoch: Epoch,
     ratio: f64,
     max_runs: usize,
+    may_rebase: bool,
 ) -> Result<Option<(Applied, RunStats, bool)>, SnapshotError> {
     let local = |path: &Path| {
         let path = path.to_owned();
@@ -447,7 +464,8 @@ fn cut_run(
     let base_bytes = runs.first().map_or(0, |(_, len)| *len);
     let delta_bytes: u64 = runs.iter().skip(1).map(|(_, len)| len).sum();
     let rebase = !consistent
-        || (!runs.is_empty()
+        || (may_rebase
+            && !runs.is_empty()
             && state_plan::rebase_due(base_bytes, delta_bytes, runs.len() + 1, ratio, max_runs));
     let seq = runs
         .last()

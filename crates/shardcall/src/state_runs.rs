@@ -237,9 +237,116 @@ impl<R: Read> Iterator for RunReader<R> {
     }
 }
 
+/// Several runs (given in cut order) read as one, for loading into an
+/// empty store: each key once, with its value in the latest run that has
+/// it, and keys that run deletes left out. A failing run's error ends it.
+pub struct MergedRuns<R: Read> {
+    readers: Vec<RunReader<R>>,
+    heads: Vec<Option<RunEntry>>,
+    done: bool,
+}
+
+impl<R: Read> MergedRuns<R> {
+    /// The runs `readers`, oldest first.
+    pub fn new(readers: Vec<RunReader<R>>) -> Self {
+        let heads = readers.iter().map(|_| None).collect();
+        Self {
+            readers,
+            heads,
+            done: false,
+        }
+    }
+
+    /// Reads every empty head's next entry.
+    fn fill(&mut self) -> Result<(), StateStoreError> {
+        for (reader, head) in self.readers.iter_mut().zip(&mut self.heads) {
+            if head.is_none() {
+                *head = reader.next().transpose()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn next_entry(&mut self) -> Result<Option<RunEntry>, StateStoreError> {
+        loop {
+            self.fill()?;
+            let Some(smallest) = self.heads.iter().flatten().map(|(k, _)| k).min().cloned() else {
+                return Ok(None);
+            };
+            // The latest run's entry for the key wins; the others are
+            // consumed with it.
+            let mut winner = None;
+            for head in &mut self.heads {
+                if head.as_ref().is_some_and(|(k, _)| *k == smallest) {
+                    winner = head.take();
+                }
+            }
+            match winner {
+                Some((key, Some(value))) => return Ok(Some((key, Some(value)))),
+                _ => continue,
+            }
+        }
+    }
+}
+
+impl<R: Read> Iterator for MergedRuns<R> {
+    type Item = Result<RunEntry, StateStoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.next_entry() {
+            Ok(Some(entry)) => Some(Ok(entry)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merged_runs_keep_each_key_s_latest_value_and_drop_its_deletions() {
+        let runs = [
+            run(&[(b"a", Some(b"1")), (b"b", Some(b"1")), (b"c", Some(b"1"))]),
+            run(&[(b"a", Some(b"2")), (b"b", None), (b"d", Some(b"2"))]),
+        ];
+        let third = run(&[(b"a", None), (b"d", Some(b"3")), (b"e", Some(b"3"))]);
+        let readers = vec![
+            RunReader::new(&runs[0][..], "r1").unwrap(),
+            RunReader::new(&runs[1][..], "r2").unwrap(),
+            RunReader::new(&third[..], "r3").unwrap(),
+        ];
+        let merged: Vec<RunEntry> = MergedRuns::new(readers).collect::<Result<_, _>>().unwrap();
+        let text: Vec<String> = merged
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{}={}",
+                    String::from_utf8_lossy(k),
+                    String::from_utf8_lossy(v.as_deref().unwrap())
+                )
+            })
+            .collect();
+        assert_eq!(text, ["c=1", "d=3", "e=3"]);
+        // A damaged run's error comes through.
+        let broken = run(&[(b"x", Some(b"1"))]);
+        let readers = vec![
+            RunReader::new(&runs[0][..], "r1").unwrap(),
+            RunReader::new(&broken[..broken.len() - 3], "r9").unwrap(),
+        ];
+        let out: Result<Vec<RunEntry>, _> = MergedRuns::new(readers).collect();
+        assert!(matches!(out, Err(StateStoreError::BadRun { run, .. }) if run == "r9"));
+    }
 
     fn run(entries: &[(&[u8], Option<&[u8]>)]) -> Vec<u8> {
         let mut w = RunWriter::new(Vec::new()).unwrap();
