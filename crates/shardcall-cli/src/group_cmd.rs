@@ -813,6 +813,17 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         let plan = step(&g, now, &discovered);
         let moves: BTreeMap<&PartitionId, &shardcall_core::Move> =
             plan.moves.iter().map(|m| (&m.partition, m)).collect();
+        // What each move transfers: a local state store's last snapshot
+        // (the new owner downloads it; none for state bytes in Redis).
+        let moving: Vec<PartitionId> = moves.keys().map(|p| (*p).clone()).collect();
+        let checkpoints = load_checkpoints(&store, &args.group, &moving).await?;
+        let transfer = |p: &PartitionId| -> Option<u64> {
+            checkpoints
+                .get(p)
+                .and_then(Option::as_ref)
+                .and_then(|c| c.backup.first())
+                .map(|b| b.state_bytes)
+        };
         let lines: Vec<String> = plan
             .commands
             .iter()
@@ -823,9 +834,13 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                 Command::AddPartition { partition } => format!("add {partition}: new in the source"),
                 Command::SetTarget { partition, target } => match (moves.get(partition), target) {
                     (Some(m), Some(t)) => format!(
-                        "move {partition}: {} -> {t} ({})",
+                        "move {partition}: {} -> {t} ({}){}",
                         m.from.as_ref().map_or("nobody".into(), ToString::to_string),
-                        m.reason
+                        m.reason,
+                        transfer(partition).map_or(String::new(), |b| format!(
+                            "; its state store's snapshot is {}",
+                            crate::progress::human_bytes(b)
+                        ))
                     ),
                     (_, t) => format!(
                         "target {partition} -> {}",
@@ -842,9 +857,14 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             })
             .collect();
         if args.json {
+            let transfers: BTreeMap<String, Option<u64>> = moves
+                .keys()
+                .map(|p| (p.to_string(), transfer(p)))
+                .collect();
             let doc = json!({
                 "group": args.group, "version": g.version, "now_ms": now,
                 "commands": plan.commands, "moves": plan.moves, "min_moves": plan.min_moves,
+                "state_bytes_moved": transfers,
                 "explained": lines,
             });
             println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -856,6 +876,13 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                 println!("  {l}");
             }
             println!("moves: {} (the lower bound is {})", plan.moves.len(), plan.min_moves);
+            let bytes: u64 = moves.keys().filter_map(|p| transfer(p)).sum();
+            if bytes > 0 {
+                println!(
+                    "state to transfer: {} of local state store snapshots",
+                    crate::progress::human_bytes(bytes)
+                );
+            }
         }
         Ok(ExitCode::SUCCESS)
     });

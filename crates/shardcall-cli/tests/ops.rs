@@ -1258,6 +1258,45 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
         assert!(snap["state_bytes"].as_u64().unwrap() > 0, "{row}");
         assert_eq!(row["state_bytes"], 0, "state went to Redis: {row}");
     }
+    // `plan` says what each move would transfer: a member joins the
+    // empty group, and once the quarantines end both partitions go to it.
+    rt.block_on(async {
+        use shardcall::CoordinationStore;
+        let store = shardcall_redis::RedisStore::connect(&redis.url())
+            .await
+            .unwrap();
+        store
+            .join(
+                "py",
+                &shardcall_core::MemberId::new("m-1"),
+                1,
+                "h",
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let plan = loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+            .args(["plan", "--redis", &redis.url(), "--group", "py", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if plan["moves"].as_array().unwrap().len() == 2 {
+            break plan;
+        }
+        assert!(Instant::now() < deadline, "no moves planned: {plan}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for (p, bytes) in plan["state_bytes_moved"].as_object().unwrap() {
+        assert!(bytes.as_u64().unwrap() > 0, "{p}: {plan}");
+    }
     for n in 0..2u32 {
         let records = log
             .open_partition_read_only("t", n)
