@@ -272,6 +272,12 @@ impl Rig {
         }
     }
 
+    /// Waits until the group's partition is checkpointed at its log's end.
+    async fn caught_up(&self, store: &RedisStore, group: &str) -> anyhow::Result<()> {
+        self.settle(store, group, self.end(group)?, Duration::from_secs(3600))
+            .await
+    }
+
     /// Records per second through the group's owner: the records produced
     /// now, from their production to the checkpoint at their end.
     async fn timed(
@@ -395,6 +401,16 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
         s
     };
 
+    let big_worker = |name: &str| {
+        rig.worker(
+            &store_big,
+            "big",
+            name,
+            AggregatesFactory { keys },
+            Some(state(name)),
+        )
+    };
+
     // 1. The same update records on an empty state.
     eprintln!("empty state: {} updates", args.records);
     let w = rig.worker(
@@ -417,20 +433,8 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
         counter(&metrics, "shardcall_state_uploaded_bytes_total"),
         counter(&metrics, "shardcall_state_changed_bytes_total"),
     );
-    let a = rig.worker(
-        &store_big,
-        "big",
-        "a",
-        AggregatesFactory { keys },
-        Some(state("a")),
-    )?;
-    rig.settle(
-        &store_big,
-        "big",
-        rig.end("big")?,
-        Duration::from_secs(3600),
-    )
-    .await?;
+    let a = big_worker("a")?;
+    rig.caught_up(&store_big, "big").await?;
     let big_rate = rig.timed(&store_big, "big", updates()).await?;
     let uploaded = counter(&metrics, "shardcall_state_uploaded_bytes_total") - uploaded0;
     let changed = counter(&metrics, "shardcall_state_changed_bytes_total") - changed0;
@@ -438,13 +442,7 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
 
     // 3. A graceful handover to a machine with an empty disk.
     eprintln!("graceful handover");
-    let b = rig.worker(
-        &store_big,
-        "big",
-        "b",
-        AggregatesFactory { keys },
-        Some(state("b")),
-    )?;
+    let b = big_worker("b")?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     rig.produce(
         "big",
@@ -481,23 +479,11 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
 
     let final_delta_ms = final_delta / (read_mib_s * (1 << 20) as f64) * 1000.0;
     let handover_bound_ms = (timing().quarantine_min.as_millis() as f64).max(1.2 * final_delta_ms);
-    rig.settle(
-        &store_big,
-        "big",
-        rig.end("big")?,
-        Duration::from_secs(3600),
-    )
-    .await?;
+    rig.caught_up(&store_big, "big").await?;
 
     // 4. A kill -9 failover to another machine with an empty disk.
     eprintln!("kill -9 failover");
-    let c = rig.worker(
-        &store_big,
-        "big",
-        "c",
-        AggregatesFactory { keys },
-        Some(state("c")),
-    )?;
+    let c = big_worker("c")?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     rig.produce(
         "big",
@@ -520,13 +506,7 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     let failover_bound_ms = (t.member_ttl + t.quarantine_min).as_millis() as f64
         + 1.2 * full_read_s * 1000.0
         + replay_ms;
-    rig.settle(
-        &store_big,
-        "big",
-        rig.end("big")?,
-        Duration::from_secs(3600),
-    )
-    .await?;
+    rig.caught_up(&store_big, "big").await?;
     c.shutdown();
     c.join().await?;
 

@@ -167,8 +167,8 @@ pub struct StateSettings {
     /// Snapshots in this folder (a local disk, or a file system every
     /// member shares).
     pub backup_dir: Option<PathBuf>,
-    /// Snapshots in S3-compatible object storage.
-    pub s3: Option<S3Settings>,
+    /// Snapshots in S3-compatible object storage (`[state.s3]`).
+    pub s3: Option<shardcall_s3::S3Config>,
     /// Each partition store's block cache.
     pub cache_bytes: u64,
     /// When snapshots are taken, and how many are kept.
@@ -183,65 +183,6 @@ impl Default for StateSettings {
             s3: None,
             cache_bytes: 64 << 20,
             snapshots: shardcall::SnapshotConfig::default(),
-        }
-    }
-}
-
-/// `[state.s3]`: where snapshots go in S3-compatible object storage.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct S3Settings {
-    /// The service's URL (`http://127.0.0.1:9000` for a local server);
-    /// none: AWS for the region.
-    pub endpoint: Option<String>,
-    /// The region.
-    pub region: String,
-    /// The bucket.
-    pub bucket: String,
-    /// A key prefix inside the bucket.
-    pub prefix: String,
-    /// The access key id.
-    pub access_key_id: String,
-    /// The secret access key (better from SHARDCALL_STATE__S3__SECRET_ACCESS_KEY).
-    pub secret_access_key: String,
-}
-
-impl Default for S3Settings {
-    fn default() -> Self {
-        Self {
-            endpoint: None,
-            region: "us-east-1".into(),
-            bucket: String::new(),
-            prefix: String::new(),
-            access_key_id: String::new(),
-            secret_access_key: String::new(),
-        }
-    }
-}
-
-impl std::fmt::Debug for S3Settings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("S3Settings")
-            .field("endpoint", &self.endpoint)
-            .field("region", &self.region)
-            .field("bucket", &self.bucket)
-            .field("prefix", &self.prefix)
-            .field("access_key_id", &self.access_key_id)
-            .field("secret_access_key", &"<redacted>")
-            .finish()
-    }
-}
-
-impl S3Settings {
-    /// The S3 backup store's configuration.
-    pub fn config(&self) -> shardcall_s3::S3Config {
-        shardcall_s3::S3Config {
-            endpoint: self.endpoint.clone(),
-            region: self.region.clone(),
-            bucket: self.bucket.clone(),
-            prefix: self.prefix.clone(),
-            access_key_id: self.access_key_id.clone(),
-            secret_access_key: self.secret_access_key.clone(),
         }
     }
 }
@@ -504,7 +445,7 @@ impl Settings {
             }
             (Some(b), None) => Some(BackupChoice::Dir(b.clone())),
             (None, Some(s3)) => {
-                let config = s3.config();
+                let config = s3.clone();
                 let problems = config.problems();
                 errors.extend(problems.iter().map(|p| format!("state.s3: {p}")));
                 problems.is_empty().then_some(BackupChoice::S3(config))
@@ -1027,9 +968,9 @@ mod tests {
         let all = errors_of(&format!("{base}[state]\nbackup_dir = \"/b\"\n")).unwrap_err();
         assert!(all.contains("state.dir (--state-dir): required"), "{all}");
         // The secret never shows in the settings' Debug output.
-        let s = S3Settings {
+        let s = shardcall_s3::S3Config {
             secret_access_key: "hunter2".into(),
-            ..S3Settings::default()
+            ..shardcall_s3::S3Config::default()
         };
         assert!(!format!("{s:?}").contains("hunter2"));
     }

@@ -13,8 +13,10 @@ use shardcall::{BackupError, BackupResult, BackupStore, decode_manifest, encode_
 use shardcall_core::backup_plan::Manifest;
 
 /// Where the bucket is and how to sign in. The secret never shows in
-/// `Debug` output.
-#[derive(Clone, PartialEq, Eq)]
+/// `Debug` output. A configuration file's `[state.s3]` table deserializes
+/// straight into it (the secret better from the environment).
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct S3Config {
     /// The service's URL (`http://127.0.0.1:9000` for a local server);
     /// none: AWS's own endpoint for the region.
@@ -29,6 +31,19 @@ pub struct S3Config {
     pub access_key_id: String,
     /// The secret access key.
     pub secret_access_key: String,
+}
+
+impl Default for S3Config {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            region: "us-east-1".into(),
+            bucket: String::new(),
+            prefix: String::new(),
+            access_key_id: String::new(),
+            secret_access_key: String::new(),
+        }
+    }
 }
 
 impl std::fmt::Debug for S3Config {

@@ -155,6 +155,22 @@ fn engine_error(path: &Path, action: &'static str, e: fjall::Error) -> StateStor
     }
 }
 
+/// Marks the contents as cut into `run` at `applied` (an empty store has
+/// no mark), in `batch`.
+fn mark_as(batch: &mut fjall::OwnedWriteBatch, open: &Open, run: &str, applied: Option<Applied>) {
+    match applied {
+        Some(applied) => batch.insert(
+            &open.meta,
+            MARK,
+            json(&RunMark {
+                run: run.to_owned(),
+                applied,
+            }),
+        ),
+        None => batch.remove(&open.meta, MARK),
+    }
+}
+
 /// A change record: the key's new value.
 const CHANGED_TO: u8 = 1;
 /// A change record: the key was deleted.
@@ -259,21 +275,10 @@ impl StateStore for FjallStateStore {
                 }
             };
             out(&key, value).map_err(|e| io_error(&self.path, "writing a run", e))?;
-            stats.entries += 1;
-            stats.bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
+            stats.add(&key, value);
             forget.remove(&open.changes, key);
         }
-        match applied {
-            Some(applied) => forget.insert(
-                &open.meta,
-                MARK,
-                json(&RunMark {
-                    run: run.to_owned(),
-                    applied,
-                }),
-            ),
-            None => forget.remove(&open.meta, MARK),
-        }
+        mark_as(&mut forget, open, run, applied);
         forget
             .commit()
             .map_err(self.fail("forgetting cut changes"))?;
@@ -288,8 +293,7 @@ impl StateStore for FjallStateStore {
         for item in open.data.iter() {
             let (k, v) = item.into_inner().map_err(self.fail("exporting"))?;
             out(&k, &v).map_err(|e| io_error(&self.path, "writing a run", e))?;
-            stats.entries += 1;
-            stats.bytes += (k.len() + v.len()) as u64;
+            stats.add(&k, Some(&v));
         }
         let mut forget = open.db.batch();
         for item in open.changes.iter() {
@@ -298,17 +302,7 @@ impl StateStore for FjallStateStore {
                 item.key().map_err(self.fail("reading its changes"))?,
             );
         }
-        match applied {
-            Some(applied) => forget.insert(
-                &open.meta,
-                MARK,
-                json(&RunMark {
-                    run: run.to_owned(),
-                    applied,
-                }),
-            ),
-            None => forget.remove(&open.meta, MARK),
-        }
+        mark_as(&mut forget, open, run, applied);
         forget
             .commit()
             .map_err(self.fail("forgetting exported changes"))?;
@@ -348,8 +342,7 @@ impl StateStore for FjallStateStore {
                 .map_err(self.fail("loading a run"))?;
             for entry in entries {
                 let (key, value) = entry?;
-                stats.entries += 1;
-                stats.bytes += (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
+                stats.add(&key, value.as_deref());
                 match value {
                     Some(v) => ingest.write(key, v),
                     None => ingest.write_tombstone(key),
@@ -359,14 +352,7 @@ impl StateStore for FjallStateStore {
             ingest.finish().map_err(self.fail("loading a run"))?;
             let mut meta = open.db.batch();
             meta.insert(&open.meta, APPLIED, json(&applied));
-            meta.insert(
-                &open.meta,
-                MARK,
-                json(&RunMark {
-                    run: run.to_owned(),
-                    applied,
-                }),
-            );
+            mark_as(&mut meta, open, run, Some(applied));
             meta.commit().map_err(self.fail("loading a run"))?;
             return Ok(stats);
         }
@@ -374,8 +360,7 @@ impl StateStore for FjallStateStore {
         let mut in_batch = 0;
         for entry in entries {
             let (key, value) = entry?;
-            stats.entries += 1;
-            stats.bytes += (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
+            stats.add(&key, value.as_deref());
             match value {
                 Some(v) => batch.insert(&open.data, key, v),
                 None => batch.remove(&open.data, key),
@@ -389,14 +374,7 @@ impl StateStore for FjallStateStore {
             }
         }
         batch.insert(&open.meta, APPLIED, json(&applied));
-        batch.insert(
-            &open.meta,
-            MARK,
-            json(&RunMark {
-                run: run.to_owned(),
-                applied,
-            }),
-        );
+        mark_as(&mut batch, open, run, Some(applied));
         batch.commit().map_err(self.fail("loading a run"))?;
         Ok(stats)
     }

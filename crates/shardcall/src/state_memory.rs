@@ -94,8 +94,7 @@ impl StateStore for MemoryStateStore {
         for key in &inner.changed {
             let value = inner.data.get(key).map(Vec::as_slice);
             out(key, value).map_err(io_failed)?;
-            stats.entries += 1;
-            stats.bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
+            stats.add(key, value);
         }
         inner.changed.clear();
         inner.mark = inner.applied.map(|applied| RunMark {
@@ -110,8 +109,7 @@ impl StateStore for MemoryStateStore {
         let mut stats = RunStats::default();
         for (key, value) in &inner.data {
             out(key, value).map_err(io_failed)?;
-            stats.entries += 1;
-            stats.bytes += (key.len() + value.len()) as u64;
+            stats.add(key, Some(value));
         }
         inner.changed.clear();
         inner.mark = inner.applied.map(|applied| RunMark {
@@ -137,8 +135,7 @@ impl StateStore for MemoryStateStore {
         let mut stats = RunStats::default();
         for entry in entries {
             let (key, value) = entry?;
-            stats.entries += 1;
-            stats.bytes += (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
+            stats.add(&key, value.as_deref());
             match value {
                 Some(v) => inner.data.insert(key, v),
                 None => inner.data.remove(&key),

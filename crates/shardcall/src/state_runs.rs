@@ -216,24 +216,27 @@ impl<R: Read> RunReader<R> {
     }
 }
 
+/// One step of an entry iterator that ends at its end or its first error.
+fn step(
+    done: &mut bool,
+    next: impl FnOnce() -> Result<Option<RunEntry>, StateStoreError>,
+) -> Option<Result<RunEntry, StateStoreError>> {
+    if *done {
+        return None;
+    }
+    let item = next().transpose();
+    *done = !matches!(item, Some(Ok(_)));
+    item
+}
+
 impl<R: Read> Iterator for RunReader<R> {
     type Item = Result<RunEntry, StateStoreError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        match self.next_entry() {
-            Ok(Some(entry)) => Some(Ok(entry)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
+        let mut done = self.done;
+        let item = step(&mut done, || self.next_entry());
+        self.done = done;
+        item
     }
 }
 
@@ -293,20 +296,10 @@ impl<R: Read> Iterator for MergedRuns<R> {
     type Item = Result<RunEntry, StateStoreError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        match self.next_entry() {
-            Ok(Some(entry)) => Some(Ok(entry)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
+        let mut done = self.done;
+        let item = step(&mut done, || self.next_entry());
+        self.done = done;
+        item
     }
 }
 

@@ -64,6 +64,14 @@ pub struct RunStats {
     pub bytes: u64,
 }
 
+impl RunStats {
+    /// Counts one entry.
+    pub fn add(&mut self, key: &[u8], value: Option<&[u8]>) {
+        self.entries += 1;
+        self.bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
+    }
+}
+
 /// The writes of one batch: the last write of a key wins.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteSet {
