@@ -734,7 +734,11 @@ where
         self.d.processed.fetch_add(n, Ordering::Relaxed);
         self.checkpoint = Some((checkpoint.offset, checkpoint.epoch));
         self.pending_started_us = None;
-        self.cell().checkpointed(checkpoint.state);
+        // With a local state store the state is in the store: a handler
+        // rebuilt after a failure is given no state bytes.
+        if self.local.is_none() {
+            self.cell().checkpointed(checkpoint.state);
+        }
     }
 
     fn tell_oracle(&self, write: &OpenWrite, outcome: BatchOutcome) {

@@ -49,6 +49,8 @@ fn timing() -> GroupConfig {
 /// Counts records per key in the state store and marks each offset.
 struct Counting {
     violations: Arc<Mutex<Vec<String>>>,
+    /// Fails (once, after writing) the batch holding this offset.
+    fail_at: Arc<Mutex<Option<u64>>>,
 }
 
 fn marker(offset: u64) -> Vec<u8> {
@@ -93,6 +95,13 @@ impl PartitionHandler for Counting {
             state
                 .put(&[b"pad/".as_slice(), &key].concat(), &[7u8; 512])
                 .map_err(failed)?;
+            let mut fail_at = self.fail_at.lock().unwrap();
+            if *fail_at == Some(r.offset) {
+                // After its writes: a runtime that kept them would find
+                // this offset's mark when the batch comes again.
+                *fail_at = None;
+                return Err(HandlerError(format!("failing once at offset {}", r.offset)));
+            }
         }
         Ok(())
     }
@@ -100,6 +109,7 @@ impl PartitionHandler for Counting {
 
 struct CountingFactory {
     violations: Arc<Mutex<Vec<String>>>,
+    fail_at: Arc<Mutex<Option<u64>>>,
 }
 
 impl HandlerFactory for CountingFactory {
@@ -107,6 +117,7 @@ impl HandlerFactory for CountingFactory {
     fn create(&self, _: &PartitionContext) -> Counting {
         Counting {
             violations: self.violations.clone(),
+            fail_at: self.fail_at.clone(),
         }
     }
 }
@@ -180,6 +191,8 @@ struct Cluster {
     oracle: Arc<Oracle>,
     backups: Arc<Counted>,
     violations: Arc<Mutex<Vec<String>>>,
+    /// Makes a handler fail once at this offset (of any partition).
+    fail_at: Arc<Mutex<Option<u64>>>,
     workers: Vec<Option<WorkerHandle>>,
     produced: usize,
     /// When new workers snapshot.
@@ -202,6 +215,7 @@ impl Cluster {
                 down: Default::default(),
             }),
             violations: Arc::default(),
+            fail_at: Arc::default(),
             workers: Vec::new(),
             produced: 0,
             // Snapshots by changed bytes only (about every 35 records of a
@@ -257,6 +271,7 @@ impl Cluster {
             source: self.source.clone(),
             factory: Arc::new(CountingFactory {
                 violations: self.violations.clone(),
+                fail_at: self.fail_at.clone(),
             }),
             observer: Some(self.oracle.clone()),
             dead_letters: None,
@@ -558,4 +573,28 @@ async fn current_pointers(c: &Cluster) -> Vec<Option<String>> {
         out.push(cp.and_then(|cp| cp.backup.first().map(|b| b.manifest.clone())));
     }
     out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_is_retried_on_the_committed_state_by_a_rebuilt_handler() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.produce(200);
+    c.add_worker_on(0);
+    c.settle(Duration::from_secs(20)).await;
+    // The next batch fails after its writes; its handler is rebuilt (and
+    // given no state bytes) and the batch retried on the committed state.
+    let busiest = c.ends().into_values().max().unwrap();
+    *c.fail_at.lock().unwrap() = Some(busiest + 3);
+    c.produce(200);
+    c.settle(Duration::from_secs(20)).await;
+    c.stop(0).await;
+    assert_eq!(
+        *c.fail_at.lock().unwrap(),
+        None,
+        "the failure never happened"
+    );
+    c.check_states(&c.read_states(0));
+    let violations = c.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
 }
