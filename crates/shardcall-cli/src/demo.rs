@@ -810,12 +810,7 @@ fn final_store_state(
         return Ok(None);
     };
     for worker in std::fs::read_dir(dir)? {
-        let path = worker?
-            .path()
-            .join(GROUP)
-            .join(&*p.topic)
-            .join(p.partition.to_string())
-            .join("store");
+        let path = shardcall::partition_store_dir(&worker?.path(), GROUP, p);
         if !path.exists() {
             continue;
         }

@@ -1303,11 +1303,11 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
             .unwrap()
             .read(0, usize::MAX, usize::MAX)
             .unwrap();
-        let path = state_dir
-            .join("py")
-            .join("t")
-            .join(n.to_string())
-            .join("store");
+        let path = shardcall::partition_store_dir(
+            &state_dir,
+            "py",
+            &shardcall_core::PartitionId::new("t", n),
+        );
         let s = shardcall::FjallStateStore::open(path, 1 << 20).unwrap();
         let mut want: std::collections::BTreeMap<Vec<u8>, u64> = Default::default();
         for r in &records {

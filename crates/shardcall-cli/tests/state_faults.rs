@@ -138,12 +138,7 @@ impl Rig {
             let cp = store.load_checkpoint(GROUP, p).await.unwrap().unwrap();
             let mut found = None;
             for name in names {
-                let dir = self
-                    .state_dir(name)
-                    .join(GROUP)
-                    .join("t")
-                    .join(p.partition.to_string())
-                    .join("store");
+                let dir = shardcall::partition_store_dir(&self.state_dir(name), GROUP, p);
                 if !dir.exists() {
                     continue;
                 }

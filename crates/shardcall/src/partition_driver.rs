@@ -280,20 +280,7 @@ where
 
     async fn carry_out(&mut self, command: Command, engine: &PartitionEngine) -> Event {
         match command {
-            Command::Restore if self.d.state.is_some() => self.restore_state().await,
-            Command::Restore => {
-                let restored = self.grant.restore().await;
-                if let Err(e) = &restored {
-                    tracing::warn!(error = %e, "restoring the checkpoint");
-                }
-                Event::Restored(answer(restored.map(|cp| {
-                    cp.map(|cp| {
-                        self.checkpoint = Some((cp.offset, cp.epoch));
-                        self.restored = Some(cp.state);
-                        cp.offset
-                    })
-                })))
-            }
+            Command::Restore => self.restore().await,
             Command::FindStart => match self.d.source.initial_offset(&self.d.ctx.partition).await {
                 Ok(o) => Event::FoundStart(Some(o)),
                 Err(e) if e.disposition() == Disposition::Fatal => Event::Unreadable(e.to_string()),
@@ -402,38 +389,15 @@ where
         }
     }
 
-    /// Opens the partition's local state store (once) and makes it the
-    /// state the checkpoint's snapshot history has: the answer is where to
-    /// read on. A damaged local store is only a cache of the snapshots: it
-    /// is removed and restored again.
-    async fn restore_state(&mut self) -> Event {
-        if self.local.is_none() {
-            let config = self.d.state.clone().expect("state mode");
-            let (group, p) = (self.d.group.to_owned(), self.d.ctx.partition.clone());
-            let opened = tokio::task::spawn_blocking(move || {
-                match PartitionState::open(&config, &group, &p) {
-                    Err(StateStoreError::Corrupt { path, detail }) => {
-                        tracing::error!(path = %path.display(), %detail,
-                            "the local state store is damaged; removing it to restore it from the snapshots");
-                        std::fs::remove_dir_all(&path).map_err(|e| StateStoreError::Engine {
-                            path: path.clone(),
-                            action: "removing a damaged store",
-                            cause: Box::new(e),
-                        })?;
-                        PartitionState::open(&config, &group, &p)
-                    }
-                    other => other,
-                }
-            })
-            .await;
-            match opened {
-                Ok(Ok(local)) => self.local = Some(local),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "opening the local state store");
-                    return Event::Restored(StoreAnswer::Failed(e.to_string()));
-                }
-                Err(e) => return Event::Restored(StoreAnswer::Failed(e.to_string())),
-            }
+    /// Reads the checkpoint and restores the state from it: its bytes for
+    /// the handler, or (with a local state store, opened first) the store
+    /// as its snapshot history has it. The answer is where to read on.
+    async fn restore(&mut self) -> Event {
+        if self.d.state.is_some()
+            && self.local.is_none()
+            && let Err(failed) = self.open_local().await
+        {
+            return failed;
         }
         let checkpoint = match self.grant.restore().await {
             Ok(cp) => cp,
@@ -443,9 +407,53 @@ where
             }
         };
         self.checkpoint = checkpoint.as_ref().map(|cp| (cp.offset, cp.epoch));
+        if self.local.is_none() {
+            return Event::Restored(StoreAnswer::Ok(checkpoint.map(|cp| {
+                self.restored = Some(cp.state);
+                cp.offset
+            })));
+        }
+        self.restore_local(checkpoint.as_ref()).await
+    }
+
+    /// Opens the partition's local state store. A damaged one is only a
+    /// cache of the snapshots: it is removed and opened afresh.
+    async fn open_local(&mut self) -> Result<(), Event> {
+        let config = self.d.state.clone().expect("state mode");
+        let (group, p) = (self.d.group.to_owned(), self.d.ctx.partition.clone());
+        let opened = tokio::task::spawn_blocking(move || {
+            match PartitionState::open(&config, &group, &p) {
+                Err(StateStoreError::Corrupt { path, detail }) => {
+                    tracing::error!(path = %path.display(), %detail,
+                        "the local state store is damaged; removing it to restore it from the snapshots");
+                    std::fs::remove_dir_all(&path).map_err(|e| StateStoreError::Engine {
+                        path: path.clone(),
+                        action: "removing a damaged store",
+                        cause: Box::new(e),
+                    })?;
+                    PartitionState::open(&config, &group, &p)
+                }
+                other => other,
+            }
+        })
+        .await;
+        match opened {
+            Ok(Ok(local)) => self.local = Some(local),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "opening the local state store");
+                return Err(Event::Restored(StoreAnswer::Failed(e.to_string())));
+            }
+            Err(e) => return Err(Event::Restored(StoreAnswer::Failed(e.to_string()))),
+        }
+        Ok(())
+    }
+
+    /// Makes the local state store the state the checkpoint's snapshot
+    /// history has.
+    async fn restore_local(&mut self, checkpoint: Option<&Checkpoint>) -> Event {
         let began = clock::now();
         let local = self.local.as_mut().expect("opened");
-        match local.restore(checkpoint.as_ref()).await {
+        match local.restore(checkpoint).await {
             Ok(restored) => {
                 crate::telemetry::state_restore_seconds(began.elapsed());
                 tracing::info!(

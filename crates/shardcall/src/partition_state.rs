@@ -21,7 +21,7 @@ use shardcall_core::{Epoch, PartitionId};
 
 use crate::backup_store::BackupError;
 use crate::snapshot::{self, SnapshotError};
-use crate::state_config::StateConfig;
+use crate::state_config::{StateConfig, partition_state_dir, partition_store_dir};
 use crate::state_fjall::FjallStateStore;
 use crate::state_runs::{MergedRuns, RunReader, RunWriter};
 use crate::state_store::{Applied, RunStats, StateStore, StateStoreError, WriteSet};
@@ -111,18 +111,16 @@ impl PartitionState {
         group: &str,
         partition: &PartitionId,
     ) -> Result<Self, StateStoreError> {
-        let base = config
-            .dir
-            .join(group)
-            .join(&*partition.topic)
-            .join(partition.partition.to_string());
-        let runs_dir = base.join("runs");
+        let runs_dir = partition_state_dir(&config.dir, group, partition).join("runs");
         std::fs::create_dir_all(&runs_dir).map_err(|e| StateStoreError::Engine {
             path: runs_dir.clone(),
             action: "creating its runs directory",
             cause: Box::new(e),
         })?;
-        let store = FjallStateStore::open(base.join("store"), config.cache_bytes)?;
+        let store = FjallStateStore::open(
+            partition_store_dir(&config.dir, group, partition),
+            config.cache_bytes,
+        )?;
         Ok(Self {
             config: config.clone(),
             store: Arc::new(store),

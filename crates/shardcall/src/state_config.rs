@@ -3,7 +3,9 @@
 //! ([`SnapshotConfig`], which a configuration file's `[state.snapshots]`
 //! table deserializes into).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use shardcall_core::PartitionId;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +36,22 @@ impl StateConfig {
             cache_bytes: 64 << 20,
         }
     }
+}
+
+/// Where a partition's local state lives under a worker's state folder
+/// `dir`: `<dir>/<group>/<topic>/<partition>/`, holding `store/` (the
+/// engine's files, what [`crate::FjallStateStore::open`] takes) and `runs/`
+/// (the runs its contents consist of).
+pub fn partition_state_dir(dir: &Path, group: &str, partition: &PartitionId) -> PathBuf {
+    dir.join(group)
+        .join(&*partition.topic)
+        .join(partition.partition.to_string())
+}
+
+/// The engine's folder of a partition's local state store (see
+/// [`partition_state_dir`]).
+pub fn partition_store_dir(dir: &Path, group: &str, partition: &PartitionId) -> PathBuf {
+    partition_state_dir(dir, group, partition).join("store")
 }
 
 impl std::fmt::Debug for StateConfig {

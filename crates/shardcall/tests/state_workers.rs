@@ -332,12 +332,11 @@ impl Cluster {
     fn read_states(&self, i: usize) -> States {
         let mut out = BTreeMap::new();
         for p in 0..PARTITIONS {
-            let dir = self
-                .state_dir(i)
-                .join(GROUP)
-                .join("t")
-                .join(p.to_string())
-                .join("store");
+            let dir = shardcall::partition_store_dir(
+                &self.state_dir(i),
+                GROUP,
+                &PartitionId::new("t", p),
+            );
             let store = FjallStateStore::open(dir, 1 << 20).unwrap();
             let offset = store.applied().unwrap().map_or(0, |a| a.offset);
             let entries = store
