@@ -6,55 +6,20 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Workers, file_log_ends, shardcall_command};
+use common::{Rig, shardcall_command};
 use shardcall::CoordinationStore;
 use shardcall::oracle::{check_final_state, check_run};
 use shardcall_core::{PartitionId, Phase};
 use shardcall_redis::RedisStore;
-use shardcall_redis::testing::{RedisServer, TcpProxy};
-use shardcall_spool::{FileLog, SpoolConfig};
+use shardcall_redis::testing::TcpProxy;
 
 const GROUP: &str = "faults";
 const TTL_MS: u64 = 1500;
 const QUARANTINE_MS: u64 = 400;
 
-struct Rig {
-    dir: PathBuf,
-    log: FileLog,
-    redis: RedisServer,
-    workers: Workers,
-}
-
 impl Rig {
-    fn new(dir: &Path, partitions: u32) -> Self {
-        let log = FileLog::open(dir.join("log"), SpoolConfig::default()).unwrap();
-        log.ensure_topic("t", partitions).unwrap();
-        Self {
-            dir: dir.to_owned(),
-            log,
-            // appendfsync always: an acknowledged checkpoint or epoch survives kill -9.
-            redis: RedisServer::start(
-                dir.join("redis"),
-                &["--appendonly", "yes", "--appendfsync", "always"],
-            )
-            .unwrap(),
-            workers: Workers::new(dir),
-        }
-    }
-
-    fn produce(&self, n: usize, tag: &str) {
-        let mut p = self.log.producer("t").unwrap();
-        for i in 0..n {
-            let key = format!("k{}", i % 41);
-            p.send(Some(key.as_bytes()), format!("{tag}-{i}").as_bytes(), 0)
-                .unwrap();
-        }
-        p.sync().unwrap();
-    }
-
     fn spawn(&mut self, name: &str) {
         let url = self.redis.url();
         self.spawn_via(name, &url);
@@ -76,10 +41,6 @@ impl Rig {
             ])
             .args(["--quarantine-ms", &QUARANTINE_MS.to_string()]);
         self.workers.start(name, cmd);
-    }
-
-    fn ends(&self) -> BTreeMap<PartitionId, u64> {
-        file_log_ends(&self.log, "t")
     }
 
     /// Waits until every partition is owned and checkpointed at its end.

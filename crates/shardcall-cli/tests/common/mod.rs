@@ -12,7 +12,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use shardcall::BatchRecord;
 use shardcall::oracle::read_batch_files;
 use shardcall_core::PartitionId;
+use shardcall_redis::testing::RedisServer;
 use shardcall_spool::FileLog;
+use shardcall_spool::SpoolConfig;
 
 /// `shardcall` worker processes of one test, by name (a restarted worker
 /// keeps its name, its oracle file and its log file).
@@ -162,4 +164,52 @@ pub fn file_log_ends(log: &FileLog, topic: &str) -> BTreeMap<PartitionId, u64> {
             (PartitionId::new(topic, p), s.end_offset().unwrap())
         })
         .collect()
+}
+
+/// A process test's parts: a file log with the topic `t`, its own
+/// redis-server with AOF synced on every write (an acknowledged checkpoint
+/// or epoch survives kill -9), and its workers.
+pub struct Rig {
+    /// The test's folder.
+    pub dir: PathBuf,
+    /// The file log.
+    pub log: FileLog,
+    /// The Redis server.
+    pub redis: RedisServer,
+    /// The worker processes.
+    pub workers: Workers,
+}
+
+impl Rig {
+    /// A rig in `dir` whose topic has `partitions` partitions.
+    pub fn new(dir: &Path, partitions: u32) -> Self {
+        let log = FileLog::open(dir.join("log"), SpoolConfig::default()).unwrap();
+        log.ensure_topic("t", partitions).unwrap();
+        Self {
+            dir: dir.to_owned(),
+            log,
+            redis: RedisServer::start(
+                dir.join("redis"),
+                &["--appendonly", "yes", "--appendfsync", "always"],
+            )
+            .unwrap(),
+            workers: Workers::new(dir),
+        }
+    }
+
+    /// Appends `n` records `TAG-I` keyed by 41 keys, synced.
+    pub fn produce(&self, n: usize, tag: &str) {
+        let mut p = self.log.producer("t").unwrap();
+        for i in 0..n {
+            let key = format!("k{}", i % 41);
+            p.send(Some(key.as_bytes()), format!("{tag}-{i}").as_bytes(), 0)
+                .unwrap();
+        }
+        p.sync().unwrap();
+    }
+
+    /// The end offset of each partition of `t`.
+    pub fn ends(&self) -> BTreeMap<PartitionId, u64> {
+        file_log_ends(&self.log, "t")
+    }
 }
