@@ -475,6 +475,7 @@ async fn measure_checkpoint_rate(
         .await?;
     let view = store.member_view(g, &m).await?;
     let epochs: BTreeMap<PartitionId, u64> = view
+        .held
         .into_iter()
         .map(|(p, ph)| (p, ph.holder().map_or(0, |h| h.1)))
         .collect();

@@ -51,8 +51,8 @@ pub use partition_engine::{
 };
 pub use retry::RetryBackoff;
 pub use state::{
-    AuditEntry, Command, CoordinatorLease, Fenced, GroupState, MemberRecord, PartitionRecord,
-    StateError,
+    AuditEntry, Command, CoordinatorLease, Fenced, GroupState, MemberRecord, MemberView,
+    PartitionRecord, StateError,
 };
 pub use state_plan::BackupPointer;
 pub use ticket_memory::TicketMemory;

@@ -17,13 +17,17 @@
 //! reconcile them with the tasks running: a task whose grant is gone stops
 //! at once (unless it released the grant itself and runs the handler's
 //! backup), a grant without a task gets one, a draining grant's task is
-//! revoked (or, with no task, the grant released at once).
+//! revoked (or, with no task, the grant released at once). A member with
+//! local state stores also warms up the partitions the assignment moves to
+//! it while another member still holds them or they are quarantined, and
+//! drops a warm-up whose partition goes elsewhere.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::ids::{Epoch, Millis, PartitionId};
 use crate::lifecycle::Phase;
 use crate::membership::LeaseRule;
+use crate::state::MemberView;
 
 /// How a member keeps its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +36,10 @@ pub struct MemberRules {
     pub lease: LeaseRule,
     /// How often the lease is renewed.
     pub heartbeat_every_ms: Millis,
+    /// Warm up the partitions on their way here (the member keeps local
+    /// state stores): fetch their newest snapshot while the old owner still
+    /// finishes, so the grant finds the state nearly current.
+    pub warm_ups: bool,
 }
 
 /// What the driver is to do next.
@@ -77,6 +85,19 @@ pub enum MemberCommand {
         /// The grant's epoch.
         epoch: Epoch,
     },
+    /// Start fetching the newest snapshot of a partition on its way here,
+    /// without touching the partition; the task started for its grant
+    /// takes over what it fetched. Answer: [`MemberEvent::Done`].
+    WarmUp {
+        /// The partition.
+        partition: PartitionId,
+    },
+    /// Drop a warm-up: the partition goes elsewhere, or the member stops.
+    /// Answer: [`MemberEvent::Done`].
+    EndWarmUp {
+        /// The partition.
+        partition: PartitionId,
+    },
     /// Nothing to do until something happens.
     Wait,
     /// Fenced out: every task is stopped; join again as a new member.
@@ -101,8 +122,8 @@ pub enum MemberEvent {
     RenewFailed,
     /// The store no longer knows this member.
     Fenced,
-    /// The grants this member holds.
-    View(Vec<(PartitionId, Phase)>),
+    /// The grants this member holds and the partitions on their way to it.
+    View(MemberView),
     /// They could not be read.
     ViewFailed,
     /// A partition task ended (whatever the reason).
@@ -154,6 +175,8 @@ pub struct MemberEngine {
     renewal_sent: Millis,
     next_heartbeat: Millis,
     tasks: BTreeMap<PartitionId, Task>,
+    /// Partitions being warmed up here (no task yet).
+    warming: BTreeSet<PartitionId>,
     round: Round,
     queue: VecDeque<MemberCommand>,
     /// Every task was stopped for the lease; until a renewal lands nothing
@@ -171,6 +194,7 @@ impl MemberEngine {
             renewal_sent: sent,
             next_heartbeat: sent + rules.heartbeat_every_ms,
             tasks: BTreeMap::new(),
+            warming: BTreeSet::new(),
             round: Round::Idle,
             queue: VecDeque::new(),
             lease_lapsed: false,
@@ -224,6 +248,7 @@ impl MemberEngine {
             MemberEvent::RenewFailed => self.after_renewal(),
             MemberEvent::Fenced => {
                 self.tasks.clear();
+                self.warming.clear();
                 self.queue.clear();
                 self.queue.push_back(MemberCommand::StopAll);
                 self.queue.push_back(MemberCommand::Rejoin);
@@ -253,6 +278,10 @@ impl MemberEngine {
                 self.round = Round::ShuttingDown;
                 self.leave_by = Some(now + self.rules.lease.ttl_ms);
                 self.queue.clear();
+                for p in std::mem::take(&mut self.warming) {
+                    self.queue
+                        .push_back(MemberCommand::EndWarmUp { partition: p });
+                }
                 for (p, t) in &mut self.tasks {
                     if !t.revoked {
                         t.revoked = true;
@@ -315,8 +344,9 @@ impl MemberEngine {
 
     /// Compares the grants with the tasks: what to stop, start, revoke or
     /// release.
-    fn reconcile(&mut self, view: &[(PartitionId, Phase)]) {
-        let held: BTreeMap<&PartitionId, &Phase> = view.iter().map(|(p, ph)| (p, ph)).collect();
+    fn reconcile(&mut self, view: &MemberView) {
+        let held: BTreeMap<&PartitionId, &Phase> =
+            view.held.iter().map(|(p, ph)| (p, ph)).collect();
         // Tasks whose grant is gone stop at once — except one that gave the
         // grant up itself and is running the handler's backup.
         let lost: Vec<PartitionId> = self
@@ -335,9 +365,11 @@ impl MemberEngine {
             self.tasks.remove(&p);
             self.queue.push_back(MemberCommand::Abort { partition: p });
         }
-        for (p, phase) in view {
+        for (p, phase) in &view.held {
             match phase {
                 Phase::Owned { epoch, .. } if !self.tasks.contains_key(p) => {
+                    // The task takes over the warm-up, if any.
+                    self.warming.remove(p);
                     self.tasks.insert(
                         p.clone(),
                         Task {
@@ -367,6 +399,34 @@ impl MemberEngine {
                 _ => {}
             }
         }
+        self.reconcile_warm_ups(view);
+    }
+
+    /// Starts warm-ups for the partitions on their way here, and ends the
+    /// ones whose partition went elsewhere.
+    fn reconcile_warm_ups(&mut self, view: &MemberView) {
+        if !self.rules.warm_ups {
+            return;
+        }
+        let incoming: BTreeSet<&PartitionId> = view.incoming.iter().collect();
+        let gone: Vec<PartitionId> = self
+            .warming
+            .iter()
+            .filter(|p| !incoming.contains(p))
+            .cloned()
+            .collect();
+        for p in gone {
+            self.warming.remove(&p);
+            self.queue
+                .push_back(MemberCommand::EndWarmUp { partition: p });
+        }
+        for p in incoming {
+            if !self.tasks.contains_key(p) && self.warming.insert(p.clone()) {
+                self.queue.push_back(MemberCommand::WarmUp {
+                    partition: p.clone(),
+                });
+            }
+        }
     }
 }
 
@@ -385,6 +445,7 @@ mod tests {
                     safety_margin_ms: 300,
                 },
                 heartbeat_every_ms: EVERY,
+                warm_ups: true,
             },
             0,
         )
@@ -416,20 +477,29 @@ mod tests {
         )
     }
 
-    /// One round at `now`, answering as a healthy store would with `view`:
-    /// the commands up to the round's Wait.
+    /// One round at `now`, answering as a healthy store would with `held`
+    /// (and nothing incoming): the commands up to the round's Wait.
     fn round(
         e: &mut MemberEngine,
         now: Millis,
-        view: &[(PartitionId, Phase)],
+        held: &[(PartitionId, Phase)],
     ) -> Vec<MemberCommand> {
+        let view = MemberView {
+            held: held.to_vec(),
+            incoming: Vec::new(),
+        };
+        round_with(e, now, &view)
+    }
+
+    /// One round at `now`, answering with `view`.
+    fn round_with(e: &mut MemberEngine, now: Millis, view: &MemberView) -> Vec<MemberCommand> {
         let mut out = Vec::new();
         let mut event = MemberEvent::Woke;
         loop {
             let c = e.step(event, now);
             event = match &c {
                 MemberCommand::Renew => MemberEvent::Renewed { sent: now },
-                MemberCommand::ReadView => MemberEvent::View(view.to_vec()),
+                MemberCommand::ReadView => MemberEvent::View(view.clone()),
                 MemberCommand::Wait | MemberCommand::Rejoin | MemberCommand::Leave => {
                     out.push(c);
                     return out;
@@ -469,6 +539,73 @@ mod tests {
         assert!(starts(&again).is_empty(), "{again:?}");
     }
 
+    fn incoming(held: &[(PartitionId, Phase)], incoming: &[u32]) -> MemberView {
+        MemberView {
+            held: held.to_vec(),
+            incoming: incoming.iter().map(|i| p(*i)).collect(),
+        }
+    }
+
+    fn warm_ups(cmds: &[MemberCommand]) -> Vec<&PartitionId> {
+        cmds.iter()
+            .filter_map(|c| match c {
+                MemberCommand::WarmUp { partition } => Some(partition),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn ended_warm_ups(cmds: &[MemberCommand]) -> Vec<&PartitionId> {
+        cmds.iter()
+            .filter_map(|c| match c {
+                MemberCommand::EndWarmUp { partition } => Some(partition),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_partition_on_its_way_is_warmed_up_once_and_its_task_takes_the_warm_up_over() {
+        let mut e = engine();
+        let cmds = round_with(&mut e, 10, &incoming(&[], &[0, 1]));
+        assert_eq!(warm_ups(&cmds), [&p(0), &p(1)]);
+        let cmds = round_with(&mut e, 20, &incoming(&[], &[0, 1]));
+        assert!(warm_ups(&cmds).is_empty(), "once: {cmds:?}");
+        // Granted: the task starts, and the warm-up is not ended (the task
+        // takes what it fetched).
+        let cmds = round_with(&mut e, 30, &incoming(&[owned(0, 2)], &[1]));
+        assert_eq!(starts(&cmds), [&p(0)]);
+        assert!(ended_warm_ups(&cmds).is_empty(), "{cmds:?}");
+        // Held partitions are never warmed up again while their task runs.
+        let cmds = round_with(&mut e, 40, &incoming(&[owned(0, 2)], &[0, 1]));
+        assert!(warm_ups(&cmds).is_empty(), "{cmds:?}");
+    }
+
+    #[test]
+    fn a_warm_up_ends_when_the_partition_goes_elsewhere_or_the_member_stops() {
+        let mut e = engine();
+        round_with(&mut e, 10, &incoming(&[], &[0, 1]));
+        let cmds = round_with(&mut e, 20, &incoming(&[], &[1]));
+        assert_eq!(ended_warm_ups(&cmds), [&p(0)]);
+        assert_eq!(
+            e.step(MemberEvent::Shutdown, 30),
+            MemberCommand::EndWarmUp { partition: p(1) }
+        );
+        assert_eq!(
+            e.step(MemberEvent::Done, 30),
+            MemberCommand::Leave,
+            "nothing to wait for"
+        );
+    }
+
+    #[test]
+    fn a_member_without_local_state_warms_nothing_up() {
+        let mut e = engine();
+        e.rules.warm_ups = false;
+        let cmds = round_with(&mut e, 10, &incoming(&[], &[0]));
+        assert!(warm_ups(&cmds).is_empty(), "{cmds:?}");
+    }
+
     #[test]
     fn the_heartbeat_comes_first_when_due_and_moves_the_lease_on() {
         let mut e = engine();
@@ -500,7 +637,11 @@ mod tests {
                         MemberEvent::Done
                     }
                     MemberCommand::Start { .. } => panic!("started without a lease at {now}"),
-                    MemberCommand::ReadView => MemberEvent::View(vec![owned(0, 1)]),
+                    MemberCommand::ReadView => MemberEvent::View(MemberView {
+                        held: vec![owned(0, 1)],
+                        incoming: vec![p(1)],
+                    }),
+                    MemberCommand::WarmUp { .. } => MemberEvent::Done,
                     MemberCommand::Wait => break,
                     _ => MemberEvent::Done,
                 };

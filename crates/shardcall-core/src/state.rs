@@ -60,6 +60,33 @@ impl PartitionRecord {
     }
 }
 
+/// What a member reads of the group each round.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemberView {
+    /// The partitions it holds (owned or draining), with their phases, in
+    /// partition order.
+    pub held: Vec<(PartitionId, Phase)>,
+    /// The partitions the assignment moves to it that another member still
+    /// holds or that are quarantined, in partition order: a member with
+    /// local state stores warms these up (fetches their newest snapshot)
+    /// before it is granted them.
+    pub incoming: Vec<PartitionId>,
+}
+
+impl MemberView {
+    /// Whether a partition with record `r` is on its way to `member`: it
+    /// targets the member, and is held by another or quarantined (a free
+    /// one is granted at once, with nothing to wait for).
+    pub fn is_incoming(r: &PartitionRecord, member: &MemberId) -> bool {
+        r.target.as_ref() == Some(member)
+            && match &r.phase {
+                Phase::Owned { member: m, .. } | Phase::Draining { member: m, .. } => m != member,
+                Phase::Quarantined { .. } => true,
+                Phase::Free => false,
+            }
+    }
+}
+
 /// The coordinator lock.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CoordinatorLease {
@@ -627,6 +654,19 @@ impl GroupState {
             .filter(|(_, r)| r.phase.holder().is_some_and(|(m, _)| m == member))
             .map(|(p, r)| (p.clone(), r.phase.clone()))
             .collect()
+    }
+
+    /// What `member` holds and what is on its way to it.
+    pub fn view_of(&self, member: &MemberId) -> MemberView {
+        MemberView {
+            held: self.held_by(member),
+            incoming: self
+                .partitions
+                .iter()
+                .filter(|(_, r)| MemberView::is_incoming(r, member))
+                .map(|(p, _)| p.clone())
+                .collect(),
+        }
     }
 }
 

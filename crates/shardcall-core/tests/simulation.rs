@@ -65,6 +65,7 @@ fn member_rules() -> MemberRules {
             safety_margin_ms: MARGIN,
         },
         heartbeat_every_ms: HEARTBEAT_EVERY,
+        warm_ups: true,
     }
 }
 
@@ -270,7 +271,7 @@ impl Sim {
                 if self.rng.chance(2.0) {
                     MemberEvent::ViewFailed
                 } else {
-                    MemberEvent::View(self.store.held_by(&id))
+                    MemberEvent::View(self.store.view_of(&id))
                 }
             }
             MemberCommand::Start { partition, epoch } => {
@@ -301,6 +302,9 @@ impl Sim {
                 let _ = self.store.release(&id, &partition, epoch, now);
                 MemberEvent::Done
             }
+            // A warm-up only reads the snapshot history: it cannot affect
+            // what the oracle checks, and is not modelled.
+            MemberCommand::WarmUp { .. } | MemberCommand::EndWarmUp { .. } => MemberEvent::Done,
             MemberCommand::Rejoin => {
                 let m = &mut self.members[i];
                 if m.obeys_lease {

@@ -57,7 +57,14 @@ for i, c in ipairs(cmds) do
     elseif (e.c or 0) <= coord then e.c = coord end
   elseif c.k == 'target' then
     local e, why = touch(c.p)
-    if not e then err = why else e.tg = c.t end
+    if not e then err = why
+    else
+      if e.tg ~= c.t then
+        if e.tg and e.tg ~= '' then incoming_del(member(e.tg), c.p) end
+        if c.t ~= '' then incoming_add(member(c.t), c.p) end
+      end
+      e.tg = c.t
+    end
   elseif c.k == 'revoke' then
     local e, why = touch(c.p)
     if not e then err = why
@@ -79,6 +86,7 @@ for i, c in ipairs(cmds) do
     else
       e.ph = 'owned'; e.m = c.m; e.e = c.e; e.le = c.e; e.t = n
       held_add(rec, c.p)
+      incoming_del(rec, c.p)
       sync[c.p] = true
     end
   else

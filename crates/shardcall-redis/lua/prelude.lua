@@ -26,6 +26,16 @@ end
 local function held_del(rec, p)
   if type(rec.p) == 'table' then rec.p[p] = nil end
 end
+-- The partitions a member record says are on their way to it (their target
+-- is the member); member_view reads the entries and keeps the true ones.
+local function incoming_add(rec, p)
+  if type(rec) ~= 'table' then return end
+  if type(rec.i) ~= 'table' then rec.i = {} end
+  rec.i[p] = 1
+end
+local function incoming_del(rec, p)
+  if type(rec) == 'table' and type(rec.i) == 'table' then rec.i[p] = nil end
+end
 local function holds(e, m, epoch)
   return e and (e.ph == 'owned' or e.ph == 'draining') and e.m == m and (epoch == nil or e.e == epoch)
 end

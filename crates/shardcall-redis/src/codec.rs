@@ -23,7 +23,8 @@ fn corrupt(what: &str, raw: &str, e: impl std::fmt::Display) -> StoreError {
 }
 
 /// A member's record as stored: weight, host, joined, heartbeat, lease end,
-/// and the partitions it holds (a JSON object used as a set).
+/// the partitions it holds and the ones on their way to it (JSON objects
+/// used as sets).
 #[derive(Debug, Deserialize)]
 struct StoredMember {
     w: u32,
@@ -33,6 +34,8 @@ struct StoredMember {
     x: u64,
     #[serde(default)]
     p: serde_json::Value,
+    #[serde(default)]
+    i: serde_json::Value,
     #[serde(default)]
     d: bool,
 }
@@ -51,13 +54,16 @@ pub fn decode_member(id: &str, raw: &str) -> Result<MemberRecord, StoreError> {
     })
 }
 
-/// The table fields of the partitions a member record says it holds.
-pub fn held_fields(raw: &str) -> Result<Vec<String>, StoreError> {
+/// The table fields of the partitions a member record says it holds, and
+/// of the ones it says are on their way to it (both to be checked against
+/// the table: the record is an index, the table the truth).
+pub fn view_fields(raw: &str) -> Result<(Vec<String>, Vec<String>), StoreError> {
     let m: StoredMember = serde_json::from_str(raw).map_err(|e| corrupt("member", raw, e))?;
-    Ok(match m.p {
-        serde_json::Value::Object(map) => map.keys().cloned().collect(),
+    let keys = |set: serde_json::Value| match set {
+        serde_json::Value::Object(map) => map.into_iter().map(|(k, _)| k).collect(),
         _ => Vec::new(),
-    })
+    };
+    Ok((keys(m.p), keys(m.i)))
 }
 
 /// Decodes the coordinator lock hash (empty: no lock).

@@ -31,7 +31,7 @@ use redis::{AsyncCommands, Script};
 use shardcall::{Checkpoint, CoordinationStore, GroupPolicy, StoreError, StoreResult};
 use shardcall_core::{
     AuditEntry, Command, CoordinatorLease, Epoch, Fenced, GroupState, MemberId, MemberRecord,
-    Millis, PartitionId, Phase, QuarantinePolicy, StateError,
+    MemberView, Millis, PartitionId, Phase, QuarantinePolicy, StateError,
 };
 
 use crate::codec::{self, TableEntry};
@@ -871,11 +871,7 @@ impl CoordinationStore for RedisStore {
         Ok(version)
     }
 
-    async fn member_view(
-        &self,
-        group: &str,
-        member: &MemberId,
-    ) -> StoreResult<Vec<(PartitionId, Phase)>> {
+    async fn member_view(&self, group: &str, member: &MemberId) -> StoreResult<MemberView> {
         let k = keys(group);
         let mut c = self.conn.clone();
         let raw: Option<String> = c
@@ -883,11 +879,12 @@ impl CoordinationStore for RedisStore {
             .await
             .map_err(|e| map_error(&e))?;
         let Some(raw) = raw else {
-            return Ok(Vec::new());
+            return Ok(MemberView::default());
         };
-        let fields = codec::held_fields(&raw)?;
+        let (held, incoming) = codec::view_fields(&raw)?;
+        let fields: Vec<&String> = held.iter().chain(&incoming).collect();
         if fields.is_empty() {
-            return Ok(Vec::new());
+            return Ok(MemberView::default());
         }
         let entries: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(&k.table)
@@ -895,16 +892,22 @@ impl CoordinationStore for RedisStore {
             .query_async(&mut c)
             .await
             .map_err(|e| map_error(&e))?;
-        let mut out = Vec::new();
-        for (field, raw) in fields.iter().zip(entries) {
+        let mut view = MemberView::default();
+        for (i, (field, raw)) in fields.iter().zip(entries).enumerate() {
             let Some(raw) = raw else { continue };
             let rec = codec::decode_entry(&raw)?.to_record();
-            if rec.phase.holder().is_some_and(|(m, _)| m == member) {
-                out.push((codec::parse_partition_field(field)?, rec.phase));
+            let p = codec::parse_partition_field(field)?;
+            if i < held.len() {
+                if rec.phase.holder().is_some_and(|(m, _)| m == member) {
+                    view.held.push((p, rec.phase));
+                }
+            } else if MemberView::is_incoming(&rec, member) {
+                view.incoming.push(p);
             }
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
+        view.held.sort_by(|a, b| a.0.cmp(&b.0));
+        view.incoming.sort();
+        Ok(view)
     }
 
     async fn release(

@@ -32,6 +32,7 @@ macro_rules! __store_checks {
             snapshot_history_moves_only_with_a_fenced_checkpoint,
             quarantine_and_release,
             leave_quarantines_held,
+            member_view_names_what_is_on_its_way,
             checkpoint_bytes_round_trip,
             drain_is_recorded,
             reset_offsets,
@@ -392,7 +393,8 @@ async fn grant_all<S: CoordinationStore>(
     let view = store.member_view(group, owner).await.unwrap();
     let epochs = (0..n)
         .map(|i| {
-            view.iter()
+            view.held
+                .iter()
                 .find(|(q, _)| *q == p(i))
                 .and_then(|(_, ph)| ph.holder())
                 .expect("granted")
@@ -758,6 +760,85 @@ pub async fn leave_quarantines_held<S: CoordinationStore>(store: &S, group: &str
     assert!(
         g.coordinator.is_none(),
         "a member that left still holds the lock"
+    );
+}
+
+/// A member's view lists, besides what it holds, the partitions whose
+/// target it is while another member holds them or they are quarantined:
+/// not the free ones, not ones targeted elsewhere since, not once granted.
+pub async fn member_view_names_what_is_on_its_way<S: CoordinationStore>(store: &S, group: &str) {
+    let (a, b) = (m("a"), m("b"));
+    store.set_policy(group, policy(0), "test").await.unwrap();
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    store.join(group, &b, 1, "h", LONG).await.unwrap();
+    let (coord, epochs) = grant_all(store, group, &a, 3).await;
+    let apply = |commands: Vec<Command>| async move {
+        let g = store.load_group(group).await.unwrap();
+        store
+            .apply(group, coord, g.version, &commands)
+            .await
+            .unwrap();
+    };
+    let target = |i: u32, t: &MemberId| Command::SetTarget {
+        partition: p(i),
+        target: Some(t.clone()),
+    };
+    apply(vec![target(0, &b), target(1, &b)]).await;
+    let view = store.member_view(group, &b).await.unwrap();
+    assert!(view.held.is_empty(), "{view:?}");
+    assert_eq!(view.incoming, [p(0), p(1)]);
+    let view = store.member_view(group, &a).await.unwrap();
+    assert_eq!(view.held.len(), 3, "{view:?}");
+    assert!(
+        view.incoming.is_empty(),
+        "what a holds is not on its way to it"
+    );
+    // Revoked, then released: still on its way. Targeted back: not.
+    apply(vec![
+        Command::Revoke {
+            partition: p(0),
+            member: a.clone(),
+            epoch: epochs[0],
+        },
+        target(1, &a),
+    ])
+    .await;
+    assert_eq!(store.member_view(group, &b).await.unwrap().incoming, [p(0)]);
+    store.release(group, &a, &p(0), epochs[0]).await.unwrap();
+    assert_eq!(store.member_view(group, &b).await.unwrap().incoming, [p(0)]);
+    // Free: granted at once, nothing to warm up; granted: held.
+    apply(vec![Command::Free { partition: p(0) }]).await;
+    assert!(
+        store
+            .member_view(group, &b)
+            .await
+            .unwrap()
+            .incoming
+            .is_empty()
+    );
+    apply(vec![Command::Grant {
+        partition: p(0),
+        member: b.clone(),
+        epoch: epochs[0] + 1,
+    }])
+    .await;
+    let view = store.member_view(group, &b).await.unwrap();
+    assert_eq!(view.held.len(), 1, "{view:?}");
+    assert!(view.incoming.is_empty(), "{view:?}");
+    // A target cleared: nothing on its way.
+    apply(vec![target(2, &b)]).await;
+    apply(vec![Command::SetTarget {
+        partition: p(2),
+        target: None,
+    }])
+    .await;
+    assert!(
+        store
+            .member_view(group, &b)
+            .await
+            .unwrap()
+            .incoming
+            .is_empty()
     );
 }
 

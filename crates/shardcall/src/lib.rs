@@ -60,6 +60,7 @@ pub mod test_binaries;
 mod ticket_config;
 mod ticket_store;
 mod ticket_worker;
+mod warm_up;
 mod worker;
 
 pub use backup_dir::DirBackupStore;

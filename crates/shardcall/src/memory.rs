@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shardcall_core::{
-    Command, CoordinatorLease, Epoch, Fenced, GroupState, MemberId, Millis, PartitionId, Phase,
-    QuarantinePolicy,
+    Command, CoordinatorLease, Epoch, Fenced, GroupState, MemberId, MemberView, Millis,
+    PartitionId, QuarantinePolicy,
 };
 
 use crate::failures::{FailureReport, FailureReports, clip_error};
@@ -314,12 +314,8 @@ impl CoordinationStore for MemoryStore {
         .map_err(StoreError::from)
     }
 
-    async fn member_view(
-        &self,
-        group: &str,
-        member: &MemberId,
-    ) -> StoreResult<Vec<(PartitionId, Phase)>> {
-        Ok(self.with_group(group, |g, _| g.held_by(member)))
+    async fn member_view(&self, group: &str, member: &MemberId) -> StoreResult<MemberView> {
+        Ok(self.with_group(group, |g, _| g.view_of(member)))
     }
 
     async fn release(

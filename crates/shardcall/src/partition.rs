@@ -54,6 +54,8 @@ pub struct PartitionTask<S, Src, F> {
     /// The worker's local state stores, if the handler keeps its state in
     /// one.
     pub state: Option<crate::StateConfig>,
+    /// The partition's warm-up, if it was warmed up before its grant.
+    pub warm: Option<crate::warm_up::WarmUp>,
     /// Where a batch goes after `batch.max_attempts` failures.
     pub dead_letters: Option<Arc<dyn DeadLetters>>,
     /// Records processed, for statistics.
@@ -184,6 +186,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             lag_gauge: true,
             log_start: true,
             state: self.state.clone(),
+            warm: self.warm,
         };
         let driven = drive(d, grant, rules).await;
         self.source.release(&self.ctx.partition).await;

@@ -28,8 +28,9 @@ use crate::lease::LocalLease;
 use crate::partition_state::{PartitionState, RestoreFailure};
 use crate::source::Source;
 use crate::state_config::StateConfig;
-use crate::state_store::{Applied, StateStoreError, WriteSet};
+use crate::state_store::{Applied, WriteSet};
 use crate::store::{Checkpoint, CoordinationStore, Disposition, StoreError};
+use crate::warm_up::WarmUp;
 
 /// How often the lag gauge is refreshed.
 const LAG_EVERY: Duration = Duration::from_secs(1);
@@ -94,6 +95,9 @@ pub(crate) struct Drive<'a, S, Src, F: HandlerFactory> {
     /// The worker's local state stores, if the handler keeps its state in
     /// one.
     pub state: Option<StateConfig>,
+    /// The partition's warm-up, if it was warmed up before its grant: the
+    /// restore takes over the local store it fetched.
+    pub warm: Option<WarmUp>,
 }
 
 /// A handler kept after a claim, valid while the partition's checkpoint is
@@ -393,6 +397,12 @@ where
     /// the handler, or (with a local state store, opened first) the store
     /// as its snapshot history has it. The answer is where to read on.
     async fn restore(&mut self) -> Event {
+        if self.local.is_none()
+            && let Some(warm) = self.d.warm.take()
+        {
+            // What a warm-up fetched is checked below as any local store is.
+            self.local = warm.finish().await;
+        }
         if self.d.state.is_some()
             && self.local.is_none()
             && let Err(failed) = self.open_local().await
@@ -416,25 +426,12 @@ where
         self.restore_local(checkpoint.as_ref()).await
     }
 
-    /// Opens the partition's local state store. A damaged one is only a
-    /// cache of the snapshots: it is removed and opened afresh.
+    /// Opens the partition's local state store (a damaged one is replaced).
     async fn open_local(&mut self) -> Result<(), Event> {
         let config = self.d.state.clone().expect("state mode");
         let (group, p) = (self.d.group.to_owned(), self.d.ctx.partition.clone());
         let opened = tokio::task::spawn_blocking(move || {
-            match PartitionState::open(&config, &group, &p) {
-                Err(StateStoreError::Corrupt { path, detail }) => {
-                    tracing::error!(path = %path.display(), %detail,
-                        "the local state store is damaged; removing it to restore it from the snapshots");
-                    std::fs::remove_dir_all(&path).map_err(|e| StateStoreError::Engine {
-                        path: path.clone(),
-                        action: "removing a damaged store",
-                        cause: Box::new(e),
-                    })?;
-                    PartitionState::open(&config, &group, &p)
-                }
-                other => other,
-            }
+            PartitionState::open_or_replace(&config, &group, &p)
         })
         .await;
         match opened {
@@ -838,6 +835,7 @@ mod tests {
         };
         let d = Drive {
             state: None,
+            warm: None,
             group: "g",
             ctx: PartitionContext {
                 partition: PartitionId::new("t", 0),

@@ -133,6 +133,29 @@ impl PartitionState {
         })
     }
 
+    /// Opens the partition's store (blocking), removing a damaged one
+    /// first: a local store is only a cache of the snapshots, restored
+    /// from them.
+    pub(crate) fn open_or_replace(
+        config: &StateConfig,
+        group: &str,
+        partition: &PartitionId,
+    ) -> Result<Self, StateStoreError> {
+        match Self::open(config, group, partition) {
+            Err(StateStoreError::Corrupt { path, detail }) => {
+                tracing::error!(path = %path.display(), %detail,
+                    "the local state store is damaged; removing it to restore it from the snapshots");
+                std::fs::remove_dir_all(&path).map_err(|e| StateStoreError::Engine {
+                    path: path.clone(),
+                    action: "removing a damaged store",
+                    cause: Box::new(e),
+                })?;
+                Self::open(config, group, partition)
+            }
+            other => other,
+        }
+    }
+
     /// The store, for a batch's [`crate::StateTxn`].
     pub(crate) fn store(&self) -> Arc<dyn StateStore> {
         self.store.clone()
@@ -266,7 +289,7 @@ impl PartitionState {
         applied: Option<Applied>,
         mark: Option<crate::state_store::RunMark>,
     ) -> Result<u64, Attempt> {
-        let report = snapshot::restore(
+        let report = snapshot::restore_immutable(
             &*self.config.backups,
             &self.scope,
             &pointer.manifest,
@@ -291,9 +314,15 @@ impl PartitionState {
                 .map_err(|e| Failed(e.to_string()))?;
         if let Err(e) = loaded {
             // Whatever was loaded is not any run's: start the next try
-            // from an empty store.
+            // from an empty store, and with no local runs (a damaged one
+            // kept from before would fail every snapshot that lists it).
             let store = self.store.clone();
-            let _ = tokio::task::spawn_blocking(move || store.clear()).await;
+            let runs_dir = self.runs_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                store.clear()?;
+                clear_runs(&runs_dir)
+            })
+            .await;
             return Err(match e {
                 StateStoreError::BadRun { .. } | StateStoreError::Corrupt { .. } => {
                     Damaged(e.to_string())

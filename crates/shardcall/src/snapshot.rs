@@ -310,7 +310,7 @@ async fn build(
 ) -> Result<u64, SnapshotError> {
     let mut downloaded_bytes = 0;
     for file in &manifest.files {
-        let path = building.join(&file.path);
+        let path = file_path(scope, name, building, &file.path)?;
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(local(parent))?;
         }
@@ -323,20 +323,7 @@ async fn build(
             let bytes = match local_bytes {
                 Some(b) => Bytes::from(b),
                 None => {
-                    let b = store.get_chunk(scope, &c.id).await?;
-                    if b.len() as u64 != c.len || chunk_id(&b) != c.id {
-                        return Err(BackupError::Corrupt {
-                            what: "chunk",
-                            scope: scope.to_owned(),
-                            name: c.id.clone(),
-                            detail: format!(
-                                "{} bytes that do not hash to its address (manifest {name}, file {})",
-                                b.len(),
-                                file.path
-                            ),
-                        }
-                        .into());
-                    }
+                    let b = fetch_chunk(store, scope, name, &file.path, c).await?;
                     downloaded_bytes += b.len() as u64;
                     b
                 }
@@ -344,6 +331,124 @@ async fn build(
             std::io::Write::write_all(&mut out, &bytes).map_err(local(&path))?;
         }
         out.sync_data().map_err(local(&path))?;
+    }
+    Ok(downloaded_bytes)
+}
+
+/// Where a manifest's file goes below `dir`: only a relative path without
+/// `..` (a manifest naming another is damaged or foreign, and must not
+/// write outside the directory).
+fn file_path(scope: &str, name: &str, dir: &Path, file: &str) -> Result<PathBuf, SnapshotError> {
+    let plain = Path::new(file)
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !plain || file.is_empty() {
+        return Err(BackupError::Corrupt {
+            what: "manifest",
+            scope: scope.to_owned(),
+            name: name.to_owned(),
+            detail: format!("it names the file {file:?}, which is not a path below the directory"),
+        }
+        .into());
+    }
+    Ok(dir.join(file))
+}
+
+/// Downloads chunk `c` of `file` (of manifest `name`), checked against its
+/// address and length.
+async fn fetch_chunk(
+    store: &dyn BackupStore,
+    scope: &str,
+    name: &str,
+    file: &str,
+    c: &ChunkRef,
+) -> Result<Bytes, SnapshotError> {
+    let b = store.get_chunk(scope, &c.id).await?;
+    if b.len() as u64 != c.len || chunk_id(&b) != c.id {
+        return Err(BackupError::Corrupt {
+            what: "chunk",
+            scope: scope.to_owned(),
+            name: c.id.clone(),
+            detail: format!(
+                "{} bytes that do not hash to its address (manifest {name}, file {file})",
+                b.len(),
+            ),
+        }
+        .into());
+    }
+    Ok(b)
+}
+
+/// [`restore`] into a directory whose files never change once written (a
+/// local state store's runs, named so that a name is never reused for other
+/// contents): a file the manifest lists that is already there with its
+/// length is kept without being read (the run's own checksum guards its
+/// contents when it is loaded); only the missing files are downloaded,
+/// every chunk checked against its address, each file written beside its
+/// place and renamed in. Once every listed file is there, the files the
+/// manifest does not list are removed; a failed restore removes only the
+/// files it added. A restore after a warm-up thus costs the new runs only.
+pub async fn restore_immutable(
+    store: &dyn BackupStore,
+    scope: &str,
+    name: &str,
+    dir: &Path,
+) -> Result<RestoreReport, SnapshotError> {
+    let manifest = store.get_manifest(scope, name).await?;
+    std::fs::create_dir_all(dir).map_err(local(dir))?;
+    let mut added = Vec::new();
+    let built = build_missing(store, scope, name, &manifest, dir, &mut added).await;
+    let downloaded_bytes = match built {
+        Ok(n) => n,
+        Err(e) => {
+            for path in added {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
+    };
+    let listed: BTreeSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
+    for path in files_below(dir).map_err(local(dir))? {
+        if !listed.contains(path.as_str()) {
+            let full = dir.join(&path);
+            std::fs::remove_file(&full).map_err(local(&full))?;
+        }
+    }
+    Ok(RestoreReport {
+        name: name.to_owned(),
+        manifest,
+        downloaded_bytes,
+        passed_over: Vec::new(),
+    })
+}
+
+/// Writes the files of `manifest` that `dir` lacks (or holds with another
+/// length), noting each in `added`; gives the bytes downloaded.
+async fn build_missing(
+    store: &dyn BackupStore,
+    scope: &str,
+    name: &str,
+    manifest: &Manifest,
+    dir: &Path,
+    added: &mut Vec<PathBuf>,
+) -> Result<u64, SnapshotError> {
+    let mut downloaded_bytes = 0;
+    for file in &manifest.files {
+        let path = file_path(scope, name, dir, &file.path)?;
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == file.len()) {
+            continue;
+        }
+        let tmp = dir.join(format!("{}.tmp", file.path));
+        let mut out = std::fs::File::create(&tmp).map_err(local(&tmp))?;
+        added.push(tmp.clone());
+        for c in &file.chunks {
+            let bytes = fetch_chunk(store, scope, name, &file.path, c).await?;
+            downloaded_bytes += bytes.len() as u64;
+            std::io::Write::write_all(&mut out, &bytes).map_err(local(&tmp))?;
+        }
+        out.sync_data().map_err(local(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(local(&path))?;
+        added.push(path);
     }
     Ok(downloaded_bytes)
 }

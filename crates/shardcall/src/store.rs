@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use crate::failures::FailureReports;
 pub use crate::store_error::{Cause, Disposition, Refusal, StoreError};
 use shardcall_core::{
-    BackupPointer, Command, CoordinatorLease, Epoch, GroupState, MemberId, Millis, PartitionId,
-    Phase, QuarantinePolicy,
+    BackupPointer, Command, CoordinatorLease, Epoch, GroupState, MemberId, MemberView, Millis,
+    PartitionId, QuarantinePolicy,
 };
 
 /// A partition's checkpoint: where to resume and the application's state,
@@ -150,12 +150,11 @@ pub trait CoordinationStore: FailureReports {
         commands: &[Command],
     ) -> StoreResult<u64>;
 
-    /// The partitions `member` holds (owned or draining) with their phases.
-    async fn member_view(
-        &self,
-        group: &str,
-        member: &MemberId,
-    ) -> StoreResult<Vec<(PartitionId, Phase)>>;
+    /// The partitions `member` holds (owned or draining) with their phases,
+    /// and the ones the assignment moves to it that another member still
+    /// holds or that are quarantined ([`MemberView::is_incoming`]); both
+    /// in partition order, both exactly as the group state has them now.
+    async fn member_view(&self, group: &str, member: &MemberId) -> StoreResult<MemberView>;
 
     /// The holder gives a partition up after its final checkpoint; it is
     /// quarantined from now. Refused unless `member` is live and holds it

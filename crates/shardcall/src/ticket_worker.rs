@@ -405,6 +405,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
     let kept = s.kept.lock().expect("kept lock").remove(&p);
     let d = Drive {
         state: None,
+        warm: None,
         group: &c.group,
         ctx,
         store: &*s.store,

@@ -24,6 +24,7 @@ use crate::lease::LocalLease;
 use crate::partition::{PartitionTask, TaskEnd};
 use crate::source::Source;
 use crate::store::{CoordinationStore, Disposition, StoreError};
+use crate::warm_up::WarmUp;
 
 /// A rebalance this worker applied as coordinator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -240,6 +241,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 discovered: discovered.clone(),
                 slots: slots.clone(),
                 unreadable: None,
+                warm_ups: HashMap::new(),
             }
             .run(stop)
             .instrument(tracing::info_span!("member", member = %id))
@@ -296,6 +298,8 @@ struct Incarnation<'a, S, Src, F> {
     slots: Option<Arc<tokio::sync::Semaphore>>,
     /// A partition whose records cannot be read: the worker stops.
     unreadable: Option<WorkerError>,
+    /// Partitions on their way here being warmed up (dropped: stopped).
+    warm_ups: HashMap<PartitionId, WarmUp>,
 }
 
 /// A background task, aborted when dropped.
@@ -364,6 +368,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                 safety_margin_ms: timing.safety_margin.as_millis() as Millis,
             },
             heartbeat_every_ms: timing.heartbeat_interval.as_millis() as Millis,
+            warm_ups: cfg.state.is_some(),
         };
         let mut engine = MemberEngine::new(rules, self.joined);
         let mut ticker = tokio::time::interval(timing.tick_interval);
@@ -410,6 +415,22 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                 }
                 MemberCommand::Start { partition, epoch } => {
                     self.start(partition, epoch);
+                    MemberEvent::Done
+                }
+                MemberCommand::WarmUp { partition } => {
+                    if let Some(state) = &cfg.state {
+                        let warm = WarmUp::start(
+                            self.worker.store.clone(),
+                            state.clone(),
+                            cfg.group.clone(),
+                            partition.clone(),
+                        );
+                        self.warm_ups.insert(partition, warm);
+                    }
+                    MemberEvent::Done
+                }
+                MemberCommand::EndWarmUp { partition } => {
+                    self.warm_ups.remove(&partition);
                     MemberEvent::Done
                 }
                 MemberCommand::Revoke { partition } => {
@@ -633,6 +654,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             batch: w.config.batch.clone(),
             call_deadline: w.config.call_deadline,
             state: w.config.state.clone(),
+            warm: self.warm_ups.remove(&p),
             dead_letters: w.dead_letters.clone(),
             processed: self.stats.processed.clone(),
             slots: self.slots.clone(),

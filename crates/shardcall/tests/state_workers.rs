@@ -128,6 +128,13 @@ struct Counted {
     inner: DirBackupStore,
     read: AtomicU64,
     down: std::sync::atomic::AtomicBool,
+    /// The group, to tell the bytes a member read for a partition before
+    /// it was granted it from those after.
+    coord: Arc<MemoryStore>,
+    /// The member (a worker's name) whose reads are split so.
+    split_for: Mutex<Option<String>>,
+    /// Per partition: bytes that member read before its grant, and after.
+    split: Mutex<BTreeMap<u32, (u64, u64)>>,
 }
 
 impl Counted {
@@ -152,6 +159,22 @@ impl BackupStore for Counted {
         self.up()?;
         let b = self.inner.get_chunk(scope, id).await?;
         self.read.fetch_add(b.len() as u64, Ordering::Relaxed);
+        let split_for = self.split_for.lock().unwrap().clone();
+        if let Some(name) = split_for {
+            let p: u32 = scope.rsplit('/').next().unwrap().parse().unwrap();
+            let g = self.coord.load_group(GROUP).await.unwrap();
+            let granted = matches!(
+                g.partitions.get(&PartitionId::new("t", p)).map(|r| &r.phase),
+                Some(Phase::Owned { member, .. }) if member.as_str().starts_with(&name)
+            );
+            let mut split = self.split.lock().unwrap();
+            let e = split.entry(p).or_default();
+            if granted {
+                e.1 += b.len() as u64;
+            } else {
+                e.0 += b.len() as u64;
+            }
+        }
         Ok(b)
     }
     async fn chunk_ids(&self, scope: &str) -> BackupResult<std::collections::BTreeSet<String>> {
@@ -203,16 +226,20 @@ impl Cluster {
     fn new(root: &Path) -> Self {
         let log = FileLog::open(root.join("log"), SpoolConfig::default()).unwrap();
         log.ensure_topic("t", PARTITIONS).unwrap();
+        let store = Arc::new(MemoryStore::default());
         Self {
             root: root.to_owned(),
             source: Arc::new(FileLogSource::new(log.clone(), vec!["t".into()])),
             log,
-            store: Arc::new(MemoryStore::default()),
+            store: store.clone(),
             oracle: Arc::new(Oracle::default()),
             backups: Arc::new(Counted {
                 inner: DirBackupStore::new(root.join("backups")).unwrap(),
                 read: AtomicU64::new(0),
                 down: Default::default(),
+                coord: store,
+                split_for: Mutex::default(),
+                split: Mutex::default(),
             }),
             violations: Arc::default(),
             fail_at: Arc::default(),
@@ -447,6 +474,69 @@ async fn a_worker_that_gets_its_own_current_partitions_back_downloads_nothing() 
         "a current store was downloaded again"
     );
     c.check_states(&c.read_states(0));
+    assert!(c.violations.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_worker_fetches_the_state_during_the_move_and_only_the_final_delta_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    // Small snapshots, so that each partition's state spans several runs
+    // and its final delta is a small part of it.
+    c.snapshots.bytes = 2_000;
+    c.produce(2000);
+    c.add_worker();
+    c.settle(Duration::from_secs(30)).await;
+    // Worker 1 joins with an empty disk and gets half the partitions.
+    *c.backups.split_for.lock().unwrap() = Some("w1".into());
+    c.add_worker();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let g = c.store.load_group(GROUP).await.unwrap();
+        let held = g
+            .partitions
+            .values()
+            .filter(|r| matches!(&r.phase, Phase::Owned { member, .. } if member.as_str().starts_with("w1")))
+            .count();
+        if held == PARTITIONS as usize / 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the partitions did not move: {g:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Its partitions are running there once it checkpoints new records.
+    c.produce(100);
+    c.settle_by(Duration::from_secs(30), true).await;
+    let split = c.backups.split.lock().unwrap().clone();
+    assert_eq!(split.len(), PARTITIONS as usize / 2, "{split:?}");
+    for (p, (before, after)) in &split {
+        let state = c
+            .store
+            .load_checkpoint(GROUP, &PartitionId::new("t", *p))
+            .await
+            .unwrap();
+        let state_bytes = state.unwrap().backup[0].state_bytes;
+        // Before its grant it fetched the state as of the newest snapshot;
+        // after, at most the old owner's final delta (under two snapshots'
+        // worth of changes), not the state again.
+        assert!(
+            *before > 0,
+            "t/{p}: nothing was warmed up ({before} / {after})"
+        );
+        assert!(
+            *after <= 2 * c.snapshots.bytes && *after < state_bytes / 2,
+            "t/{p}: {after} bytes downloaded after the grant, of {state_bytes} ({before} before)"
+        );
+    }
+    c.stop(0).await;
+    c.stop(1).await;
+    let batches = c.oracle.batches();
+    let mut v = check_ownership(&batches, QUARANTINE.as_micros() as u64);
+    v.extend(check_coverage(&batches, &c.ends()));
+    assert!(v.is_empty(), "{v:?}");
     assert!(c.violations.lock().unwrap().is_empty());
 }
 
