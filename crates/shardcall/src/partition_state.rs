@@ -289,6 +289,7 @@ impl PartitionState {
         applied: Option<Applied>,
         mark: Option<crate::state_store::RunMark>,
     ) -> Result<u64, Attempt> {
+        let began = crate::clock::now();
         let report = snapshot::restore_immutable(
             &*self.config.backups,
             &self.scope,
@@ -306,6 +307,9 @@ impl PartitionState {
         let still_at_mark = mark.as_ref().is_some_and(|m| Some(m.applied) == applied);
         let plan =
             state_plan::runs_to_load(mark.as_ref().map(|m| m.run.as_str()), still_at_mark, &runs);
+        tracing::info!(manifest = %pointer.manifest, downloaded_bytes = report.downloaded_bytes,
+            ms = began.elapsed().as_millis() as u64, runs = runs.len(),
+            loading = runs.len() - plan.from.min(runs.len()), "snapshot fetched; loading its runs");
         let store = self.store.clone();
         let runs_dir = self.runs_dir.clone();
         let loaded =
