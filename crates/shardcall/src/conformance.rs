@@ -779,6 +779,7 @@ pub async fn member_view_names_what_is_on_its_way<S: CoordinationStore>(store: &
             .await
             .unwrap();
     };
+    let incoming_to_b = || async { store.member_view(group, &b).await.unwrap().incoming };
     let target = |i: u32, t: &MemberId| Command::SetTarget {
         partition: p(i),
         target: Some(t.clone()),
@@ -803,19 +804,12 @@ pub async fn member_view_names_what_is_on_its_way<S: CoordinationStore>(store: &
         target(1, &a),
     ])
     .await;
-    assert_eq!(store.member_view(group, &b).await.unwrap().incoming, [p(0)]);
+    assert_eq!(incoming_to_b().await, [p(0)]);
     store.release(group, &a, &p(0), epochs[0]).await.unwrap();
-    assert_eq!(store.member_view(group, &b).await.unwrap().incoming, [p(0)]);
+    assert_eq!(incoming_to_b().await, [p(0)]);
     // Free: granted at once, nothing to warm up; granted: held.
     apply(vec![Command::Free { partition: p(0) }]).await;
-    assert!(
-        store
-            .member_view(group, &b)
-            .await
-            .unwrap()
-            .incoming
-            .is_empty()
-    );
+    assert!(incoming_to_b().await.is_empty());
     apply(vec![Command::Grant {
         partition: p(0),
         member: b.clone(),
@@ -832,14 +826,7 @@ pub async fn member_view_names_what_is_on_its_way<S: CoordinationStore>(store: &
         target: None,
     }])
     .await;
-    assert!(
-        store
-            .member_view(group, &b)
-            .await
-            .unwrap()
-            .incoming
-            .is_empty()
-    );
+    assert!(incoming_to_b().await.is_empty());
 }
 
 /// State bytes of any content and size come back unchanged.
