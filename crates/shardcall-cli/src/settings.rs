@@ -171,6 +171,10 @@ pub struct StateSettings {
     pub s3: Option<shardcall_s3::S3Config>,
     /// Each partition store's block cache.
     pub cache_bytes: u64,
+    /// How long a moving partition stays with its owner while the next
+    /// owner warms its state up.
+    #[serde(with = "shardcall_core::duration_text::serde")]
+    pub warm_up_wait: std::time::Duration,
     /// When snapshots are taken, and how many are kept.
     pub snapshots: shardcall::SnapshotConfig,
 }
@@ -182,6 +186,7 @@ impl Default for StateSettings {
             backup_dir: None,
             s3: None,
             cache_bytes: 64 << 20,
+            warm_up_wait: shardcall::DEFAULT_WARM_UP_WAIT,
             snapshots: shardcall::SnapshotConfig::default(),
         }
     }
@@ -205,6 +210,8 @@ pub struct StateChoice {
     pub backup: BackupChoice,
     /// Each store's block cache.
     pub cache_bytes: u64,
+    /// How long a moving partition waits for its next owner's warm-up.
+    pub warm_up_wait: std::time::Duration,
     /// When snapshots are taken.
     pub snapshots: shardcall::SnapshotConfig,
 }
@@ -464,6 +471,7 @@ impl Settings {
             dir: dir.clone(),
             backup: backup.expect("checked"),
             cache_bytes: s.cache_bytes,
+            warm_up_wait: s.warm_up_wait,
             snapshots: s.snapshots.clone(),
         })
     }

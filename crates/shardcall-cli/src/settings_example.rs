@@ -113,6 +113,8 @@ digest_work = @                      # the built-in handler's simulated work per
 # dir = "/var/lib/shardcall/state"  # where partitions' stores live (--state-dir)
 # backup_dir = "/mnt/shared/backups" # snapshots here (--backup-dir)...
 # cache_bytes = @                   # each partition store's block cache
+# warm_up_wait = @                  # a moving partition stays with its owner this long at
+#                                   # most, while the next owner warms its state up
 #
 # [state.s3]                        # ...or in S3-compatible object storage
 # endpoint = "http://127.0.0.1:9000" # none: AWS for the region

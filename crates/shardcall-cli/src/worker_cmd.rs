@@ -368,6 +368,7 @@ fn spawn<Src: Source>(
             backups,
             snapshots: state.snapshots.clone(),
             cache_bytes: state.cache_bytes,
+            warm_up_wait: state.warm_up_wait,
         });
     }
     let worker = Worker {

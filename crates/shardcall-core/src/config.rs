@@ -154,6 +154,8 @@ impl GroupConfig {
     pub fn step_options(&self) -> crate::coordinator::StepOptions {
         crate::coordinator::StepOptions {
             initial_delay_ms: self.initial_rebalance_delay.as_millis() as u64,
+            // Set by workers with local state stores (their warm-up wait).
+            warm_up_wait_ms: 0,
         }
     }
 

@@ -20,6 +20,9 @@ pub struct Plan {
     pub min_moves: usize,
     /// The targets after this plan.
     pub targets: BTreeMap<PartitionId, MemberId>,
+    /// Partitions moving to a new owner that stay with their current one
+    /// for now: the new owner is still warming their state up.
+    pub awaiting_warm_up: Vec<PartitionId>,
 }
 
 /// Options of a coordinator tick.
@@ -30,6 +33,13 @@ pub struct StepOptions {
     /// members starting together do not trigger a rebalance each (like
     /// Kafka's `group.initial.rebalance.delay.ms`).
     pub initial_delay_ms: Millis,
+    /// A partition moving to a new owner stays with its current owner
+    /// until the new one reports its state warm ([`crate::MemberRecord::warm`]),
+    /// at most this long after the move was decided (0: revoke at once).
+    /// Like Kafka Streams' warm-up replicas: the partition keeps being
+    /// processed while its state moves, and the gap without an owner is
+    /// only the final delta's.
+    pub warm_up_wait_ms: Millis,
 }
 
 /// Decides the next commands with default options; see [`step_with`].
@@ -171,9 +181,20 @@ pub fn step_with(
             });
         }
     }
+    let mut awaiting_warm_up = Vec::new();
     for (i, p) in all.iter().enumerate() {
         match (&projected[i].phase, targets[i]) {
             (Projection::Owned { member, epoch }, t) if t != Some(*member) => {
+                // The target changes now, or changed at `since`.
+                let since = if projected[i].target == t {
+                    state.partitions.get(p).map_or(now, |r| r.target_since)
+                } else {
+                    now
+                };
+                if t.is_some_and(|t| warming_up(state, p, t, since, now, options)) {
+                    awaiting_warm_up.push(p.clone());
+                    continue;
+                }
                 commands.push(Command::Revoke {
                     partition: p.clone(),
                     member: (*member).clone(),
@@ -193,7 +214,26 @@ pub fn step_with(
         moves,
         min_moves: lower,
         targets: owners,
+        awaiting_warm_up,
     }
+}
+
+/// Whether `p`, moving to `target` since `since`, waits for its warm-up:
+/// the wait is on, not over, and the live target has not reported it warm.
+fn warming_up(
+    state: &GroupState,
+    p: &PartitionId,
+    target: &MemberId,
+    since: Millis,
+    now: Millis,
+    options: &StepOptions,
+) -> bool {
+    options.warm_up_wait_ms > 0
+        && now < since.saturating_add(options.warm_up_wait_ms)
+        && state
+            .members
+            .get(target)
+            .is_some_and(|m| m.is_live(now) && !m.warm.contains(p))
 }
 
 /// A partition's phase once this tick's expiries and quarantine ends apply.

@@ -98,6 +98,15 @@ pub enum MemberCommand {
         /// The partition.
         partition: PartitionId,
     },
+    /// Tell the group which partitions on their way here are warm (their
+    /// local store holds a current snapshot): the coordinator may revoke
+    /// them from their owners now. The whole set, replacing the last one
+    /// told. Answer: [`MemberEvent::Done`] (a failure is told again with
+    /// the next change; the coordinator's wait for a warm-up is bounded).
+    ReportWarm {
+        /// The warm partitions, in order.
+        partitions: Vec<PartitionId>,
+    },
     /// Nothing to do until something happens.
     Wait,
     /// Fenced out: every task is stopped; join again as a new member.
@@ -132,6 +141,11 @@ pub enum MemberEvent {
         partition: PartitionId,
         /// The grant it ran under.
         epoch: Epoch,
+    },
+    /// A warm-up's local store holds the newest snapshot there was.
+    WarmedUp {
+        /// The partition.
+        partition: PartitionId,
     },
     /// A partition task released its grant itself and now runs the
     /// handler's backup: it must not be stopped for the grant's absence.
@@ -177,6 +191,8 @@ pub struct MemberEngine {
     tasks: BTreeMap<PartitionId, Task>,
     /// Partitions being warmed up here (no task yet).
     warming: BTreeSet<PartitionId>,
+    /// Those of them whose warm-up holds a current snapshot.
+    warm: BTreeSet<PartitionId>,
     round: Round,
     queue: VecDeque<MemberCommand>,
     /// Every task was stopped for the lease; until a renewal lands nothing
@@ -195,6 +211,7 @@ impl MemberEngine {
             next_heartbeat: sent + rules.heartbeat_every_ms,
             tasks: BTreeMap::new(),
             warming: BTreeSet::new(),
+            warm: BTreeSet::new(),
             round: Round::Idle,
             queue: VecDeque::new(),
             lease_lapsed: false,
@@ -249,6 +266,7 @@ impl MemberEngine {
             MemberEvent::Fenced => {
                 self.tasks.clear();
                 self.warming.clear();
+                self.warm.clear();
                 self.queue.clear();
                 self.queue.push_back(MemberCommand::StopAll);
                 self.queue.push_back(MemberCommand::Rejoin);
@@ -269,6 +287,11 @@ impl MemberEngine {
                     self.tasks.remove(&partition);
                 }
             }
+            MemberEvent::WarmedUp { partition } => {
+                if self.warming.contains(&partition) && self.warm.insert(partition) {
+                    self.report_warm();
+                }
+            }
             MemberEvent::TaskReleased { partition } => {
                 if let Some(t) = self.tasks.get_mut(&partition) {
                     t.released = true;
@@ -282,6 +305,7 @@ impl MemberEngine {
                     self.queue
                         .push_back(MemberCommand::EndWarmUp { partition: p });
                 }
+                self.warm.clear();
                 for (p, t) in &mut self.tasks {
                     if !t.revoked {
                         t.revoked = true;
@@ -370,6 +394,9 @@ impl MemberEngine {
                 Phase::Owned { epoch, .. } if !self.tasks.contains_key(p) => {
                     // The task takes over the warm-up, if any.
                     self.warming.remove(p);
+                    if self.warm.remove(p) {
+                        self.report_warm();
+                    }
                     self.tasks.insert(
                         p.clone(),
                         Task {
@@ -402,6 +429,15 @@ impl MemberEngine {
         self.reconcile_warm_ups(view);
     }
 
+    /// Queues the warm set's report, replacing one not sent yet.
+    fn report_warm(&mut self) {
+        self.queue
+            .retain(|c| !matches!(c, MemberCommand::ReportWarm { .. }));
+        self.queue.push_back(MemberCommand::ReportWarm {
+            partitions: self.warm.iter().cloned().collect(),
+        });
+    }
+
     /// Starts warm-ups for the partitions on their way here, and ends the
     /// ones whose partition went elsewhere.
     fn reconcile_warm_ups(&mut self, view: &MemberView) {
@@ -417,6 +453,9 @@ impl MemberEngine {
             .collect();
         for p in gone {
             self.warming.remove(&p);
+            if self.warm.remove(&p) {
+                self.report_warm();
+            }
             self.queue
                 .push_back(MemberCommand::EndWarmUp { partition: p });
         }
@@ -596,6 +635,38 @@ mod tests {
             MemberCommand::Leave,
             "nothing to wait for"
         );
+    }
+
+    fn reports(cmds: &[MemberCommand]) -> Vec<Vec<PartitionId>> {
+        cmds.iter()
+            .filter_map(|c| match c {
+                MemberCommand::ReportWarm { partitions } => Some(partitions.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn warm_partitions_are_reported_until_granted_or_gone_elsewhere() {
+        let mut e = engine();
+        round_with(&mut e, 10, &incoming(&[], &[0, 1, 2]));
+        // A warm-up of a partition no longer warming here is not reported.
+        assert_eq!(
+            e.step(MemberEvent::WarmedUp { partition: p(7) }, 11),
+            MemberCommand::Wait
+        );
+        assert_eq!(
+            e.step(MemberEvent::WarmedUp { partition: p(0) }, 12),
+            MemberCommand::ReportWarm {
+                partitions: vec![p(0)]
+            }
+        );
+        e.step(MemberEvent::WarmedUp { partition: p(1) }, 13);
+        // Granted p0, p1 targeted elsewhere: each leaves the warm set.
+        let cmds = round_with(&mut e, 20, &incoming(&[owned(0, 2)], &[2]));
+        assert_eq!(reports(&cmds).last(), Some(&vec![]), "{cmds:?}");
+        // Reports not sent yet are replaced by the newest, not queued up.
+        assert_eq!(reports(&cmds).len(), 1, "{cmds:?}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Redis store implements the same rules in Lua, and one conformance suite
 //! holds both to them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::ids::{Epoch, MemberId, Millis, PartitionId};
 use crate::lifecycle::{Phase, QuarantinePolicy};
@@ -27,6 +27,11 @@ pub struct MemberRecord {
     /// member, gets nothing new, and may stop once it holds nothing).
     #[serde(default)]
     pub draining: bool,
+    /// Partitions on their way to it whose state it has warmed up (its
+    /// local store holds a current snapshot): the coordinator revokes them
+    /// from their owners without waiting longer.
+    #[serde(default)]
+    pub warm: BTreeSet<PartitionId>,
 }
 
 impl MemberRecord {
@@ -45,6 +50,10 @@ pub struct PartitionRecord {
     pub epoch: Epoch,
     /// The member the assignment says should own it.
     pub target: Option<MemberId>,
+    /// When the target last changed (the store's milliseconds): how long
+    /// a move has waited for its new owner to warm up.
+    #[serde(default)]
+    pub target_since: Millis,
     /// The highest coordinator epoch that changed it.
     pub coordinator_epoch: u64,
 }
@@ -55,6 +64,7 @@ impl PartitionRecord {
             phase: Phase::Free,
             epoch: 0,
             target: None,
+            target_since: 0,
             coordinator_epoch: 0,
         }
     }
@@ -279,6 +289,7 @@ impl GroupState {
                 last_heartbeat: now,
                 lease_expires_at: now + ttl,
                 draining: false,
+                warm: BTreeSet::new(),
             },
         );
         self.version += 1;
@@ -295,6 +306,23 @@ impl GroupState {
         m.last_heartbeat = now;
         m.lease_expires_at = now + ttl;
         Ok(m.lease_expires_at)
+    }
+
+    /// Replaces a live member's set of warm partitions (those on their way
+    /// to it whose state it has warmed up).
+    pub fn set_warm(
+        &mut self,
+        member: &MemberId,
+        partitions: &[PartitionId],
+        now: Millis,
+    ) -> Result<(), Fenced> {
+        let m = self
+            .members
+            .get_mut(member)
+            .filter(|m| m.is_live(now))
+            .ok_or_else(|| Fenced::LeaseExpired(member.clone()))?;
+        m.warm = partitions.iter().cloned().collect();
+        Ok(())
     }
 
     /// Marks a member as draining: the coordinator moves its partitions away
@@ -475,7 +503,11 @@ impl GroupState {
                     .coordinator_epoch = coord;
             }
             Command::SetTarget { partition, target } => {
-                record(parts, partition, coord)?.target = target.clone();
+                let rec = record(parts, partition, coord)?;
+                if rec.target != *target {
+                    rec.target = target.clone();
+                    rec.target_since = now;
+                }
             }
             Command::Revoke {
                 partition,

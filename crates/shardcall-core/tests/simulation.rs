@@ -24,9 +24,10 @@ use std::time::Duration;
 
 use shardcall_core::partition_engine::Command as Do;
 use shardcall_core::{
-    CallFailure, CheckpointAnswer, Epoch, Event, Grant, GroupState, LeaseRule, MemberCommand,
-    MemberEngine, MemberEvent, MemberId, MemberRules, Millis, PartitionEngine, PartitionId,
-    PartitionRules, Phase, QuarantinePolicy, RetryBackoff, StoreAnswer, step,
+    CallFailure, CheckpointAnswer, Command, Epoch, Event, Grant, GroupState, LeaseRule,
+    MemberCommand, MemberEngine, MemberEvent, MemberId, MemberRules, Millis, PartitionEngine,
+    PartitionId, PartitionRules, Phase, QuarantinePolicy, RetryBackoff, StepOptions, StoreAnswer,
+    step_with,
 };
 
 use common::{Rng, Trace};
@@ -39,6 +40,8 @@ const HEARTBEAT_EVERY: Millis = 150;
 const COORD_TTL: Millis = 400;
 const QUARANTINE: Millis = 300;
 const PARTITIONS: u32 = 8;
+/// How long a moving partition waits for its next owner's warm-up.
+const WARM_UP_WAIT: Millis = 200;
 
 fn partition_rules() -> PartitionRules {
     PartitionRules {
@@ -90,6 +93,8 @@ struct SimMember {
     /// arrived meanwhile (task ends), fed in order.
     events: VecDeque<MemberEvent>,
     tasks: BTreeMap<PartitionId, Task>,
+    /// Warm-ups running, each with when it will hold a current snapshot.
+    warming: BTreeMap<PartitionId, Millis>,
     crashed: bool,
     left: bool,
     paused_until: Millis,
@@ -129,6 +134,10 @@ struct Sim {
     /// Checkpoints that did not continue where the last one ended.
     broken_chains: Vec<String>,
     rebalances: Vec<(usize, usize)>,
+    /// Coordinator ticks that kept a moving partition for its warm-up, and
+    /// revokes of partitions whose next owner had reported them warm.
+    warm_up_waits: usize,
+    warm_revokes: usize,
     refused_checkpoints: usize,
     tasks_died: usize,
     trace: Trace,
@@ -156,6 +165,8 @@ impl Sim {
             failed_once: BTreeSet::new(),
             broken_chains: Vec::new(),
             rebalances: Vec::new(),
+            warm_up_waits: 0,
+            warm_revokes: 0,
             refused_checkpoints: 0,
             tasks_died: 0,
             trace: Trace::default(),
@@ -181,6 +192,7 @@ impl Sim {
             engine: MemberEngine::new(member_rules(), self.now),
             events: VecDeque::from([MemberEvent::Start]),
             tasks: BTreeMap::new(),
+            warming: BTreeMap::new(),
             crashed: false,
             left: false,
             paused_until: 0,
@@ -211,6 +223,18 @@ impl Sim {
                 }
                 if self.now.is_multiple_of(ROUND) {
                     self.members[i].events.push_back(MemberEvent::Woke);
+                }
+                let now = self.now;
+                let m = &mut self.members[i];
+                let ready: Vec<PartitionId> = m
+                    .warming
+                    .iter()
+                    .filter(|(_, at)| **at <= now)
+                    .map(|(p, _)| p.clone())
+                    .collect();
+                for p in ready {
+                    m.warming.remove(&p);
+                    m.events.push_back(MemberEvent::WarmedUp { partition: p });
                 }
                 // Tasks first: after a pause, what a task had in hand goes
                 // on before its member hears of anything.
@@ -302,9 +326,23 @@ impl Sim {
                 let _ = self.store.release(&id, &partition, epoch, now);
                 MemberEvent::Done
             }
-            // A warm-up only reads the snapshot history: it cannot affect
-            // what the oracle checks, and is not modelled.
-            MemberCommand::WarmUp { .. } | MemberCommand::EndWarmUp { .. } => MemberEvent::Done,
+            // A warm-up only reads the snapshot history, so only its time
+            // is modelled: the coordinator keeps a moving partition with
+            // its owner until the next owner reports it warm, or the wait
+            // ends (some warm-ups take longer than the wait).
+            MemberCommand::WarmUp { partition } => {
+                let at = now + self.rng.below(2 * WARM_UP_WAIT);
+                self.members[i].warming.insert(partition, at);
+                MemberEvent::Done
+            }
+            MemberCommand::EndWarmUp { partition } => {
+                self.members[i].warming.remove(&partition);
+                MemberEvent::Done
+            }
+            MemberCommand::ReportWarm { partitions } => {
+                let _ = self.store.set_warm(&id, &partitions, now);
+                MemberEvent::Done
+            }
             MemberCommand::Rejoin => {
                 let m = &mut self.members[i];
                 if m.obeys_lease {
@@ -335,10 +373,31 @@ impl Sim {
         let Ok(Some(lease)) = self.store.acquire_coordinator(id, now, COORD_TTL) else {
             return;
         };
-        let plan = step(&self.store, now, &self.partitions);
+        let options = StepOptions {
+            warm_up_wait_ms: WARM_UP_WAIT,
+            ..StepOptions::default()
+        };
+        let plan = step_with(&self.store, now, &self.partitions, &options);
         if plan.commands.is_empty() {
             return;
         }
+        self.warm_up_waits += usize::from(!plan.awaiting_warm_up.is_empty());
+        self.warm_revokes += plan
+            .commands
+            .iter()
+            .filter(|c| match c {
+                Command::Revoke { partition, .. } => self.store.partitions[partition]
+                    .target
+                    .as_ref()
+                    .is_some_and(|t| {
+                        self.store
+                            .members
+                            .get(t)
+                            .is_some_and(|m| m.warm.contains(partition))
+                    }),
+                _ => false,
+            })
+            .count();
         let version = self.store.version;
         self.store
             .apply(lease.epoch, version, &plan.commands, now)
@@ -692,6 +751,7 @@ fn verify(sim: &Sim) {
 #[test]
 fn the_engines_keep_every_property_under_crashes_pauses_lost_answers_and_dying_tasks() {
     let (mut rejoined, mut crashed, mut died, mut dead, mut rebalances) = (0, 0, 0, 0, 0);
+    let (mut waits, mut warm_revokes) = (0, 0);
     let seeds = common::seeds(2_000);
     for &seed in &seeds {
         let sim = scenario(seed, |_| {});
@@ -701,6 +761,8 @@ fn the_engines_keep_every_property_under_crashes_pauses_lost_answers_and_dying_t
         died += sim.tasks_died;
         dead += sim.dead.len();
         rebalances += sim.rebalances.len();
+        waits += sim.warm_up_waits;
+        warm_revokes += sim.warm_revokes;
     }
     // The runs really exercised the faults.
     if seeds.len() >= 100 {
@@ -713,6 +775,11 @@ fn the_engines_keep_every_property_under_crashes_pauses_lost_answers_and_dying_t
         assert!(died > n / 2, "only {died} tasks died");
         assert!(dead > n, "only {dead} records dead-lettered");
         assert!(rebalances > n, "only {rebalances} rebalances");
+        assert!(waits > n, "only {waits} ticks waited for a warm-up");
+        assert!(
+            warm_revokes > n / 10,
+            "only {warm_revokes} revokes after a warm-up"
+        );
     }
 }
 

@@ -294,6 +294,7 @@ fn a_new_group_waits_for_its_members_before_the_first_assignment() {
     let mut g = GroupState::new(policy(0));
     g.join(&m("a"), 1, "h", 1000, 100_000).unwrap();
     let opts = StepOptions {
+        warm_up_wait_ms: 0,
         initial_delay_ms: 500,
     };
     let parts = [p(0), p(1)];
@@ -352,5 +353,89 @@ fn a_drained_member_gives_its_partitions_away_gracefully() {
     assert!(
         g.members[&m("b")].is_live(130),
         "a drained member stays a member"
+    );
+}
+
+/// Runs coordinator ticks with `options` until nothing is left to do.
+fn settle_with(
+    g: &mut GroupState,
+    who: &MemberId,
+    now: u64,
+    parts: &[PartitionId],
+    options: &shardcall_core::StepOptions,
+) -> shardcall_core::Plan {
+    let mut last = shardcall_core::Plan::default();
+    for _ in 0..5 {
+        let lease = g.acquire_coordinator(who, now, TTL).unwrap().unwrap();
+        last = shardcall_core::step_with(g, now, parts, options);
+        if last.commands.is_empty() {
+            break;
+        }
+        g.apply(lease.epoch, g.version, &last.commands, now)
+            .unwrap();
+    }
+    last
+}
+
+#[test]
+fn a_moving_partition_stays_with_its_owner_until_the_next_owner_is_warm_or_the_wait_ends() {
+    let options = shardcall_core::StepOptions {
+        warm_up_wait_ms: 1_000,
+        ..shardcall_core::StepOptions::default()
+    };
+    let parts = [p(0), p(1)];
+    let mut g = GroupState::new(policy(0));
+    g.join(&m("a"), 1, "h", 0, 100_000).unwrap();
+    settle_with(&mut g, &m("a"), 0, &parts, &options);
+    g.join(&m("b"), 1, "h", 100, 100_000).unwrap();
+    let plan = settle_with(&mut g, &m("a"), 100, &parts, &options);
+    let moving = plan.awaiting_warm_up.clone();
+    assert_eq!(moving.len(), 1, "{plan:?}");
+    let moving = &moving[0];
+    assert_eq!(g.partitions[moving].target, Some(m("b")));
+    assert_eq!(g.partitions[moving].target_since, 100);
+    assert!(
+        matches!(g.partitions[moving].phase, Phase::Owned { .. }),
+        "revoked before the new owner was warm"
+    );
+    // Warm: revoked at once.
+    g.set_warm(&m("b"), std::slice::from_ref(moving), 200)
+        .unwrap();
+    let plan = settle_with(&mut g, &m("a"), 200, &parts, &options);
+    assert!(plan.awaiting_warm_up.is_empty(), "{plan:?}");
+    assert!(matches!(g.partitions[moving].phase, Phase::Draining { .. }));
+
+    // Another move whose next owner never reports warm: revoked once the
+    // wait is over, counted from when the move was decided.
+    let mut g = GroupState::new(policy(0));
+    g.join(&m("a"), 1, "h", 0, 100_000).unwrap();
+    settle_with(&mut g, &m("a"), 0, &parts, &options);
+    g.join(&m("b"), 1, "h", 100, 100_000).unwrap();
+    settle_with(&mut g, &m("a"), 100, &parts, &options);
+    for now in [500, 1_099] {
+        let plan = settle_with(&mut g, &m("a"), now, &parts, &options);
+        assert_eq!(plan.awaiting_warm_up.len(), 1, "at {now}: {plan:?}");
+    }
+    let plan = settle_with(&mut g, &m("a"), 1_100, &parts, &options);
+    assert!(plan.awaiting_warm_up.is_empty(), "{plan:?}");
+    assert_eq!(
+        g.partitions
+            .values()
+            .filter(|r| matches!(r.phase, Phase::Draining { .. }))
+            .count(),
+        1
+    );
+    // Without the wait (workers without local state), revoked at once.
+    let mut g = GroupState::new(policy(0));
+    g.join(&m("a"), 1, "h", 0, 100_000).unwrap();
+    settle(&mut g, &m("a"), 0, &parts);
+    g.join(&m("b"), 1, "h", 100, 100_000).unwrap();
+    settle(&mut g, &m("a"), 100, &parts);
+    assert_eq!(
+        g.partitions
+            .values()
+            .filter(|r| matches!(r.phase, Phase::Draining { .. }))
+            .count(),
+        1
     );
 }

@@ -38,6 +38,17 @@ struct StoredMember {
     i: serde_json::Value,
     #[serde(default)]
     d: bool,
+    /// The partitions it warmed up (a JSON object used as a set).
+    #[serde(default)]
+    wm: serde_json::Value,
+}
+
+/// The keys of a JSON object used as a set (anything else: none).
+fn set_keys(set: serde_json::Value) -> Vec<String> {
+    match set {
+        serde_json::Value::Object(map) => map.into_iter().map(|(k, _)| k).collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Decodes a member record.
@@ -51,6 +62,10 @@ pub fn decode_member(id: &str, raw: &str) -> Result<MemberRecord, StoreError> {
         last_heartbeat: m.hb,
         lease_expires_at: m.x,
         draining: m.d,
+        warm: set_keys(m.wm)
+            .iter()
+            .map(|f| parse_partition_field(f))
+            .collect::<Result<_, _>>()?,
     })
 }
 
@@ -59,11 +74,7 @@ pub fn decode_member(id: &str, raw: &str) -> Result<MemberRecord, StoreError> {
 /// the table: the record is an index, the table the truth).
 pub fn view_fields(raw: &str) -> Result<(Vec<String>, Vec<String>), StoreError> {
     let m: StoredMember = serde_json::from_str(raw).map_err(|e| corrupt("member", raw, e))?;
-    let keys = |set: serde_json::Value| match set {
-        serde_json::Value::Object(map) => map.into_iter().map(|(k, _)| k).collect(),
-        _ => Vec::new(),
-    };
-    Ok((keys(m.p), keys(m.i)))
+    Ok((set_keys(m.p), set_keys(m.i)))
 }
 
 /// Decodes the coordinator lock hash (empty: no lock).
@@ -103,6 +114,9 @@ pub struct TableEntry {
     le: u64,
     #[serde(default)]
     tg: String,
+    /// When the target last changed.
+    #[serde(default)]
+    ts: u64,
     #[serde(default)]
     c: u64,
 }
@@ -147,6 +161,7 @@ impl TableEntry {
             phase: self.phase(),
             epoch: self.le,
             target: (!self.tg.is_empty()).then(|| MemberId::new(&self.tg)),
+            target_since: self.ts,
             coordinator_epoch: self.c,
         }
     }

@@ -51,6 +51,7 @@ fn ticket_script(body: &str) -> Script {
 pub(crate) struct Scripts {
     join: Script,
     renew: Script,
+    set_warm: Script,
     leave: Script,
     acquire: Script,
     release_coordinator: Script,
@@ -82,6 +83,7 @@ impl Scripts {
         Self {
             join: script(include_str!("../lua/join.lua")),
             renew: script(include_str!("../lua/renew.lua")),
+            set_warm: script(include_str!("../lua/set_warm.lua")),
             leave: script(include_str!("../lua/leave.lua")),
             acquire: script(include_str!("../lua/acquire.lua")),
             release_coordinator: script(include_str!("../lua/release_coordinator.lua")),
@@ -972,6 +974,27 @@ impl CoordinationStore for RedisStore {
             )
             .await
             .map_err(|e| e.for_grant(member, partition, epoch))?;
+        Ok(())
+    }
+
+    async fn set_warm(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partitions: &[PartitionId],
+    ) -> StoreResult<()> {
+        let fields: Vec<String> = partitions.iter().map(codec::partition_field).collect();
+        let json = serde_json::to_string(&fields).expect("strings serialize");
+        let _: i64 = self
+            .invoke(
+                self.scripts
+                    .set_warm
+                    .key(keys(group).members)
+                    .arg(member.as_str())
+                    .arg(json),
+            )
+            .await?;
+        self.announce(group).await;
         Ok(())
     }
 

@@ -33,6 +33,7 @@ macro_rules! __store_checks {
             quarantine_and_release,
             leave_quarantines_held,
             member_view_names_what_is_on_its_way,
+            warm_reports_and_target_times,
             checkpoint_bytes_round_trip,
             drain_is_recorded,
             reset_offsets,
@@ -827,6 +828,57 @@ pub async fn member_view_names_what_is_on_its_way<S: CoordinationStore>(store: &
     }])
     .await;
     assert!(incoming_to_b().await.is_empty());
+}
+
+/// A member's warm set is replaced by each report (only while its lease
+/// runs) and read back with the members; a partition remembers when its
+/// target last changed, and a target set again unchanged keeps that time.
+pub async fn warm_reports_and_target_times<S: CoordinationStore>(store: &S, group: &str) {
+    let (a, b) = (m("a"), m("b"));
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    store.join(group, &b, 1, "h", LONG).await.unwrap();
+    let (coord, _) = grant_all(store, group, &a, 2).await;
+    store.set_warm(group, &b, &[p(0), p(1)]).await.unwrap();
+    store.set_warm(group, &b, &[p(1)]).await.unwrap();
+    let g = store.load_group(group).await.unwrap();
+    assert_eq!(g.members[&b].warm, [p(1)].into_iter().collect());
+    assert!(g.members[&a].warm.is_empty());
+    store.set_warm(group, &b, &[]).await.unwrap();
+    let g = store.load_group(group).await.unwrap();
+    assert!(g.members[&b].warm.is_empty());
+    let refused = store.set_warm(group, &m("stranger"), &[p(0)]).await;
+    assert!(matches!(refused, Err(StoreError::Fenced(_))), "{refused:?}");
+
+    let set = |t: &MemberId| {
+        vec![Command::SetTarget {
+            partition: p(0),
+            target: Some(t.clone()),
+        }]
+    };
+    let before = store.now().await.unwrap();
+    let g = store.load_group(group).await.unwrap();
+    store
+        .apply(group, coord, g.version, &set(&b))
+        .await
+        .unwrap();
+    let after = store.now().await.unwrap();
+    let g = store.load_group(group).await.unwrap();
+    let since = g.partitions[&p(0)].target_since;
+    assert!(
+        (before..=after).contains(&since),
+        "{since} not in {before}..={after}"
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store
+        .apply(group, coord, g.version, &set(&b))
+        .await
+        .unwrap();
+    let g = store.load_group(group).await.unwrap();
+    assert_eq!(
+        g.partitions[&p(0)].target_since,
+        since,
+        "the same target again"
+    );
 }
 
 /// State bytes of any content and size come back unchanged.

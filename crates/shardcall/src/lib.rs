@@ -83,7 +83,9 @@ pub use partition_state::{RestoreFailure, Restored};
 pub use running::RunningWorker;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
-pub use state_config::{SnapshotConfig, StateConfig, partition_state_dir, partition_store_dir};
+pub use state_config::{
+    DEFAULT_WARM_UP_WAIT, SnapshotConfig, StateConfig, partition_state_dir, partition_store_dir,
+};
 pub use state_fjall::FjallStateStore;
 pub use state_memory::MemoryStateStore;
 pub use state_store::{

@@ -340,6 +340,16 @@ impl CoordinationStore for MemoryStore {
             .map_err(StoreError::from)
     }
 
+    async fn set_warm(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partitions: &[PartitionId],
+    ) -> StoreResult<()> {
+        self.with_group(group, |g, now| g.set_warm(member, partitions, now))
+            .map_err(StoreError::from)
+    }
+
     async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()> {
         self.with_group(group, |g, now| g.drain(member, now, actor))
             .map_err(StoreError::from)

@@ -23,7 +23,16 @@ pub struct StateConfig {
     pub snapshots: SnapshotConfig,
     /// The block cache of each partition's store, in bytes.
     pub cache_bytes: u64,
+    /// How long a partition moving to another member stays with its owner
+    /// while the new one warms its state up (the coordinator revokes it as
+    /// soon as the new owner reports it warm). Zero: revoke at once, and
+    /// warm up during the quarantine only.
+    pub warm_up_wait: Duration,
 }
+
+/// The default [`StateConfig::warm_up_wait`]: long enough to fetch and
+/// load a few GiB from object storage.
+pub const DEFAULT_WARM_UP_WAIT: Duration = Duration::from_secs(120);
 
 impl StateConfig {
     /// Stores under `dir`, snapshots to `backups`, the other settings at
@@ -34,6 +43,7 @@ impl StateConfig {
             backups,
             snapshots: SnapshotConfig::default(),
             cache_bytes: 64 << 20,
+            warm_up_wait: DEFAULT_WARM_UP_WAIT,
         }
     }
 }

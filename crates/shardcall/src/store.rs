@@ -176,6 +176,16 @@ pub trait CoordinationStore: FailureReports {
         epoch: Epoch,
     ) -> StoreResult<()>;
 
+    /// Replaces the set of partitions `member` has warmed up (on their way
+    /// to it, its local store current with their snapshots); refused
+    /// unless its lease runs. The coordinator reads it with the members.
+    async fn set_warm(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partitions: &[PartitionId],
+    ) -> StoreResult<()>;
+
     /// Marks a member as draining on an operator's word (audited): its
     /// partitions move away gracefully and it gets nothing new.
     async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()>;

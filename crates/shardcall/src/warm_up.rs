@@ -1,9 +1,12 @@
 //! Warming up a partition on its way to this worker. While another member
 //! still holds it, or it is quarantined, its newest snapshot is fetched and
-//! loaded into this worker's local store of it; the task started for its
-//! grant then loads only what the old owner cut after (its final delta),
-//! or nothing at all. The quarantine, which exists so that the old owner can
-//! finish, is the time the state moves in.
+//! loaded into this worker's local store of it, and then each newer one as
+//! it appears in the partition's checkpoint (the old owner's periodic
+//! snapshots, then its final delta, written with its last checkpoint before
+//! the quarantine). The task started for the grant takes the store over;
+//! when the warm-up had followed the history to its end, nothing is left to
+//! fetch. The quarantine, which exists so that the old owner can finish, is
+//! the time the state moves in.
 //!
 //! A warm-up reads only the partition's checkpoint (for its snapshot
 //! history) and the backup store, and writes only this worker's own local
@@ -15,40 +18,64 @@
 //! never a wrong state.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use shardcall_core::PartitionId;
+use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::StateConfig;
 use crate::partition_state::PartitionState;
-use crate::store::CoordinationStore;
+use crate::store::{Checkpoint, CoordinationStore};
+
+/// How often a warm-up looks for a newer snapshot in the checkpoint.
+const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 
 /// A warm-up running in the background; dropping it stops it (at its next
 /// wait: a blocking load in progress finishes and closes the store).
 pub(crate) struct WarmUp {
     task: Option<tokio::task::JoinHandle<Option<PartitionState>>>,
+    /// Set when the grant's task takes the store over.
+    take_over: watch::Sender<bool>,
 }
 
 impl WarmUp {
     /// Starts warming `partition` up from the snapshot history its
-    /// checkpoint in `store` names.
+    /// checkpoint in `store` names; `warm` is told once the store holds the
+    /// newest snapshot there was.
     pub(crate) fn start<S: CoordinationStore>(
         store: Arc<S>,
         config: StateConfig,
         group: String,
         partition: PartitionId,
+        warm: tokio::sync::mpsc::UnboundedSender<PartitionId>,
     ) -> Self {
+        let (take_over, taken) = watch::channel(false);
         let span = tracing::info_span!("warm_up", partition = %partition);
         let task = tokio::spawn(
-            async move { warm_up(&*store, &config, &group, &partition).await }.instrument(span),
+            async move {
+                let run = Follow {
+                    store: &*store,
+                    config: &config,
+                    group: &group,
+                    partition: &partition,
+                };
+                run.follow(taken, warm).await
+            }
+            .instrument(span),
         );
-        Self { task: Some(task) }
+        Self {
+            task: Some(task),
+            take_over,
+        }
     }
 
-    /// Waits for the warm-up to end: its local store, or `None` when it
-    /// failed (the task's restore then opens and restores the store itself).
+    /// Stops following (after the restore in progress, if any) and gives
+    /// the local store, or `None` when it could not be opened (the task's
+    /// restore then opens and restores the store itself).
     pub(crate) async fn finish(mut self) -> Option<PartitionState> {
         let task = self.task.take()?;
+        let _ = self.take_over.send(true);
         task.await.ok().flatten()
     }
 }
@@ -61,45 +88,92 @@ impl Drop for WarmUp {
     }
 }
 
-async fn warm_up<S: CoordinationStore>(
-    store: &S,
-    config: &StateConfig,
-    group: &str,
-    partition: &PartitionId,
-) -> Option<PartitionState> {
-    let began = crate::clock::now();
-    let opened = {
-        let (config, group, partition) = (config.clone(), group.to_owned(), partition.clone());
-        tokio::task::spawn_blocking(move || {
+struct Follow<'a, S> {
+    store: &'a S,
+    config: &'a StateConfig,
+    group: &'a str,
+    partition: &'a PartitionId,
+}
+
+impl<S: CoordinationStore> Follow<'_, S> {
+    /// Opens the local store and restores each new snapshot the checkpoint
+    /// names until taken over.
+    async fn follow(
+        &self,
+        mut taken: watch::Receiver<bool>,
+        warm: tokio::sync::mpsc::UnboundedSender<PartitionId>,
+    ) -> Option<PartitionState> {
+        let mut local = self.open().await?;
+        // The newest snapshot tried (`Some(None)`: there was none), and
+        // whether the member was told it is warm.
+        let mut tried: Option<Option<String>> = None;
+        let mut told = false;
+        loop {
+            if *taken.borrow() {
+                return Some(local);
+            }
+            match self.store.load_checkpoint(self.group, self.partition).await {
+                Ok(cp) => {
+                    let newest = cp
+                        .as_ref()
+                        .and_then(|c| c.backup.first())
+                        .map(|b| b.manifest.clone());
+                    if tried.as_ref() != Some(&newest) {
+                        tried = Some(newest);
+                        if self.restore(&mut local, cp.as_ref()).await && !told {
+                            told = warm.send(self.partition.clone()).is_ok();
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "warming up: reading the checkpoint"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(FOLLOW_EVERY) => {}
+                _ = taken.changed() => {}
+            }
+        }
+    }
+
+    async fn open(&self) -> Option<PartitionState> {
+        let (config, group, partition) = (
+            self.config.clone(),
+            self.group.to_owned(),
+            self.partition.clone(),
+        );
+        let opened = tokio::task::spawn_blocking(move || {
             PartitionState::open_or_replace(&config, &group, &partition)
         })
-        .await
-    };
-    let mut local = match opened {
-        Ok(Ok(local)) => local,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "warming up: opening the local state store");
-            return None;
+        .await;
+        match opened {
+            Ok(Ok(local)) => Some(local),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "warming up: opening the local state store");
+                None
+            }
+            Err(_) => None,
         }
-        Err(_) => return None,
-    };
-    let checkpoint = match store.load_checkpoint(group, partition).await {
-        Ok(cp) => cp,
-        Err(e) => {
-            tracing::warn!(error = %e, "warming up: reading the checkpoint");
-            return Some(local);
-        }
-    };
-    match local.restore(checkpoint.as_ref()).await {
-        Ok(restored) => tracing::info!(
-            downloaded_bytes = restored.downloaded_bytes,
-            local_was_current = restored.local_was_current,
-            ms = began.elapsed().as_millis() as u64,
-            "warmed up"
-        ),
-        // The task's restore tries again and, if it fails the same way,
-        // stops the partition with the error.
-        Err(e) => tracing::warn!(error = %e, "warming up"),
     }
-    Some(local)
+
+    /// Restores the checkpoint's newest snapshot that restores; whether it did.
+    async fn restore(&self, local: &mut PartitionState, checkpoint: Option<&Checkpoint>) -> bool {
+        let began = crate::clock::now();
+        match local.restore(checkpoint).await {
+            Ok(restored) => {
+                tracing::info!(
+                    downloaded_bytes = restored.downloaded_bytes,
+                    local_was_current = restored.local_was_current,
+                    ms = began.elapsed().as_millis() as u64,
+                    "warmed up"
+                );
+                true
+            }
+            // Tried again at the next newer snapshot; the grant's restore
+            // tries too and, if it fails the same way, stops the partition
+            // with the error.
+            Err(e) => {
+                tracing::warn!(error = %e, "warming up");
+                false
+            }
+        }
+    }
 }

@@ -242,6 +242,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 slots: slots.clone(),
                 unreadable: None,
                 warm_ups: HashMap::new(),
+                warmed: tokio::sync::mpsc::unbounded_channel(),
             }
             .run(stop)
             .instrument(tracing::info_span!("member", member = %id))
@@ -300,6 +301,11 @@ struct Incarnation<'a, S, Src, F> {
     unreadable: Option<WorkerError>,
     /// Partitions on their way here being warmed up (dropped: stopped).
     warm_ups: HashMap<PartitionId, WarmUp>,
+    /// Warm-ups say here once their store is current.
+    warmed: (
+        tokio::sync::mpsc::UnboundedSender<PartitionId>,
+        tokio::sync::mpsc::UnboundedReceiver<PartitionId>,
+    ),
 }
 
 /// A background task, aborted when dropped.
@@ -424,6 +430,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                             state.clone(),
                             cfg.group.clone(),
                             partition.clone(),
+                            self.warmed.0.clone(),
                         );
                         self.warm_ups.insert(partition, warm);
                     }
@@ -431,6 +438,20 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                 }
                 MemberCommand::EndWarmUp { partition } => {
                     self.warm_ups.remove(&partition);
+                    MemberEvent::Done
+                }
+                MemberCommand::ReportWarm { partitions } => {
+                    let told = self
+                        .worker
+                        .store
+                        .set_warm(&cfg.group, &self.id, &partitions)
+                        .await;
+                    match told {
+                        Ok(()) => {}
+                        Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
+                        // The coordinator's wait for the warm-up is bounded.
+                        Err(e) => tracing::warn!(error = %e, "reporting warm partitions"),
+                    }
                     MemberEvent::Done
                 }
                 MemberCommand::Revoke { partition } => {
@@ -519,6 +540,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             _ = hint => MemberEvent::Woke,
             _ = found => MemberEvent::Woke,
             Some(p) = self.released.1.recv() => MemberEvent::TaskReleased { partition: p },
+            Some(p) = self.warmed.1.recv() => MemberEvent::WarmedUp { partition: p },
             Some(done) = ended => self.ended(done),
         }
     }
@@ -595,7 +617,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         };
         let state = w.store.refresh_group(group, self.cached.take()).await?;
         let now = w.store.now().await?;
-        let plan = step_with(&state, now, &discovered, &w.config.timing.step_options());
+        let mut options = w.config.timing.step_options();
+        if let Some(s) = &w.config.state {
+            options.warm_up_wait_ms = s.warm_up_wait.as_millis() as Millis;
+        }
+        let plan = step_with(&state, now, &discovered, &options);
         if plan.commands.is_empty() {
             self.cached = Some(state);
             return Ok(());
