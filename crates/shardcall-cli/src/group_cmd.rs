@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::json;
 use shardcall::{Checkpoint, CoordinationStore, StoreError, TicketStore, quarantine_left};
-use shardcall_core::{Command, GroupState, Millis, PartitionId, Phase, step};
+use shardcall_core::{
+    Command, GroupState, Millis, PartitionId, Phase, StepOptions, step, step_with,
+};
 
 use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
@@ -479,6 +481,9 @@ async fn status_once(
                 "age_ms": now.saturating_sub(b.taken_at_ms),
             })),
             "target": r.target.as_ref().map(ToString::to_string),
+            // The target has warmed the partition's state up (local state
+            // stores): the move goes ahead now.
+            "target_warm": r.target.as_ref().and_then(|t| g.members.get(t)).is_some_and(|m| m.warm.contains(p)),
             "failing": match &r.phase {
                 Phase::Owned { .. } | Phase::Draining { .. } => failing_json(failures.get(p), epoch, now),
                 _ => serde_json::Value::Null,
@@ -617,7 +622,7 @@ async fn status_once(
         )
         .chain(
             rows.iter()
-                .map(|r| r["target"].as_str().map_or(1, str::len)),
+                .map(|r| r["target"].as_str().map_or(1, |t| t.len() + WARM.len())),
         )
         .chain(
             ticket_rows
@@ -702,6 +707,7 @@ async fn status_once(
             };
             // Where a draining or quarantined partition goes next.
             let next = match (r["target"].as_str(), r["holder"].as_str()) {
+                (Some(t), h) if Some(t) != h && r["target_warm"] == true => format!("{t}{WARM}"),
                 (Some(t), h) if Some(t) != h => t.to_owned(),
                 _ => "-".to_owned(),
             };
@@ -798,6 +804,9 @@ async fn status_once(
     Ok(out)
 }
 
+/// Marks, in `status`, a next owner that has warmed the partition's state up.
+const WARM: &str = " (warm)";
+
 /// Runs `shardcall plan`: what the coordinator would do now, and why.
 pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     let result = runtime()?.block_on(async {
@@ -811,12 +820,26 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             discovered.extend(log.partitions(&args.topic).await?);
         }
         let plan = step(&g, now, &discovered);
-        let moves: BTreeMap<&PartitionId, &shardcall_core::Move> =
-            plan.moves.iter().map(|m| (&m.partition, m)).collect();
         // What each move transfers: a local state store's last snapshot
         // (the new owner downloads it; none for state bytes in Redis).
-        let moving: Vec<PartitionId> = moves.keys().map(|p| (*p).clone()).collect();
+        let moving: Vec<PartitionId> = plan.moves.iter().map(|m| m.partition.clone()).collect();
         let checkpoints = load_checkpoints(&store, &args.group, &moving).await?;
+        // Workers with local state stores keep a moving partition with its
+        // owner while the next one warms up (for the default wait).
+        let keeps_state = checkpoints
+            .values()
+            .any(|c| c.as_ref().is_some_and(|c| !c.backup.is_empty()));
+        let plan = if keeps_state {
+            let options = StepOptions {
+                warm_up_wait_ms: shardcall::DEFAULT_WARM_UP_WAIT.as_millis() as Millis,
+                ..StepOptions::default()
+            };
+            step_with(&g, now, &discovered, &options)
+        } else {
+            plan
+        };
+        let moves: BTreeMap<&PartitionId, &shardcall_core::Move> =
+            plan.moves.iter().map(|m| (&m.partition, m)).collect();
         let transfer = |p: &PartitionId| -> Option<u64> {
             checkpoints
                 .get(p)
@@ -824,6 +847,24 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                 .and_then(|c| c.backup.first())
                 .map(|b| b.state_bytes)
         };
+        let waiting = plan.awaiting_warm_up.iter().map(|p| {
+            // The wait runs from when the target changed: now, if this
+            // plan changes it.
+            let r = &g.partitions[p];
+            let target = plan.targets.get(p);
+            let since = if r.target.as_ref() == target {
+                r.target_since
+            } else {
+                now
+            };
+            let left = (since + shardcall::DEFAULT_WARM_UP_WAIT.as_millis() as Millis)
+                .saturating_sub(now);
+            format!(
+                "keep {p} with its owner for now: {} is warming its state up (revoked once it is warm, or in {:.0} s at most)",
+                target.map_or("nobody".into(), ToString::to_string),
+                left as f64 / 1000.0
+            )
+        });
         let lines: Vec<String> = plan
             .commands
             .iter()
@@ -855,6 +896,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                     format!("grant {partition} to {member} under epoch {epoch}")
                 }
             })
+            .chain(waiting)
             .collect();
         if args.json {
             let transfers: BTreeMap<String, Option<u64>> = moves
@@ -865,6 +907,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                 "group": args.group, "version": g.version, "now_ms": now,
                 "commands": plan.commands, "moves": plan.moves, "min_moves": plan.min_moves,
                 "state_bytes_moved": transfers,
+                "awaiting_warm_up": plan.awaiting_warm_up,
                 "explained": lines,
             });
             println!("{}", serde_json::to_string_pretty(&doc)?);
