@@ -1299,18 +1299,21 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
     }
     // Once m-1 owns both, a second member joins: one partition moves, and
     // `plan` says it stays with m-1 while m-2 warms its state up.
-    rt.block_on(async {
-        use shardcall::CoordinationStore;
+    use shardcall::CoordinationStore;
+    let (m1, m2) = (
+        shardcall_core::MemberId::new("m-1"),
+        shardcall_core::MemberId::new("m-2"),
+    );
+    let parts = shardcall_core::PartitionId::range("t", 2);
+    let (store, lease) = rt.block_on(async {
         let store = shardcall_redis::RedisStore::connect(&redis.url())
             .await
             .unwrap();
-        let m1 = shardcall_core::MemberId::new("m-1");
         let lease = store
             .acquire_coordinator("py", &m1, Duration::from_secs(60))
             .await
             .unwrap()
             .expect("the lock is free");
-        let parts = shardcall_core::PartitionId::range("t", 2);
         let deadline = Instant::now() + Duration::from_secs(30);
         while store.member_view("py", &m1).await.unwrap().held.len() < 2 {
             assert!(Instant::now() < deadline, "m-1 was not granted both");
@@ -1324,18 +1327,14 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         store
-            .release_coordinator("py", &m1, lease.epoch)
-            .await
-            .unwrap();
-        let m2 = shardcall_core::MemberId::new("m-2");
-        store
             .join("py", &m2, 1, "h", Duration::from_secs(60))
             .await
             .unwrap();
+        (store, lease)
     });
     let redis_url = redis.url();
-    let plan = |json: bool| {
-        let mut args = vec!["plan", "--redis", &redis_url, "--group", "py"];
+    let cli = |command: &str, json: bool| {
+        let mut args = vec![command, "--redis", &redis_url, "--group", "py"];
         if json {
             args.push("--json");
         }
@@ -1350,7 +1349,7 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    let doc: serde_json::Value = serde_json::from_str(&plan(true)).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&cli("plan", true)).unwrap();
     assert_eq!(
         doc["awaiting_warm_up"].as_array().unwrap().len(),
         1,
@@ -1360,57 +1359,29 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
         !doc["commands"].to_string().contains("Revoke"),
         "revoked before the next owner is warm: {doc}"
     );
-    let text = plan(false);
+    let text = cli("plan", false);
     assert!(text.contains("m-2 is warming its state up"), "{text}");
     // The coordinator sets the target and waits; once m-2 says it is warm,
     // `status` shows it beside the next owner.
     let moving = rt.block_on(async {
-        use shardcall::CoordinationStore;
-        let store = shardcall_redis::RedisStore::connect(&redis.url())
-            .await
-            .unwrap();
-        let m1 = shardcall_core::MemberId::new("m-1");
-        let lease = store
-            .acquire_coordinator("py", &m1, Duration::from_secs(60))
-            .await
-            .unwrap()
-            .expect("the lock is free");
         let g = store.load_group("py").await.unwrap();
         let now = store.now().await.unwrap();
         let options = shardcall_core::StepOptions {
             warm_up_wait_ms: 60_000,
             ..Default::default()
         };
-        let parts = shardcall_core::PartitionId::range("t", 2);
         let plan = shardcall_core::step_with(&g, now, &parts, &options);
         store
             .apply("py", lease.epoch, g.version, &plan.commands)
             .await
             .unwrap();
-        let m2 = shardcall_core::MemberId::new("m-2");
         store
             .set_warm("py", &m2, &plan.awaiting_warm_up)
             .await
             .unwrap();
         plan.awaiting_warm_up[0].to_string()
     });
-    let status = |json: bool| {
-        let mut args = vec!["status", "--redis", &redis_url, "--group", "py"];
-        if json {
-            args.push("--json");
-        }
-        let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
-    let doc: serde_json::Value = serde_json::from_str(&status(true)).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&cli("status", true)).unwrap();
     let row = doc["partitions"]
         .as_array()
         .unwrap()
@@ -1420,7 +1391,7 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
         .clone();
     assert_eq!(row["target"], "m-2", "{row}");
     assert_eq!(row["target_warm"], true, "{row}");
-    let text = status(false);
+    let text = cli("status", false);
     assert!(text.contains("m-2 (warm)"), "{text}");
     for n in 0..2u32 {
         let records = log

@@ -25,11 +25,13 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::StateConfig;
-use crate::partition_state::PartitionState;
-use crate::store::{Checkpoint, CoordinationStore};
+use crate::partition_state::{PartitionState, RestoreFailure};
+use crate::store::CoordinationStore;
 
 /// How often a warm-up looks for a newer snapshot in the checkpoint.
 const FOLLOW_EVERY: Duration = Duration::from_millis(100);
+/// The pause after a failed open or restore before the next try.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// A warm-up running in the background; dropping it stops it (at its next
 /// wait: a blocking load in progress finishes and closes the store).
@@ -103,33 +105,76 @@ impl<S: CoordinationStore> Follow<'_, S> {
         mut taken: watch::Receiver<bool>,
         warm: tokio::sync::mpsc::UnboundedSender<PartitionId>,
     ) -> Option<PartitionState> {
-        let mut local = self.open().await?;
-        // The newest snapshot tried (`Some(None)`: there was none), and
-        // whether the member was told it is warm.
-        let mut tried: Option<Option<String>> = None;
+        let mut local: Option<PartitionState> = None;
+        let mut at = Progress::default();
         let mut told = false;
         loop {
             if *taken.borrow() {
-                return Some(local);
+                return local;
             }
-            match self.store.load_checkpoint(self.group, self.partition).await {
-                Ok(cp) => {
-                    let newest = cp
-                        .as_ref()
-                        .and_then(|c| c.backup.first())
-                        .map(|b| b.manifest.clone());
-                    if tried.as_ref() != Some(&newest) {
-                        tried = Some(newest);
-                        if self.restore(&mut local, cp.as_ref()).await && !told {
-                            told = warm.send(self.partition.clone()).is_ok();
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "warming up: reading the checkpoint"),
+            let pause = if self.step(&mut local, &mut at).await {
+                FOLLOW_EVERY
+            } else {
+                RETRY_AFTER
+            };
+            if at.restored.is_some() && !told {
+                told = warm.send(self.partition.clone()).is_ok();
             }
             tokio::select! {
-                _ = tokio::time::sleep(FOLLOW_EVERY) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = taken.changed() => {}
+            }
+        }
+    }
+
+    /// Opens the store if it is not open yet (another task of this worker
+    /// may still hold it), and restores the checkpoint's newest snapshot if
+    /// it was not tried yet. Whether all went well.
+    async fn step(&self, local: &mut Option<PartitionState>, at: &mut Progress) -> bool {
+        if local.is_none() {
+            *local = self.open().await;
+        }
+        let Some(store) = local.as_mut() else {
+            return false;
+        };
+        let cp = match self.store.load_checkpoint(self.group, self.partition).await {
+            Ok(cp) => cp,
+            Err(e) => {
+                tracing::warn!(error = %e, "warming up: reading the checkpoint");
+                return false;
+            }
+        };
+        let newest = cp
+            .as_ref()
+            .and_then(|c| c.backup.first())
+            .map(|b| b.manifest.clone());
+        if at.tried.as_ref() == Some(&newest) {
+            return true;
+        }
+        let began = crate::clock::now();
+        match store.restore(cp.as_ref()).await {
+            Ok(restored) => {
+                tracing::info!(
+                    downloaded_bytes = restored.downloaded_bytes,
+                    local_was_current = restored.local_was_current,
+                    ms = began.elapsed().as_millis() as u64,
+                    "warmed up"
+                );
+                at.tried = Some(newest.clone());
+                at.restored = Some(newest);
+                true
+            }
+            // No snapshot of this history restores: not tried again until
+            // a newer one appears (the grant's restore stops the partition
+            // with the error if none does).
+            Err(e @ RestoreFailure::Unrecoverable(_)) => {
+                tracing::warn!(error = %e, "warming up");
+                at.tried = Some(newest);
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "warming up; trying again");
+                false
             }
         }
     }
@@ -153,27 +198,12 @@ impl<S: CoordinationStore> Follow<'_, S> {
             Err(_) => None,
         }
     }
+}
 
-    /// Restores the checkpoint's newest snapshot that restores; whether it did.
-    async fn restore(&self, local: &mut PartitionState, checkpoint: Option<&Checkpoint>) -> bool {
-        let began = crate::clock::now();
-        match local.restore(checkpoint).await {
-            Ok(restored) => {
-                tracing::info!(
-                    downloaded_bytes = restored.downloaded_bytes,
-                    local_was_current = restored.local_was_current,
-                    ms = began.elapsed().as_millis() as u64,
-                    "warmed up"
-                );
-                true
-            }
-            // Tried again at the next newer snapshot; the grant's restore
-            // tries too and, if it fails the same way, stops the partition
-            // with the error.
-            Err(e) => {
-                tracing::warn!(error = %e, "warming up");
-                false
-            }
-        }
-    }
+/// How far a warm-up got: the newest snapshot it tried and the one it
+/// restored (`Some(None)`: the history was empty).
+#[derive(Default)]
+struct Progress {
+    tried: Option<Option<String>>,
+    restored: Option<Option<String>>,
 }
