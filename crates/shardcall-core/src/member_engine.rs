@@ -98,6 +98,14 @@ pub enum MemberCommand {
         /// The partition.
         partition: PartitionId,
     },
+    /// Tell the partition's task that the partition moves elsewhere: it
+    /// snapshots now (a local state store), so that the next owner's
+    /// warm-up reaches nearly the end and the final delta stays small.
+    /// Answer: [`MemberEvent::Done`].
+    Moving {
+        /// The partition.
+        partition: PartitionId,
+    },
     /// Tell the group which partitions on their way here are warm (their
     /// local store holds a current snapshot): the coordinator may revoke
     /// them from their owners now. The whole set, replacing the last one
@@ -169,6 +177,8 @@ struct Task {
     released: bool,
     /// It was asked to finish.
     revoked: bool,
+    /// It was told its partition moves elsewhere.
+    moving: bool,
 }
 
 /// Where the round is.
@@ -403,6 +413,7 @@ impl MemberEngine {
                             epoch: *epoch,
                             released: false,
                             revoked: false,
+                            moving: false,
                         },
                     );
                     self.queue.push_back(MemberCommand::Start {
@@ -424,6 +435,19 @@ impl MemberEngine {
                     }),
                 },
                 _ => {}
+            }
+        }
+        if self.rules.warm_ups {
+            for p in &view.leaving {
+                if let Some(t) = self.tasks.get_mut(p)
+                    && !t.moving
+                    && !t.revoked
+                {
+                    t.moving = true;
+                    self.queue.push_back(MemberCommand::Moving {
+                        partition: p.clone(),
+                    });
+                }
             }
         }
         self.reconcile_warm_ups(view);
@@ -525,7 +549,7 @@ mod tests {
     ) -> Vec<MemberCommand> {
         let view = MemberView {
             held: held.to_vec(),
-            incoming: Vec::new(),
+            ..MemberView::default()
         };
         round_with(e, now, &view)
     }
@@ -582,6 +606,7 @@ mod tests {
         MemberView {
             held: held.to_vec(),
             incoming: incoming.iter().map(|i| p(*i)).collect(),
+            leaving: Vec::new(),
         }
     }
 
@@ -670,6 +695,28 @@ mod tests {
     }
 
     #[test]
+    fn a_task_whose_partition_moves_elsewhere_is_told_once() {
+        let mut e = engine();
+        round(&mut e, 10, &[owned(0, 1), owned(1, 1)]);
+        let leaving = |leaving: Vec<PartitionId>| MemberView {
+            held: vec![owned(0, 1), owned(1, 1)],
+            leaving,
+            ..MemberView::default()
+        };
+        let cmds = round_with(&mut e, 20, &leaving(vec![p(1)]));
+        assert!(
+            cmds.contains(&MemberCommand::Moving { partition: p(1) }),
+            "{cmds:?}"
+        );
+        assert!(!cmds.contains(&MemberCommand::Moving { partition: p(0) }));
+        let cmds = round_with(&mut e, 30, &leaving(vec![p(1)]));
+        assert!(
+            !cmds.contains(&MemberCommand::Moving { partition: p(1) }),
+            "once: {cmds:?}"
+        );
+    }
+
+    #[test]
     fn a_member_without_local_state_warms_nothing_up() {
         let mut e = engine();
         e.rules.warm_ups = false;
@@ -711,6 +758,7 @@ mod tests {
                     MemberCommand::ReadView => MemberEvent::View(MemberView {
                         held: vec![owned(0, 1)],
                         incoming: vec![p(1)],
+                        leaving: Vec::new(),
                     }),
                     MemberCommand::WarmUp { .. } => MemberEvent::Done,
                     MemberCommand::Wait => break,

@@ -135,6 +135,10 @@ pub struct Env {
     /// Bytes the local state store committed since its last snapshot (0
     /// without one).
     pub unsnapshotted: u64,
+    /// The partition moves to another member, which warms its state up:
+    /// a local state store snapshots once now, so that the warm-up gets
+    /// nearly everything and the final delta stays small.
+    pub moving: bool,
 }
 
 /// Which state a checkpoint writes.
@@ -441,6 +445,8 @@ pub struct PartitionEngine {
     last_snapshot: Option<Millis>,
     /// When the final snapshot was first tried, and how often it failed.
     final_snapshot: Option<(Millis, u32)>,
+    /// When the driver first said the partition moves elsewhere.
+    moving_since: Option<Millis>,
 }
 
 impl PartitionEngine {
@@ -472,6 +478,7 @@ impl PartitionEngine {
             io_failures: 0,
             last_snapshot: None,
             final_snapshot: None,
+            moving_since: None,
         }
     }
 
@@ -495,6 +502,9 @@ impl PartitionEngine {
         if self.began.is_none() {
             self.began = Some(env.now);
             self.last_snapshot = Some(env.now);
+        }
+        if env.moving && self.moving_since.is_none() {
+            self.moving_since = Some(env.now);
         }
         let awaited = self.awaiting.take();
         self.absorb(awaited, event, env);
@@ -571,7 +581,9 @@ impl PartitionEngine {
                     state: StateOf::Processed,
                 });
             }
-            None if ending && self.snapshot_due(env, true) => {
+            // Nothing pending: an ending partition, or one moving
+            // elsewhere, snapshots and writes the pointer itself.
+            None if (ending || self.moving_snapshot_due()) && self.snapshot_due(env, ending) => {
                 self.queue.push_back(Command::Snapshot {
                     write_pointer: true,
                     ending,
@@ -595,8 +607,16 @@ impl PartitionEngine {
             .now
             .saturating_sub(self.last_snapshot.unwrap_or(env.now));
         ending
+            || self.moving_snapshot_due()
             || since >= rules.snapshot_every.as_millis() as u64
             || env.unsnapshotted >= rules.snapshot_bytes
+    }
+
+    /// The partition moves elsewhere and has not snapshotted (or tried
+    /// to) since it was told.
+    fn moving_snapshot_due(&self) -> bool {
+        self.moving_since
+            .is_some_and(|m| self.last_snapshot.is_none_or(|l| l < m))
     }
 
     /// A snapshot failed: an ending partition tries again after a pause
@@ -1225,6 +1245,12 @@ mod tests {
         failing_snapshots: u32,
         /// The local store's commits fail from this call on.
         disk_full_from_call: Option<u32>,
+        /// The driver says the partition moves elsewhere.
+        moving: bool,
+        /// Say so once caught up (and revoke at the next empty fetch).
+        move_when_caught_up: bool,
+        /// Snapshots taken before the revoke.
+        snapshots_unrevoked: usize,
     }
 
     impl World {
@@ -1243,6 +1269,7 @@ mod tests {
                 lease_left: self.lease_left,
                 revoked: self.revoked,
                 unsnapshotted: self.unsnapshotted,
+                moving: self.moving,
             }
         }
 
@@ -1282,7 +1309,10 @@ mod tests {
                         .filter(|o| *o >= from)
                         .take(max)
                         .collect();
-                    if got.is_empty() && self.revoke_when_caught_up {
+                    if got.is_empty() && self.move_when_caught_up && !self.moving {
+                        // Told it moves; revoked at a later empty fetch.
+                        self.moving = true;
+                    } else if got.is_empty() && self.revoke_when_caught_up {
                         self.revoked = true;
                     }
                     Event::Fetched(Some(got))
@@ -1354,6 +1384,7 @@ mod tests {
                 }
                 Command::Snapshot { .. } => {
                     self.unsnapshotted = 0;
+                    self.snapshots_unrevoked += usize::from(!self.revoked);
                     Event::Snapshotted(StoreAnswer::Ok(()))
                 }
                 Command::Done(_) => unreachable!(),
@@ -1431,6 +1462,31 @@ mod tests {
             "{trace:?}"
         );
         assert_eq!(w.unsnapshotted, 0);
+    }
+
+    #[test]
+    fn a_partition_moving_elsewhere_snapshots_once_then_only_its_final_delta() {
+        // No snapshot is due by time or bytes; told it moves once caught up
+        // (with nothing pending), it snapshots and writes the pointer
+        // itself, once; then the revoke's final snapshot has nothing new.
+        let mut w = World::new(20);
+        w.move_when_caught_up = true;
+        assert_eq!(
+            w.run(with_state(Duration::from_secs(3600), Duration::ZERO)),
+            End::Released
+        );
+        let trace = backup_trace(&w);
+        let first = trace.iter().position(|t| t.starts_with("snapshot"));
+        let release = trace.iter().position(|t| t == "release").unwrap();
+        assert!(first.is_some_and(|i| i < release), "{trace:?}");
+        assert_eq!(trace[first.unwrap()], "snapshot+pointer", "{trace:?}");
+        assert_eq!(
+            trace.iter().filter(|t| t.starts_with("snapshot")).count(),
+            1,
+            "once, and nothing changed after it: {trace:?}"
+        );
+        assert_eq!(w.snapshots_unrevoked, 1, "taken before the revoke");
+        assert_eq!(w.committed.len(), 20);
     }
 
     #[test]
@@ -1678,6 +1734,7 @@ mod tests {
             lease_left: Duration::from_secs(10),
             revoked: false,
             unsnapshotted: 0,
+            moving: false,
         };
         // Failing fetches, and failing to find where to start.
         for fails_at_start in [false, true] {
@@ -1711,6 +1768,7 @@ mod tests {
             lease_left: Duration::from_secs(10),
             revoked: false,
             unsnapshotted: 0,
+            moving: false,
         };
         let rules = PartitionRules {
             checkpoint_interval: Duration::from_secs(60),

@@ -81,6 +81,10 @@ pub struct MemberView {
     /// local state stores warms these up (fetches their newest snapshot)
     /// before it is granted them.
     pub incoming: Vec<PartitionId>,
+    /// The partitions it holds that the assignment moves elsewhere, in
+    /// partition order: a member with local state stores snapshots them
+    /// now, so that their next owner warms up nearly to the end.
+    pub leaving: Vec<PartitionId>,
 }
 
 impl MemberView {
@@ -94,6 +98,12 @@ impl MemberView {
                 Phase::Quarantined { .. } => true,
                 Phase::Free => false,
             }
+    }
+
+    /// Whether a partition with record `r`, held by `member`, is moving
+    /// elsewhere: it targets another member.
+    pub fn is_leaving(r: &PartitionRecord, member: &MemberId) -> bool {
+        r.target.as_ref().is_some_and(|t| t != member)
     }
 }
 
@@ -690,14 +700,21 @@ impl GroupState {
 
     /// What `member` holds and what is on its way to it.
     pub fn view_of(&self, member: &MemberId) -> MemberView {
+        let held = self.held_by(member);
+        let leaving = held
+            .iter()
+            .filter(|(p, _)| MemberView::is_leaving(&self.partitions[p], member))
+            .map(|(p, _)| p.clone())
+            .collect();
         MemberView {
-            held: self.held_by(member),
+            held,
             incoming: self
                 .partitions
                 .iter()
                 .filter(|(_, r)| MemberView::is_incoming(r, member))
                 .map(|(p, _)| p.clone())
                 .collect(),
+            leaving,
         }
     }
 }

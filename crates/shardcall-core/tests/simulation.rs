@@ -77,6 +77,8 @@ struct Task {
     engine: PartitionEngine,
     epoch: Epoch,
     revoked: bool,
+    /// Told its partition moves elsewhere.
+    moving: bool,
     /// The answer to the last command, delivered at `ready_at`.
     answer: Event,
     ready_at: Millis,
@@ -305,6 +307,7 @@ impl Sim {
                         engine: PartitionEngine::new(partition_rules()),
                         epoch,
                         revoked: false,
+                        moving: false,
                         answer: Event::Start,
                         ready_at: now,
                         interruptible: false,
@@ -341,6 +344,12 @@ impl Sim {
             }
             MemberCommand::ReportWarm { partitions } => {
                 let _ = self.store.set_warm(&id, &partitions, now);
+                MemberEvent::Done
+            }
+            MemberCommand::Moving { partition } => {
+                if let Some(t) = self.members[i].tasks.get_mut(&partition) {
+                    t.moving = true;
+                }
                 MemberEvent::Done
             }
             MemberCommand::Rejoin => {
@@ -438,6 +447,7 @@ impl Sim {
                     lease_left,
                     revoked: task.revoked,
                     unsnapshotted: 0,
+                    moving: task.moving,
                 };
                 let command = task.engine.step(answer, env);
                 let epoch = task.epoch;

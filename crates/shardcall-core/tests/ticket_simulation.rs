@@ -241,6 +241,7 @@ impl Sim {
                 lease_left: Duration::from_millis(serving.until.saturating_sub(now)),
                 revoked: false,
                 unsnapshotted: 0,
+                moving: false,
             };
             let answer = std::mem::replace(&mut serving.answer, Event::Done);
             serving.in_flight.clear();

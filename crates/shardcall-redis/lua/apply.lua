@@ -61,7 +61,7 @@ for i, c in ipairs(cmds) do
     else
       if e.tg ~= c.t then
         if e.tg and e.tg ~= '' then incoming_del(member(e.tg), c.p) end
-        if c.t ~= '' then incoming_add(member(c.t), c.p) end
+        if c.t ~= '' and not holds(e, c.t) then incoming_add(member(c.t), c.p) end
       end
       if e.tg ~= c.t then e.ts = n end
       e.tg = c.t

@@ -901,6 +901,9 @@ impl CoordinationStore for RedisStore {
             let p = codec::parse_partition_field(field)?;
             if i < held.len() {
                 if rec.phase.holder().is_some_and(|(m, _)| m == member) {
+                    if MemberView::is_leaving(&rec, member) {
+                        view.leaving.push(p.clone());
+                    }
                     view.held.push((p, rec.phase));
                 }
             } else if MemberView::is_incoming(&rec, member) {
@@ -909,6 +912,7 @@ impl CoordinationStore for RedisStore {
         }
         view.held.sort_by(|a, b| a.0.cmp(&b.0));
         view.incoming.sort();
+        view.leaving.sort();
         Ok(view)
     }
 

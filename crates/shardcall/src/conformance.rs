@@ -795,6 +795,7 @@ pub async fn member_view_names_what_is_on_its_way<S: CoordinationStore>(store: &
         view.incoming.is_empty(),
         "what a holds is not on its way to it"
     );
+    assert_eq!(view.leaving, [p(0), p(1)], "what a holds moves away");
     // Revoked, then released: still on its way. Targeted back: not.
     apply(vec![
         Command::Revoke {

@@ -56,6 +56,8 @@ pub struct PartitionTask<S, Src, F> {
     pub state: Option<crate::StateConfig>,
     /// The partition's warm-up, if it was warmed up before its grant.
     pub warm: Option<crate::warm_up::WarmUp>,
+    /// Becomes true when the partition moves to another member.
+    pub moving: watch::Receiver<bool>,
     /// Where a batch goes after `batch.max_attempts` failures.
     pub dead_letters: Option<Arc<dyn DeadLetters>>,
     /// Records processed, for statistics.
@@ -187,6 +189,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             log_start: true,
             state: self.state.clone(),
             warm: self.warm,
+            moving: Some(self.moving.clone()),
         };
         let driven = drive(d, grant, rules).await;
         self.source.release(&self.ctx.partition).await;

@@ -98,6 +98,9 @@ pub(crate) struct Drive<'a, S, Src, F: HandlerFactory> {
     /// The partition's warm-up, if it was warmed up before its grant: the
     /// restore takes over the local store it fetched.
     pub warm: Option<WarmUp>,
+    /// Becomes true when the partition moves to another member (owned
+    /// mode, where the next owner warms its state up).
+    pub moving: Option<watch::Receiver<bool>>,
 }
 
 /// A handler kept after a claim, valid while the partition's checkpoint is
@@ -269,6 +272,7 @@ where
             lease_left: self.grant.lease().remaining(),
             revoked: *self.d.revoke.borrow(),
             unsnapshotted: self.local.as_ref().map_or(0, PartitionState::unsnapshotted),
+            moving: self.d.moving.as_ref().is_some_and(|m| *m.borrow()),
         }
     }
 
@@ -836,6 +840,7 @@ mod tests {
         let d = Drive {
             state: None,
             warm: None,
+            moving: None,
             group: "g",
             ctx: PartitionContext {
                 partition: PartitionId::new("t", 0),

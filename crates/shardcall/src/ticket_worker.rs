@@ -406,6 +406,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
     let d = Drive {
         state: None,
         warm: None,
+        moving: None,
         group: &c.group,
         ctx,
         store: &*s.store,

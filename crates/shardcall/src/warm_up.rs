@@ -112,14 +112,21 @@ impl<S: CoordinationStore> Follow<'_, S> {
             if *taken.borrow() {
                 return local;
             }
-            let pause = if self.step(&mut local, &mut at).await {
-                FOLLOW_EVERY
-            } else {
-                RETRY_AFTER
+            let pause = match self.step(&mut local, &mut at).await {
+                // Warm once a restore's snapshot is still the newest when
+                // looked at again: a snapshot the old owner took meanwhile
+                // (it snapshots when its partition starts to move) is
+                // fetched first, so the final delta after the revoke is
+                // small.
+                Step::Current => {
+                    if !told && at.restored.is_some() {
+                        told = warm.send(self.partition.clone()).is_ok();
+                    }
+                    FOLLOW_EVERY
+                }
+                Step::Restored => Duration::ZERO,
+                Step::Failed => RETRY_AFTER,
             };
-            if at.restored.is_some() && !told {
-                told = warm.send(self.partition.clone()).is_ok();
-            }
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = taken.changed() => {}
@@ -129,19 +136,19 @@ impl<S: CoordinationStore> Follow<'_, S> {
 
     /// Opens the store if it is not open yet (another task of this worker
     /// may still hold it), and restores the checkpoint's newest snapshot if
-    /// it was not tried yet. Whether all went well.
-    async fn step(&self, local: &mut Option<PartitionState>, at: &mut Progress) -> bool {
+    /// it was not tried yet.
+    async fn step(&self, local: &mut Option<PartitionState>, at: &mut Progress) -> Step {
         if local.is_none() {
             *local = self.open().await;
         }
         let Some(store) = local.as_mut() else {
-            return false;
+            return Step::Failed;
         };
         let cp = match self.store.load_checkpoint(self.group, self.partition).await {
             Ok(cp) => cp,
             Err(e) => {
                 tracing::warn!(error = %e, "warming up: reading the checkpoint");
-                return false;
+                return Step::Failed;
             }
         };
         let newest = cp
@@ -149,7 +156,7 @@ impl<S: CoordinationStore> Follow<'_, S> {
             .and_then(|c| c.backup.first())
             .map(|b| b.manifest.clone());
         if at.tried.as_ref() == Some(&newest) {
-            return true;
+            return Step::Current;
         }
         let began = crate::clock::now();
         match store.restore(cp.as_ref()).await {
@@ -162,7 +169,7 @@ impl<S: CoordinationStore> Follow<'_, S> {
                 );
                 at.tried = Some(newest.clone());
                 at.restored = Some(newest);
-                true
+                Step::Restored
             }
             // No snapshot of this history restores: not tried again until
             // a newer one appears (the grant's restore stops the partition
@@ -170,11 +177,11 @@ impl<S: CoordinationStore> Follow<'_, S> {
             Err(e @ RestoreFailure::Unrecoverable(_)) => {
                 tracing::warn!(error = %e, "warming up");
                 at.tried = Some(newest);
-                false
+                Step::Failed
             }
             Err(e) => {
                 tracing::warn!(error = %e, "warming up; trying again");
-                false
+                Step::Failed
             }
         }
     }
@@ -198,6 +205,16 @@ impl<S: CoordinationStore> Follow<'_, S> {
             Err(_) => None,
         }
     }
+}
+
+/// What one look at the checkpoint did.
+enum Step {
+    /// The newest snapshot was tried already.
+    Current,
+    /// A newer snapshot was restored: look again at once.
+    Restored,
+    /// Opening, reading or restoring failed: look again after a pause.
+    Failed,
 }
 
 /// How far a warm-up got: the newest snapshot it tried and the one it

@@ -126,6 +126,7 @@ pub struct Worker<S, Src, F> {
 struct Running {
     epoch: Epoch,
     revoke: watch::Sender<bool>,
+    moving: watch::Sender<bool>,
     abort: tokio::task::AbortHandle,
 }
 
@@ -440,6 +441,12 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                     self.warm_ups.remove(&partition);
                     MemberEvent::Done
                 }
+                MemberCommand::Moving { partition } => {
+                    if let Some(r) = self.running.get(&partition) {
+                        let _ = r.moving.send(true);
+                    }
+                    MemberEvent::Done
+                }
                 MemberCommand::ReportWarm { partitions } => {
                     let told = self
                         .worker
@@ -667,6 +674,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             member: self.id.clone(),
         };
         let (revoke, revoke_rx) = watch::channel(false);
+        let (moving, moving_rx) = watch::channel(false);
         let task = PartitionTask {
             released: self.released.0.clone(),
             group: w.config.group.clone(),
@@ -681,6 +689,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             call_deadline: w.config.call_deadline,
             state: w.config.state.clone(),
             warm: self.warm_ups.remove(&p),
+            moving: moving_rx,
             dead_letters: w.dead_letters.clone(),
             processed: self.stats.processed.clone(),
             slots: self.slots.clone(),
@@ -700,6 +709,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             Running {
                 epoch,
                 revoke,
+                moving,
                 abort,
             },
         );
