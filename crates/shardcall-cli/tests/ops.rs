@@ -1276,10 +1276,14 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
             .await
             .unwrap();
     });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let plan = loop {
+    let redis_url = redis.url();
+    let cli = |command: &str, json: bool| {
+        let mut args = vec![command, "--redis", &redis_url, "--group", "py"];
+        if json {
+            args.push("--json");
+        }
         let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-            .args(["plan", "--redis", &redis.url(), "--group", "py", "--json"])
+            .args(&args)
             .output()
             .unwrap();
         assert!(
@@ -1287,7 +1291,11 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let plan = loop {
+        let plan: serde_json::Value = serde_json::from_str(&cli("plan", true)).unwrap();
         if plan["moves"].as_array().unwrap().len() == 2 {
             break plan;
         }
@@ -1332,23 +1340,6 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
             .unwrap();
         (store, lease)
     });
-    let redis_url = redis.url();
-    let cli = |command: &str, json: bool| {
-        let mut args = vec![command, "--redis", &redis_url, "--group", "py"];
-        if json {
-            args.push("--json");
-        }
-        let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
     let doc: serde_json::Value = serde_json::from_str(&cli("plan", true)).unwrap();
     assert_eq!(
         doc["awaiting_warm_up"].as_array().unwrap().len(),
