@@ -8,10 +8,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{Rig, shardcall_command};
+use common::{Rig, member_of, shardcall_command};
 use shardcall::CoordinationStore;
 use shardcall::oracle::{check_final_state, check_run};
-use shardcall_core::{PartitionId, Phase};
+use shardcall_core::PartitionId;
 use shardcall_redis::RedisStore;
 use shardcall_redis::testing::TcpProxy;
 
@@ -41,43 +41,6 @@ impl Rig {
             ])
             .args(["--quarantine-ms", &QUARANTINE_MS.to_string()]);
         self.workers.start(name, cmd);
-    }
-
-    /// Waits until every partition is owned and checkpointed at its end.
-    async fn settle(&self, store: &RedisStore, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            let ends = self.ends();
-            // The test's own connection may still be reconnecting after a
-            // Redis restart: a failed look is just not settled yet.
-            let Ok(g) = store.load_group(GROUP).await else {
-                assert!(
-                    Instant::now() < deadline,
-                    "Redis unreachable until the deadline"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
-            let mut done = g.partitions.len() == ends.len();
-            for (p, end) in &ends {
-                let owned = matches!(
-                    g.partitions.get(p).map(|r| &r.phase),
-                    Some(Phase::Owned { .. })
-                );
-                let at = match store.load_checkpoint(GROUP, p).await {
-                    Ok(cp) => cp.map_or(0, |c| c.offset),
-                    Err(_) => u64::MAX,
-                };
-                done &= owned && at == *end;
-            }
-            if done {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!("group did not settle: {g:#?}\n{}", self.workers.logs());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
     }
 
     async fn verify(&self, store: &RedisStore, min_handovers: usize) {
@@ -110,13 +73,6 @@ impl Rig {
     }
 }
 
-fn member_of(g: &shardcall_core::GroupState, name: &str) -> Option<String> {
-    g.members
-        .keys()
-        .map(|m| m.to_string())
-        .find(|m| m.starts_with(&format!("{name}-")))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_and_sigstop_past_the_lease() {
     let dir = tempfile::tempdir().unwrap();
@@ -126,12 +82,12 @@ async fn kill_9_and_sigstop_past_the_lease() {
     for name in ["a", "b", "c"] {
         rig.spawn(name);
     }
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
 
     // kill -9 of a worker while records keep coming.
     rig.workers.signal("a", "-KILL");
     rig.produce(300, "b");
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     let g = store.load_group(GROUP).await.unwrap();
     assert!(
         member_of(&g, "a").is_none(),
@@ -144,28 +100,17 @@ async fn kill_9_and_sigstop_past_the_lease() {
     rig.workers.signal("b", "-STOP");
     tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
     rig.produce(300, "c");
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     rig.workers.signal("b", "-CONT");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let g = store.load_group(GROUP).await.unwrap();
-        if member_of(&g, "b").is_some_and(|m| m != before) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the resumed worker did not rejoin: {g:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    rig.wait_rejoined(&store, GROUP, "b", &before).await;
     rig.produce(300, "d");
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
 
     // A graceful stop exits 0 and leaves at once.
     rig.workers.signal("c", "-TERM");
     let status = rig.workers.wait("c");
     assert!(status.success(), "graceful stop: {status}");
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     rig.verify(&store, 3).await;
 }
 
@@ -178,7 +123,7 @@ async fn redis_killed_and_restarted_with_aof() {
     for name in ["a", "b"] {
         rig.spawn(name);
     }
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     let before: BTreeMap<PartitionId, u64> = {
         let mut m = BTreeMap::new();
         for p in rig.ends().keys() {
@@ -215,7 +160,7 @@ async fn redis_killed_and_restarted_with_aof() {
         );
     }
     rig.produce(200, "c");
-    rig.settle(&store, Duration::from_secs(40)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(40)).await;
     rig.verify(&store, 2).await;
 }
 
@@ -229,14 +174,14 @@ async fn a_workers_connection_cut_past_its_lease() {
     rig.spawn_via("a", &proxy.url());
     rig.spawn("b");
     rig.spawn("c");
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     let before = member_of(&store.load_group(GROUP).await.unwrap(), "a").unwrap();
     // a loses Redis for longer than its lease: it stops its partitions on its
     // own, the others take them over after the quarantine.
     proxy.cut();
     rig.produce(300, "b");
     tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     // Back on the network, a finds itself fenced and rejoins under a new id.
     proxy.restore();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -252,7 +197,7 @@ async fn a_workers_connection_cut_past_its_lease() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     rig.produce(300, "c");
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     // a's two partitions went to the others when it was cut off.
     rig.verify(&store, 2).await;
 }
@@ -266,14 +211,14 @@ async fn rolling_restart_and_the_coordinator_killed_mid_rebalance() {
     for name in ["a", "b", "c"] {
         rig.spawn(name);
     }
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     // Rolling restart: each worker stops gracefully and comes back.
     for name in ["a", "b", "c"] {
         rig.workers.signal(name, "-TERM");
         assert!(rig.workers.wait(name).success());
         rig.produce(100, name);
         rig.spawn(name);
-        rig.settle(&store, Duration::from_secs(30)).await;
+        rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     }
     // A worker joins, and the coordinator is killed while it rebalances.
     let g = store.load_group(GROUP).await.unwrap();
@@ -283,7 +228,7 @@ async fn rolling_restart_and_the_coordinator_killed_mid_rebalance() {
     tokio::time::sleep(Duration::from_millis(150)).await;
     rig.workers.signal(&coordinator, "-KILL");
     rig.produce(300, "e");
-    rig.settle(&store, Duration::from_secs(40)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(40)).await;
     let g = store.load_group(GROUP).await.unwrap();
     let new_holder = g
         .coordinator
@@ -306,9 +251,9 @@ async fn workers_on_a_three_master_redis_cluster() {
     for name in ["a", "b", "c"] {
         rig.spawn_via(name, &seeds);
     }
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     rig.workers.signal("a", "-KILL");
     rig.produce(400, "b");
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     rig.verify(&store, 2).await;
 }

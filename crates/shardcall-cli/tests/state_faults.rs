@@ -13,12 +13,11 @@
 mod common;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Rig, shardcall_command};
+use common::{Rig, member_of, shardcall_command};
 use shardcall::oracle::{check_coverage, check_final_state, check_ownership};
 use shardcall::{CoordinationStore, FjallStateStore, StateStore};
-use shardcall_core::Phase;
 use shardcall_redis::RedisStore;
 
 const GROUP: &str = "state";
@@ -63,34 +62,6 @@ impl Rig {
         self.workers.start(name, cmd);
     }
 
-    /// Waits until every partition is owned and checkpointed at its end.
-    async fn settle(&self, store: &RedisStore, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            let g = store.load_group(GROUP).await.unwrap();
-            let mut done = g.partitions.len() == self.ends().len();
-            for (p, end) in self.ends() {
-                let owned = matches!(
-                    g.partitions.get(&p).map(|r| &r.phase),
-                    Some(Phase::Owned { .. })
-                );
-                let at = store
-                    .load_checkpoint(GROUP, &p)
-                    .await
-                    .unwrap()
-                    .map_or(0, |c| c.offset);
-                done &= owned && at == end;
-            }
-            if done {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!("group did not settle: {g:#?}\n{}", self.workers.logs());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
     /// Each partition's state, from the store (among `names`' state
     /// folders) that holds the partition's checkpoint: its position and
     /// grant match the checkpoint's. The workers must have stopped.
@@ -130,13 +101,6 @@ impl Rig {
     }
 }
 
-fn member_of(g: &shardcall_core::GroupState, name: &str) -> Option<String> {
-    g.members
-        .keys()
-        .map(|m| m.to_string())
-        .find(|m| m.starts_with(&format!("{name}-")))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_survives_kill_9_a_zombie_and_a_graceful_stop_and_restores_on_an_empty_disk() {
     let dir = tempfile::tempdir().unwrap();
@@ -146,13 +110,13 @@ async fn state_survives_kill_9_a_zombie_and_a_graceful_stop_and_restores_on_an_e
     for name in ["a", "b", "c"] {
         rig.spawn(name);
     }
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
 
     // kill -9 while records keep coming (and snapshots upload).
     rig.produce(300, "b");
     tokio::time::sleep(Duration::from_millis(150)).await;
     rig.workers.signal("a", "-KILL");
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
 
     // SIGSTOP past the lease while it processes: its partitions are
     // restored elsewhere; on SIGCONT it is a zombie whose checkpoints, and
@@ -163,27 +127,16 @@ async fn state_survives_kill_9_a_zombie_and_a_graceful_stop_and_restores_on_an_e
     tokio::time::sleep(Duration::from_millis(100)).await;
     rig.workers.signal("b", "-STOP");
     tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     rig.workers.signal("b", "-CONT");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let g = store.load_group(GROUP).await.unwrap();
-        if member_of(&g, "b").is_some_and(|m| m != before) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the resumed worker did not rejoin: {g:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    rig.wait_rejoined(&store, GROUP, "b", &before).await;
     rig.produce(300, "d");
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
 
     // A graceful stop: final snapshots, then the others take over.
     rig.workers.signal("c", "-TERM");
     assert!(rig.workers.wait("c").success());
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     rig.workers.signal("b", "-TERM");
     assert!(rig.workers.wait("b").success());
     let batches = rig.workers.oracle();
@@ -195,7 +148,7 @@ async fn state_survives_kill_9_a_zombie_and_a_graceful_stop_and_restores_on_an_e
     // A worker with an empty disk restores every partition from the
     // backups alone: the state it builds is the same.
     rig.spawn("z");
-    rig.settle(&store, Duration::from_secs(30)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     rig.workers.signal("z", "-TERM");
     assert!(rig.workers.wait("z").success());
     rig.check_states(&store, &["z"]).await;

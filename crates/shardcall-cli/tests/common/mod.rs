@@ -8,10 +8,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use shardcall::BatchRecord;
+use shardcall::CoordinationStore;
 use shardcall::oracle::read_batch_files;
-use shardcall_core::PartitionId;
+use shardcall_core::{PartitionId, Phase};
+use shardcall_redis::RedisStore;
 use shardcall_redis::testing::RedisServer;
 use shardcall_spool::FileLog;
 use shardcall_spool::SpoolConfig;
@@ -212,4 +215,67 @@ impl Rig {
     pub fn ends(&self) -> BTreeMap<PartitionId, u64> {
         file_log_ends(&self.log, "t")
     }
+
+    /// Waits until every partition of `group` is owned and checkpointed at
+    /// its end.
+    pub async fn settle(&self, store: &RedisStore, group: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ends = self.ends();
+            // The test's own connection may still be reconnecting after a
+            // Redis restart: a failed look is just not settled yet.
+            let Ok(g) = store.load_group(group).await else {
+                assert!(
+                    Instant::now() < deadline,
+                    "Redis unreachable until the deadline"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let mut done = g.partitions.len() == ends.len();
+            for (p, end) in &ends {
+                let owned = matches!(
+                    g.partitions.get(p).map(|r| &r.phase),
+                    Some(Phase::Owned { .. })
+                );
+                let at = match store.load_checkpoint(group, p).await {
+                    Ok(cp) => cp.map_or(0, |c| c.offset),
+                    Err(_) => u64::MAX,
+                };
+                done &= owned && at == *end;
+            }
+            if done {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("group did not settle: {g:#?}\n{}", self.workers.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the worker `name`, fenced out as `before`, is back in
+    /// `group` under a new member id.
+    pub async fn wait_rejoined(&self, store: &RedisStore, group: &str, name: &str, before: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let g = store.load_group(group).await.unwrap();
+            if member_of(&g, name).is_some_and(|m| m != before) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the resumed worker did not rejoin: {g:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The member id of the worker started as `name`, if it is in the group.
+pub fn member_of(g: &shardcall_core::GroupState, name: &str) -> Option<String> {
+    g.members
+        .keys()
+        .map(|m| m.to_string())
+        .find(|m| m.starts_with(&format!("{name}-")))
 }
