@@ -265,38 +265,45 @@ fn invalid_config_is_explained() {
     assert!(text(&out.stderr).contains("segment_bytes must be between"));
 }
 
-#[test]
-fn demo_with_state_moves_local_stores_through_the_script_exactly_once() {
-    let out = shardcall(
-        &[
-            "demo",
-            "--state",
-            "16",
-            "--seconds",
-            "8",
-            "--ttl-ms",
-            "1200",
-            "--quarantine-ms",
-            "600",
-            "--rate",
-            "1000",
-        ],
-        "",
-    );
+/// Runs the demo's script with `extra` arguments (short, small) and checks
+/// that each of `checks` has a line saying ok; the output.
+fn demo_passing(extra: &[&str], checks: &[&str]) -> String {
+    let mut args = vec!["demo"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
+        "--seconds",
+        "8",
+        "--ttl-ms",
+        "1200",
+        "--quarantine-ms",
+        "600",
+        "--rate",
+        "1000",
+    ]);
+    let out = shardcall(&args, "");
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    for check in [
-        "processed at least once",
-        "state = exactly once",
-        "no overlapping ownership",
-        "quarantine respected",
-    ] {
+    for check in checks {
         let line = stdout
             .lines()
             .find(|l| l.contains(check))
             .unwrap_or_else(|| panic!("no line for {check}: {stdout}"));
         assert!(line.contains(" ok "), "{line}");
     }
+    stdout
+}
+
+#[test]
+fn demo_with_state_moves_local_stores_through_the_script_exactly_once() {
+    let stdout = demo_passing(
+        &["--state", "16"],
+        &[
+            "processed at least once",
+            "state = exactly once",
+            "no overlapping ownership",
+            "quarantine respected",
+        ],
+    );
     assert!(
         stdout.contains("final stores (each partition's last owner's)"),
         "{stdout}"
@@ -306,36 +313,17 @@ fn demo_with_state_moves_local_stores_through_the_script_exactly_once() {
 
 #[test]
 fn demo_runs_the_script_and_passes_every_check() {
-    let out = shardcall(
+    let stdout = demo_passing(
+        &[],
         &[
-            "demo",
-            "--seconds",
-            "8",
-            "--ttl-ms",
-            "1200",
-            "--quarantine-ms",
-            "600",
-            "--rate",
-            "1000",
+            "processed at least once",
+            "state = exactly once",
+            "no overlapping ownership",
+            "quarantine respected",
+            "moves = lower bound",
+            "balanced at the end",
         ],
-        "",
     );
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    for check in [
-        "processed at least once",
-        "state = exactly once",
-        "no overlapping ownership",
-        "quarantine respected",
-        "moves = lower bound",
-        "balanced at the end",
-    ] {
-        let line = stdout
-            .lines()
-            .find(|l| l.contains(check))
-            .unwrap_or_else(|| panic!("no line for {check}: {stdout}"));
-        assert!(line.contains(" ok "), "{line}");
-    }
     assert!(
         stdout.contains("joins")
             && stdout.contains("killed")

@@ -106,6 +106,33 @@ fn status_json(url: &str, log: &str) -> serde_json::Value {
     }
 }
 
+/// Waits until the Python handler of group `py` has checkpointed each of
+/// the first `partitions` partitions of `t` at its log's end.
+async fn python_caught_up(store: &shardcall_redis::RedisStore, log: &FileLog, partitions: u32) {
+    use shardcall::CoordinationStore;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    'wait: loop {
+        assert!(
+            Instant::now() < deadline,
+            "the Python handler never caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for n in 0..partitions {
+            let end = log
+                .open_partition_read_only("t", n)
+                .unwrap()
+                .end_offset()
+                .unwrap();
+            let id = shardcall_core::PartitionId::new("t", n);
+            match store.load_checkpoint("py", &id).await.unwrap() {
+                Some(cp) if cp.offset == end => {}
+                _ => continue 'wait,
+            }
+        }
+        return;
+    }
+}
+
 #[test]
 fn status_plan_and_release() {
     let dir = tempfile::tempdir().unwrap();
@@ -642,26 +669,7 @@ fn a_python_handler_over_exec_survives_its_own_crash() {
         let store = shardcall_redis::RedisStore::connect(&redis.url())
             .await
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        'wait: loop {
-            assert!(
-                Instant::now() < deadline,
-                "the Python handler never caught up"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            for n in 0..3 {
-                let spool = log.open_partition_read_only("t", n).unwrap();
-                let end = spool.end_offset().unwrap();
-                let id = shardcall_core::PartitionId::new("t", n);
-                let Some(cp) = store.load_checkpoint("py", &id).await.unwrap() else {
-                    continue 'wait;
-                };
-                if cp.offset != end {
-                    continue 'wait;
-                }
-            }
-            break;
-        }
+        python_caught_up(&store, &log, 3).await;
         for n in 0..3 {
             let records = log
                 .open_partition_read_only("t", n)
@@ -1216,31 +1224,10 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
         .build()
         .unwrap();
     rt.block_on(async {
-        use shardcall::CoordinationStore;
         let store = shardcall_redis::RedisStore::connect(&redis.url())
             .await
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        'wait: loop {
-            assert!(
-                Instant::now() < deadline,
-                "the Python handler never caught up"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            for n in 0..2 {
-                let end = log
-                    .open_partition_read_only("t", n)
-                    .unwrap()
-                    .end_offset()
-                    .unwrap();
-                let id = shardcall_core::PartitionId::new("t", n);
-                match store.load_checkpoint("py", &id).await.unwrap() {
-                    Some(cp) if cp.offset == end => {}
-                    _ => continue 'wait,
-                }
-            }
-            break;
-        }
+        python_caught_up(&store, &log, 2).await;
     });
     // A graceful stop takes the final snapshots; status shows them.
     let _ = Command::new("kill").arg(child.id().to_string()).status();
