@@ -269,10 +269,7 @@ pub fn run(args: &BenchHolArgs) -> anyhow::Result<ExitCode> {
         args.partitions >= 1 && args.records >= 1 && args.workers >= 1 && args.slots >= 1,
         "--partitions, --records, --workers and --slots must be at least 1"
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = crate::bench_runtime::bench_runtime(2)?;
     runtime.block_on(bench(args))
 }
 

@@ -61,10 +61,7 @@ struct Measured {
 /// Runs the command.
 pub fn run(args: &BenchIdleArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.workers >= 2, "--workers must be at least 2");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = crate::bench_runtime::bench_runtime(2)?;
     let mut results = Vec::new();
     for &n in &args.partitions {
         results.push(runtime.block_on(measure(args, n))?);

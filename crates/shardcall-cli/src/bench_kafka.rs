@@ -270,13 +270,7 @@ async fn through_shardcall(
 
 /// Runs the command.
 pub fn run(args: &BenchKafkaArgs) -> anyhow::Result<ExitCode> {
-    if std::env::var_os("RUST_LOG").is_some() {
-        crate::worker_cmd::init_logs(crate::worker_cmd::LogFormat::Text);
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = crate::bench_runtime::bench_runtime(2)?;
     runtime.block_on(bench(args))
 }
 

@@ -66,10 +66,7 @@ where
 /// Runs the command.
 pub fn run(args: &BenchRebalanceArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.workers >= 2, "--workers must be at least 2");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()?;
+    let runtime = crate::bench_runtime::bench_runtime(4)?;
     runtime.block_on(bench(args))
 }
 

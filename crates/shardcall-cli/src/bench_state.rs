@@ -372,14 +372,7 @@ fn counter(metrics: &metrics_exporter_prometheus::PrometheusHandle, name: &str) 
 pub fn run(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.state_mib >= 1, "--state-mib must be at least 1");
     anyhow::ensure!(args.records >= 1000, "--records must be at least 1000");
-    // The workers' log lines (restores, warm-ups) when asked for.
-    if std::env::var_os("RUST_LOG").is_some() {
-        crate::worker_cmd::init_logs(crate::worker_cmd::LogFormat::Text);
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = crate::bench_runtime::bench_runtime(2)?;
     runtime.block_on(bench(args))
 }
 

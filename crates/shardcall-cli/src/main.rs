@@ -7,6 +7,7 @@ mod bench_hol;
 mod bench_idle;
 mod bench_kafka;
 mod bench_rebalance;
+mod bench_runtime;
 mod bench_spool;
 mod bench_state;
 mod bench_target;
