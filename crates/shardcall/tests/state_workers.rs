@@ -220,6 +220,8 @@ struct Cluster {
     produced: usize,
     /// When new workers snapshot.
     snapshots: shardcall::SnapshotConfig,
+    /// New workers' group timing.
+    timing: GroupConfig,
 }
 
 impl Cluster {
@@ -253,6 +255,7 @@ impl Cluster {
                 bytes: 20_000,
                 ..shardcall::SnapshotConfig::default()
             },
+            timing: timing(),
         }
     }
 
@@ -283,7 +286,7 @@ impl Cluster {
         let config = WorkerConfig {
             group: GROUP.into(),
             name: format!("w{i}"),
-            timing: timing(),
+            timing: self.timing.clone(),
             batch: shardcall::BatchConfig {
                 max_records: 20,
                 fetch_wait: Duration::from_millis(50),
@@ -617,6 +620,11 @@ async fn with_the_backup_store_down_processing_goes_on_and_a_handover_replays_fr
     let mut c = Cluster::new(dir.path());
     c.snapshots.every = Duration::from_millis(1);
     c.snapshots.final_wait = Duration::from_millis(800);
+    // A lease long enough that what is left of it never cuts the final
+    // wait short, even with heartbeats late under load: the stop's time
+    // below is the wait's.
+    c.timing.member_ttl = Duration::from_secs(6);
+    c.timing.safety_margin = Duration::from_secs(1);
     c.produce(300);
     c.add_worker_on(0);
     c.settle(Duration::from_secs(20)).await;
