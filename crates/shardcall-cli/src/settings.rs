@@ -164,6 +164,10 @@ pub struct StateSettings {
     /// Where the partitions' stores live; none: no local state store (the
     /// handler's state bytes are checkpointed in Redis).
     pub dir: Option<PathBuf>,
+    /// `store`: a key-value store the runtime owns; `directory`: an
+    /// `--exec` handler keeps its own files (SQLite, say) in a directory
+    /// the runtime snapshots between batches.
+    pub kind: shardcall::StateKind,
     /// Snapshots in this folder (a local disk, or a file system every
     /// member shares).
     pub backup_dir: Option<PathBuf>,
@@ -183,6 +187,7 @@ impl Default for StateSettings {
     fn default() -> Self {
         Self {
             dir: None,
+            kind: shardcall::StateKind::Store,
             backup_dir: None,
             s3: None,
             cache_bytes: 64 << 20,
@@ -206,6 +211,8 @@ pub enum BackupChoice {
 pub struct StateChoice {
     /// Where the stores live.
     pub dir: PathBuf,
+    /// The runtime's store, or the handler's directory.
+    pub kind: shardcall::StateKind,
     /// Where snapshots go.
     pub backup: BackupChoice,
     /// Each store's block cache.
@@ -445,6 +452,18 @@ impl Settings {
         if s.cache_bytes == 0 {
             errors.push("state.cache_bytes: must be above zero".into());
         }
+        if s.kind == shardcall::StateKind::Directory {
+            if self.handler.exec.is_none() {
+                errors.push(
+                    "state.kind: \"directory\" is for an --exec handler that keeps its own files; the built-in handler keeps its state in the store (kind = \"store\")".into(),
+                );
+            }
+            if self.dead_letters.topic.is_some() {
+                errors.push(
+                    "state.kind: \"directory\" cannot be used with dead_letters.topic: a failed batch sends the handler's directory back to its last snapshot, so a batch's records are never tried on their own".into(),
+                );
+            }
+        }
         let backup = match (&s.backup_dir, &s.s3) {
             (Some(_), Some(_)) => {
                 errors.push("state.backup_dir and [state.s3]: choose one backup store".into());
@@ -469,6 +488,7 @@ impl Settings {
         }
         Some(StateChoice {
             dir: dir.clone(),
+            kind: s.kind,
             backup: backup.expect("checked"),
             cache_bytes: s.cache_bytes,
             warm_up_wait: s.warm_up_wait,
@@ -975,6 +995,23 @@ mod tests {
         assert!(all.contains("choose one backup store"), "{all}");
         let all = errors_of(&format!("{base}[state]\nbackup_dir = \"/b\"\n")).unwrap_err();
         assert!(all.contains("state.dir (--state-dir): required"), "{all}");
+        // A handler-owned directory needs a handler that owns one, and
+        // cannot send single records to the dead letters.
+        let all = errors_of(&format!(
+            "{base}[dead_letters]\ntopic = \"dl\"\n[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\nkind = \"directory\"\n"
+        ))
+        .unwrap_err();
+        assert!(all.contains("for an --exec handler"), "{all}");
+        assert!(
+            all.contains("cannot be used with dead_letters.topic"),
+            "{all}"
+        );
+        assert_eq!(
+            errors_of(&format!(
+                "{base}[handler]\nexec = \"h\"\n[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\nkind = \"directory\"\n"
+            )),
+            Ok(true)
+        );
         // The secret never shows in the settings' Debug output.
         let s = shardcall_s3::S3Config {
             secret_access_key: "hunter2".into(),

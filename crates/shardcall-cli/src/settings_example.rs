@@ -111,6 +111,8 @@ digest_work = @                      # the built-in handler's simulated work per
 
 # [state]                           # a local state store per partition (owned mode):
 # dir = "/var/lib/shardcall/state"  # where partitions' stores live (--state-dir)
+# kind = @                         # "store": the runtime's key-value store; "directory": an
+#                                   # --exec handler's own files, snapshotted between batches
 # backup_dir = "/mnt/shared/backups" # snapshots here (--backup-dir)...
 # cache_bytes = @                   # each partition store's block cache
 # warm_up_wait = @                  # a moving partition stays with its owner this long at

@@ -365,6 +365,7 @@ fn spawn<Src: Source>(
         };
         config.state = Some(shardcall::StateConfig {
             dir: state.dir.clone(),
+            kind: state.kind,
             backups,
             snapshots: state.snapshots.clone(),
             cache_bytes: state.cache_bytes,

@@ -30,6 +30,28 @@ impl Rig {
     }
 
     fn spawn(&mut self, name: &str) {
+        let cmd = self.worker_command(name);
+        self.workers.start(name, cmd);
+    }
+
+    /// A worker whose `--exec` handler keeps its counts in a SQLite
+    /// database of its own (`state.kind = "directory"`); each partition's
+    /// batch holding offset 20 is committed in it once without an answer.
+    fn spawn_sqlite(&mut self, name: &str) {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/handlers/sqlite_counts.py");
+        let flags = self.dir.join("lost-answers");
+        std::fs::create_dir_all(&flags).unwrap();
+        let mut cmd = self.worker_command(name);
+        cmd.args(["--set", "state.kind=directory"])
+            .arg("--exec")
+            .arg(format!("python3 {}", script.display()))
+            .env("SQLITE_COUNTS_LOSE_ANSWER_AT", "20")
+            .env("SQLITE_COUNTS_FLAGS", flags);
+        self.workers.start(name, cmd);
+    }
+
+    fn worker_command(&self, name: &str) -> std::process::Command {
         let mut cmd = shardcall_command();
         cmd.args([
             "worker",
@@ -59,7 +81,7 @@ impl Rig {
             "100",
         ])
         .args(["--quarantine-ms", &QUARANTINE_MS.to_string()]);
-        self.workers.start(name, cmd);
+        cmd
     }
 
     /// Each partition's state, from the store (among `names`' state
@@ -154,4 +176,111 @@ async fn state_survives_kill_9_a_zombie_and_a_graceful_stop_and_restores_on_an_e
     rig.check_states(&store, &["z"]).await;
     let logs = rig.workers.log("z");
     assert!(logs.contains("local state store restored"), "{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_handler_owning_its_directory_keeps_each_record_once_through_lost_answers_kill_9_and_a_handover()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 4);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    rig.produce(400, "a");
+    rig.spawn_sqlite("a");
+    rig.spawn_sqlite("b");
+    rig.settle(&store, GROUP, Duration::from_secs(60)).await;
+    let lost = std::fs::read_dir(dir.path().join("lost-answers"))
+        .unwrap()
+        .count();
+    assert_eq!(lost, 4, "each partition lost one answer");
+
+    // kill -9 while records keep coming: b restores a's partitions from
+    // their snapshots and replays the log after them.
+    rig.produce(300, "b");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    rig.workers.signal("a", "-KILL");
+    rig.settle(&store, GROUP, Duration::from_secs(60)).await;
+
+    // A joining worker warms up and takes half over from b; then both
+    // stop gracefully (their final snapshots become current).
+    rig.produce(300, "c");
+    rig.spawn_sqlite("c");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    rig.settle(&store, GROUP, Duration::from_secs(60)).await;
+    rig.workers.signal("b", "-TERM");
+    assert!(rig.workers.wait("b").success());
+    rig.settle(&store, GROUP, Duration::from_secs(60)).await;
+    rig.workers.signal("c", "-TERM");
+    assert!(rig.workers.wait("c").success());
+
+    let batches = rig.workers.oracle();
+    let mut v = check_ownership(&batches, QUARANTINE_MS * 1000);
+    v.extend(check_coverage(&batches, &rig.ends()));
+    assert!(v.is_empty(), "{v:?}");
+    // Each partition's current snapshot, restored from the backups alone,
+    // holds every record once, in the log's order.
+    let backups = shardcall::DirBackupStore::new(dir.path().join("backups")).unwrap();
+    for (p, end) in rig.ends() {
+        let cp = store.load_checkpoint(GROUP, &p).await.unwrap().unwrap();
+        let newest = cp.backup.first().expect("a snapshot is current");
+        assert_eq!(newest.offset, end, "{p}: the final snapshot is not current");
+        let into = dir.path().join(format!("check-{}", p.partition));
+        let scope = format!("{GROUP}/t/{}", p.partition);
+        shardcall::snapshot::restore(&backups, &scope, &newest.manifest, &into)
+            .await
+            .unwrap();
+        let (seen, counts) = read_sqlite_counts(&into.join("counts.db"));
+        assert_eq!(
+            seen,
+            (0..end).collect::<Vec<_>>(),
+            "{p}: the offsets the state holds, in the order processed"
+        );
+        let records = rig
+            .log
+            .open_partition_read_only("t", p.partition)
+            .unwrap()
+            .read(0, usize::MAX, usize::MAX)
+            .unwrap();
+        let mut want = std::collections::BTreeMap::new();
+        for r in &records {
+            let key = String::from_utf8(r.key.clone().unwrap().to_vec()).unwrap();
+            *want.entry(key).or_insert(0u64) += 1;
+        }
+        assert_eq!(counts, want, "{p}: counts per key");
+    }
+}
+
+/// The `seen` offsets (in the order written) and the counts of a
+/// `sqlite_counts.py` database, read by Python's own sqlite3.
+fn read_sqlite_counts(db: &std::path::Path) -> (Vec<u64>, std::collections::BTreeMap<String, u64>) {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import json, sqlite3, sys\n\
+             db = sqlite3.connect(sys.argv[1])\n\
+             seen = [r[0] for r in db.execute('SELECT record_offset FROM seen ORDER BY rowid')]\n\
+             counts = dict(db.execute('SELECT key, n FROM counts'))\n\
+             print(json.dumps({'seen': seen, 'counts': counts}))",
+        )
+        .arg(db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seen = v["seen"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    let counts = v["counts"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, n)| (k.clone(), n.as_u64().unwrap()))
+        .collect();
+    (seen, counts)
 }

@@ -114,6 +114,12 @@ pub struct StateRules {
     /// (the backup store may be down) before it releases without it; the
     /// next owner then restores the snapshot before and replays more.
     pub final_snapshot_wait: Duration,
+    /// A failed batch leaves the state unknown (the handler owns a
+    /// directory of its own and may have written part of the batch, or all
+    /// of it before failing to answer): the partition goes back to its last
+    /// snapshot and replays the log from there, instead of retrying the
+    /// batch on whatever the handler left.
+    pub rewind_on_failure: bool,
 }
 
 impl PartitionRules {
@@ -447,6 +453,14 @@ pub struct PartitionEngine {
     final_snapshot: Option<(Millis, u32)>,
     /// When the driver first said the partition moves elsewhere.
     moving_since: Option<Millis>,
+    /// The partition went back to its snapshot after a batch failed at
+    /// this offset: the records replayed before it are not the failing
+    /// batch's success, so the failures in a row go on counting until a
+    /// batch at or past it succeeds.
+    rewound_at: Option<u64>,
+    /// A batch failed on a state the handler owns, and the snapshot has not
+    /// been restored since: no snapshot may be taken of what it left.
+    state_unknown: bool,
 }
 
 impl PartitionEngine {
@@ -479,6 +493,8 @@ impl PartitionEngine {
             last_snapshot: None,
             final_snapshot: None,
             moving_since: None,
+            rewound_at: None,
+            state_unknown: false,
         }
     }
 
@@ -600,7 +616,7 @@ impl PartitionEngine {
         let Some(rules) = &self.rules.state else {
             return false;
         };
-        if env.unsnapshotted == 0 {
+        if env.unsnapshotted == 0 || self.state_unknown {
             return false;
         }
         let since = env
@@ -690,6 +706,29 @@ impl PartitionEngine {
         self.last_error = Some(error);
     }
 
+    /// Whether a failed batch sends the partition back to its snapshot.
+    fn rewinds(&self) -> bool {
+        self.rules
+            .state
+            .as_ref()
+            .is_some_and(|r| r.rewind_on_failure)
+    }
+
+    /// A batch failed on a state the handler owns: what it left is not
+    /// known to be any offset's state, so nothing more is checkpointed or
+    /// snapshotted from it. The failure is reported and paused for (or the
+    /// partition given up) as any failed call, then the partition restores
+    /// its last snapshot and reads on from that snapshot's offset.
+    fn rewind(&mut self, failed_at: u64, error: String) {
+        self.pending = None;
+        self.state_unknown = true;
+        self.rewound_at = Some(self.rewound_at.map_or(failed_at, |at| at.max(failed_at)));
+        self.call_failed(error);
+        if self.give_up.is_none() {
+            self.stage = Stage::Restoring;
+        }
+    }
+
     /// The handler could not be stopped: it is abandoned, the partition
     /// given up (a ticket goes back for a slot with a handler of its own).
     fn stuck(&mut self, error: String) {
@@ -739,11 +778,13 @@ impl PartitionEngine {
             (Some(Command::Restore), Event::Restored(answer)) => match answer {
                 StoreAnswer::Ok(Some(offset)) => {
                     self.io_failures = 0;
+                    self.state_unknown = false;
                     self.next_offset = offset;
                     self.stage = Stage::StartingHandler;
                 }
                 StoreAnswer::Ok(None) => {
                     self.io_failures = 0;
+                    self.state_unknown = false;
                     self.stage = Stage::FindingStart;
                 }
                 StoreAnswer::Fenced(why) => self.lose(why),
@@ -981,7 +1022,10 @@ impl PartitionEngine {
         }
         match result {
             Ok(()) => {
-                self.succeeded();
+                if self.rewound_at.is_none_or(|at| last >= at) {
+                    self.rewound_at = None;
+                    self.succeeded();
+                }
                 self.next_offset = last + 1;
                 let pending = self.pending.get_or_insert(Pending {
                     first,
@@ -995,6 +1039,7 @@ impl PartitionEngine {
                     self.checkpoint_pending(env);
                 }
             }
+            Err(CallFailure::Batch(e)) if self.rewinds() => self.rewind(first, e),
             Err(failure) => {
                 // What was processed before this batch is kept.
                 self.checkpoint_pending(env);
@@ -1251,6 +1296,14 @@ mod tests {
         move_when_caught_up: bool,
         /// Snapshots taken before the revoke.
         snapshots_unrevoked: usize,
+        /// The handler owns its state (a directory): the records applied
+        /// to it, which a restore sets back to the last snapshot's.
+        owned_state: bool,
+        dir: Vec<u64>,
+        snapshot_dir: Vec<u64>,
+        /// The next this many calls write their records, then fail.
+        fail_after_writing: u32,
+        restores: u32,
     }
 
     impl World {
@@ -1291,6 +1344,12 @@ mod tests {
 
         fn carry_out(&mut self, engine: &PartitionEngine, c: Command) -> Event {
             match c {
+                Command::Restore if self.owned_state => {
+                    self.restores += 1;
+                    self.dir = self.snapshot_dir.clone();
+                    self.unsnapshotted = 0;
+                    Event::Restored(StoreAnswer::Ok(self.dir.last().map(|l| l + 1)))
+                }
                 Command::Restore => Event::Restored(StoreAnswer::Ok(self.checkpoint)),
                 Command::FindStart => Event::FoundStart(Some(0)),
                 Command::StartHandler | Command::ClearFailure | Command::Backup => match c {
@@ -1338,6 +1397,12 @@ mod tests {
                     if self.disk_full_from_call.is_some_and(|c| self.calls >= c) {
                         return Event::Processed(Err(CallFailure::Storage("disk full".into())));
                     }
+                    self.dir.extend_from_slice(records);
+                    if self.fail_after_writing > 0 {
+                        self.fail_after_writing -= 1;
+                        self.unsnapshotted += 10 * records.len() as u64;
+                        return Event::Processed(Err(CallFailure::Batch("lost answer".into())));
+                    }
                     self.processed.extend_from_slice(records);
                     self.unsnapshotted += 10 * records.len() as u64;
                     Event::Processed(Ok(()))
@@ -1384,6 +1449,7 @@ mod tests {
                 }
                 Command::Snapshot { .. } => {
                     self.unsnapshotted = 0;
+                    self.snapshot_dir = self.dir.clone();
                     self.snapshots_unrevoked += usize::from(!self.revoked);
                     Event::Snapshotted(StoreAnswer::Ok(()))
                 }
@@ -1402,9 +1468,81 @@ mod tests {
                 snapshot_every: every,
                 snapshot_bytes: u64::MAX,
                 final_snapshot_wait: wait,
+                rewind_on_failure: false,
             }),
             ..owned()
         }
+    }
+
+    /// [`with_state`] for a handler that owns its state: a snapshot at
+    /// every checkpoint, a failed batch rewinds.
+    fn with_owned_state() -> PartitionRules {
+        let mut rules = with_state(Duration::from_millis(1), Duration::ZERO);
+        rules.state.as_mut().unwrap().rewind_on_failure = true;
+        rules
+    }
+
+    #[test]
+    fn a_failed_batch_on_a_state_the_handler_owns_rewinds_to_the_snapshot_and_replays() {
+        // Two calls write their records and then fail (an answer lost
+        // after the handler's commit): each time the partition restores
+        // its snapshot and reads on from its offset, so the state holds
+        // every record once.
+        let mut w = World::new(40);
+        w.owned_state = true;
+        w.fail_after_writing = 2;
+        assert_eq!(w.run(with_owned_state()), End::Released);
+        assert_eq!(w.dir, w.log, "each record once in the handler's state");
+        assert_eq!(w.restores, 3, "the grant's restore and one per failure");
+        let reported = w.count(|c| matches!(c, Command::ReportFailure { .. }));
+        assert_eq!(reported, 2);
+        // Retrying the batch on what the handler left (no rewind) applies
+        // the failed batches twice: what the rewind is for.
+        let mut w = World::new(40);
+        w.owned_state = true;
+        w.fail_after_writing = 2;
+        let mut rules = with_owned_state();
+        rules.state.as_mut().unwrap().rewind_on_failure = false;
+        rules.dead_letters = false;
+        assert_eq!(w.run(rules), End::Released);
+        assert_eq!(
+            w.dir.len(),
+            w.log.len() + 16,
+            "the first batch of 8, twice more"
+        );
+    }
+
+    #[test]
+    fn a_rewound_partition_never_snapshots_what_the_failed_batch_left() {
+        // The batch fails and the partition is given up at once: its final
+        // snapshot is not taken of the unknown state.
+        let mut w = World::new(40);
+        w.owned_state = true;
+        w.fail_after_writing = 1;
+        let mut rules = with_owned_state();
+        rules.give_up_after = 1;
+        let end = w.run(rules);
+        assert_eq!(end, End::GivenUp(FAILING));
+        assert!(
+            w.count(|c| matches!(c, Command::Snapshot { .. })) == 0,
+            "{:?}",
+            backup_trace(&w)
+        );
+    }
+
+    #[test]
+    fn replayed_records_do_not_end_the_failures_in_a_row_of_a_rewound_batch() {
+        // A record that always fails: the records replayed before it
+        // succeed after each rewind, yet the failures in a row add up and
+        // the partition is given up.
+        let mut w = World::new(40);
+        w.owned_state = true;
+        w.poison.insert(30);
+        let mut rules = with_owned_state();
+        rules.give_up_after = 4;
+        assert_eq!(w.run(rules), End::GivenUp(FAILING));
+        assert_eq!(w.count(|c| matches!(c, Command::ReportFailure { .. })), 4);
+        assert!(w.restores >= 4, "{}", w.restores);
     }
 
     /// The commands with snapshots, checkpoints and the release, in order.

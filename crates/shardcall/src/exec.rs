@@ -7,7 +7,7 @@
 //! carries the text when the bytes are UTF-8.
 //!
 //! ```text
-//! -> {"action":"initialize","partition":"t/3","epoch":7,"member":"w1-…","state":"<b64>"|null}
+//! -> {"action":"initialize","partition":"t/3","epoch":7,"member":"w1-…","state":"<b64>"|null,"state_dir":null}
 //! <- {"action":"ok"}
 //! -> {"action":"process","records":[{"offset":0,"timestamp_ms":0,"key":"<b64>"|null,
 //!                                     "value_b64":"<b64>","value":"text"|null}, …]}
@@ -31,6 +31,22 @@
 //! <- {"action":"delete","key":"<b64>"}
 //! <- {"action":"range","start":"<b64>","end":"<b64>"|null,"limit":100}
 //!                                                   -> {"action":"entries","entries":[{"key":…,"value":…}, …]}
+//! <- {"action":"processed"}
+//! ```
+//!
+//! With a state directory (the worker's `[state]` with `kind =
+//! "directory"`), the child keeps its state in files of its own (a SQLite
+//! database, say) in the directory `initialize` names, and returns no
+//! state bytes. The runtime restores the directory from the newest snapshot
+//! before the child starts, and snapshots it between batches, so the child
+//! writes it only between `process` and its answer. After any failure the
+//! directory goes back to the last snapshot and the log is replayed from
+//! its offset, so a batch the child applied but could not answer for is
+//! not applied twice:
+//!
+//! ```text
+//! -> {"action":"initialize",…,"state":null,"state_dir":"/var/lib/…/t/3/files"}
+//! -> {"action":"process","records":[…]}
 //! <- {"action":"processed"}
 //! ```
 //!
@@ -204,6 +220,7 @@ impl ExecHandler {
             "epoch": self.ctx.epoch,
             "member": self.ctx.member.to_string(),
             "state": self.state.as_ref().map(|s| B64.encode(s)),
+            "state_dir": self.ctx.state_dir.as_ref().map(|d| d.display().to_string()),
         });
         self.call(&init, "ok").map(|_| ())
     }
@@ -430,6 +447,7 @@ mod tests {
             partition: PartitionId::new("t", 0),
             epoch: 1,
             member: MemberId::new("m"),
+            state_dir: None,
         }
     }
 

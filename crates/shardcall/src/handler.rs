@@ -1,5 +1,7 @@
 //! The application's side: one handler per owned partition.
 
+use std::path::PathBuf;
+
 use shardcall_core::{Epoch, MemberId, PartitionId};
 use shardcall_spool::Record;
 
@@ -13,6 +15,12 @@ pub struct PartitionContext {
     pub epoch: Epoch,
     /// The member running the handler.
     pub member: MemberId,
+    /// The directory the handler keeps the partition's state in, when the
+    /// worker's state is [`crate::StateKind::Directory`]: restored before
+    /// the first batch, snapshotted between batches. Write it only while a
+    /// batch is being processed, and leave it whole when a batch returns
+    /// (a failed batch sends it back to the last snapshot).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// A handler failure; the batch is retried (it was not checkpointed).

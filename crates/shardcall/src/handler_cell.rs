@@ -393,6 +393,7 @@ mod tests {
             partition: PartitionId::new("t", 0),
             epoch: 1,
             member: MemberId::new("m"),
+            state_dir: None,
         }
     }
 

@@ -162,6 +162,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 snapshot_every: s.snapshots.every,
                 snapshot_bytes: s.snapshots.bytes,
                 final_snapshot_wait: s.snapshots.final_wait,
+                rewind_on_failure: s.kind == crate::StateKind::Directory,
             }),
         };
         let grant = OwnedGrant {

@@ -22,7 +22,9 @@ use tokio::sync::watch;
 use crate::clock;
 use crate::dead_letters::DeadLetters;
 use crate::failures;
-use crate::handler::{BatchObserver, BatchOutcome, BatchRecord, HandlerFactory, PartitionContext};
+use crate::handler::{
+    BatchObserver, BatchOutcome, BatchRecord, HandlerError, HandlerFactory, PartitionContext,
+};
 use crate::handler_cell::{CallError, HandlerCell};
 use crate::lease::LocalLease;
 use crate::partition_state::{PartitionState, RestoreFailure};
@@ -596,17 +598,37 @@ where
             None => None,
         };
         let last = records.last().map(|r| r.offset);
+        let applied = Applied {
+            offset: last.map_or(0, |l| l + 1),
+            epoch: self.d.ctx.epoch,
+        };
         let result = match self.local.as_ref().map(PartitionState::store) {
-            Some(store) => match self.cell().process_state(records, store).await {
+            Some(Some(store)) => match self.cell().process_state(records, store).await {
                 Ok(writes) => {
                     drop(permit);
-                    let applied = Applied {
-                        offset: last.map_or(0, |l| l + 1),
-                        epoch: self.d.ctx.epoch,
-                    };
                     let local = self.local.as_mut().expect("checked");
                     if let Err(e) = local.commit(writes, applied).await {
                         tracing::error!(error = %e, "the local state store refused a batch; the partition is given up");
+                        return Event::Processed(Err(CallFailure::Storage(e.to_string())));
+                    }
+                    Ok(Vec::new())
+                }
+                Err(e) => Err(e),
+            },
+            // The handler keeps the state in its own directory: it returns
+            // no bytes, and its position is the batch's end.
+            Some(None) => match self.cell().process(records).await {
+                // A handler written for state bytes: no record is to blame.
+                Ok(bytes) if !bytes.is_empty() => Err(CallError::Assign(HandlerError(
+                    "the handler returned state bytes, but the worker's state is a directory \
+                     the handler owns ([state] kind = \"directory\"): keep the state in \
+                     PartitionContext::state_dir and return none"
+                        .into(),
+                ))),
+                Ok(_) => {
+                    drop(permit);
+                    let local = self.local.as_mut().expect("checked");
+                    if let Err(e) = local.commit(WriteSet::new(), applied).await {
                         return Event::Processed(Err(CallFailure::Storage(e.to_string())));
                     }
                     Ok(Vec::new())
@@ -846,6 +868,7 @@ mod tests {
                 partition: PartitionId::new("t", 0),
                 epoch: 1,
                 member: shardcall_core::MemberId::new("m"),
+                state_dir: None,
             },
             store: &store,
             source: Arc::new(FileLogSource::new(log, vec!["t".into()])),

@@ -20,11 +20,13 @@ use shardcall_core::state_plan::{
 use shardcall_core::{Epoch, PartitionId};
 
 use crate::backup_store::BackupError;
-use crate::snapshot::{self, SnapshotError};
-use crate::state_config::{StateConfig, partition_state_dir, partition_store_dir};
+use crate::snapshot::{self, SnapshotError, SnapshotReport};
+use crate::state_config::{
+    StateConfig, StateKind, partition_files_dir, partition_state_dir, partition_store_dir,
+};
 use crate::state_fjall::FjallStateStore;
 use crate::state_runs::{MergedRuns, RunReader, RunWriter};
-use crate::state_store::{Applied, RunStats, StateStore, StateStoreError, WriteSet};
+use crate::state_store::{Applied, RunMark, RunStats, StateStore, StateStoreError, WriteSet};
 use crate::store::Checkpoint;
 
 /// Why a restore did not give a state.
@@ -53,20 +55,38 @@ pub struct Restored {
     pub passed_over: Vec<(String, String)>,
     /// The local store was current: nothing was downloaded or loaded.
     pub local_was_current: bool,
+    /// The snapshot restored (`None`: the local store was current, or there
+    /// was no snapshot).
+    pub manifest: Option<String>,
 }
 
-/// A partition's local state store, its runs and its snapshot history.
+/// A partition's local state (a store and its runs, or the handler's
+/// directory) and its snapshot history.
 pub(crate) struct PartitionState {
     config: StateConfig,
-    store: Arc<FjallStateStore>,
+    local: Local,
     scope: String,
-    runs_dir: PathBuf,
     history: Vec<BackupPointer>,
     /// A snapshot was taken since the last checkpoint: the next one writes
     /// the history.
     fresh: bool,
     unsnapshotted: u64,
     last_manifest: Option<Manifest>,
+}
+
+/// Where a partition's state is on this worker's disk.
+enum Local {
+    /// The runtime's key-value store, and the runs its contents consist of.
+    Store {
+        store: Arc<FjallStateStore>,
+        runs_dir: PathBuf,
+    },
+    /// The handler's own directory ([`crate::StateKind::Directory`]), and
+    /// the position after the last batch the handler finished in it.
+    Directory {
+        files: PathBuf,
+        applied: Option<Applied>,
+    },
 }
 
 fn blocking_failed(e: tokio::task::JoinError) -> StateStoreError {
@@ -111,21 +131,32 @@ impl PartitionState {
         group: &str,
         partition: &PartitionId,
     ) -> Result<Self, StateStoreError> {
-        let runs_dir = partition_state_dir(&config.dir, group, partition).join("runs");
-        std::fs::create_dir_all(&runs_dir).map_err(|e| StateStoreError::Engine {
-            path: runs_dir.clone(),
-            action: "creating its runs directory",
-            cause: Box::new(e),
-        })?;
-        let store = FjallStateStore::open(
-            partition_store_dir(&config.dir, group, partition),
-            config.cache_bytes,
-        )?;
+        let local = match config.kind {
+            StateKind::Store => {
+                let runs_dir = partition_state_dir(&config.dir, group, partition).join("runs");
+                create_dir(&runs_dir, "creating its runs directory")?;
+                let store = FjallStateStore::open(
+                    partition_store_dir(&config.dir, group, partition),
+                    config.cache_bytes,
+                )?;
+                Local::Store {
+                    store: Arc::new(store),
+                    runs_dir,
+                }
+            }
+            StateKind::Directory => {
+                let files = partition_files_dir(&config.dir, group, partition);
+                create_dir(&files, "creating the handler's state directory")?;
+                Local::Directory {
+                    files,
+                    applied: None,
+                }
+            }
+        };
         Ok(Self {
             config: config.clone(),
-            store: Arc::new(store),
+            local,
             scope: format!("{group}/{}/{}", partition.topic, partition.partition),
-            runs_dir,
             history: Vec::new(),
             fresh: false,
             unsnapshotted: 0,
@@ -156,9 +187,13 @@ impl PartitionState {
         }
     }
 
-    /// The store, for a batch's [`crate::StateTxn`].
-    pub(crate) fn store(&self) -> Arc<dyn StateStore> {
-        self.store.clone()
+    /// The store, for a batch's [`crate::StateTxn`] (`None`: the handler
+    /// keeps the state in a directory of its own).
+    pub(crate) fn store(&self) -> Option<Arc<dyn StateStore>> {
+        match &self.local {
+            Local::Store { store, .. } => Some(store.clone()),
+            Local::Directory { .. } => None,
+        }
     }
 
     /// Bytes committed since the last snapshot.
@@ -201,12 +236,22 @@ impl PartitionState {
         writes: WriteSet,
         applied: Applied,
     ) -> Result<(), StateStoreError> {
-        let bytes = writes.bytes();
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.commit(&writes, applied))
-            .await
-            .map_err(blocking_failed)??;
-        self.unsnapshotted += bytes;
+        match &mut self.local {
+            Local::Store { store, .. } => {
+                let bytes = writes.bytes();
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || store.commit(&writes, applied))
+                    .await
+                    .map_err(blocking_failed)??;
+                self.unsnapshotted += bytes;
+            }
+            // The handler wrote its files itself; what changed is not
+            // known in bytes, only that something may have.
+            Local::Directory { applied: at, .. } => {
+                *at = Some(applied);
+                self.unsnapshotted += 1;
+            }
+        }
         Ok(())
     }
 
@@ -215,19 +260,36 @@ impl PartitionState {
     /// else the newest snapshot of the history that restores (only the runs
     /// the store lacks are loaded, only the chunks its runs lack are
     /// downloaded); else, with no history, an empty store.
+    ///
+    /// A handler's directory has no position of its own that a crash could
+    /// not leave behind its files: it is always restored from the newest
+    /// snapshot, each chunk taken from the files already there when they
+    /// hold it (nothing is downloaded when they are still current).
     pub(crate) async fn restore(
         &mut self,
         checkpoint: Option<&Checkpoint>,
     ) -> Result<Restored, RestoreFailure> {
-        let store = self.store.clone();
+        self.history = checkpoint.map(|c| c.backup.clone()).unwrap_or_default();
+        self.fresh = false;
+        match &self.local {
+            Local::Store { store, .. } => self.restore_store(store.clone(), checkpoint).await,
+            Local::Directory { .. } => self.restore_history(None).await,
+        }
+    }
+
+    /// [`Self::restore`] of the runtime's store.
+    async fn restore_store(
+        &mut self,
+        store: Arc<FjallStateStore>,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<Restored, RestoreFailure> {
+        let reading = store.clone();
         let (applied, mark) = tokio::task::spawn_blocking(move || {
-            Ok::<_, StateStoreError>((store.applied()?, store.run_mark()?))
+            Ok::<_, StateStoreError>((reading.applied()?, reading.run_mark()?))
         })
         .await
         .map_err(|e| RestoreFailure::Retry(e.to_string()))?
         .map_err(|e| RestoreFailure::Retry(e.to_string()))?;
-        self.history = checkpoint.map(|c| c.backup.clone()).unwrap_or_default();
-        self.fresh = false;
         let local = applied.map(|a| LocalPosition {
             offset: a.offset,
             epoch: a.epoch,
@@ -243,15 +305,37 @@ impl PartitionState {
                 ..Restored::default()
             });
         }
+        let runs_dir = self.snapshot_dir().to_owned();
+        let at = StoreAt {
+            store,
+            runs_dir,
+            applied,
+            mark,
+        };
+        self.restore_history(Some(&at)).await
+    }
+
+    /// Restores the newest snapshot of the history that restores (into the
+    /// store, whose position and run mark are `store_at`, or into the
+    /// handler's directory); else, with no history, clears the local state.
+    async fn restore_history(
+        &mut self,
+        store_at: Option<&StoreAt>,
+    ) -> Result<Restored, RestoreFailure> {
         let mut passed_over = Vec::new();
         for pointer in self.history.clone() {
-            match self.restore_pointer(&pointer, applied, mark.clone()).await {
+            let attempt = match store_at {
+                Some(at) => self.restore_pointer(&pointer, at).await,
+                None => self.restore_directory(&pointer).await,
+            };
+            match attempt {
                 Ok(downloaded_bytes) => {
                     return Ok(Restored {
                         resume_at: Some(pointer.offset),
                         downloaded_bytes,
                         passed_over,
                         local_was_current: false,
+                        manifest: Some(pointer.manifest),
                     });
                 }
                 Err(Damaged(why)) => {
@@ -268,16 +352,24 @@ impl PartitionState {
                 passed_over.len()
             )));
         }
-        // No snapshot: the partition starts afresh, from an empty store.
-        let store = self.store.clone();
-        let runs_dir = self.runs_dir.clone();
-        tokio::task::spawn_blocking(move || {
-            store.clear()?;
-            clear_runs(&runs_dir)
-        })
-        .await
-        .map_err(|e| RestoreFailure::Retry(e.to_string()))?
-        .map_err(|e| RestoreFailure::Retry(e.to_string()))?;
+        // No snapshot: the partition starts afresh, from an empty state.
+        let cleared = match store_at {
+            Some(at) => {
+                let (store, runs_dir) = (at.store.clone(), at.runs_dir.clone());
+                tokio::task::spawn_blocking(move || {
+                    store.clear()?;
+                    clear_runs(&runs_dir)
+                })
+            }
+            None => {
+                let files = self.snapshot_dir().to_owned();
+                tokio::task::spawn_blocking(move || clear_directory(&files))
+            }
+        };
+        cleared
+            .await
+            .map_err(|e| RestoreFailure::Retry(e.to_string()))?
+            .map_err(|e| RestoreFailure::Retry(e.to_string()))?;
         self.last_manifest = None;
         self.unsnapshotted = 0;
         Ok(Restored::default())
@@ -286,15 +378,15 @@ impl PartitionState {
     async fn restore_pointer(
         &mut self,
         pointer: &BackupPointer,
-        applied: Option<Applied>,
-        mark: Option<crate::state_store::RunMark>,
+        at: &StoreAt,
     ) -> Result<u64, Attempt> {
+        let (applied, mark) = (at.applied, &at.mark);
         let began = crate::clock::now();
         let report = snapshot::restore_immutable(
             &*self.config.backups,
             &self.scope,
             &pointer.manifest,
-            &self.runs_dir,
+            &at.runs_dir,
         )
         .await
         .map_err(Attempt::from)?;
@@ -310,8 +402,7 @@ impl PartitionState {
         tracing::info!(manifest = %pointer.manifest, downloaded_bytes = report.downloaded_bytes,
             ms = began.elapsed().as_millis() as u64, runs = runs.len(),
             loading = runs.len() - plan.from.min(runs.len()), "snapshot fetched; loading its runs");
-        let store = self.store.clone();
-        let runs_dir = self.runs_dir.clone();
+        let (store, runs_dir) = (at.store.clone(), at.runs_dir.clone());
         let loaded =
             tokio::task::spawn_blocking(move || load_runs(&*store, &runs_dir, &runs, plan))
                 .await
@@ -320,8 +411,7 @@ impl PartitionState {
             // Whatever was loaded is not any run's: start the next try
             // from an empty store, and with no local runs (a damaged one
             // kept from before would fail every snapshot that lists it).
-            let store = self.store.clone();
-            let runs_dir = self.runs_dir.clone();
+            let (store, runs_dir) = (at.store.clone(), at.runs_dir.clone());
             let _ = tokio::task::spawn_blocking(move || {
                 store.clear()?;
                 clear_runs(&runs_dir)
@@ -350,14 +440,61 @@ impl PartitionState {
         epoch: Epoch,
         may_rebase: bool,
     ) -> Result<Option<BackupPointer>, SnapshotError> {
-        let store = self.store.clone();
-        let runs_dir = self.runs_dir.clone();
+        let report = match &self.local {
+            Local::Store { store, runs_dir } => {
+                let (store, runs_dir) = (store.clone(), runs_dir.clone());
+                self.snapshot_store(store, runs_dir, epoch, may_rebase)
+                    .await?
+            }
+            // Taken between batches: the handler is not writing now.
+            Local::Directory { files, applied } => match applied {
+                Some(applied) => Some(
+                    snapshot::snapshot(
+                        &*self.config.backups,
+                        &self.scope,
+                        files,
+                        epoch,
+                        applied.offset,
+                    )
+                    .await?,
+                ),
+                None => None,
+            },
+        };
+        let Some(report) = report else {
+            return Ok(None);
+        };
+        crate::telemetry::state_uploaded(report.uploaded_bytes);
+        let pointer = BackupPointer {
+            manifest: report.name.clone(),
+            offset: report.manifest.offset,
+            taken_at_ms: crate::clock::wall_since_epoch().as_millis() as u64,
+            state_bytes: report.manifest.state_bytes(),
+        };
+        self.history =
+            state_plan::push_pointer(&self.history, pointer.clone(), self.config.snapshots.keep);
+        self.fresh = true;
+        self.unsnapshotted = 0;
+        self.last_manifest = Some(report.manifest);
+        Ok(Some(pointer))
+    }
+
+    /// [`Self::snapshot`] of the runtime's store: cuts the next run, then
+    /// uploads the runs' chunks the backup store lacks.
+    async fn snapshot_store(
+        &self,
+        store: Arc<FjallStateStore>,
+        runs_dir: PathBuf,
+        epoch: Epoch,
+        may_rebase: bool,
+    ) -> Result<Option<SnapshotReport>, SnapshotError> {
         let (ratio, max_runs) = (
             self.config.snapshots.rebase_ratio,
             self.config.snapshots.max_runs,
         );
+        let dir = runs_dir.clone();
         let cut = tokio::task::spawn_blocking(move || {
-            cut_run(&*store, &runs_dir, epoch, ratio, max_runs, may_rebase)
+            cut_run(&*store, &dir, epoch, ratio, max_runs, may_rebase)
         })
         .await
         .map_err(|e| SnapshotError::Local {
@@ -371,26 +508,83 @@ impl PartitionState {
         let report = snapshot::snapshot_immutable(
             &*self.config.backups,
             &self.scope,
-            &self.runs_dir,
+            &runs_dir,
             epoch,
             applied.offset,
             self.last_manifest.as_ref(),
         )
         .await?;
-        crate::telemetry::state_uploaded(report.uploaded_bytes);
-        let pointer = BackupPointer {
-            manifest: report.name.clone(),
-            offset: applied.offset,
-            taken_at_ms: crate::clock::wall_since_epoch().as_millis() as u64,
-            state_bytes: report.manifest.state_bytes(),
-        };
-        self.history =
-            state_plan::push_pointer(&self.history, pointer.clone(), self.config.snapshots.keep);
-        self.fresh = true;
-        self.unsnapshotted = 0;
-        self.last_manifest = Some(report.manifest);
-        Ok(Some(pointer))
+        Ok(Some(report))
     }
+
+    /// [`Self::restore`] of one snapshot into the handler's directory;
+    /// gives the bytes downloaded.
+    async fn restore_directory(&mut self, pointer: &BackupPointer) -> Result<u64, Attempt> {
+        let began = crate::clock::now();
+        let files = self.snapshot_dir().to_owned();
+        let report = snapshot::restore(
+            &*self.config.backups,
+            &self.scope,
+            &pointer.manifest,
+            &files,
+        )
+        .await
+        .map_err(Attempt::from)?;
+        tracing::info!(manifest = %pointer.manifest, downloaded_bytes = report.downloaded_bytes,
+            ms = began.elapsed().as_millis() as u64, files = report.manifest.files.len(),
+            "snapshot restored into the handler's directory");
+        crate::telemetry::state_downloaded(report.downloaded_bytes);
+        if let Local::Directory { applied, .. } = &mut self.local {
+            *applied = Some(Applied {
+                offset: pointer.offset,
+                epoch: report.manifest.epoch,
+            });
+        }
+        self.last_manifest = Some(report.manifest);
+        self.unsnapshotted = 0;
+        Ok(report.downloaded_bytes)
+    }
+
+    /// The directory its snapshots are of: the store's runs, or the
+    /// handler's files.
+    fn snapshot_dir(&self) -> &Path {
+        match &self.local {
+            Local::Store { runs_dir, .. } => runs_dir,
+            Local::Directory { files, .. } => files,
+        }
+    }
+}
+
+/// The runtime's store as a restore finds it.
+struct StoreAt {
+    store: Arc<FjallStateStore>,
+    runs_dir: PathBuf,
+    /// Its position, and the run it was last cut into or loaded from.
+    applied: Option<Applied>,
+    mark: Option<RunMark>,
+}
+
+fn create_dir(dir: &Path, action: &'static str) -> Result<(), StateStoreError> {
+    std::fs::create_dir_all(dir).map_err(|e| StateStoreError::Engine {
+        path: dir.to_owned(),
+        action,
+        cause: Box::new(e),
+    })
+}
+
+/// Empties the handler's directory (blocking).
+fn clear_directory(dir: &Path) -> Result<(), StateStoreError> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(StateStoreError::Engine {
+                path: dir.to_owned(),
+                action: "clearing the handler's state directory",
+                cause: Box::new(e),
+            });
+        }
+        _ => {}
+    }
+    create_dir(dir, "creating the handler's state directory")
 }
 
 /// How one snapshot of the history failed.

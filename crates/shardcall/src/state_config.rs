@@ -11,12 +11,16 @@ use std::time::Duration;
 
 use crate::backup_store::BackupStore;
 
-/// A worker's local state stores (the handler uses
-/// [`crate::PartitionHandler::process_state`]).
+/// A worker's local state: each partition's store (the handler uses
+/// [`crate::PartitionHandler::process_state`]) or a directory the handler
+/// owns ([`StateKind::Directory`]), snapshotted to a backup store.
 #[derive(Clone)]
 pub struct StateConfig {
     /// Partition stores live in `<dir>/<group>/<topic>/<partition>/`.
     pub dir: PathBuf,
+    /// Whether the runtime keeps the state in a key-value store or the
+    /// handler keeps it in a directory of its own.
+    pub kind: StateKind,
     /// Where snapshots go: every member of the group must reach the same one.
     pub backups: Arc<dyn BackupStore>,
     /// When snapshots are taken and how many are kept.
@@ -40,12 +44,37 @@ impl StateConfig {
     pub fn new(dir: impl Into<PathBuf>, backups: Arc<dyn BackupStore>) -> Self {
         Self {
             dir: dir.into(),
+            kind: StateKind::Store,
             backups,
             snapshots: SnapshotConfig::default(),
             cache_bytes: 64 << 20,
             warm_up_wait: DEFAULT_WARM_UP_WAIT,
         }
     }
+}
+
+/// Who keeps a partition's local state, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateKind {
+    /// A key-value store the runtime owns: the handler reads and writes it
+    /// through a [`crate::StateTxn`], and each batch's writes commit with
+    /// its offset.
+    #[default]
+    Store,
+    /// A directory the handler owns (a SQLite database, its own files),
+    /// given to it as [`crate::PartitionContext::state_dir`]. The runtime
+    /// snapshots the directory between batches, while the handler is not
+    /// running, and restores it before the first; a failed batch sends the
+    /// partition back to its last snapshot (what the handler left is not
+    /// known to be any offset's state) and replays the log from there.
+    Directory,
+}
+
+/// The directory a [`StateKind::Directory`] handler keeps a partition's
+/// state in: `files/` of [`partition_state_dir`].
+pub fn partition_files_dir(dir: &Path, group: &str, partition: &PartitionId) -> PathBuf {
+    partition_state_dir(dir, group, partition).join("files")
 }
 
 /// Where a partition's local state lives under a worker's state folder
@@ -68,6 +97,7 @@ impl std::fmt::Debug for StateConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StateConfig")
             .field("dir", &self.dir)
+            .field("kind", &self.kind)
             .field("snapshots", &self.snapshots)
             .field("cache_bytes", &self.cache_bytes)
             .finish_non_exhaustive()

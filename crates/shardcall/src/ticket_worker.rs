@@ -393,6 +393,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
         partition: p.clone(),
         epoch: claim.epoch,
         member: claim.holder.clone(),
+        state_dir: None,
     };
     let grant = TicketGrant {
         group: &c.group,

@@ -668,10 +668,15 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
 
     fn start(&mut self, p: PartitionId, epoch: Epoch) {
         let w = self.worker;
+        let state_dir = w.config.state.as_ref().and_then(|s| {
+            (s.kind == crate::StateKind::Directory)
+                .then(|| crate::partition_files_dir(&s.dir, &w.config.group, &p))
+        });
         let ctx = PartitionContext {
             partition: p.clone(),
             epoch,
             member: self.id.clone(),
+            state_dir,
         };
         let (revoke, revoke_rx) = watch::channel(false);
         let (moving, moving_rx) = watch::channel(false);
