@@ -39,6 +39,10 @@ impl Source for AnySource {
         each!(self, s => s.initial_offset(partition).await)
     }
 
+    async fn log_start(&self, partition: &PartitionId) -> Result<Option<u64>, SourceError> {
+        each!(self, s => s.log_start(partition).await)
+    }
+
     async fn fetch(
         &self,
         partition: &PartitionId,

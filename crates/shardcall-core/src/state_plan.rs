@@ -150,6 +150,19 @@ pub fn run_seq(name: &str) -> Option<u64> {
     parts.next().is_none().then_some(seq)
 }
 
+/// The records a restored state would miss: it covers every record below
+/// `resume_at`, so the replay must start there, and a log that now starts
+/// at `log_start` (retention removed what was before) no longer holds
+/// `resume_at..log_start`. `None` when nothing is missing, or the source
+/// cannot tell where its log starts. Reading on from the log's start would
+/// give a state without those records, in silence: the partition must stop
+/// instead.
+pub fn replay_gap(resume_at: u64, log_start: Option<u64>) -> Option<std::ops::Range<u64>> {
+    log_start
+        .filter(|start| *start > resume_at)
+        .map(|start| resume_at..start)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,5 +297,13 @@ mod tests {
                 prop_assert_eq!(listed(&h).len(), h.len());
             }
         }
+    }
+
+    #[test]
+    fn a_restore_whose_replay_the_log_no_longer_holds_is_a_gap() {
+        assert_eq!(replay_gap(100, Some(250)), Some(100..250));
+        assert_eq!(replay_gap(100, Some(100)), None, "the log starts at it");
+        assert_eq!(replay_gap(100, Some(7)), None);
+        assert_eq!(replay_gap(100, None), None, "the source cannot tell");
     }
 }

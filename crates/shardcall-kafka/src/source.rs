@@ -693,6 +693,10 @@ impl Source for KafkaSource {
         blocking(move || inner.start_offset(&p)).await
     }
 
+    async fn log_start(&self, partition: &PartitionId) -> Result<Option<u64>, SourceError> {
+        Ok(Some(self.watermarks(partition).await?.0))
+    }
+
     async fn fetch(
         &self,
         partition: &PartitionId,

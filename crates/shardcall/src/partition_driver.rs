@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use shardcall_core::partition_engine::Command;
 use shardcall_core::{
-    CallFailure, CheckpointAnswer, End, Env, Epoch, Event, PartitionEngine, PartitionRules,
-    StateOf, StoreAnswer,
+    CallFailure, CheckpointAnswer, End, Env, Epoch, Event, PartitionEngine, PartitionId,
+    PartitionRules, StateOf, StoreAnswer, state_plan,
 };
 use shardcall_spool::Record;
 use tokio::sync::watch;
@@ -27,7 +27,7 @@ use crate::handler::{
 };
 use crate::handler_cell::{CallError, HandlerCell};
 use crate::lease::LocalLease;
-use crate::partition_state::{PartitionState, RestoreFailure};
+use crate::partition_state::{PartitionState, RestoreFailure, Restored};
 use crate::source::Source;
 use crate::state_config::StateConfig;
 use crate::state_store::{Applied, WriteSet};
@@ -253,6 +253,49 @@ fn answer<T>(r: Result<T, StoreError>) -> StoreAnswer<T> {
     }
 }
 
+/// Whether the log still holds the records a restored state must
+/// replay from `at`; else the partition stops with an error naming the
+/// snapshot (and why any newer one was passed over), rather than read
+/// on from the log's start with records missing from the state.
+async fn log_holds_replay<Src: Source>(
+    source: &Src,
+    partition: &PartitionId,
+    at: u64,
+    restored: &Restored,
+) -> Result<(), Event> {
+    let start = match source.log_start(partition).await {
+        Ok(start) => start,
+        Err(e) if e.disposition() == Disposition::Fatal => {
+            return Err(Event::Unreadable(e.to_string()));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "finding where the log starts; restoring again");
+            return Err(Event::Restored(StoreAnswer::Failed(e.to_string())));
+        }
+    };
+    let Some(gap) = state_plan::replay_gap(at, start) else {
+        return Ok(());
+    };
+    let mut why = format!(
+        "the restored state ({}) covers the records below offset {at}, but the log now \
+         starts at {} (retention removed offsets {}..{}): replaying cannot complete it",
+        restored.manifest.as_deref().map_or_else(
+            || "the local store, current with the checkpoint".to_owned(),
+            |m| format!("snapshot {m}")
+        ),
+        gap.end,
+        gap.start,
+        gap.end
+    );
+    if let Some((manifest, reason)) = restored.passed_over.first() {
+        why.push_str(&format!(
+            "; the newer snapshot {manifest} was passed over: {reason}"
+        ));
+    }
+    tracing::error!(error = %why, "the partition stops");
+    Err(Event::Unreadable(why))
+}
+
 fn failure(e: CallError) -> CallFailure {
     match e {
         CallError::Batch(e) => CallFailure::Batch(e.0),
@@ -458,6 +501,13 @@ where
         let local = self.local.as_mut().expect("opened");
         match local.restore(checkpoint).await {
             Ok(restored) => {
+                if let Some(at) = restored.resume_at
+                    && let Err(stop) =
+                        log_holds_replay(&*self.d.source, &self.d.ctx.partition, at, &restored)
+                            .await
+                {
+                    return stop;
+                }
                 crate::telemetry::state_restore_seconds(began.elapsed());
                 tracing::info!(
                     resume_at = ?restored.resume_at,

@@ -85,6 +85,15 @@ pub trait Source: Send + Sync + 'static {
     /// The offset after the partition's last record (for lag).
     async fn end_offset(&self, partition: &PartitionId) -> Result<u64, SourceError>;
 
+    /// The first offset the partition's log still holds (retention removes
+    /// older records), when the source can tell; `None` when it cannot. A
+    /// state restored from a snapshot is replayed from the snapshot's
+    /// offset, and the partition stops when the log no longer starts
+    /// there or before.
+    async fn log_start(&self, _partition: &PartitionId) -> Result<Option<u64>, SourceError> {
+        Ok(None)
+    }
+
     /// Whether `partition` holds a record at `offset` or later, when the
     /// source can tell without a network round trip; `None` when it cannot.
     /// Ticket mode wakes a backed-off partition early on `Some(true)`.
@@ -292,6 +301,10 @@ impl Source for FileLogSource {
 
     async fn end_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {
         self.reader(partition)?.end().await
+    }
+
+    async fn log_start(&self, partition: &PartitionId) -> Result<Option<u64>, SourceError> {
+        Ok(Some(self.reader(partition)?.spool.start_offset()))
     }
 
     async fn has_records_from(&self, partition: &PartitionId, offset: u64) -> Option<bool> {

@@ -262,6 +262,10 @@ impl<S: Source> Source for SpooledSource<S> {
         self.inner.initial_offset(partition).await
     }
 
+    async fn log_start(&self, partition: &PartitionId) -> Result<Option<u64>, SourceError> {
+        self.inner.log_start(partition).await
+    }
+
     async fn fetch(
         &self,
         partition: &PartitionId,

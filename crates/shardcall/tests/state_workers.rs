@@ -23,8 +23,8 @@ use bytes::Bytes;
 use shardcall::oracle::{Oracle, check_coverage, check_ownership};
 use shardcall::{
     BackupResult, BackupStore, CoordinationStore, DirBackupStore, FileLogSource, FjallStateStore,
-    HandlerError, HandlerFactory, MemoryStore, PartitionContext, PartitionHandler, StateConfig,
-    StateStore, StateTxn, Worker, WorkerConfig, WorkerHandle,
+    HandlerError, HandlerFactory, MemoryStore, PartitionContext, PartitionHandler, Source,
+    SourceError, StateConfig, StateStore, StateTxn, Worker, WorkerConfig, WorkerHandle,
 };
 use shardcall_core::backup_plan::Manifest;
 use shardcall_core::{GroupConfig, PartitionId, Phase};
@@ -122,6 +122,53 @@ impl HandlerFactory for CountingFactory {
     }
 }
 
+/// The file log as a source whose partitions can be made to start later,
+/// as if retention had removed their first records; a fetch from before the
+/// start reads from the start, as a Kafka consumer resetting to the
+/// earliest offset would.
+struct Trimmed {
+    inner: FileLogSource,
+    starts: Mutex<BTreeMap<u32, u64>>,
+}
+
+impl Trimmed {
+    fn start_of(&self, p: &PartitionId) -> u64 {
+        self.starts
+            .lock()
+            .unwrap()
+            .get(&p.partition)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl Source for Trimmed {
+    async fn partitions(&self) -> Result<Vec<PartitionId>, SourceError> {
+        self.inner.partitions().await
+    }
+    async fn initial_offset(&self, p: &PartitionId) -> Result<u64, SourceError> {
+        Ok(self.inner.initial_offset(p).await?.max(self.start_of(p)))
+    }
+    async fn fetch(
+        &self,
+        p: &PartitionId,
+        offset: u64,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Record>, SourceError> {
+        let from = offset.max(self.start_of(p));
+        self.inner.fetch(p, from, max, wait).await
+    }
+    async fn end_offset(&self, p: &PartitionId) -> Result<u64, SourceError> {
+        self.inner.end_offset(p).await
+    }
+    async fn log_start(&self, p: &PartitionId) -> Result<Option<u64>, SourceError> {
+        let inner = self.inner.log_start(p).await?.unwrap_or(0);
+        Ok(Some(inner.max(self.start_of(p))))
+    }
+}
+
 /// A backup store that counts the chunk bytes read through it, and can be
 /// taken down (every call fails as an unreachable server's would).
 struct Counted {
@@ -210,7 +257,7 @@ struct Cluster {
     root: PathBuf,
     log: FileLog,
     store: Arc<MemoryStore>,
-    source: Arc<FileLogSource>,
+    source: Arc<Trimmed>,
     oracle: Arc<Oracle>,
     backups: Arc<Counted>,
     violations: Arc<Mutex<Vec<String>>>,
@@ -231,7 +278,10 @@ impl Cluster {
         let store = Arc::new(MemoryStore::default());
         Self {
             root: root.to_owned(),
-            source: Arc::new(FileLogSource::new(log.clone(), vec!["t".into()])),
+            source: Arc::new(Trimmed {
+                inner: FileLogSource::new(log.clone(), vec!["t".into()]),
+                starts: Mutex::default(),
+            }),
             log,
             store: store.clone(),
             oracle: Arc::new(Oracle::default()),
@@ -611,6 +661,78 @@ async fn a_damaged_snapshot_is_passed_over_for_the_one_before_and_the_log_replay
         replayed > 0,
         "nothing was replayed: the damaged snapshot was used"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_whose_replay_the_log_no_longer_holds_stops_the_partition_naming_the_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.snapshots.every = Duration::from_millis(1);
+    c.produce(400);
+    c.add_worker_on(0);
+    c.settle(Duration::from_secs(20)).await;
+    c.produce(200);
+    c.settle(Duration::from_secs(20)).await;
+    c.stop(0).await;
+    // Partition 0's newest snapshot has a damaged chunk, and the log no
+    // longer holds the records after the snapshot before it.
+    let id = PartitionId::new("t", 0);
+    let cp = c.store.load_checkpoint(GROUP, &id).await.unwrap().unwrap();
+    let scope = format!("{GROUP}/t/0");
+    let newest = c
+        .backups
+        .get_manifest(&scope, &cp.backup[0].manifest)
+        .await
+        .unwrap();
+    let older = c
+        .backups
+        .get_manifest(&scope, &cp.backup[1].manifest)
+        .await
+        .unwrap();
+    let old_chunks: std::collections::BTreeSet<_> =
+        older.chunks().into_iter().map(|ch| ch.id.clone()).collect();
+    let damaged = newest
+        .chunks()
+        .into_iter()
+        .find(|ch| !old_chunks.contains(&ch.id))
+        .expect("the newest snapshot has a chunk of its own")
+        .id
+        .clone();
+    let path = dir
+        .path()
+        .join("backups")
+        .join(&scope)
+        .join("chunks")
+        .join(&damaged);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    c.source
+        .starts
+        .lock()
+        .unwrap()
+        .insert(0, cp.backup[1].offset + 1);
+    // A machine with an empty disk: partition 0 cannot be completed by
+    // replaying, so the worker stops with an error naming the chunk, and
+    // nothing after the older snapshot was processed into its state.
+    let i = c.add_worker_on(7);
+    let w = c.workers[i].take().unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(30), w.join())
+        .await
+        .expect("the worker went on with a state the log cannot complete");
+    let why = ended.unwrap_err().to_string();
+    assert!(why.contains("t/0"), "{why}");
+    assert!(why.contains("retention removed"), "{why}");
+    assert!(
+        why.contains(&damaged),
+        "the damaged chunk is not named: {why}"
+    );
+    let processed = c
+        .oracle
+        .batches()
+        .iter()
+        .any(|b| b.member.as_str().starts_with(&format!("w{i}")) && b.partition == id);
+    assert!(!processed, "t/0 was processed on an incomplete state");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
