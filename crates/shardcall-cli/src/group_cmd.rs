@@ -393,6 +393,64 @@ async fn load_failures(
         .collect())
 }
 
+/// The restores in progress of `parts`, as their workers report them.
+async fn load_restores(
+    store: &shardcall_redis::RedisStore,
+    group: &str,
+    parts: &[PartitionId],
+) -> anyhow::Result<BTreeMap<PartitionId, shardcall::RestoreReport>> {
+    use shardcall::RestoreReports;
+    let found = per_partition(parts, |p| store.restore_report(group, p)).await?;
+    Ok(found
+        .into_iter()
+        .filter_map(|(p, r)| r.map(|r| (p, r)))
+        .collect())
+}
+
+/// A restore in progress as a status row shows it.
+fn restore_json(report: Option<&shardcall::RestoreReport>, now: Millis) -> serde_json::Value {
+    match report {
+        Some(r) => json!({
+            "member": r.progress.member.to_string(),
+            "warm_up": r.progress.warm_up,
+            "phase": r.progress.phase,
+            "fetched_bytes": r.progress.fetched_bytes,
+            "total_bytes": r.progress.total_bytes,
+            "for_ms": now.saturating_sub(r.since_ms),
+        }),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// A restore in progress as a line under the partitions: who, what, how
+/// far, for how long.
+fn restore_line(partition: &str, r: &serde_json::Value) -> String {
+    let bytes = |k: &str| crate::progress::human_bytes(r[k].as_u64().unwrap_or(0));
+    let what = if r["warm_up"] == true {
+        "warming up"
+    } else {
+        "restoring"
+    };
+    let doing = match r["phase"].as_str() {
+        Some("loading") => format!("loading {} fetched", bytes("fetched_bytes")),
+        _ => {
+            let total = r["total_bytes"].as_u64().unwrap_or(0);
+            let fetched = r["fetched_bytes"].as_u64().unwrap_or(0);
+            let percent = (fetched * 100).checked_div(total).unwrap_or(100);
+            format!(
+                "fetching {} of {} ({percent}%)",
+                bytes("fetched_bytes"),
+                bytes("total_bytes")
+            )
+        }
+    };
+    format!(
+        "{partition}: {} {what}: {doing}, for {:.1}s",
+        r["member"].as_str().unwrap_or("?"),
+        r["for_ms"].as_u64().unwrap_or(0) as f64 / 1000.0
+    )
+}
+
 /// A failure report as a status row shows it, when it is about the grant
 /// or claim the partition has now (`epoch`; `None`: any): an older owner's
 /// report is stale.
@@ -450,6 +508,7 @@ async fn status_once(
     let ends = log.as_ref().expect("opened above").1.ends(&parts).await?;
     let checkpoints = load_checkpoints(store, &args.group, &parts).await?;
     let failures = load_failures(store, &args.group, &parts).await?;
+    let restores = load_restores(store, &args.group, &parts).await?;
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {
         let cp = checkpoints.get(p).and_then(Option::as_ref);
@@ -484,6 +543,8 @@ async fn status_once(
             // The target has warmed the partition's state up (local state
             // stores): the move goes ahead now.
             "target_warm": r.target.as_ref().and_then(|t| g.members.get(t)).is_some_and(|m| m.warm.contains(p)),
+            // A restore (or warm-up) of its local state under way.
+            "restore": restore_json(restores.get(p), now),
             "failing": match &r.phase {
                 Phase::Owned { .. } | Phase::Draining { .. } => failing_json(failures.get(p), epoch, now),
                 _ => serde_json::Value::Null,
@@ -724,6 +785,13 @@ async fn status_once(
                 s("lag"),
                 q,
                 state
+            )?;
+        }
+        for r in rows.iter().filter(|r| !r["restore"].is_null()) {
+            writeln!(
+                out,
+                "{}",
+                restore_line(r["partition"].as_str().unwrap_or("?"), &r["restore"])
             )?;
         }
     }
@@ -1074,4 +1142,39 @@ fn write_ticket_workers(out: &mut String, workers: &[serde_json::Value]) -> std:
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restore_in_progress_shows_who_what_how_far_and_how_long() {
+        let report = shardcall::RestoreReport {
+            progress: shardcall::RestoreProgress {
+                member: shardcall_core::MemberId::new("w2-1"),
+                warm_up: true,
+                phase: shardcall::RestorePhase::Fetching,
+                fetched_bytes: 256 << 20,
+                total_bytes: 1 << 30,
+            },
+            since_ms: 1_000,
+        };
+        let row = restore_json(Some(&report), 13_500);
+        assert_eq!(row["for_ms"], 12_500);
+        assert_eq!(row["phase"], "fetching");
+        assert_eq!(
+            restore_line("t/3", &row),
+            "t/3: w2-1 warming up: fetching 256.0 MiB of 1.0 GiB (25%), for 12.5s"
+        );
+        let mut loading = report.clone();
+        loading.progress.warm_up = false;
+        loading.progress.phase = shardcall::RestorePhase::Loading;
+        let line = restore_line("t/3", &restore_json(Some(&loading), 13_500));
+        assert!(
+            line.contains("w2-1 restoring: loading 256.0 MiB fetched"),
+            "{line}"
+        );
+        assert!(restore_json(None, 0).is_null());
+    }
 }

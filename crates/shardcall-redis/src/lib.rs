@@ -8,6 +8,7 @@ mod failures;
 mod foreign;
 mod groups;
 mod redact;
+mod restores;
 mod store;
 /// Servers for tests and benchmarks: `redis-server` and clusters on free
 /// ports, a TCP proxy that can cut or delay the link (feature `testkit`).

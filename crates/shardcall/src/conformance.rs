@@ -41,6 +41,7 @@ macro_rules! __store_checks {
             the_first_member_sets_the_policy,
             operators_change_the_policy_audited,
             failure_reports_clear_by_epoch,
+            restore_reports_keep_their_start_and_clear_by_member,
         }
     };
 }
@@ -215,6 +216,63 @@ pub async fn failure_reports_keep_the_streak<S: CoordinationStore>(store: &S, gr
     assert!(again.since_ms > first.since_ms, "a new streak starts anew");
     // Another partition is not touched.
     assert_eq!(store.failure(group, &p(1)).await.unwrap(), None);
+}
+
+/// A restore's report replaces the last one and keeps when the member's
+/// restore began (another member's report starts anew); clearing removes
+/// only the clearing member's report; nothing else is touched.
+pub async fn restore_reports_keep_their_start_and_clear_by_member<S: CoordinationStore>(
+    store: &S,
+    group: &str,
+) {
+    use crate::restores::{RestorePhase, RestoreProgress};
+    let (a, b) = (m("a"), m("b"));
+    let progress = |member: &MemberId, phase, fetched_bytes| RestoreProgress {
+        member: member.clone(),
+        warm_up: true,
+        phase,
+        fetched_bytes,
+        total_bytes: 1000,
+    };
+    assert_eq!(store.restore_report(group, &p(0)).await.unwrap(), None);
+    store.clear_restore(group, &p(0), &a).await.unwrap();
+    let before = store.now().await.unwrap();
+    store
+        .report_restore(group, &p(0), &progress(&a, RestorePhase::Fetching, 10))
+        .await
+        .unwrap();
+    let first = store.restore_report(group, &p(0)).await.unwrap().unwrap();
+    assert!(first.since_ms >= before, "since is the store's now");
+    assert_eq!(first.progress, progress(&a, RestorePhase::Fetching, 10));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store
+        .report_restore(group, &p(0), &progress(&a, RestorePhase::Loading, 1000))
+        .await
+        .unwrap();
+    let second = store.restore_report(group, &p(0)).await.unwrap().unwrap();
+    assert_eq!(second.progress, progress(&a, RestorePhase::Loading, 1000));
+    assert_eq!(second.since_ms, first.since_ms, "the same restore");
+    // Another member's restore starts anew; a's end does not clear it.
+    store
+        .report_restore(group, &p(0), &progress(&b, RestorePhase::Fetching, 0))
+        .await
+        .unwrap();
+    let other = store.restore_report(group, &p(0)).await.unwrap().unwrap();
+    assert!(other.since_ms > first.since_ms, "{other:?}");
+    store.clear_restore(group, &p(0), &a).await.unwrap();
+    assert_eq!(
+        store
+            .restore_report(group, &p(0))
+            .await
+            .unwrap()
+            .unwrap()
+            .progress
+            .member,
+        b
+    );
+    assert_eq!(store.restore_report(group, &p(1)).await.unwrap(), None);
+    store.clear_restore(group, &p(0), &b).await.unwrap();
+    assert_eq!(store.restore_report(group, &p(0)).await.unwrap(), None);
 }
 
 /// Clearing removes a report of the same or an older epoch, never a newer

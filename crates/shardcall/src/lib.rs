@@ -42,6 +42,7 @@ pub mod oracle;
 mod partition;
 mod partition_driver;
 mod partition_state;
+mod restores;
 mod running;
 pub mod snapshot;
 mod source;
@@ -80,6 +81,9 @@ pub use lease::LocalLease;
 pub use memory::{Clock, MemoryStore, SystemClock};
 pub use partition::TaskEnd;
 pub use partition_state::{RestoreFailure, Restored};
+pub use restores::{
+    RESTORE_REPORT_TTL, RestoreMeter, RestorePhase, RestoreProgress, RestoreReport, RestoreReports,
+};
 pub use running::RunningWorker;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;

@@ -12,6 +12,7 @@ use shardcall_core::{
 };
 
 use crate::failures::{FailureReport, FailureReports, clip_error};
+use crate::restores::{RESTORE_REPORT_TTL, RestoreProgress, RestoreReport, RestoreReports};
 use crate::store::{Checkpoint, CoordinationStore, GroupPolicy, StoreError, StoreResult};
 
 pub use crate::clock::{Clock, SystemClock};
@@ -32,6 +33,8 @@ pub(crate) struct Inner {
     policies: HashMap<String, (String, Millis)>,
     /// Failing partitions' reports.
     failures: HashMap<(String, PartitionId), FailureReport>,
+    /// Restores in progress, each with when it expires.
+    restores: HashMap<(String, PartitionId), (RestoreReport, Millis)>,
     /// Ticket mode: rung when a ticket becomes due at once.
     pub(crate) ticket_bells: HashMap<String, tokio::sync::watch::Sender<u64>>,
     /// Ticket mode: each group's announced workers.
@@ -200,6 +203,65 @@ impl FailureReports for MemoryStore {
             .failures
             .get(&(group.to_owned(), partition.clone()))
             .cloned())
+    }
+}
+
+#[async_trait]
+impl RestoreReports for MemoryStore {
+    async fn report_restore(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        progress: &RestoreProgress,
+    ) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        let key = (group.to_owned(), partition.clone());
+        let since_ms = match inner.restores.get(&key) {
+            Some((before, until)) if *until > now && before.progress.member == progress.member => {
+                before.since_ms
+            }
+            _ => now,
+        };
+        let report = RestoreReport {
+            progress: progress.clone(),
+            since_ms,
+        };
+        let until = now + RESTORE_REPORT_TTL.as_millis() as Millis;
+        inner.restores.insert(key, (report, until));
+        Ok(())
+    }
+
+    async fn clear_restore(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        member: &MemberId,
+    ) -> StoreResult<()> {
+        let mut inner = self.inner.lock().expect("store lock");
+        let key = (group.to_owned(), partition.clone());
+        if inner
+            .restores
+            .get(&key)
+            .is_some_and(|(r, _)| r.progress.member == *member)
+        {
+            inner.restores.remove(&key);
+        }
+        Ok(())
+    }
+
+    async fn restore_report(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+    ) -> StoreResult<Option<RestoreReport>> {
+        let now = self.clock.now_ms();
+        let inner = self.inner.lock().expect("store lock");
+        Ok(inner
+            .restores
+            .get(&(group.to_owned(), partition.clone()))
+            .filter(|(_, until)| *until > now)
+            .map(|(r, _)| r.clone()))
     }
 }
 

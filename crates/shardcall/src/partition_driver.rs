@@ -499,7 +499,16 @@ where
     async fn restore_local(&mut self, checkpoint: Option<&Checkpoint>) -> Event {
         let began = clock::now();
         let local = self.local.as_mut().expect("opened");
-        match local.restore(checkpoint).await {
+        let meter = local.meter();
+        let restored = crate::restores::reported(
+            self.d.store,
+            (self.d.group, &self.d.ctx.partition, &self.d.ctx.member),
+            false,
+            &meter,
+            local.restore(checkpoint),
+        )
+        .await;
+        match restored {
             Ok(restored) => {
                 if let Some(at) = restored.resume_at
                     && let Err(stop) =

@@ -20,6 +20,7 @@ use shardcall_core::state_plan::{
 use shardcall_core::{Epoch, PartitionId};
 
 use crate::backup_store::BackupError;
+use crate::restores::RestoreMeter;
 use crate::snapshot::{self, SnapshotError, SnapshotReport};
 use crate::state_config::{
     StateConfig, StateKind, partition_files_dir, partition_state_dir, partition_store_dir,
@@ -72,6 +73,8 @@ pub(crate) struct PartitionState {
     fresh: bool,
     unsnapshotted: u64,
     last_manifest: Option<Manifest>,
+    /// How far the restore under way has got.
+    meter: Arc<RestoreMeter>,
 }
 
 /// Where a partition's state is on this worker's disk.
@@ -161,6 +164,7 @@ impl PartitionState {
             fresh: false,
             unsnapshotted: 0,
             last_manifest: None,
+            meter: Arc::default(),
         })
     }
 
@@ -194,6 +198,11 @@ impl PartitionState {
             Local::Store { store, .. } => Some(store.clone()),
             Local::Directory { .. } => None,
         }
+    }
+
+    /// What the restore under way counts (for its progress reports).
+    pub(crate) fn meter(&self) -> Arc<RestoreMeter> {
+        self.meter.clone()
     }
 
     /// Bytes committed since the last snapshot.
@@ -387,6 +396,7 @@ impl PartitionState {
             &self.scope,
             &pointer.manifest,
             &at.runs_dir,
+            &self.meter,
         )
         .await
         .map_err(Attempt::from)?;
@@ -402,6 +412,7 @@ impl PartitionState {
         tracing::info!(manifest = %pointer.manifest, downloaded_bytes = report.downloaded_bytes,
             ms = began.elapsed().as_millis() as u64, runs = runs.len(),
             loading = runs.len() - plan.from.min(runs.len()), "snapshot fetched; loading its runs");
+        self.meter.loading();
         let (store, runs_dir) = (at.store.clone(), at.runs_dir.clone());
         let loaded =
             tokio::task::spawn_blocking(move || load_runs(&*store, &runs_dir, &runs, plan))
@@ -522,11 +533,12 @@ impl PartitionState {
     async fn restore_directory(&mut self, pointer: &BackupPointer) -> Result<u64, Attempt> {
         let began = crate::clock::now();
         let files = self.snapshot_dir().to_owned();
-        let report = snapshot::restore(
+        let report = snapshot::restore_metered(
             &*self.config.backups,
             &self.scope,
             &pointer.manifest,
             &files,
+            &self.meter,
         )
         .await
         .map_err(Attempt::from)?;

@@ -19,6 +19,7 @@ use shardcall_core::Epoch;
 use shardcall_core::backup_plan::{self, ChunkRef, Collection, FileEntry, Manifest, manifest_name};
 
 use crate::backup_store::{BackupError, BackupStore};
+use crate::restores::RestoreMeter;
 
 /// The most bytes of one chunk.
 pub const CHUNK_BYTES: usize = 4 << 20;
@@ -262,6 +263,17 @@ pub async fn restore(
     name: &str,
     dir: &Path,
 ) -> Result<RestoreReport, SnapshotError> {
+    restore_metered(store, scope, name, dir, &RestoreMeter::default()).await
+}
+
+/// [`restore`], counting what it fetches on `meter`.
+pub async fn restore_metered(
+    store: &dyn BackupStore,
+    scope: &str,
+    name: &str,
+    dir: &Path,
+    meter: &RestoreMeter,
+) -> Result<RestoreReport, SnapshotError> {
     let manifest = store.get_manifest(scope, name).await?;
     let have = {
         let dir = dir.to_owned();
@@ -272,10 +284,18 @@ pub async fn restore(
                 cause: std::io::Error::other(e),
             })??
     };
+    meter.fetching(
+        manifest
+            .chunks()
+            .into_iter()
+            .filter(|c| !have.contains_key(&c.id))
+            .map(|c| c.len)
+            .sum(),
+    );
     let building = dir.with_extension("restoring");
     let _ = std::fs::remove_dir_all(&building);
     std::fs::create_dir_all(&building).map_err(local(&building))?;
-    let built = build(store, scope, name, &manifest, &have, &building).await;
+    let built = build(store, scope, name, &manifest, &have, &building, meter).await;
     let downloaded_bytes = match built {
         Ok(n) => n,
         Err(e) => {
@@ -307,6 +327,7 @@ async fn build(
     manifest: &Manifest,
     have: &BTreeMap<String, (PathBuf, u64)>,
     building: &Path,
+    meter: &RestoreMeter,
 ) -> Result<u64, SnapshotError> {
     let mut downloaded_bytes = 0;
     for file in &manifest.files {
@@ -325,6 +346,7 @@ async fn build(
                 None => {
                     let b = fetch_chunk(store, scope, name, &file.path, c).await?;
                     downloaded_bytes += b.len() as u64;
+                    meter.fetched(b.len() as u64);
                     b
                 }
             };
@@ -393,11 +415,12 @@ pub async fn restore_immutable(
     scope: &str,
     name: &str,
     dir: &Path,
+    meter: &RestoreMeter,
 ) -> Result<RestoreReport, SnapshotError> {
     let manifest = store.get_manifest(scope, name).await?;
     std::fs::create_dir_all(dir).map_err(local(dir))?;
     let mut added = Vec::new();
-    let built = build_missing(store, scope, name, &manifest, dir, &mut added).await;
+    let built = build_missing(store, scope, name, &manifest, dir, &mut added, meter).await;
     let downloaded_bytes = match built {
         Ok(n) => n,
         Err(e) => {
@@ -431,11 +454,23 @@ async fn build_missing(
     manifest: &Manifest,
     dir: &Path,
     added: &mut Vec<PathBuf>,
+    meter: &RestoreMeter,
 ) -> Result<u64, SnapshotError> {
+    let kept = |file: &FileEntry| -> Result<bool, SnapshotError> {
+        let path = file_path(scope, name, dir, &file.path)?;
+        Ok(std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == file.len()))
+    };
+    let mut missing = 0;
+    for file in &manifest.files {
+        if !kept(file)? {
+            missing += file.len();
+        }
+    }
+    meter.fetching(missing);
     let mut downloaded_bytes = 0;
     for file in &manifest.files {
         let path = file_path(scope, name, dir, &file.path)?;
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == file.len()) {
+        if kept(file)? {
             continue;
         }
         let tmp = dir.join(format!("{}.tmp", file.path));
@@ -444,6 +479,7 @@ async fn build_missing(
         for c in &file.chunks {
             let bytes = fetch_chunk(store, scope, name, &file.path, c).await?;
             downloaded_bytes += bytes.len() as u64;
+            meter.fetched(bytes.len() as u64);
             std::io::Write::write_all(&mut out, &bytes).map_err(local(&tmp))?;
         }
         out.sync_data().map_err(local(&tmp))?;

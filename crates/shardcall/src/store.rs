@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::failures::FailureReports;
+use crate::restores::RestoreReports;
 pub use crate::store_error::{Cause, Disposition, Refusal, StoreError};
 use shardcall_core::{
     BackupPointer, Command, CoordinatorLease, Epoch, GroupState, MemberId, MemberView, Millis,
@@ -49,9 +50,10 @@ pub struct GroupPolicy {
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// A store shared by the members of groups. It keeps their failing
-/// partitions' reports too ([`FailureReports`]).
+/// partitions' reports too ([`FailureReports`]), and restores in
+/// progress ([`RestoreReports`]).
 #[async_trait]
-pub trait CoordinationStore: FailureReports {
+pub trait CoordinationStore: FailureReports + RestoreReports {
     /// The store's clock in milliseconds; leases and quarantines run on it.
     async fn now(&self) -> StoreResult<Millis>;
 

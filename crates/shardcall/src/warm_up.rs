@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardcall_core::PartitionId;
+use shardcall_core::{MemberId, PartitionId};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -48,7 +48,7 @@ impl WarmUp {
     pub(crate) fn start<S: CoordinationStore>(
         store: Arc<S>,
         config: StateConfig,
-        group: String,
+        (group, member): (String, MemberId),
         partition: PartitionId,
         warm: tokio::sync::mpsc::UnboundedSender<PartitionId>,
     ) -> Self {
@@ -60,6 +60,7 @@ impl WarmUp {
                     store: &*store,
                     config: &config,
                     group: &group,
+                    member: &member,
                     partition: &partition,
                 };
                 run.follow(taken, warm).await
@@ -94,6 +95,7 @@ struct Follow<'a, S> {
     store: &'a S,
     config: &'a StateConfig,
     group: &'a str,
+    member: &'a MemberId,
     partition: &'a PartitionId,
 }
 
@@ -159,7 +161,16 @@ impl<S: CoordinationStore> Follow<'_, S> {
             return Step::Current;
         }
         let began = crate::clock::now();
-        match store.restore(cp.as_ref()).await {
+        let meter = store.meter();
+        let restored = crate::restores::reported(
+            self.store,
+            (self.group, self.partition, self.member),
+            true,
+            &meter,
+            store.restore(cp.as_ref()),
+        )
+        .await;
+        match restored {
             Ok(restored) => {
                 tracing::info!(
                     downloaded_bytes = restored.downloaded_bytes,

@@ -429,7 +429,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                         let warm = WarmUp::start(
                             self.worker.store.clone(),
                             state.clone(),
-                            cfg.group.clone(),
+                            (cfg.group.clone(), self.id.clone()),
                             partition.clone(),
                             self.warmed.0.clone(),
                         );

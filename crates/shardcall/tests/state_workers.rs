@@ -175,6 +175,8 @@ struct Counted {
     inner: DirBackupStore,
     read: AtomicU64,
     down: std::sync::atomic::AtomicBool,
+    /// Each chunk read takes this many milliseconds more.
+    slow_reads_ms: AtomicU64,
     /// The group, to tell the bytes a member read for a partition before
     /// it was granted it from those after.
     coord: Arc<MemoryStore>,
@@ -205,6 +207,10 @@ impl BackupStore for Counted {
     }
     async fn get_chunk(&self, scope: &str, id: &str) -> BackupResult<Bytes> {
         self.up()?;
+        let slow = self.slow_reads_ms.load(Ordering::Relaxed);
+        if slow > 0 {
+            tokio::time::sleep(Duration::from_millis(slow)).await;
+        }
         let b = self.inner.get_chunk(scope, id).await?;
         self.read.fetch_add(b.len() as u64, Ordering::Relaxed);
         let split_for = self.split_for.lock().unwrap().clone();
@@ -289,6 +295,7 @@ impl Cluster {
                 inner: DirBackupStore::new(root.join("backups")).unwrap(),
                 read: AtomicU64::new(0),
                 down: Default::default(),
+                slow_reads_ms: AtomicU64::new(0),
                 coord: store,
                 split_for: Mutex::default(),
                 split: Mutex::default(),
@@ -661,6 +668,57 @@ async fn a_damaged_snapshot_is_passed_over_for_the_one_before_and_the_log_replay
         replayed > 0,
         "nothing was replayed: the damaged snapshot was used"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_restore_reports_its_progress_until_it_is_done() {
+    use shardcall::{RestorePhase, RestoreReports};
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.produce(300);
+    c.add_worker_on(0);
+    c.settle(Duration::from_secs(20)).await;
+    c.stop(0).await;
+    // A machine with an empty disk whose chunk reads take 1.5 s each: its
+    // restores (warm-ups during the quarantine, then the grants') say how
+    // far they are while they last.
+    c.backups.slow_reads_ms.store(1500, Ordering::Relaxed);
+    let i = c.add_worker_on(5);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = BTreeMap::new();
+    while seen.len() < PARTITIONS as usize {
+        assert!(Instant::now() < deadline, "reports seen: {seen:?}");
+        for p in 0..PARTITIONS {
+            let id = PartitionId::new("t", p);
+            if let Some(r) = c.store.restore_report(GROUP, &id).await.unwrap() {
+                seen.insert(p, r);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for r in seen.values() {
+        assert!(
+            r.progress.member.as_str().starts_with(&format!("w{i}-")),
+            "{r:?}"
+        );
+        assert!(r.progress.total_bytes > 0, "{r:?}");
+        assert!(r.progress.fetched_bytes <= r.progress.total_bytes, "{r:?}");
+        assert!(matches!(
+            r.progress.phase,
+            RestorePhase::Fetching | RestorePhase::Loading
+        ));
+    }
+    // Done (reads are fast again), the reports are gone.
+    c.backups.slow_reads_ms.store(0, Ordering::Relaxed);
+    c.produce(40);
+    c.settle_by(Duration::from_secs(30), true).await;
+    for p in 0..PARTITIONS {
+        let id = PartitionId::new("t", p);
+        let left = c.store.restore_report(GROUP, &id).await.unwrap();
+        assert_eq!(left, None, "t/{p}: a finished restore still reported");
+    }
+    c.stop(i).await;
+    c.check_states(&c.read_states(5));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
