@@ -230,6 +230,32 @@ impl Rig {
         .spawn()?)
     }
 
+    /// Waits until the worker `name` reports `p` warm (its standby, or a
+    /// warm-up, holds the newest snapshot).
+    async fn standby_warm(
+        &self,
+        store: &RedisStore,
+        group: &str,
+        name: &str,
+        p: &PartitionId,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        let prefix = format!("{name}-");
+        loop {
+            let g = store.load_group(group).await?;
+            let warm = g
+                .members
+                .values()
+                .any(|m| m.id.as_str().starts_with(&prefix) && m.warm.contains(p));
+            if warm {
+                return Ok(());
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{name} never warmed {p} up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits until the group's partition is checkpointed at `end`.
     async fn settle(
         &self,
@@ -522,10 +548,21 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     let handover_bound_ms = (timing().quarantine_min.as_millis() as f64).max(1.2 * final_delta_ms);
     rig.caught_up(&store_big, "big").await?;
 
-    // 4. A kill -9 failover to another machine with an empty disk.
-    eprintln!("kill -9 failover");
-    let c = big_worker("c")?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // 4. A kill -9 failover to another machine that keeps a standby
+    // replica: it joined with an empty disk, and warms up and follows the
+    // partition it would inherit if its owner failed.
+    eprintln!("kill -9 failover to a standby");
+    let mut standby = state("c");
+    standby.standby_replicas = 1;
+    let c = rig.worker(
+        &store_big,
+        "big",
+        "c",
+        AggregatesFactory { keys },
+        Some(standby),
+    )?;
+    rig.standby_warm(&store_big, "big", "c", &p, Duration::from_secs(3600))
+        .await?;
     rig.produce(
         "big",
         (args.records + 1010..args.records + 2000).map(|j| format!("u:{j}")),

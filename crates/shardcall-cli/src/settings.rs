@@ -179,6 +179,9 @@ pub struct StateSettings {
     /// owner warms its state up.
     #[serde(with = "shardcall_core::duration_text::serde")]
     pub warm_up_wait: std::time::Duration,
+    /// Standby replicas per partition (0 or 1): the member that would
+    /// inherit a partition keeps its state warm.
+    pub standby_replicas: u32,
     /// When snapshots are taken, and how many are kept.
     pub snapshots: shardcall::SnapshotConfig,
 }
@@ -192,6 +195,7 @@ impl Default for StateSettings {
             s3: None,
             cache_bytes: 64 << 20,
             warm_up_wait: shardcall::DEFAULT_WARM_UP_WAIT,
+            standby_replicas: 0,
             snapshots: shardcall::SnapshotConfig::default(),
         }
     }
@@ -219,6 +223,8 @@ pub struct StateChoice {
     pub cache_bytes: u64,
     /// How long a moving partition waits for its next owner's warm-up.
     pub warm_up_wait: std::time::Duration,
+    /// Standby replicas per partition.
+    pub standby_replicas: u32,
     /// When snapshots are taken.
     pub snapshots: shardcall::SnapshotConfig,
 }
@@ -452,6 +458,12 @@ impl Settings {
         if s.cache_bytes == 0 {
             errors.push("state.cache_bytes: must be above zero".into());
         }
+        if s.standby_replicas > 1 {
+            errors.push(format!(
+                "state.standby_replicas: {} is more than 1 (one standby per partition, the member that would inherit it, is kept)",
+                s.standby_replicas
+            ));
+        }
         if s.kind == shardcall::StateKind::Directory {
             if self.handler.exec.is_none() {
                 errors.push(
@@ -492,6 +504,7 @@ impl Settings {
             backup: backup.expect("checked"),
             cache_bytes: s.cache_bytes,
             warm_up_wait: s.warm_up_wait,
+            standby_replicas: s.standby_replicas,
             snapshots: s.snapshots.clone(),
         })
     }
@@ -1004,6 +1017,14 @@ mod tests {
         assert!(all.contains("for an --exec handler"), "{all}");
         assert!(
             all.contains("cannot be used with dead_letters.topic"),
+            "{all}"
+        );
+        let all = errors_of(&format!(
+            "{base}[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\nstandby_replicas = 2\n"
+        ))
+        .unwrap_err();
+        assert!(
+            all.contains("state.standby_replicas: 2 is more than 1"),
             "{all}"
         );
         assert_eq!(

@@ -117,6 +117,8 @@ digest_work = @                      # the built-in handler's simulated work per
 # cache_bytes = @                   # each partition store's block cache
 # warm_up_wait = @                  # a moving partition stays with its owner this long at
 #                                   # most, while the next owner warms its state up
+# standby_replicas = @              # 1: the member that would inherit a partition keeps
+#                                   # its state warm, so a crash restores little
 #
 # [state.s3]                        # ...or in S3-compatible object storage
 # endpoint = "http://127.0.0.1:9000" # none: AWS for the region

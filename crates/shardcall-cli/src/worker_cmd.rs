@@ -370,6 +370,7 @@ fn spawn<Src: Source>(
             snapshots: state.snapshots.clone(),
             cache_bytes: state.cache_bytes,
             warm_up_wait: state.warm_up_wait,
+            standby_replicas: state.standby_replicas,
         });
     }
     let worker = Worker {

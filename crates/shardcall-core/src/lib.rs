@@ -32,6 +32,7 @@ pub mod member_engine;
 pub mod membership;
 pub mod partition_engine;
 pub mod retry;
+pub mod standby;
 pub mod state;
 pub mod state_plan;
 pub mod ticket_memory;

@@ -40,6 +40,11 @@ pub struct MemberRules {
     /// state stores): fetch their newest snapshot while the old owner still
     /// finishes, so the grant finds the state nearly current.
     pub warm_ups: bool,
+    /// Keep standby replicas: also warm up, and keep following, the
+    /// partitions this member would inherit if their owner failed
+    /// ([`crate::standby`]), asking which they are this often (0: no
+    /// standbys). Needs `warm_ups`.
+    pub standby_every_ms: Millis,
 }
 
 /// What the driver is to do next.
@@ -106,6 +111,11 @@ pub enum MemberCommand {
         /// The partition.
         partition: PartitionId,
     },
+    /// Find the partitions this member would inherit if their owners
+    /// failed now ([`crate::standby::standby_for`] on the group's state).
+    /// Answer: [`MemberEvent::Standbys`] (or [`MemberEvent::Done`] when the
+    /// group could not be read: the last set stays).
+    ReadStandbys,
     /// Tell the group which partitions on their way here are warm (their
     /// local store holds a current snapshot): the coordinator may revoke
     /// them from their owners now. The whole set, replacing the last one
@@ -150,6 +160,8 @@ pub enum MemberEvent {
         /// The grant it ran under.
         epoch: Epoch,
     },
+    /// The partitions this member stands by for.
+    Standbys(BTreeSet<PartitionId>),
     /// A warm-up's local store holds the newest snapshot there was.
     WarmedUp {
         /// The partition.
@@ -210,6 +222,12 @@ pub struct MemberEngine {
     lease_lapsed: bool,
     /// Stopping: leave at this local time even if tasks still run.
     leave_by: Option<Millis>,
+    /// The partitions on their way here, as the last view had them.
+    incoming: BTreeSet<PartitionId>,
+    /// The partitions this member stands by for, as last read.
+    standby: BTreeSet<PartitionId>,
+    /// When to read them next.
+    next_standby_read: Millis,
 }
 
 impl MemberEngine {
@@ -226,6 +244,9 @@ impl MemberEngine {
             queue: VecDeque::new(),
             lease_lapsed: false,
             leave_by: None,
+            incoming: BTreeSet::new(),
+            standby: BTreeSet::new(),
+            next_standby_read: sent,
         }
     }
 
@@ -277,6 +298,8 @@ impl MemberEngine {
                 self.tasks.clear();
                 self.warming.clear();
                 self.warm.clear();
+                self.incoming.clear();
+                self.standby.clear();
                 self.queue.clear();
                 self.queue.push_back(MemberCommand::StopAll);
                 self.queue.push_back(MemberCommand::Rejoin);
@@ -295,6 +318,12 @@ impl MemberEngine {
             MemberEvent::TaskEnded { partition, epoch } => {
                 if self.tasks.get(&partition).is_some_and(|t| t.epoch == epoch) {
                     self.tasks.remove(&partition);
+                }
+            }
+            MemberEvent::Standbys(standby) => {
+                if self.round != Round::ShuttingDown {
+                    self.standby = standby;
+                    self.reconcile_standbys();
                 }
             }
             MemberEvent::WarmedUp { partition } => {
@@ -316,6 +345,8 @@ impl MemberEngine {
                         .push_back(MemberCommand::EndWarmUp { partition: p });
                 }
                 self.warm.clear();
+                self.incoming.clear();
+                self.standby.clear();
                 for (p, t) in &mut self.tasks {
                     if !t.revoked {
                         t.revoked = true;
@@ -363,6 +394,13 @@ impl MemberEngine {
                 }
                 self.round = Round::Reading;
                 self.queue.push_back(MemberCommand::ReadView);
+                if self.rules.warm_ups
+                    && self.rules.standby_every_ms > 0
+                    && now >= self.next_standby_read
+                {
+                    self.next_standby_read = now + self.rules.standby_every_ms;
+                    self.queue.push_back(MemberCommand::ReadStandbys);
+                }
                 MemberCommand::Coordinate
             }
             Round::Reading => MemberCommand::Wait,
@@ -463,18 +501,25 @@ impl MemberEngine {
     }
 
     /// Starts warm-ups for the partitions on their way here, and ends the
-    /// ones whose partition went elsewhere.
+    /// ones whose partition went elsewhere (and that it does not stand by
+    /// for).
     fn reconcile_warm_ups(&mut self, view: &MemberView) {
         if !self.rules.warm_ups {
             return;
         }
-        let incoming: BTreeSet<&PartitionId> = view.incoming.iter().collect();
-        let gone: Vec<PartitionId> = self
-            .warming
-            .iter()
-            .filter(|p| !incoming.contains(p))
+        self.incoming = view.incoming.iter().cloned().collect();
+        self.reconcile_standbys();
+    }
+
+    /// Warm-ups for what is on its way here or stood by for, and no others.
+    fn reconcile_standbys(&mut self) {
+        let wanted: BTreeSet<PartitionId> = self
+            .incoming
+            .union(&self.standby)
+            .filter(|p| !self.tasks.contains_key(*p))
             .cloned()
             .collect();
+        let gone: Vec<PartitionId> = self.warming.difference(&wanted).cloned().collect();
         for p in gone {
             self.warming.remove(&p);
             if self.warm.remove(&p) {
@@ -483,11 +528,9 @@ impl MemberEngine {
             self.queue
                 .push_back(MemberCommand::EndWarmUp { partition: p });
         }
-        for p in incoming {
-            if !self.tasks.contains_key(p) && self.warming.insert(p.clone()) {
-                self.queue.push_back(MemberCommand::WarmUp {
-                    partition: p.clone(),
-                });
+        for p in wanted {
+            if self.warming.insert(p.clone()) {
+                self.queue.push_back(MemberCommand::WarmUp { partition: p });
             }
         }
     }
@@ -509,6 +552,7 @@ mod tests {
                 },
                 heartbeat_every_ms: EVERY,
                 warm_ups: true,
+                standby_every_ms: 0,
             },
             0,
         )
@@ -643,6 +687,59 @@ mod tests {
         // Held partitions are never warmed up again while their task runs.
         let cmds = round_with(&mut e, 40, &incoming(&[owned(0, 2)], &[0, 1]));
         assert!(warm_ups(&cmds).is_empty(), "{cmds:?}");
+    }
+
+    /// One round answering `ReadStandbys` with `standby`; also whether it
+    /// was asked.
+    fn round_standing_by(
+        e: &mut MemberEngine,
+        now: Millis,
+        view: &MemberView,
+        standby: &[u32],
+    ) -> (Vec<MemberCommand>, bool) {
+        let (mut out, mut asked) = (Vec::new(), false);
+        let mut event = MemberEvent::Woke;
+        loop {
+            let c = e.step(event, now);
+            event = match &c {
+                MemberCommand::Renew => MemberEvent::Renewed { sent: now },
+                MemberCommand::ReadView => MemberEvent::View(view.clone()),
+                MemberCommand::ReadStandbys => {
+                    asked = true;
+                    MemberEvent::Standbys(standby.iter().map(|i| p(*i)).collect())
+                }
+                MemberCommand::Wait => {
+                    out.push(c);
+                    return (out, asked);
+                }
+                _ => MemberEvent::Done,
+            };
+            out.push(c);
+        }
+    }
+
+    #[test]
+    fn standbys_are_asked_for_on_their_cadence_and_kept_warm_until_the_member_is_no_heir() {
+        let mut e = engine();
+        e.rules.standby_every_ms = 1_000;
+        let (cmds, asked) = round_standing_by(&mut e, 10, &incoming(&[], &[1]), &[0, 2]);
+        assert!(asked);
+        assert_eq!(warm_ups(&cmds), [&p(1), &p(0), &p(2)], "the view first");
+        // Not asked again before its time; the standbys are kept meanwhile
+        // (p(1) is still incoming).
+        let (cmds, asked) = round_standing_by(&mut e, 500, &incoming(&[], &[1]), &[]);
+        assert!(!asked);
+        assert!(ended_warm_ups(&cmds).is_empty(), "{cmds:?}");
+        // No longer the heir of p(0): its warm-up ends; p(2) is granted
+        // here and its task takes the warm-up over.
+        let (cmds, asked) = round_standing_by(&mut e, 1_100, &incoming(&[owned(2, 3)], &[1]), &[2]);
+        assert!(asked);
+        assert_eq!(ended_warm_ups(&cmds), [&p(0)]);
+        assert_eq!(starts(&cmds), [&p(2)]);
+        // Without standbys nothing is asked.
+        let mut e = engine();
+        let (_, asked) = round_standing_by(&mut e, 10, &incoming(&[], &[]), &[0]);
+        assert!(!asked);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use shardcall_core::partition_engine::Command as Do;
+use shardcall_core::standby::standby_for;
 use shardcall_core::{
     CallFailure, CheckpointAnswer, Command, Epoch, Event, Grant, GroupState, LeaseRule,
     MemberCommand, MemberEngine, MemberEvent, MemberId, MemberRules, Millis, PartitionEngine,
@@ -61,6 +62,14 @@ fn partition_rules() -> PartitionRules {
     }
 }
 
+/// The coordinator's options, also those the standbys are found with.
+fn step_options() -> StepOptions {
+    StepOptions {
+        warm_up_wait_ms: WARM_UP_WAIT,
+        ..StepOptions::default()
+    }
+}
+
 fn member_rules() -> MemberRules {
     MemberRules {
         lease: LeaseRule {
@@ -69,6 +78,7 @@ fn member_rules() -> MemberRules {
         },
         heartbeat_every_ms: HEARTBEAT_EVERY,
         warm_ups: true,
+        standby_every_ms: 5 * HEARTBEAT_EVERY,
     }
 }
 
@@ -139,6 +149,8 @@ struct Sim {
     /// Coordinator ticks that kept a moving partition for its warm-up, and
     /// revokes of partitions whose next owner had reported them warm.
     warm_up_waits: usize,
+    /// Partitions members were told they stand by for.
+    standbys_named: usize,
     warm_revokes: usize,
     refused_checkpoints: usize,
     tasks_died: usize,
@@ -168,6 +180,7 @@ impl Sim {
             broken_chains: Vec::new(),
             rebalances: Vec::new(),
             warm_up_waits: 0,
+            standbys_named: 0,
             warm_revokes: 0,
             refused_checkpoints: 0,
             tasks_died: 0,
@@ -338,6 +351,17 @@ impl Sim {
                 self.members[i].warming.insert(partition, at);
                 MemberEvent::Done
             }
+            // Standbys as the runtime finds them: from the group's state,
+            // read now (or not at all).
+            MemberCommand::ReadStandbys => {
+                if self.rng.chance(2.0) {
+                    MemberEvent::Done
+                } else {
+                    let standby = standby_for(&self.store, &id, now, &step_options());
+                    self.standbys_named += standby.len();
+                    MemberEvent::Standbys(standby)
+                }
+            }
             MemberCommand::EndWarmUp { partition } => {
                 self.members[i].warming.remove(&partition);
                 MemberEvent::Done
@@ -382,11 +406,7 @@ impl Sim {
         let Ok(Some(lease)) = self.store.acquire_coordinator(id, now, COORD_TTL) else {
             return;
         };
-        let options = StepOptions {
-            warm_up_wait_ms: WARM_UP_WAIT,
-            ..StepOptions::default()
-        };
-        let plan = step_with(&self.store, now, &self.partitions, &options);
+        let plan = step_with(&self.store, now, &self.partitions, &step_options());
         if plan.commands.is_empty() {
             return;
         }
@@ -761,7 +781,7 @@ fn verify(sim: &Sim) {
 #[test]
 fn the_engines_keep_every_property_under_crashes_pauses_lost_answers_and_dying_tasks() {
     let (mut rejoined, mut crashed, mut died, mut dead, mut rebalances) = (0, 0, 0, 0, 0);
-    let (mut waits, mut warm_revokes) = (0, 0);
+    let (mut waits, mut warm_revokes, mut standbys) = (0, 0, 0);
     let seeds = common::seeds(2_000);
     for &seed in &seeds {
         let sim = scenario(seed, |_| {});
@@ -773,6 +793,7 @@ fn the_engines_keep_every_property_under_crashes_pauses_lost_answers_and_dying_t
         rebalances += sim.rebalances.len();
         waits += sim.warm_up_waits;
         warm_revokes += sim.warm_revokes;
+        standbys += sim.standbys_named;
     }
     // The runs really exercised the faults.
     if seeds.len() >= 100 {
@@ -786,6 +807,7 @@ fn the_engines_keep_every_property_under_crashes_pauses_lost_answers_and_dying_t
         assert!(dead > n, "only {dead} records dead-lettered");
         assert!(rebalances > n, "only {rebalances} rebalances");
         assert!(waits > n, "only {waits} ticks waited for a warm-up");
+        assert!(standbys > n, "only {standbys} standbys named");
         assert!(
             warm_revokes > n / 10,
             "only {warm_revokes} revokes after a warm-up"

@@ -439,3 +439,35 @@ fn a_moving_partition_stays_with_its_owner_until_the_next_owner_is_warm_or_the_w
         1
     );
 }
+
+#[test]
+fn a_crashed_owners_partitions_go_to_the_heirs_named_before_the_crash() {
+    use shardcall_core::standby::{heirs, standby_for};
+    let options = shardcall_core::StepOptions::default();
+    let parts: Vec<PartitionId> = (0..6).map(p).collect();
+    let mut g = GroupState::new(policy(400));
+    g.join(&m("a"), 1, "h", 0, TTL).unwrap(); // lease ends at 1000
+    g.join(&m("b"), 1, "h", 0, 100_000).unwrap();
+    g.join(&m("c"), 1, "h", 0, 100_000).unwrap();
+    settle(&mut g, &m("b"), 0, &parts);
+    let named = heirs(&g, 10, &options);
+    assert_eq!(named.len(), 6, "every partition has an heir: {named:?}");
+    for (part, heir) in &named {
+        let holder = g.partitions[part].phase.holder().unwrap().0.clone();
+        assert_ne!(*heir, holder, "{part}");
+    }
+    let of_a: Vec<_> = g.held_by(&m("a")).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(of_a.len(), 2);
+    // a's two partitions are shared between b and c (balance).
+    let a_heirs: std::collections::BTreeSet<_> = of_a.iter().map(|p| named[p].clone()).collect();
+    assert_eq!(a_heirs.len(), 2, "{named:?}");
+    let b_standby = standby_for(&g, &m("b"), 10, &options);
+    assert!(b_standby.iter().all(|p| named[p] == m("b")));
+    // a crashes: after its quarantine its partitions are granted to the
+    // heirs named before.
+    settle(&mut g, &m("b"), 1400, &parts);
+    for part in &of_a {
+        let owner = g.partitions[part].phase.holder().unwrap().0.clone();
+        assert_eq!(owner, named[part], "{part}");
+    }
+}

@@ -32,6 +32,11 @@ pub struct StateConfig {
     /// soon as the new owner reports it warm). Zero: revoke at once, and
     /// warm up during the quarantine only.
     pub warm_up_wait: Duration,
+    /// Standby replicas per partition: 0, or 1 to keep each partition's
+    /// state warm on the member that would inherit it if its owner failed
+    /// (following its snapshots), so a crash restores only the last
+    /// snapshot's new runs and replays what came after it.
+    pub standby_replicas: u32,
 }
 
 /// The default [`StateConfig::warm_up_wait`]: long enough to fetch and
@@ -49,6 +54,7 @@ impl StateConfig {
             snapshots: SnapshotConfig::default(),
             cache_bytes: 64 << 20,
             warm_up_wait: DEFAULT_WARM_UP_WAIT,
+            standby_replicas: 0,
         }
     }
 }
@@ -100,6 +106,7 @@ impl std::fmt::Debug for StateConfig {
             .field("kind", &self.kind)
             .field("snapshots", &self.snapshots)
             .field("cache_bytes", &self.cache_bytes)
+            .field("standby_replicas", &self.standby_replicas)
             .finish_non_exhaustive()
     }
 }

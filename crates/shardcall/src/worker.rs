@@ -363,6 +363,10 @@ fn discover<Src: Source>(
     (task, rx)
 }
 
+/// How often a member with standby replicas asks which partitions it
+/// stands by for.
+const STANDBY_EVERY: Duration = Duration::from_secs(2);
+
 impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Src, F> {
     /// Carries out the member engine's commands until it says rejoin or
     /// leave.
@@ -376,6 +380,10 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             },
             heartbeat_every_ms: timing.heartbeat_interval.as_millis() as Millis,
             warm_ups: cfg.state.is_some(),
+            standby_every_ms: match &cfg.state {
+                Some(s) if s.standby_replicas > 0 => STANDBY_EVERY.as_millis() as Millis,
+                _ => 0,
+            },
         };
         let mut engine = MemberEngine::new(rules, self.joined);
         let mut ticker = tokio::time::interval(timing.tick_interval);
@@ -437,6 +445,15 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                     }
                     MemberEvent::Done
                 }
+                MemberCommand::ReadStandbys => match self.read_standbys().await {
+                    Ok(standby) => MemberEvent::Standbys(standby),
+                    Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
+                    // The last set stays until the next read.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "finding the partitions to stand by for");
+                        MemberEvent::Done
+                    }
+                },
                 MemberCommand::EndWarmUp { partition } => {
                     self.warm_ups.remove(&partition);
                     MemberEvent::Done
@@ -609,6 +626,30 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         })
     }
 
+    /// The coordinator's options for this group.
+    fn step_options(&self) -> shardcall_core::StepOptions {
+        let w = self.worker;
+        let mut options = w.config.timing.step_options();
+        if let Some(s) = &w.config.state {
+            options.warm_up_wait_ms = s.warm_up_wait.as_millis() as Millis;
+        }
+        options
+    }
+
+    /// The partitions this member would inherit if their owners failed
+    /// now: the coordinator's decision, made ahead on the group's state.
+    async fn read_standbys(&self) -> Result<std::collections::BTreeSet<PartitionId>, StoreError> {
+        let w = self.worker;
+        let state = w.store.load_group(&w.config.group).await?;
+        let now = w.store.now().await?;
+        Ok(shardcall_core::standby::standby_for(
+            &state,
+            &self.id,
+            now,
+            &self.step_options(),
+        ))
+    }
+
     async fn coordinate(&mut self) -> Result<(), StoreError> {
         let w = self.worker;
         let group = w.config.group.as_str();
@@ -624,11 +665,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         };
         let state = w.store.refresh_group(group, self.cached.take()).await?;
         let now = w.store.now().await?;
-        let mut options = w.config.timing.step_options();
-        if let Some(s) = &w.config.state {
-            options.warm_up_wait_ms = s.warm_up_wait.as_millis() as Millis;
-        }
-        let plan = step_with(&state, now, &discovered, &options);
+        let plan = step_with(&state, now, &discovered, &self.step_options());
         if plan.commands.is_empty() {
             self.cached = Some(state);
             return Ok(());

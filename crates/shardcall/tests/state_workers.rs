@@ -275,6 +275,8 @@ struct Cluster {
     snapshots: shardcall::SnapshotConfig,
     /// New workers' group timing.
     timing: GroupConfig,
+    /// New workers' standby replicas per partition.
+    standby_replicas: u32,
 }
 
 impl Cluster {
@@ -313,6 +315,7 @@ impl Cluster {
                 ..shardcall::SnapshotConfig::default()
             },
             timing: timing(),
+            standby_replicas: 0,
         }
     }
 
@@ -340,6 +343,7 @@ impl Cluster {
         let i = self.workers.len();
         let mut state = StateConfig::new(self.state_dir(machine), self.backups.clone());
         state.snapshots = self.snapshots.clone();
+        state.standby_replicas = self.standby_replicas;
         let config = WorkerConfig {
             group: GROUP.into(),
             name: format!("w{i}"),
@@ -668,6 +672,68 @@ async fn a_damaged_snapshot_is_passed_over_for_the_one_before_and_the_log_replay
         replayed > 0,
         "nothing was replayed: the damaged snapshot was used"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_keeps_the_state_warm_so_a_crash_downloads_only_what_is_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.snapshots.bytes = 2_000;
+    c.standby_replicas = 1;
+    c.produce(2000);
+    c.add_worker();
+    c.settle(Duration::from_secs(30)).await;
+    c.add_worker();
+    // Once the join's moves are done, worker 1 stands by for worker 0's
+    // partitions: it reports them warm though none is moving to it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let of_w0 = loop {
+        let g = c.store.load_group(GROUP).await.unwrap();
+        let of_w0: Vec<PartitionId> = g
+            .partitions
+            .iter()
+            .filter(|(_, r)| matches!(&r.phase, Phase::Owned { member, .. } if member.as_str().starts_with("w0")))
+            .map(|(p, _)| p.clone())
+            .collect();
+        let w1 = g.members.values().find(|m| m.id.as_str().starts_with("w1"));
+        let settled = of_w0.len() == PARTITIONS as usize / 2
+            && g.partitions
+                .values()
+                .all(|r| matches!(r.phase, Phase::Owned { .. }));
+        if settled && w1.is_some_and(|m| of_w0.iter().all(|p| m.warm.contains(p))) {
+            break of_w0;
+        }
+        assert!(Instant::now() < deadline, "no warm standby: {g:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // More records (worker 0 snapshots them, the standby follows), then
+    // worker 0 crashes.
+    c.produce(300);
+    c.settle(Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    *c.backups.split_for.lock().unwrap() = Some("w1".into());
+    c.workers[0].as_ref().unwrap().kill();
+    c.produce(50);
+    c.settle_by(Duration::from_secs(30), true).await;
+    let split = c.backups.split.lock().unwrap().clone();
+    for p in &of_w0 {
+        let [held, moving, after] = split.get(&p.partition).copied().unwrap_or_default();
+        let cp = c.store.load_checkpoint(GROUP, p).await.unwrap().unwrap();
+        let state_bytes = cp.backup[0].state_bytes;
+        // After the crash the standby fetched at most the snapshots it had
+        // not followed yet: not the state again.
+        assert!(
+            moving + after < state_bytes / 2,
+            "{p}: {held} bytes read before the crash, {moving} in quarantine, {after} granted, of {state_bytes}"
+        );
+    }
+    c.stop(1).await;
+    c.check_states(&c.read_states(1));
+    let batches = c.oracle.batches();
+    let mut v = check_ownership(&batches, QUARANTINE.as_micros() as u64);
+    v.extend(check_coverage(&batches, &c.ends()));
+    assert!(v.is_empty(), "{v:?}");
+    assert!(c.violations.lock().unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
