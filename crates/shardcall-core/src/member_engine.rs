@@ -600,21 +600,7 @@ mod tests {
 
     /// One round at `now`, answering with `view`.
     fn round_with(e: &mut MemberEngine, now: Millis, view: &MemberView) -> Vec<MemberCommand> {
-        let mut out = Vec::new();
-        let mut event = MemberEvent::Woke;
-        loop {
-            let c = e.step(event, now);
-            event = match &c {
-                MemberCommand::Renew => MemberEvent::Renewed { sent: now },
-                MemberCommand::ReadView => MemberEvent::View(view.clone()),
-                MemberCommand::Wait | MemberCommand::Rejoin | MemberCommand::Leave => {
-                    out.push(c);
-                    return out;
-                }
-                _ => MemberEvent::Done,
-            };
-            out.push(c);
-        }
+        round_standing_by(e, now, view, &[]).0
     }
 
     fn ended(i: u32, epoch: Epoch) -> MemberEvent {
@@ -708,7 +694,7 @@ mod tests {
                     asked = true;
                     MemberEvent::Standbys(standby.iter().map(|i| p(*i)).collect())
                 }
-                MemberCommand::Wait => {
+                MemberCommand::Wait | MemberCommand::Rejoin | MemberCommand::Leave => {
                     out.push(c);
                     return (out, asked);
                 }

@@ -8,7 +8,10 @@
 //! On disk, a partition has `store/` (the engine's files) and `runs/` (the
 //! runs its contents consist of: the base and the deltas cut since, which
 //! a snapshot uploads and a restore downloads). The store's run mark says
-//! which run it was last cut into or loaded from.
+//! which run it was last cut into or loaded from. A handler that owns its
+//! state ([`crate::StateKind::Directory`]) has `files/` instead: snapshots
+//! are of the whole directory, and restores rebuild it (from the chunks
+//! its files still hold, and the missing ones downloaded).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

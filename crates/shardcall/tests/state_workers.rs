@@ -22,9 +22,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use shardcall::oracle::{Oracle, check_coverage, check_ownership};
 use shardcall::{
-    BackupResult, BackupStore, CoordinationStore, DirBackupStore, FileLogSource, FjallStateStore,
-    HandlerError, HandlerFactory, MemoryStore, PartitionContext, PartitionHandler, Source,
-    SourceError, StateConfig, StateStore, StateTxn, Worker, WorkerConfig, WorkerHandle,
+    BackupResult, BackupStore, Checkpoint, CoordinationStore, DirBackupStore, FileLogSource,
+    FjallStateStore, HandlerError, HandlerFactory, MemoryStore, PartitionContext, PartitionHandler,
+    Source, SourceError, StateConfig, StateStore, StateTxn, Worker, WorkerConfig, WorkerHandle,
 };
 use shardcall_core::backup_plan::Manifest;
 use shardcall_core::{GroupConfig, PartitionId, Phase};
@@ -440,6 +440,46 @@ impl Cluster {
         out
     }
 
+    /// Flips a byte of a chunk that partition `p`'s newest snapshot names
+    /// and the one before does not; gives the chunk's id and the
+    /// checkpoint.
+    async fn damage_a_chunk_of_the_newest_snapshot(&self, p: u32) -> (String, Checkpoint) {
+        let id = PartitionId::new("t", p);
+        let cp = self
+            .store
+            .load_checkpoint(GROUP, &id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            cp.backup.len() >= 2,
+            "t/{p}: too few snapshots to fall back: {:?}",
+            cp.backup
+        );
+        let scope = format!("{GROUP}/t/{p}");
+        let manifest = |i: usize| self.backups.get_manifest(&scope, &cp.backup[i].manifest);
+        let (newest, older) = (manifest(0).await.unwrap(), manifest(1).await.unwrap());
+        let old_chunks: std::collections::BTreeSet<_> =
+            older.chunks().into_iter().map(|ch| ch.id.clone()).collect();
+        let chunk = newest
+            .chunks()
+            .into_iter()
+            .find(|ch| !old_chunks.contains(&ch.id))
+            .expect("the newest snapshot has a chunk of its own")
+            .id
+            .clone();
+        let path = self
+            .root
+            .join("backups")
+            .join(&scope)
+            .join("chunks")
+            .join(&chunk);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[0] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+        (chunk, cp)
+    }
+
     /// Each partition's state holds every record of its log exactly once.
     fn check_states(&self, states: &States) {
         for (p, (offset, entries)) in states {
@@ -616,45 +656,9 @@ async fn a_damaged_snapshot_is_passed_over_for_the_one_before_and_the_log_replay
     c.settle(Duration::from_secs(20)).await;
     c.stop(0).await;
     // Damage, in every partition, a chunk only the newest snapshot names.
-    let mut damaged = 0;
     for p in 0..PARTITIONS {
-        let id = PartitionId::new("t", p);
-        let cp = c.store.load_checkpoint(GROUP, &id).await.unwrap().unwrap();
-        assert!(
-            cp.backup.len() >= 2,
-            "t/{p}: too few snapshots to fall back: {:?}",
-            cp.backup
-        );
-        let scope = format!("{GROUP}/t/{p}");
-        let newest = c
-            .backups
-            .get_manifest(&scope, &cp.backup[0].manifest)
-            .await
-            .unwrap();
-        let older = c
-            .backups
-            .get_manifest(&scope, &cp.backup[1].manifest)
-            .await
-            .unwrap();
-        let old_chunks: std::collections::BTreeSet<_> =
-            older.chunks().into_iter().map(|ch| ch.id.clone()).collect();
-        let only_newest = newest
-            .chunks()
-            .into_iter()
-            .find(|ch| !old_chunks.contains(&ch.id))
-            .expect("the newest snapshot has a chunk of its own");
-        let path = dir
-            .path()
-            .join("backups")
-            .join(&scope)
-            .join("chunks")
-            .join(&only_newest.id);
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes[0] ^= 0xff;
-        std::fs::write(&path, bytes).unwrap();
-        damaged += 1;
+        c.damage_a_chunk_of_the_newest_snapshot(p).await;
     }
-    assert_eq!(damaged, PARTITIONS);
     // A machine with an empty disk: each partition falls back to the
     // snapshot before and replays the log from its offset.
     let i = c.add_worker_on(7);
@@ -801,36 +805,7 @@ async fn a_fallback_whose_replay_the_log_no_longer_holds_stops_the_partition_nam
     // Partition 0's newest snapshot has a damaged chunk, and the log no
     // longer holds the records after the snapshot before it.
     let id = PartitionId::new("t", 0);
-    let cp = c.store.load_checkpoint(GROUP, &id).await.unwrap().unwrap();
-    let scope = format!("{GROUP}/t/0");
-    let newest = c
-        .backups
-        .get_manifest(&scope, &cp.backup[0].manifest)
-        .await
-        .unwrap();
-    let older = c
-        .backups
-        .get_manifest(&scope, &cp.backup[1].manifest)
-        .await
-        .unwrap();
-    let old_chunks: std::collections::BTreeSet<_> =
-        older.chunks().into_iter().map(|ch| ch.id.clone()).collect();
-    let damaged = newest
-        .chunks()
-        .into_iter()
-        .find(|ch| !old_chunks.contains(&ch.id))
-        .expect("the newest snapshot has a chunk of its own")
-        .id
-        .clone();
-    let path = dir
-        .path()
-        .join("backups")
-        .join(&scope)
-        .join("chunks")
-        .join(&damaged);
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[0] ^= 0xff;
-    std::fs::write(&path, bytes).unwrap();
+    let (damaged, cp) = c.damage_a_chunk_of_the_newest_snapshot(0).await;
     c.source
         .starts
         .lock()
