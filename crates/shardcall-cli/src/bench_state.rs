@@ -66,6 +66,11 @@ fn timing() -> GroupConfig {
         tick_interval: Duration::from_millis(100),
         coordinator_ttl: Duration::from_millis(3000),
         quarantine_min: Duration::from_millis(500),
+        // A graceful handover's quarantine ends once the old owner has
+        // backed up (its final delta is uploaded and its pointer current):
+        // the gap is the backup's, not a fixed wait. A crashed owner never
+        // reports a backup, so a failover waits the minimum.
+        release_on_backup_done: true,
         initial_rebalance_delay: Duration::from_millis(200),
         ..GroupConfig::default()
     }

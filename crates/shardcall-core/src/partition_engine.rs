@@ -235,9 +235,16 @@ pub enum Command {
     /// Give the grant back to the coordinator (owned). Answer:
     /// [`Event::Released`].
     Release,
-    /// Run the handler's backup and report it done (owned). Answer:
+    /// Run the handler's backup and, when `state_backed_up`, report it
+    /// done (owned). Not backed up: a local state's final snapshot could
+    /// not be taken (the backup store was down for the whole wait, or a
+    /// failed batch left the state unknown), so a quarantine that waits for
+    /// the backup runs to its maximum instead of ending early. Answer:
     /// [`Event::Done`].
-    Backup,
+    Backup {
+        /// Everything the partition's state holds is in the backup.
+        state_backed_up: bool,
+    },
     /// Snapshot the local state store: cut what changed since the last
     /// snapshot, upload it, and keep the new pointer for the next
     /// checkpoint to write, or write it now with the last checkpoint's
@@ -900,7 +907,9 @@ impl PartitionEngine {
                 StoreAnswer::Ok(()) => match self.give_up {
                     Some(why) => self.queue.push_back(Command::Done(End::GivenUp(why))),
                     None => {
-                        self.queue.push_back(Command::Backup);
+                        self.queue.push_back(Command::Backup {
+                            state_backed_up: self.final_snapshot.is_none() && !self.state_unknown,
+                        });
                         self.queue.push_back(Command::Done(End::Released));
                     }
                 },
@@ -924,7 +933,7 @@ impl PartitionEngine {
                     Command::Pause(_)
                     | Command::ReportFailure { .. }
                     | Command::ClearFailure
-                    | Command::Backup
+                    | Command::Backup { .. }
                     | Command::GiveBack { .. },
                 ),
                 Event::Done,
@@ -1352,7 +1361,7 @@ mod tests {
                 }
                 Command::Restore => Event::Restored(StoreAnswer::Ok(self.checkpoint)),
                 Command::FindStart => Event::FoundStart(Some(0)),
-                Command::StartHandler | Command::ClearFailure | Command::Backup => match c {
+                Command::StartHandler | Command::ClearFailure | Command::Backup { .. } => match c {
                     Command::StartHandler => Event::HandlerStarted(Ok(())),
                     _ => Event::Done,
                 },
@@ -1556,7 +1565,11 @@ mod tests {
                 )),
                 Command::Checkpoint { .. } => Some("checkpoint".into()),
                 Command::Release => Some("release".into()),
-                Command::Backup => Some("backup".into()),
+                Command::Backup { state_backed_up } => Some(if *state_backed_up {
+                    "backup".into()
+                } else {
+                    "backup-incomplete".into()
+                }),
                 _ => None,
             })
             .collect()
@@ -1645,6 +1658,16 @@ mod tests {
             w.now - started
         );
         assert_eq!(w.committed.len(), 20, "nothing processed was lost");
+        assert_eq!(
+            w.count(|c| matches!(
+                c,
+                Command::Backup {
+                    state_backed_up: false
+                }
+            )),
+            1,
+            "released without its final snapshot: the backup is not done"
+        );
         // A store that comes back in time gets the final snapshot.
         let mut w = World::new(20);
         w.failing_snapshots = 2;
@@ -1653,6 +1676,15 @@ mod tests {
             End::Released
         );
         assert_eq!(w.unsnapshotted, 0);
+        assert_eq!(
+            w.count(|c| matches!(
+                c,
+                Command::Backup {
+                    state_backed_up: true
+                }
+            )),
+            1
+        );
     }
 
     #[test]
@@ -1676,7 +1708,9 @@ mod tests {
             tail[..],
             [
                 Command::Done(End::Released),
-                Command::Backup,
+                Command::Backup {
+                    state_backed_up: true
+                },
                 Command::Release
             ]
         ));
@@ -1814,7 +1848,7 @@ mod tests {
         };
         assert_eq!(w.run(rules), End::GivenUp(FAILING));
         assert_eq!(w.calls, 4);
-        assert_eq!(w.count(|c| matches!(c, Command::Backup)), 0);
+        assert_eq!(w.count(|c| matches!(c, Command::Backup { .. })), 0);
         assert_eq!(w.count(|c| matches!(c, Command::Release)), 1);
         let pauses: Vec<u128> = w
             .commands

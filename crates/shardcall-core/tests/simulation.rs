@@ -590,8 +590,10 @@ impl Sim {
                 Ok(()) => Event::Released(StoreAnswer::Ok(())),
                 Err(e) => Event::Released(StoreAnswer::Fenced(e.to_string())),
             },
-            Do::Backup => {
-                let _ = self.store.backup_done(&id, p, epoch);
+            Do::Backup { state_backed_up } => {
+                if *state_backed_up {
+                    let _ = self.store.backup_done(&id, p, epoch);
+                }
                 Event::Done
             }
             Do::Done(end) => {

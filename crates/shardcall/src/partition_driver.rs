@@ -411,19 +411,28 @@ where
                 }
                 Event::Released(answer(released))
             }
-            Command::Backup => {
+            Command::Backup { state_backed_up } => {
                 tracing::info!("partition released; the handler backs it up");
+                if !state_backed_up {
+                    tracing::warn!(
+                        "the final snapshot was not taken: the backup is not reported done, \
+                         so a quarantine that waits for it runs to its maximum"
+                    );
+                }
                 let Some(cell) = self.cell.as_mut() else {
                     // Revoked before a handler was made: nothing but the
                     // restored state, which is backed up already.
-                    self.grant.backup_done().await;
+                    if state_backed_up {
+                        self.grant.backup_done().await;
+                    }
                     return Event::Done;
                 };
                 match cell.revoked().await {
-                    Ok(()) => {
+                    Ok(()) if state_backed_up => {
                         self.grant.backup_done().await;
                         tracing::info!("backup done");
                     }
+                    Ok(()) => {}
                     Err(e) => {
                         tracing::warn!(error = %e, "backup failed; the quarantine runs to its maximum")
                     }
