@@ -258,6 +258,17 @@ impl MemberEngine {
         self.rules.lease.may_process_until(self.renewal_sent)
     }
 
+    /// A partition task released its grant itself and now runs the
+    /// handler's backup ([`MemberEvent::TaskReleased`], told between two
+    /// steps): a driver that hears of releases while a round runs tells
+    /// the engine before it hands over the view that no longer shows the
+    /// grant, so the task is not stopped in the middle of its backup.
+    pub fn task_released(&mut self, partition: &PartitionId) {
+        if let Some(t) = self.tasks.get_mut(partition) {
+            t.released = true;
+        }
+    }
+
     /// The partitions with a task here, with their epochs.
     pub fn running(&self) -> Vec<(PartitionId, Epoch)> {
         self.tasks
@@ -331,11 +342,7 @@ impl MemberEngine {
                     self.report_warm();
                 }
             }
-            MemberEvent::TaskReleased { partition } => {
-                if let Some(t) = self.tasks.get_mut(&partition) {
-                    t.released = true;
-                }
-            }
+            MemberEvent::TaskReleased { partition } => self.task_released(&partition),
             MemberEvent::Shutdown => {
                 self.round = Round::ShuttingDown;
                 self.leave_by = Some(now + self.rules.lease.ttl_ms);

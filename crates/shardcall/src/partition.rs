@@ -113,6 +113,13 @@ impl<S: CoordinationStore> GrantPort for OwnedGrant<'_, S> {
     }
 
     async fn release(&mut self) -> Result<(), StoreError> {
+        // From the release on the task only runs the handler's backup,
+        // which the worker lets finish although the grant is gone. Said
+        // before the release lands, so that a member view that no longer
+        // shows the grant is always read after the word is in the channel
+        // (the worker reads the channel before each view it acts on); a
+        // release that fails ends the task anyway.
+        let _ = self.released.send(self.ctx.partition.clone());
         self.store
             .release(
                 self.group,
@@ -120,11 +127,7 @@ impl<S: CoordinationStore> GrantPort for OwnedGrant<'_, S> {
                 &self.ctx.partition,
                 self.ctx.epoch,
             )
-            .await?;
-        // From here the task only runs the handler's backup, which the
-        // worker lets finish although the grant is gone.
-        let _ = self.released.send(self.ctx.partition.clone());
-        Ok(())
+            .await
     }
 
     async fn backup_done(&mut self) {

@@ -420,7 +420,14 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                 }
                 MemberCommand::ReadView => {
                     match self.worker.store.member_view(&cfg.group, &self.id).await {
-                        Ok(view) => MemberEvent::View(view),
+                        Ok(view) => {
+                            // Tasks that released their grant while this
+                            // round ran: the view may no longer show it.
+                            while let Ok(p) = self.released.1.try_recv() {
+                                engine.task_released(&p);
+                            }
+                            MemberEvent::View(view)
+                        }
                         Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
                         Err(e) => {
                             tracing::warn!(error = %e, "reading the member view");

@@ -678,6 +678,51 @@ async fn a_damaged_snapshot_is_passed_over_for_the_one_before_and_the_log_replay
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_move_ends_its_quarantine_once_the_old_owner_has_backed_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    // A long quarantine that ends early once the backup is done: every
+    // moving partition's old owner must get to report it (its task must
+    // not be stopped while it runs the backup, whatever the member's
+    // rounds are doing meanwhile).
+    c.timing.quarantine_min = Duration::from_secs(20);
+    c.timing.release_on_backup_done = true;
+    c.produce(300);
+    c.add_worker();
+    c.settle(Duration::from_secs(30)).await;
+    let joined = Instant::now();
+    c.add_worker();
+    let deadline = joined + Duration::from_secs(15);
+    loop {
+        let g = c.store.load_group(GROUP).await.unwrap();
+        let of_w1 = g
+            .partitions
+            .values()
+            .filter(|r| matches!(&r.phase, Phase::Owned { member, .. } if member.as_str().starts_with("w1")))
+            .count();
+        if of_w1 == PARTITIONS as usize / 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a quarantine did not end on its backup: {g:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.produce(40);
+    c.settle(Duration::from_secs(30)).await;
+    c.stop(0).await;
+    c.stop(1).await;
+    // Owners never overlap (the quarantine may be shorter than its minimum:
+    // it ended on the backup).
+    let batches = c.oracle.batches();
+    let mut v = check_ownership(&batches, 0);
+    v.extend(check_coverage(&batches, &c.ends()));
+    assert!(v.is_empty(), "{v:?}");
+    assert!(c.violations.lock().unwrap().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_standby_keeps_the_state_warm_so_a_crash_downloads_only_what_is_new() {
     let dir = tempfile::tempdir().unwrap();
