@@ -304,23 +304,38 @@ impl Rig {
         }
     }
 
-    /// Waits until the group's partition is no longer owned (revoked).
+    /// Waits until the group's partition is no longer owned by its owner
+    /// (revoked); gives when, on the oracle's clock.
     async fn revoked(
         &self,
         store: &RedisStore,
         group: &str,
         within: Duration,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<u64> {
         let deadline = Instant::now() + within;
         let p = PartitionId::new(group, 0);
+        let first = store.load_group(group).await?;
+        let Some(shardcall_core::Phase::Owned { member: owner, .. }) =
+            first.partitions.get(&p).map(|r| r.phase.clone())
+        else {
+            anyhow::bail!("{group} is not owned");
+        };
+        // A revoke, release and new grant can all happen between two looks
+        // (a quarantine that ends on the backup): the revoke is taken as
+        // the last look that still saw the old owner, so the handover
+        // measured is never shorter than it was.
+        let mut still_at_us = self.oracle.now_us();
         loop {
+            let looked_us = self.oracle.now_us();
             let g = store.load_group(group).await?;
-            if !matches!(
+            let still = matches!(
                 g.partitions.get(&p).map(|r| &r.phase),
-                Some(shardcall_core::Phase::Owned { .. })
-            ) {
-                return Ok(());
+                Some(shardcall_core::Phase::Owned { member, .. }) if *member == owner
+            );
+            if !still {
+                return Ok(still_at_us);
             }
+            still_at_us = looked_us;
             anyhow::ensure!(Instant::now() < deadline, "{group} was never revoked");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -511,9 +526,9 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
         .context("worker a in the group")?
         .clone();
     store_big.drain("big", &owner, "bench").await?;
-    rig.revoked(&store_big, "big", Duration::from_secs(3600))
+    let revoked_us = rig
+        .revoked(&store_big, "big", Duration::from_secs(3600))
         .await?;
-    let revoked_us = rig.oracle.now_us();
     // Records for the new owner's first batch (the old one processed the
     // others while the new one warmed up).
     rig.produce(
