@@ -440,6 +440,24 @@ impl Cluster {
         out
     }
 
+    /// Waits until worker 1 owns half the partitions, failing with `why`
+    /// at `deadline`.
+    async fn wait_w1_owns_half(&self, deadline: Instant, why: &str) {
+        loop {
+            let g = self.store.load_group(GROUP).await.unwrap();
+            let of_w1 = g
+                .partitions
+                .values()
+                .filter(|r| matches!(&r.phase, Phase::Owned { member, .. } if member.as_str().starts_with("w1")))
+                .count();
+            if of_w1 == PARTITIONS as usize / 2 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{why}: {g:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Flips a byte of a chunk that partition `p`'s newest snapshot names
     /// and the one before does not; gives the chunk's id and the
     /// checkpoint.
@@ -594,23 +612,11 @@ async fn a_joining_worker_fetches_the_state_during_the_move_and_only_the_final_d
     // Worker 1 joins with an empty disk and gets half the partitions.
     *c.backups.split_for.lock().unwrap() = Some("w1".into());
     c.add_worker();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let g = c.store.load_group(GROUP).await.unwrap();
-        let held = g
-            .partitions
-            .values()
-            .filter(|r| matches!(&r.phase, Phase::Owned { member, .. } if member.as_str().starts_with("w1")))
-            .count();
-        if held == PARTITIONS as usize / 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the partitions did not move: {g:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    c.wait_w1_owns_half(
+        Instant::now() + Duration::from_secs(30),
+        "the partitions did not move",
+    )
+    .await;
     // Its partitions are running there once it checkpoints new records.
     c.produce(100);
     c.settle_by(Duration::from_secs(30), true).await;
@@ -693,23 +699,11 @@ async fn a_graceful_move_ends_its_quarantine_once_the_old_owner_has_backed_up() 
     c.settle(Duration::from_secs(30)).await;
     let joined = Instant::now();
     c.add_worker();
-    let deadline = joined + Duration::from_secs(15);
-    loop {
-        let g = c.store.load_group(GROUP).await.unwrap();
-        let of_w1 = g
-            .partitions
-            .values()
-            .filter(|r| matches!(&r.phase, Phase::Owned { member, .. } if member.as_str().starts_with("w1")))
-            .count();
-        if of_w1 == PARTITIONS as usize / 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a quarantine did not end on its backup: {g:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    c.wait_w1_owns_half(
+        joined + Duration::from_secs(15),
+        "a quarantine did not end on its backup",
+    )
+    .await;
     c.produce(40);
     c.settle(Duration::from_secs(30)).await;
     c.stop(0).await;
