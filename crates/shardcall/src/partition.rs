@@ -131,7 +131,7 @@ impl<S: CoordinationStore> GrantPort for OwnedGrant<'_, S> {
     }
 
     async fn backup_done(&mut self) {
-        let _ = self
+        let told = self
             .store
             .backup_done(
                 self.group,
@@ -140,6 +140,10 @@ impl<S: CoordinationStore> GrantPort for OwnedGrant<'_, S> {
                 self.ctx.epoch,
             )
             .await;
+        // Not fatal: the quarantine then runs its course.
+        if let Err(e) = told {
+            tracing::warn!(error = %e, "reporting the backup done failed; the quarantine runs its course");
+        }
     }
 
     async fn give_back(&mut self, _delay: Duration) {
