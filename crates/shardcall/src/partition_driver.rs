@@ -202,6 +202,13 @@ where
     if let Some(w) = driver.open_write.take() {
         driver.tell_oracle(&w, BatchOutcome::Unknown);
     }
+    // Closing a local state store flushes it and waits for its background
+    // work (a compaction of a large store takes a while): on a blocking
+    // thread, not on the one the member's loop may be queued behind, and
+    // done before the task ends, so a later task finds the store free.
+    if let Some(local) = driver.local.take() {
+        let _ = tokio::task::spawn_blocking(move || drop(local)).await;
+    }
     match &end {
         End::Lost(why) => tracing::warn!(reason = %why, "partition stopped"),
         End::Failed(why) => {
