@@ -440,6 +440,17 @@ impl Cluster {
         out
     }
 
+    /// The oracle's properties: owners never overlap and never follow
+    /// each other closer than `gap`, every record was processed, and no
+    /// handler saw a record its state already held.
+    fn check_oracle(&self, gap: Duration) {
+        let batches = self.oracle.batches();
+        let mut v = check_ownership(&batches, gap.as_micros() as u64);
+        v.extend(check_coverage(&batches, &self.ends()));
+        assert!(v.is_empty(), "{v:?}");
+        assert!(self.violations.lock().unwrap().is_empty());
+    }
+
     /// Waits until worker 1 owns half the partitions, failing with `why`
     /// at `deadline`.
     async fn wait_w1_owns_half(&self, deadline: Instant, why: &str) {
@@ -642,11 +653,7 @@ async fn a_joining_worker_fetches_the_state_during_the_move_and_only_the_final_d
     }
     c.stop(0).await;
     c.stop(1).await;
-    let batches = c.oracle.batches();
-    let mut v = check_ownership(&batches, QUARANTINE.as_micros() as u64);
-    v.extend(check_coverage(&batches, &c.ends()));
-    assert!(v.is_empty(), "{v:?}");
-    assert!(c.violations.lock().unwrap().is_empty());
+    c.check_oracle(QUARANTINE);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -710,11 +717,7 @@ async fn a_graceful_move_ends_its_quarantine_once_the_old_owner_has_backed_up() 
     c.stop(1).await;
     // Owners never overlap (the quarantine may be shorter than its minimum:
     // it ended on the backup).
-    let batches = c.oracle.batches();
-    let mut v = check_ownership(&batches, 0);
-    v.extend(check_coverage(&batches, &c.ends()));
-    assert!(v.is_empty(), "{v:?}");
-    assert!(c.violations.lock().unwrap().is_empty());
+    c.check_oracle(Duration::ZERO);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -772,11 +775,7 @@ async fn a_standby_keeps_the_state_warm_so_a_crash_downloads_only_what_is_new() 
     }
     c.stop(1).await;
     c.check_states(&c.read_states(1));
-    let batches = c.oracle.batches();
-    let mut v = check_ownership(&batches, QUARANTINE.as_micros() as u64);
-    v.extend(check_coverage(&batches, &c.ends()));
-    assert!(v.is_empty(), "{v:?}");
-    assert!(c.violations.lock().unwrap().is_empty());
+    c.check_oracle(QUARANTINE);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
