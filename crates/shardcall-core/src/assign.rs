@@ -40,6 +40,9 @@ pub enum MoveReason {
     Overloaded,
     /// It had no owner yet (a partition discovered since the last assignment).
     NewPartition,
+    /// Its owner's work is outside the threshold around its share, or the
+    /// new owner's is (load-aware assignment).
+    LoadImbalance,
 }
 
 impl std::fmt::Display for MoveReason {
@@ -49,6 +52,7 @@ impl std::fmt::Display for MoveReason {
             Self::MemberJoined => "member joined",
             Self::Overloaded => "owner overloaded",
             Self::NewPartition => "new partition",
+            Self::LoadImbalance => "load imbalance",
         })
     }
 }

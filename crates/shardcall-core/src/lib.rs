@@ -19,15 +19,19 @@
 //! - [`partition_engine`]: one partition's processing under a grant or a
 //!   claim, shared by owned and ticket mode.
 //! - [`retry`]: pauses between attempts of a failing call.
+//! - [`load`]: a partition's measured load, smoothed.
+//! - [`balance`]: load-aware assignment: balance work, move the least.
 
 pub mod assign;
 pub mod backup_plan;
+pub mod balance;
 pub mod bisect;
 pub mod config;
 pub mod coordinator;
 pub mod duration_text;
 pub mod ids;
 pub mod lifecycle;
+pub mod load;
 pub mod member_engine;
 pub mod membership;
 pub mod partition_engine;
@@ -39,11 +43,13 @@ pub mod ticket_memory;
 pub mod tickets;
 
 pub use assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
+pub use balance::{BalanceRules, LoadAssignment, MemberLoad, assign_by_load};
 pub use bisect::{Bisect, BisectStep};
 pub use config::{GroupConfig, GroupConfigError};
 pub use coordinator::{Plan, StepOptions, step, step_with};
 pub use ids::{Epoch, MemberId, Millis, PartitionId};
 pub use lifecycle::{Phase, QuarantineEnd, QuarantinePolicy};
+pub use load::{LoadMeasure, LoadMeter, PartitionLoad};
 pub use member_engine::{MemberCommand, MemberEngine, MemberEvent, MemberRules};
 pub use membership::LeaseRule;
 pub use partition_engine::{

@@ -111,6 +111,8 @@ proptest! {
                 MoveReason::NewPartition => "new",
                 MoveReason::MemberLeft => "left",
                 MoveReason::Overloaded | MoveReason::MemberJoined => "rebalance",
+                // Count balance never moves for load.
+                MoveReason::LoadImbalance => "load",
             };
             prop_assert_eq!(kind, expected_kind);
         }

@@ -1,0 +1,316 @@
+//! A partition's load as its owner measures it: records, bytes and handler
+//! busy time per second, smoothed by an exponential moving average, and the
+//! rate at which records arrive (what was consumed plus how fast the lag
+//! grew), so that a saturated owner still reports what the partition asks
+//! for, not only what it got.
+//!
+//! Everything is in integers (thousandths of a record per second, millionths
+//! of a thread's time) so that a load report compares and serializes
+//! exactly, and every coordinator computes the same assignment from it.
+
+use crate::ids::Millis;
+
+/// One partition's smoothed load, as reported with its owner's heartbeats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct PartitionLoad {
+    /// Records processed per second, in thousandths.
+    pub records_milli: u64,
+    /// Bytes (keys and values) processed per second.
+    pub bytes_per_s: u64,
+    /// The handler's busy time, in millionths of one thread's time.
+    pub busy_ppm: u64,
+    /// Records arriving per second, in thousandths: processed plus the lag's
+    /// growth (falling lag counts against it), never below zero.
+    pub arriving_milli: u64,
+    /// Records behind the log's end at the last look.
+    pub lag: u64,
+    /// The partition's local state, in bytes (0 without a state store): what
+    /// moving it would transfer.
+    pub state_bytes: u64,
+}
+
+/// What the load-aware assignment balances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadMeasure {
+    /// Records arriving per second: right when every record costs about the
+    /// same.
+    #[default]
+    Records,
+    /// Bytes arriving per second (the processed bytes per record times the
+    /// arrival rate): right when the cost follows the record's size.
+    Bytes,
+    /// Handler time the arriving records need (the busy time per record
+    /// times the arrival rate): right when some records cost more than
+    /// others.
+    Busy,
+}
+
+impl LoadMeasure {
+    /// The name used in settings and displays.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Records => "records",
+            Self::Bytes => "bytes",
+            Self::Busy => "busy",
+        }
+    }
+}
+
+impl PartitionLoad {
+    /// The partition's work under `measure`: what it would cost its owner to
+    /// keep up with it, in thousandths of a record (or a byte) per second,
+    /// or millionths of a thread. Only ratios between partitions matter.
+    pub fn work(&self, measure: LoadMeasure) -> u64 {
+        let per_record = |total: u64| -> u64 {
+            // total per second × arriving / processed, in thousandths.
+            if self.records_milli == 0 {
+                return 0;
+            }
+            let w = u128::from(total) * u128::from(self.arriving_milli) * 1000
+                / u128::from(self.records_milli);
+            u64::try_from(w).unwrap_or(u64::MAX)
+        };
+        match measure {
+            LoadMeasure::Records => self.arriving_milli,
+            LoadMeasure::Bytes => per_record(self.bytes_per_s),
+            // Millionths of a thread → thousandths.
+            LoadMeasure::Busy => per_record(self.busy_ppm) / 1000,
+        }
+    }
+}
+
+/// Smooths a partition's measurements into a [`PartitionLoad`]. Batches
+/// and lag looks are added as they happen; every `window_ms` the counts of
+/// the window close into the averages, each weighing `alpha_ppm` millionths
+/// (KCL weighs a new sample 0.2).
+#[derive(Debug, Clone)]
+pub struct LoadMeter {
+    window_ms: Millis,
+    alpha_ppm: u64,
+    started: Millis,
+    window_start: Millis,
+    windows: u32,
+    records: u64,
+    bytes: u64,
+    busy_us: u64,
+    lag_first: Option<u64>,
+    lag_last: Option<u64>,
+    /// Averages in millionths of their unit per second (f64 would do, but
+    /// integers keep reports exact).
+    avg_records_micro: u64,
+    avg_bytes_micro: u64,
+    avg_busy_ppm: u64,
+    avg_growth_micro: i64,
+    lag: u64,
+    state_bytes: u64,
+}
+
+/// How many closed windows a meter needs before its load is worth
+/// reporting (a partition that just arrived has not shown its rate yet).
+pub const WINDOWS_BEFORE_REPORTING: u32 = 3;
+
+impl LoadMeter {
+    /// A meter started at `now`, closing a window every `window_ms` and
+    /// weighing each new window `alpha_ppm` millionths.
+    pub fn new(now: Millis, window_ms: Millis, alpha_ppm: u64) -> Self {
+        Self {
+            window_ms: window_ms.max(1),
+            alpha_ppm: alpha_ppm.clamp(1, 1_000_000),
+            started: now,
+            window_start: now,
+            windows: 0,
+            records: 0,
+            bytes: 0,
+            busy_us: 0,
+            lag_first: None,
+            lag_last: None,
+            avg_records_micro: 0,
+            avg_bytes_micro: 0,
+            avg_busy_ppm: 0,
+            avg_growth_micro: 0,
+            lag: 0,
+            state_bytes: 0,
+        }
+    }
+
+    /// A batch was processed: `records` records of `bytes` bytes, with the
+    /// handler busy `busy_us` microseconds.
+    pub fn batch(&mut self, now: Millis, records: u64, bytes: u64, busy_us: u64) {
+        self.close_windows(now);
+        self.records += records;
+        self.bytes += bytes;
+        self.busy_us += busy_us;
+    }
+
+    /// The partition was `lag` records behind the log's end.
+    pub fn lag(&mut self, now: Millis, lag: u64) {
+        self.close_windows(now);
+        self.lag_first.get_or_insert(lag);
+        self.lag_last = Some(lag);
+        self.lag = lag;
+    }
+
+    /// The local state now holds `bytes`.
+    pub fn state_bytes(&mut self, bytes: u64) {
+        self.state_bytes = bytes;
+    }
+
+    /// The smoothed load at `now`, once enough windows closed to say.
+    pub fn load(&mut self, now: Millis) -> Option<PartitionLoad> {
+        self.close_windows(now);
+        if self.windows < WINDOWS_BEFORE_REPORTING {
+            return None;
+        }
+        let arriving = (self.avg_records_micro as i64 + self.avg_growth_micro).max(0) as u64;
+        Some(PartitionLoad {
+            records_milli: self.avg_records_micro / 1000,
+            bytes_per_s: self.avg_bytes_micro / 1_000_000,
+            busy_ppm: self.avg_busy_ppm,
+            arriving_milli: arriving / 1000,
+            lag: self.lag,
+            state_bytes: self.state_bytes,
+        })
+    }
+
+    /// How long the meter has run.
+    pub fn age(&self, now: Millis) -> Millis {
+        now.saturating_sub(self.started)
+    }
+
+    fn close_windows(&mut self, now: Millis) {
+        while now >= self.window_start + self.window_ms {
+            let w = self.window_ms;
+            // Per second, in millionths: count × 1000 ms/s × 1e6 / window.
+            let rate = |count: u64| -> u64 {
+                u64::try_from(u128::from(count) * 1_000_000_000 / u128::from(w)).unwrap_or(u64::MAX)
+            };
+            let growth: i64 = match (self.lag_first, self.lag_last) {
+                (Some(a), Some(b)) => {
+                    (i128::from(b) - i128::from(a)).clamp(i64::MIN.into(), i64::MAX.into()) as i64
+                }
+                _ => 0,
+            };
+            let growth_micro = (i128::from(growth) * 1_000_000_000 / i128::from(w)) as i64;
+            let busy_ppm = self.busy_us * 1000 / w;
+            if self.windows == 0 {
+                self.avg_records_micro = rate(self.records);
+                self.avg_bytes_micro = rate(self.bytes);
+                self.avg_busy_ppm = busy_ppm;
+                self.avg_growth_micro = growth_micro;
+            } else {
+                self.avg_records_micro =
+                    mix(self.avg_records_micro, rate(self.records), self.alpha_ppm);
+                self.avg_bytes_micro = mix(self.avg_bytes_micro, rate(self.bytes), self.alpha_ppm);
+                self.avg_busy_ppm = mix(self.avg_busy_ppm, busy_ppm, self.alpha_ppm);
+                self.avg_growth_micro =
+                    mix_signed(self.avg_growth_micro, growth_micro, self.alpha_ppm);
+            }
+            self.windows = self.windows.saturating_add(1);
+            self.window_start += w;
+            self.records = 0;
+            self.bytes = 0;
+            self.busy_us = 0;
+            // The next window's growth starts where this one's ended.
+            self.lag_first = self.lag_last;
+            // A meter that slept through many windows need not replay each:
+            // after enough empty ones the average is what one more would give.
+            if now >= self.window_start + 64 * w {
+                let skipped = (now - self.window_start) / w;
+                for _ in 0..skipped.min(64) {
+                    self.avg_records_micro = mix(self.avg_records_micro, 0, self.alpha_ppm);
+                    self.avg_bytes_micro = mix(self.avg_bytes_micro, 0, self.alpha_ppm);
+                    self.avg_busy_ppm = mix(self.avg_busy_ppm, 0, self.alpha_ppm);
+                    self.avg_growth_micro = mix_signed(self.avg_growth_micro, 0, self.alpha_ppm);
+                }
+                self.window_start += skipped * w;
+                self.windows = self.windows.saturating_add(skipped as u32);
+            }
+        }
+    }
+}
+
+fn mix(avg: u64, sample: u64, alpha_ppm: u64) -> u64 {
+    let v = (u128::from(avg) * u128::from(1_000_000 - alpha_ppm)
+        + u128::from(sample) * u128::from(alpha_ppm))
+        / 1_000_000;
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+fn mix_signed(avg: i64, sample: i64, alpha_ppm: u64) -> i64 {
+    let a = i128::from(alpha_ppm);
+    ((i128::from(avg) * (1_000_000 - a) + i128::from(sample) * a) / 1_000_000) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steady(meter: &mut LoadMeter, from: Millis, to: Millis, per_second: u64) {
+        // One batch of a tenth of a second's records every 100 ms.
+        let mut t = from;
+        while t < to {
+            meter.batch(t, per_second / 10, per_second / 10 * 100, 10_000);
+            t += 100;
+        }
+    }
+
+    #[test]
+    fn a_steady_rate_is_reported_as_it_is_once_enough_windows_closed() {
+        let mut m = LoadMeter::new(0, 1_000, 200_000);
+        steady(&mut m, 0, 2_000, 500);
+        assert_eq!(m.load(2_000), None, "two windows are not enough to say");
+        steady(&mut m, 2_000, 10_000, 500);
+        let l = m.load(10_000).expect("reported");
+        assert_eq!(l.records_milli, 500_000);
+        assert_eq!(l.bytes_per_s, 50_000);
+        assert_eq!(l.busy_ppm, 100_000, "10 ms busy per 100 ms");
+        assert_eq!(l.arriving_milli, 500_000, "the lag did not move");
+        assert_eq!(l.work(LoadMeasure::Records), 500_000);
+        assert_eq!(l.work(LoadMeasure::Bytes), 50_000_000);
+        assert_eq!(l.work(LoadMeasure::Busy), 100_000);
+    }
+
+    #[test]
+    fn a_saturated_partition_reports_what_arrives_not_only_what_it_got() {
+        // 100 records/s processed while the lag grows by 300 a second.
+        let mut m = LoadMeter::new(0, 1_000, 500_000);
+        for s in 0..20u64 {
+            m.lag(s * 1_000, s * 300);
+            m.batch(s * 1_000 + 500, 100, 1_000, 900_000);
+        }
+        let l = m.load(20_000).expect("reported");
+        let near = |got: u64, want: u64| got.abs_diff(want) * 1000 <= want;
+        assert!(near(l.records_milli, 100_000), "{l:?}");
+        assert!(
+            near(l.arriving_milli, 400_000),
+            "processed + the lag's growth: {l:?}"
+        );
+        // Busy time per record × what arrives: four times what it got.
+        assert!(near(l.work(LoadMeasure::Busy), 3_600_000), "{l:?}");
+    }
+
+    #[test]
+    fn a_falling_lag_never_makes_the_arrival_rate_negative() {
+        let mut m = LoadMeter::new(0, 1_000, 1_000_000);
+        for s in 0..5u64 {
+            m.lag(s * 1_000, 10_000 - s * 2_000);
+            m.batch(s * 1_000 + 1, 10, 10, 10);
+        }
+        assert_eq!(m.load(5_000).expect("reported").arriving_milli, 0);
+    }
+
+    #[test]
+    fn a_rate_change_shows_gradually_and_an_idle_partition_decays_to_zero() {
+        let mut m = LoadMeter::new(0, 1_000, 200_000);
+        steady(&mut m, 0, 10_000, 1_000);
+        steady(&mut m, 10_000, 11_000, 2_000);
+        let after_one = m.load(11_000).expect("reported").records_milli;
+        assert!(
+            after_one > 1_000_000 && after_one < 2_000_000,
+            "{after_one}"
+        );
+        // Silent for an hour: no replay of every window, and nothing left.
+        assert_eq!(m.load(3_600_000).expect("reported").records_milli, 0);
+    }
+}
