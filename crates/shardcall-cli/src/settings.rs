@@ -58,6 +58,9 @@ pub struct Settings {
     pub handler: HandlerSettings,
     /// Local state stores for the handler's partitions (owned mode).
     pub state: StateSettings,
+    /// What the assignment balances (owned mode): partition counts, or
+    /// measured load.
+    pub balance: BalanceSettings,
     /// Prometheus metrics.
     pub metrics: MetricsSettings,
     /// Logging.
@@ -201,6 +204,84 @@ impl Default for StateSettings {
     }
 }
 
+/// What `[balance] by` balances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BalanceBy {
+    /// Partition counts (per weight): no load is measured.
+    Count,
+    /// Records arriving per second.
+    Records,
+    /// Bytes arriving per second.
+    Bytes,
+    /// Handler time the arriving records need.
+    Busy,
+}
+
+/// `[balance]`: load-aware assignment (owned mode).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BalanceSettings {
+    /// `count` (the default), or the load measured: `records`, `bytes`,
+    /// `busy`. Every member of a group should say the same.
+    pub by: BalanceBy,
+    /// How far from its share of the load a member may be before
+    /// partitions move (0.1: ±10%).
+    pub threshold: f64,
+    /// After any change of the assignment, load moves nothing for this long.
+    #[serde(with = "shardcall_core::duration_text::serde")]
+    pub cooldown: std::time::Duration,
+    /// At most this many partitions move for load in one round (0: no limit).
+    pub max_moves: usize,
+    /// How fast a moved partition's state transfers (bytes per second), for
+    /// the cost of a move.
+    pub transfer_rate: u64,
+}
+
+impl Default for BalanceSettings {
+    fn default() -> Self {
+        let rules = shardcall_core::BalanceRules::default();
+        Self {
+            by: BalanceBy::Count,
+            threshold: rules.threshold_ppm as f64 / 1e6,
+            cooldown: std::time::Duration::from_millis(rules.cooldown_ms),
+            max_moves: rules.max_moves,
+            transfer_rate: rules.transfer_bytes_per_s,
+        }
+    }
+}
+
+impl BalanceSettings {
+    /// The rules, or `None` for count balance; problems go to `errors`.
+    pub fn rules(&self, errors: &mut Vec<String>) -> Option<shardcall_core::BalanceRules> {
+        let before = errors.len();
+        if !(self.threshold > 0.0 && self.threshold < 1.0) {
+            errors.push(format!(
+                "balance.threshold: {} is not between 0 and 1 (0.1 lets a member be 10% off its share)",
+                self.threshold
+            ));
+        }
+        if self.transfer_rate == 0 {
+            errors.push("balance.transfer_rate: must be above zero (bytes per second)".into());
+        }
+        let measure = match self.by {
+            BalanceBy::Count => return None,
+            BalanceBy::Records => shardcall_core::LoadMeasure::Records,
+            BalanceBy::Bytes => shardcall_core::LoadMeasure::Bytes,
+            BalanceBy::Busy => shardcall_core::LoadMeasure::Busy,
+        };
+        (errors.len() == before).then(|| shardcall_core::BalanceRules {
+            measure,
+            threshold_ppm: (self.threshold * 1e6).round() as u64,
+            cooldown_ms: self.cooldown.as_millis() as u64,
+            max_moves: self.max_moves,
+            // The group's quarantine, set by the coordinator from its policy.
+            move_ms: 0,
+            transfer_bytes_per_s: self.transfer_rate,
+        })
+    }
+}
+
 /// Where a worker's snapshots go.
 #[derive(Debug, Clone)]
 pub enum BackupChoice {
@@ -313,6 +394,7 @@ impl Default for Settings {
             spool: SpoolConfig::default(),
             handler: HandlerSettings::default(),
             state: StateSettings::default(),
+            balance: BalanceSettings::default(),
             metrics: MetricsSettings::default(),
             log: LogSettings::default(),
             renamed: Vec::new(),
@@ -631,6 +713,7 @@ impl Settings {
             slots: 0,
             call_deadline: self.handler.call_deadline,
             state: None,
+            balance: self.balance.rules(&mut errors),
         };
         if !self.group.is_empty() {
             errors.extend(

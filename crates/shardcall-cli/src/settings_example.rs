@@ -136,6 +136,14 @@ digest_work = @                      # the built-in handler's simulated work per
 # max_runs = @                      # or once a snapshot would have more runs
 # keep = @                          # snapshots kept (restores fall back along them)
 
+# [balance]                         # what the assignment balances (owned mode):
+# by = @                            # "count": partitions per weight; "records", "bytes" or
+#                                   # "busy": the load measured (every member the same)
+# threshold = @                     # move only when a member is this far off its share
+# cooldown = @                      # after any move, load moves nothing for this long
+# max_moves = @                     # partitions moved for load per round at most (0: any)
+# transfer_rate = @                 # bytes/s a moved partition's state transfers at
+
 [metrics]
 # addr = "9464"                      # a bare port binds to 127.0.0.1
 

@@ -76,6 +76,9 @@ pub struct LoadInput<'a> {
     /// The last known load of partitions; those without one weigh the
     /// average of those with one.
     pub loads: &'a BTreeMap<PartitionId, PartitionLoad>,
+    /// Partitions that moved recently: load does not move them again yet
+    /// (their owner leaving still does), so no partition goes back and forth.
+    pub pinned: &'a BTreeSet<PartitionId>,
     /// The rules.
     pub rules: &'a BalanceRules,
     /// Whether load may move partitions this round (the cooldown is over).
@@ -102,6 +105,22 @@ pub struct MemberLoad {
 pub struct LoadAssignment {
     /// The owners and the moves, as the count assignment gives them.
     pub assignment: Assignment,
+    /// The work before and after, for `plan` and `status`.
+    pub report: LoadReport,
+}
+
+impl std::ops::Deref for LoadAssignment {
+    type Target = LoadReport;
+    fn deref(&self) -> &LoadReport {
+        &self.report
+    }
+}
+
+/// What a load-aware round found and did, in figures.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LoadReport {
+    /// What the work figures measure.
+    pub measure: LoadMeasure,
     /// Every member's work before and after, in member order.
     pub members: Vec<MemberLoad>,
     /// The largest work per unit of weight over the average, in
@@ -173,6 +192,8 @@ struct Problem {
     work: Vec<u64>,
     cost: Vec<u64>,
     weights: Vec<u32>,
+    /// Load may not move it this round.
+    pinned: Vec<bool>,
 }
 
 fn problem(input: &LoadInput<'_>) -> Option<Problem> {
@@ -239,7 +260,12 @@ fn problem(input: &LoadInput<'_>) -> Option<Problem> {
         })
         .collect();
     let weights = members.iter().map(|m| m.weight).collect();
+    let pinned = partitions
+        .iter()
+        .map(|p| input.pinned.contains(p))
+        .collect();
     Some(Problem {
+        pinned,
         members,
         partitions,
         previous,
@@ -296,7 +322,7 @@ pub fn assign_by_load(input: LoadInput<'_>) -> Option<LoadAssignment> {
             None => descend(&pr, own, t, limit),
         };
     }
-    Some(finish(&pr, own, &before, t))
+    Some(finish(&pr, own, &before, t, input.rules.measure))
 }
 
 /// How many load moves `to` makes beyond the required placements in `from`.
@@ -353,6 +379,9 @@ fn cheapest_balanced(pr: &Problem, t: u64) -> Option<Vec<usize>> {
             if let Some(o) = stay {
                 self.cur[p] = o;
                 self.go(p + 1, cost, moves);
+                if self.pr.pinned[p] {
+                    return;
+                }
             }
             for m in 0..self.pr.members.len() {
                 if Some(m) == stay {
@@ -385,6 +414,10 @@ struct Bounds {
     hi: Vec<u128>,
     /// Bounds are scaled by this (the remaining weight × 1e6) to stay exact.
     scale: u128,
+    /// The least fall in distance a move must bring unless it takes a
+    /// member inside its bounds: a quarter of the threshold's band around
+    /// the lightest member's share.
+    min_gain: u128,
 }
 
 fn bounds(pr: &Problem, own: &[usize], t: u64) -> Bounds {
@@ -425,11 +458,17 @@ fn bounds(pr: &Problem, own: &[usize], t: u64) -> Bounds {
     let hi = (0..n)
         .map(|m| up * total * u128::from(pr.weights[m]))
         .collect();
+    let lightest = (0..n)
+        .filter(|&m| dedicated[m].is_none())
+        .map(|m| u128::from(pr.weights[m]))
+        .min()
+        .unwrap_or(1);
     Bounds {
         dedicated,
         lo,
         hi,
         scale: weight * 1_000_000,
+        min_gain: u128::from(t) * total * lightest / 4,
     }
 }
 
@@ -464,7 +503,7 @@ fn descend(pr: &Problem, mut own: Vec<usize>, t: u64, limit: usize) -> Vec<usize
     // Heavy partitions to their hosts; whatever else a host holds leaves.
     for host in 0..n {
         let Some(g) = b.dedicated[host] else { continue };
-        if own[g] != host && room(moves) {
+        if own[g] != host && room(moves) && !pr.pinned[g] {
             shift(g, host, &mut own, &mut load, &mut on);
             moves += 1;
         }
@@ -476,7 +515,7 @@ fn descend(pr: &Problem, mut own: Vec<usize>, t: u64, limit: usize) -> Vec<usize
         let others: Vec<usize> = on[host]
             .iter()
             .copied()
-            .filter(|&p| Some(p) != b.dedicated[host])
+            .filter(|&p| Some(p) != b.dedicated[host] && !pr.pinned[p])
             .collect();
         for p in others {
             if !room(moves) || !(0..n).any(free) {
@@ -516,6 +555,7 @@ fn descend(pr: &Problem, mut own: Vec<usize>, t: u64, limit: usize) -> Vec<usize
         let fullest: Vec<usize> = by_fill.iter().copied().take(CANDIDATES).collect();
         let emptiest: Vec<usize> = by_fill.iter().rev().copied().take(CANDIDATES).collect();
         let mut best: Option<(u128, u64, usize, usize)> = None;
+        let outside = |m: usize, l: u128| usize::from(dist(m, l) > 0);
         let consider =
             |p: usize, from: usize, to: usize, best: &mut Option<(u128, u64, usize, usize)>| {
                 if from == to {
@@ -525,6 +565,15 @@ fn descend(pr: &Problem, mut own: Vec<usize>, t: u64, limit: usize) -> Vec<usize
                 let now = dist(from, load[from]) + dist(to, load[to]);
                 let then = dist(from, load[from] - w) + dist(to, load[to] + w);
                 if then >= now {
+                    return;
+                }
+                // Worth a move only if it brings a member inside without
+                // pushing another out, or gains a real part of a share: a
+                // move that only trades one member's small excess for
+                // another's would be undone by the next wobble of the load.
+                let out_now = outside(from, load[from]) + outside(to, load[to]);
+                let out_then = outside(from, load[from] - w) + outside(to, load[to] + w);
+                if out_then >= out_now && now - then < b.min_gain {
                     return;
                 }
                 let key = (
@@ -539,7 +588,7 @@ fn descend(pr: &Problem, mut own: Vec<usize>, t: u64, limit: usize) -> Vec<usize
                 }
             };
         for &from in &fullest {
-            for &p in &on[from] {
+            for &p in on[from].iter().filter(|&&p| !pr.pinned[p]) {
                 for &to in &emptiest {
                     consider(p, from, to, &mut best);
                 }
@@ -552,7 +601,13 @@ fn descend(pr: &Problem, mut own: Vec<usize>, t: u64, limit: usize) -> Vec<usize
     own
 }
 
-fn finish(pr: &Problem, own: Vec<usize>, before: &[u64], t: u64) -> LoadAssignment {
+fn finish(
+    pr: &Problem,
+    own: Vec<usize>,
+    before: &[u64],
+    t: u64,
+    measure: LoadMeasure,
+) -> LoadAssignment {
     let n = pr.members.len();
     let mut after = vec![0u64; n];
     let mut had = vec![0usize; n];
@@ -603,11 +658,14 @@ fn finish(pr: &Problem, own: Vec<usize>, before: &[u64], t: u64) -> LoadAssignme
         .collect();
     LoadAssignment {
         assignment: Assignment { owners, moves },
-        members,
-        imbalance_before: imbalance(before, &pr.weights),
-        imbalance_after: imbalance(&after, &pr.weights),
-        balanced: is_balanced(&own, &pr.work, &pr.weights, t),
-        cost_ms,
+        report: LoadReport {
+            measure,
+            members,
+            imbalance_before: imbalance(before, &pr.weights),
+            imbalance_after: imbalance(&after, &pr.weights),
+            balanced: is_balanced(&own, &pr.work, &pr.weights, t),
+            cost_ms,
+        },
     }
 }
 

@@ -156,6 +156,8 @@ impl GroupConfig {
             initial_delay_ms: self.initial_rebalance_delay.as_millis() as u64,
             // Set by workers with local state stores (their warm-up wait).
             warm_up_wait_ms: 0,
+            // Set by workers whose group balances by load.
+            balance: None,
         }
     }
 

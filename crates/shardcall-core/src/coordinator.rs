@@ -5,8 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::assign::{AssignInput, Assignment, MemberSpec, Move, assign, min_moves};
+use crate::balance::{BalanceRules, LoadInput, LoadReport, assign_by_load};
 use crate::ids::{MemberId, Millis, PartitionId};
 use crate::lifecycle::Phase;
+use crate::load::{LoadBook, PartitionLoad};
 use crate::state::{Command, GroupState};
 
 /// What one coordinator tick decides.
@@ -23,6 +25,9 @@ pub struct Plan {
     /// Partitions moving to a new owner that stay with their current one
     /// for now: the new owner is still warming their state up.
     pub awaiting_warm_up: Vec<PartitionId>,
+    /// The work before and after, when the group balances by load and
+    /// some load is known (else count balance decided).
+    pub load: Option<LoadReport>,
 }
 
 /// Options of a coordinator tick.
@@ -40,6 +45,10 @@ pub struct StepOptions {
     /// processed while its state moves, and the gap without an owner is
     /// only the final delta's.
     pub warm_up_wait_ms: Millis,
+    /// Balance measured load rather than partition counts
+    /// ([`crate::balance`]); count balance still decides while no load is
+    /// known.
+    pub balance: Option<BalanceRules>,
 }
 
 /// Decides the next commands with default options; see [`step_with`].
@@ -47,13 +56,30 @@ pub fn step(state: &GroupState, now: Millis, discovered: &[PartitionId]) -> Plan
     step_with(state, now, discovered, &StepOptions::default())
 }
 
-/// Decides the next commands. `discovered` lists the partitions the source
-/// has now (partitions only ever get added).
+/// Decides the next commands, weighing the loads the members report now;
+/// see [`step_loaded`].
 pub fn step_with(
     state: &GroupState,
     now: Millis,
     discovered: &[PartitionId],
     options: &StepOptions,
+) -> Plan {
+    let loads = match options.balance {
+        Some(_) => LoadBook::reported(state, now),
+        None => BTreeMap::new(),
+    };
+    step_loaded(state, now, discovered, options, &loads)
+}
+
+/// Decides the next commands. `discovered` lists the partitions the source
+/// has now (partitions only ever get added); `loads` the last known load of
+/// partitions (a [`LoadBook`]'s), weighed when `options.balance` is set.
+pub fn step_loaded(
+    state: &GroupState,
+    now: Millis,
+    discovered: &[PartitionId],
+    options: &StepOptions,
+    loads: &BTreeMap<PartitionId, PartitionLoad>,
 ) -> Plan {
     let mut commands = Vec::new();
 
@@ -158,13 +184,69 @@ pub fn step_with(
         .filter(|(_, pr)| matches!(pr.phase, Projection::InTransition))
         .map(|(p, _)| p.clone())
         .collect();
-    let lower = min_moves(&live, &all, &previous);
-    let Assignment { owners, moves } = assign(AssignInput {
-        members: &live,
-        partitions: &all,
-        previous: &previous,
-        in_transition: &in_transition,
+    let by_load = options.balance.and_then(|rules| {
+        // A move costs the quarantine it opens, plus the state it moves.
+        let rules = BalanceRules {
+            move_ms: state.policy.min_ms,
+            ..rules
+        };
+        // Load alone moves nothing until the last change has settled.
+        let last_change = state
+            .partitions
+            .values()
+            .filter(|r| r.target.is_some())
+            .map(|r| r.target_since)
+            .max()
+            .unwrap_or(0);
+        // A partition that moved within three cooldowns stays put.
+        let pinned: BTreeSet<PartitionId> = state
+            .partitions
+            .iter()
+            .filter(|(_, r)| {
+                r.target.is_some()
+                    && now
+                        < r.target_since
+                            .saturating_add(rules.cooldown_ms.saturating_mul(3))
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        assign_by_load(LoadInput {
+            members: &live,
+            partitions: &all,
+            previous: &previous,
+            in_transition: &in_transition,
+            loads,
+            pinned: &pinned,
+            rules: &rules,
+            may_rebalance: now >= last_change.saturating_add(rules.cooldown_ms),
+        })
     });
+    let (lower, Assignment { owners, moves }, load) = match by_load {
+        // What must move at least: the partitions with no live owner.
+        Some(a) => {
+            let forced = a
+                .assignment
+                .moves
+                .iter()
+                .filter(|m| {
+                    m.from
+                        .as_ref()
+                        .is_none_or(|f| !live.iter().any(|l| &l.id == f))
+                })
+                .count();
+            (forced, a.assignment, Some(a.report))
+        }
+        None => (
+            min_moves(&live, &all, &previous),
+            assign(AssignInput {
+                members: &live,
+                partitions: &all,
+                previous: &previous,
+                in_transition: &in_transition,
+            }),
+            None,
+        ),
+    };
 
     // 5. New targets; revoke what is owned by the wrong member; grant what is free.
     // `owners` holds every partition, in order, or nothing when no member is live.
@@ -215,6 +297,7 @@ pub fn step_with(
         min_moves: lower,
         targets: owners,
         awaiting_warm_up,
+        load,
     }
 }
 

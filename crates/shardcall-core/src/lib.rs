@@ -43,13 +43,13 @@ pub mod ticket_memory;
 pub mod tickets;
 
 pub use assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
-pub use balance::{BalanceRules, LoadAssignment, MemberLoad, assign_by_load};
+pub use balance::{BalanceRules, LoadAssignment, LoadReport, MemberLoad, assign_by_load};
 pub use bisect::{Bisect, BisectStep};
 pub use config::{GroupConfig, GroupConfigError};
-pub use coordinator::{Plan, StepOptions, step, step_with};
+pub use coordinator::{Plan, StepOptions, step, step_loaded, step_with};
 pub use ids::{Epoch, MemberId, Millis, PartitionId};
 pub use lifecycle::{Phase, QuarantineEnd, QuarantinePolicy};
-pub use load::{LoadMeasure, LoadMeter, PartitionLoad};
+pub use load::{LoadBook, LoadMeasure, LoadMeter, PartitionLoad};
 pub use member_engine::{MemberCommand, MemberEngine, MemberEvent, MemberRules};
 pub use membership::LeaseRule;
 pub use partition_engine::{

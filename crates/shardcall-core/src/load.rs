@@ -8,7 +8,11 @@
 //! of a thread's time) so that a load report compares and serializes
 //! exactly, and every coordinator computes the same assignment from it.
 
-use crate::ids::Millis;
+use std::collections::BTreeMap;
+
+use crate::ids::{MemberId, Millis, PartitionId};
+use crate::lifecycle::Phase;
+use crate::state::GroupState;
 
 /// One partition's smoothed load, as reported with its owner's heartbeats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -227,6 +231,70 @@ impl LoadMeter {
                 self.windows = self.windows.saturating_add(skipped as u32);
             }
         }
+    }
+}
+
+/// What the coordinator knows of every partition's load: the latest report
+/// for each, kept a while after its owner stops reporting it, so that a
+/// partition that just moved (its new owner has not measured it yet) still
+/// weighs what it did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadBook {
+    known: BTreeMap<PartitionId, (PartitionLoad, Millis)>,
+}
+
+/// How long a report outlives its last renewal in a [`LoadBook`].
+pub const KEEP_LOAD_MS: Millis = 10 * 60 * 1000;
+
+impl LoadBook {
+    /// The loads that `state`'s live members report now: a partition's
+    /// holder speaks for it, else the lowest member id reporting it.
+    pub fn reported(state: &GroupState, now: Millis) -> BTreeMap<PartitionId, PartitionLoad> {
+        let mut out: BTreeMap<PartitionId, (PartitionLoad, bool)> = BTreeMap::new();
+        for m in state.members.values().filter(|m| m.is_live(now)) {
+            for (p, load) in &m.load {
+                let holds = state
+                    .partitions
+                    .get(p)
+                    .is_some_and(|r| holder(&r.phase) == Some(&m.id));
+                match out.get(p) {
+                    // Members come in id order: the first stays unless a
+                    // holder speaks after it.
+                    Some((_, true)) => {}
+                    Some((_, false)) if !holds => {}
+                    _ => {
+                        out.insert(p.clone(), (*load, holds));
+                    }
+                }
+            }
+        }
+        out.into_iter().map(|(p, (l, _))| (p, l)).collect()
+    }
+
+    /// Takes in what `state`'s members report at `now`, and forgets
+    /// reports older than [`KEEP_LOAD_MS`] and partitions no longer known.
+    pub fn observe(&mut self, state: &GroupState, now: Millis) {
+        for (p, load) in Self::reported(state, now) {
+            self.known.insert(p, (load, now));
+        }
+        self.known.retain(|p, (_, at)| {
+            state.partitions.contains_key(p) && now.saturating_sub(*at) <= KEEP_LOAD_MS
+        });
+    }
+
+    /// Every partition's last known load.
+    pub fn loads(&self) -> BTreeMap<PartitionId, PartitionLoad> {
+        self.known
+            .iter()
+            .map(|(p, (l, _))| (p.clone(), *l))
+            .collect()
+    }
+}
+
+fn holder(phase: &Phase) -> Option<&MemberId> {
+    match phase {
+        Phase::Owned { member, .. } | Phase::Draining { member, .. } => Some(member),
+        _ => None,
     }
 }
 

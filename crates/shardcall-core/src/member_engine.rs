@@ -45,6 +45,9 @@ pub struct MemberRules {
     /// ([`crate::standby`]), asking which they are this often (0: no
     /// standbys). Needs `warm_ups`.
     pub standby_every_ms: Millis,
+    /// Report the measured load of the partitions held this often, after a
+    /// heartbeat (0: the group does not balance by load).
+    pub load_every_ms: Millis,
 }
 
 /// What the driver is to do next.
@@ -116,6 +119,10 @@ pub enum MemberCommand {
     /// Answer: [`MemberEvent::Standbys`] (or [`MemberEvent::Done`] when the
     /// group could not be read: the last set stays).
     ReadStandbys,
+    /// Report the measured load of the partitions this member holds (the
+    /// whole set, replacing the last report). Answer: [`MemberEvent::Done`]
+    /// (a failed report is only late: the next one replaces it).
+    ReportLoad,
     /// Tell the group which partitions on their way here are warm (their
     /// local store holds a current snapshot): the coordinator may revoke
     /// them from their owners now. The whole set, replacing the last one
@@ -228,6 +235,8 @@ pub struct MemberEngine {
     standby: BTreeSet<PartitionId>,
     /// When to read them next.
     next_standby_read: Millis,
+    /// When to report the load next.
+    next_load_report: Millis,
 }
 
 impl MemberEngine {
@@ -247,6 +256,7 @@ impl MemberEngine {
             incoming: BTreeSet::new(),
             standby: BTreeSet::new(),
             next_standby_read: sent,
+            next_load_report: sent + rules.load_every_ms,
         }
     }
 
@@ -408,6 +418,10 @@ impl MemberEngine {
                     self.next_standby_read = now + self.rules.standby_every_ms;
                     self.queue.push_back(MemberCommand::ReadStandbys);
                 }
+                if self.rules.load_every_ms > 0 && now >= self.next_load_report {
+                    self.next_load_report = now + self.rules.load_every_ms;
+                    self.queue.push_back(MemberCommand::ReportLoad);
+                }
                 MemberCommand::Coordinate
             }
             Round::Reading => MemberCommand::Wait,
@@ -560,6 +574,7 @@ mod tests {
                 heartbeat_every_ms: EVERY,
                 warm_ups: true,
                 standby_every_ms: 0,
+                load_every_ms: 0,
             },
             0,
         )
@@ -733,6 +748,27 @@ mod tests {
         let mut e = engine();
         let (_, asked) = round_standing_by(&mut e, 10, &incoming(&[], &[]), &[0]);
         assert!(!asked);
+    }
+
+    #[test]
+    fn load_is_reported_on_its_cadence_only_when_the_group_balances_by_load() {
+        let reported = |e: &mut MemberEngine, now: Millis| {
+            round_standing_by(e, now, &incoming(&[owned(0, 1)], &[]), &[])
+                .0
+                .contains(&MemberCommand::ReportLoad)
+        };
+        let mut e = engine();
+        e.rules.load_every_ms = 1_000;
+        e.next_load_report = 1_000;
+        assert!(!reported(&mut e, 10), "not before the first cadence");
+        assert!(reported(&mut e, 1_000));
+        assert!(!reported(&mut e, 1_500), "not twice in one cadence");
+        assert!(reported(&mut e, 2_100));
+        let mut e = engine();
+        assert!(
+            !reported(&mut e, 10) && !reported(&mut e, 60_000),
+            "off: never"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::ids::{Epoch, MemberId, Millis, PartitionId};
 use crate::lifecycle::{Phase, QuarantinePolicy};
+use crate::load::PartitionLoad;
 
 /// A registered member.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -32,6 +33,10 @@ pub struct MemberRecord {
     /// from their owners without waiting longer.
     #[serde(default)]
     pub warm: BTreeSet<PartitionId>,
+    /// The load of the partitions it holds, as it last reported it (with
+    /// its heartbeats, when the group balances by load).
+    #[serde(default)]
+    pub load: BTreeMap<PartitionId, PartitionLoad>,
 }
 
 impl MemberRecord {
@@ -300,6 +305,7 @@ impl GroupState {
                 lease_expires_at: now + ttl,
                 draining: false,
                 warm: BTreeSet::new(),
+                load: BTreeMap::new(),
             },
         );
         self.version += 1;
@@ -332,6 +338,23 @@ impl GroupState {
             .filter(|m| m.is_live(now))
             .ok_or_else(|| Fenced::LeaseExpired(member.clone()))?;
         m.warm = partitions.iter().cloned().collect();
+        Ok(())
+    }
+
+    /// Replaces a live member's load report (the partitions it holds,
+    /// measured).
+    pub fn report_load(
+        &mut self,
+        member: &MemberId,
+        loads: &BTreeMap<PartitionId, PartitionLoad>,
+        now: Millis,
+    ) -> Result<(), Fenced> {
+        let m = self
+            .members
+            .get_mut(member)
+            .filter(|m| m.is_live(now))
+            .ok_or_else(|| Fenced::LeaseExpired(member.clone()))?;
+        m.load = loads.clone();
         Ok(())
     }
 

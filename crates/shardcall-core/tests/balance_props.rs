@@ -71,6 +71,8 @@ fn group(
         })
 }
 
+static NOTHING_PINNED: BTreeSet<PartitionId> = BTreeSet::new();
+
 fn rules() -> BalanceRules {
     BalanceRules {
         max_moves: 0,
@@ -89,6 +91,7 @@ fn input<'a>(
         previous: &g.previous,
         in_transition: none,
         loads: &g.loads,
+        pinned: &NOTHING_PINNED,
         rules,
         may_rebalance: true,
     }
@@ -321,6 +324,45 @@ fn inside_the_threshold_nothing_moves_and_the_cooldown_holds_load_moves_back() {
             .moves
             .iter()
             .all(|m| m.reason == MoveReason::MemberLeft)
+    );
+}
+
+#[test]
+fn a_pinned_partition_is_not_moved_for_load_but_still_leaves_a_member_that_left() {
+    let g = skewed(2, &[10_000, 100, 100, 100]);
+    let rules = rules();
+    let none = BTreeSet::new();
+    // Unpinned, t/2 (on m0 with the heavy t/0) moves.
+    let free = assign_by_load(input(&g, &rules, &none)).expect("loads known");
+    assert!(
+        free.assignment
+            .moves
+            .iter()
+            .any(|m| m.partition == PartitionId::new("t", 2))
+    );
+    let pinned: BTreeSet<PartitionId> = [PartitionId::new("t", 2)].into();
+    let mut i = input(&g, &rules, &none);
+    i.pinned = &pinned;
+    let out = assign_by_load(i).expect("loads known");
+    assert!(
+        out.assignment
+            .moves
+            .iter()
+            .all(|m| m.partition != PartitionId::new("t", 2)),
+        "{:?}",
+        out.assignment.moves
+    );
+    // Its owner gone, it moves whatever the pin says.
+    let mut g = g;
+    g.members.remove(0);
+    let mut i = input(&g, &rules, &none);
+    i.pinned = &pinned;
+    let out = assign_by_load(i).expect("loads known");
+    assert!(
+        out.assignment
+            .moves
+            .iter()
+            .any(|m| m.partition == PartitionId::new("t", 2) && m.reason == MoveReason::MemberLeft)
     );
 }
 

@@ -12,7 +12,10 @@
 //! exactly where the last one ended (nothing committed twice, nothing
 //! skipped), every record is in the end committed or dead-lettered (only
 //! records that failed go to the dead letters), every rebalance moves the
-//! lower bound, and the group ends balanced.
+//! lower bound, and the group ends balanced. Every other run balances by
+//! measured load (constant, drifting or bursty, through the production load
+//! meters), where a rebalance moves at least what had to move; one more
+//! test checks that such a group settles and never flaps.
 //!
 //! A failing seed prints itself and the last events of its run; run it
 //! alone with `SHARDCALL_SIM_SEED=N`. `SHARDCALL_SIM_SEEDS=N` runs more.
@@ -25,10 +28,10 @@ use std::time::Duration;
 use shardcall_core::partition_engine::Command as Do;
 use shardcall_core::standby::standby_for;
 use shardcall_core::{
-    CallFailure, CheckpointAnswer, Command, Epoch, Event, Grant, GroupState, LeaseRule,
-    MemberCommand, MemberEngine, MemberEvent, MemberId, MemberRules, Millis, PartitionEngine,
-    PartitionId, PartitionRules, Phase, QuarantinePolicy, RetryBackoff, StepOptions, StoreAnswer,
-    step_with,
+    BalanceRules, CallFailure, CheckpointAnswer, Command, Epoch, Event, Grant, GroupState,
+    LeaseRule, LoadBook, LoadMeter, MemberCommand, MemberEngine, MemberEvent, MemberId,
+    MemberRules, Millis, MoveReason, PartitionEngine, PartitionId, PartitionRules, Phase,
+    QuarantinePolicy, RetryBackoff, StepOptions, StoreAnswer, step_loaded,
 };
 
 use common::{Rng, Trace};
@@ -79,6 +82,42 @@ fn member_rules() -> MemberRules {
         heartbeat_every_ms: HEARTBEAT_EVERY,
         warm_ups: true,
         standby_every_ms: 5 * HEARTBEAT_EVERY,
+        load_every_ms: 2 * HEARTBEAT_EVERY,
+    }
+}
+
+/// How the partitions' load behaves over a run that balances by load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoadShape {
+    /// Each partition's rate never changes.
+    Constant,
+    /// Each partition's rate drifts slowly by ±5% (out of phase with the
+    /// others).
+    Drifting,
+    /// Now and then a partition's rate rises by half for a moment.
+    Bursty,
+}
+
+/// A partition's records per second at `now`: skewed (partition i weighs
+/// 1 / (i + 1)), shaped by `shape`.
+fn rate_at(p: &PartitionId, now: Millis, shape: LoadShape, seed: u64) -> u64 {
+    let i = u64::from(p.partition);
+    let base = 6_400 / (i + 1);
+    match shape {
+        LoadShape::Constant => base,
+        LoadShape::Drifting => {
+            // A triangle wave of period 8 s, between -5% and +5%.
+            let phase = (now + i * 1_000) % 8_000;
+            let tri = if phase < 4_000 { phase } else { 8_000 - phase };
+            base * (950 + tri * 100 / 4_000) / 1_000
+        }
+        LoadShape::Bursty => {
+            // One 400 ms slot in eight is half as busy again, decided by a
+            // hash of the slot.
+            let slot = now / 400;
+            let h = (slot ^ (i << 32) ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 61;
+            if h == 0 { base * 3 / 2 } else { base }
+        }
     }
 }
 
@@ -116,6 +155,8 @@ struct SimMember {
     /// driver never says a task ended (the runtime bug this guards).
     reports_task_ends: bool,
     stopping: bool,
+    /// The production load meters of its partitions, fed what arrives.
+    meters: BTreeMap<PartitionId, LoadMeter>,
 }
 
 /// A batch some member processed (or tried to).
@@ -154,6 +195,12 @@ struct Sim {
     warm_revokes: usize,
     refused_checkpoints: usize,
     tasks_died: usize,
+    /// Balancing by load (with this shape of load), or by counts.
+    balance: Option<(BalanceRules, LoadShape)>,
+    /// What the coordinators know of the load.
+    loads: LoadBook,
+    /// Every move made for load: when, which partition, from, to.
+    load_moves: Vec<(Millis, PartitionId, Option<MemberId>, MemberId)>,
     trace: Trace,
 }
 
@@ -184,6 +231,9 @@ impl Sim {
             warm_revokes: 0,
             refused_checkpoints: 0,
             tasks_died: 0,
+            balance: None,
+            loads: LoadBook::default(),
+            load_moves: Vec::new(),
             trace: Trace::default(),
         }
     }
@@ -214,6 +264,7 @@ impl Sim {
             obeys_lease: true,
             reports_task_ends: true,
             stopping: false,
+            meters: BTreeMap::new(),
         });
     }
 
@@ -250,6 +301,24 @@ impl Sim {
                 for p in ready {
                     m.warming.remove(&p);
                     m.events.push_back(MemberEvent::WarmedUp { partition: p });
+                }
+                // What arrived at its partitions this tick, as the
+                // runtime's meters see it.
+                if let Some((_, shape)) = self.balance {
+                    let seed = self.seed;
+                    let m = &mut self.members[i];
+                    // Records arrive whether or not its task runs now (a
+                    // dead task's records show later as the lag's growth).
+                    let held = self.store.partitions.iter().filter(
+                        |(_, r)| matches!(&r.phase, Phase::Owned { member, .. } if *member == m.id),
+                    );
+                    for (p, _) in held {
+                        let rate = rate_at(p, now, shape, seed);
+                        m.meters
+                            .entry(p.clone())
+                            .or_insert_with(|| LoadMeter::new(now, 1_000, 200_000))
+                            .batch(now, rate * TICK / 1_000, 0, 0);
+                    }
                 }
                 // Tasks first: after a pause, what a task had in hand goes
                 // on before its member hears of anything.
@@ -353,6 +422,25 @@ impl Sim {
             }
             // Standbys as the runtime finds them: from the group's state,
             // read now (or not at all).
+            MemberCommand::ReportLoad => {
+                // The report may be lost; the next replaces it.
+                let m = &mut self.members[i];
+                let store = &self.store;
+                m.meters.retain(|p, _| {
+                    store.partitions.get(p).is_some_and(
+                        |r| matches!(&r.phase, Phase::Owned { member, .. } if *member == m.id),
+                    )
+                });
+                let loads = m
+                    .meters
+                    .iter_mut()
+                    .filter_map(|(p, meter)| meter.load(now).map(|l| (p.clone(), l)))
+                    .collect();
+                if !self.rng.chance(3.0) {
+                    let _ = self.store.report_load(&id, &loads, now);
+                }
+                MemberEvent::Done
+            }
             MemberCommand::ReadStandbys => {
                 if self.rng.chance(2.0) {
                     MemberEvent::Done
@@ -406,9 +494,28 @@ impl Sim {
         let Ok(Some(lease)) = self.store.acquire_coordinator(id, now, COORD_TTL) else {
             return;
         };
-        let plan = step_with(&self.store, now, &self.partitions, &step_options());
+        let mut options = step_options();
+        options.balance = self.balance.map(|(rules, _)| rules);
+        if options.balance.is_some() {
+            self.loads.observe(&self.store, now);
+        }
+        let plan = step_loaded(
+            &self.store,
+            now,
+            &self.partitions,
+            &options,
+            &self.loads.loads(),
+        );
         if plan.commands.is_empty() {
             return;
+        }
+        for mv in plan
+            .moves
+            .iter()
+            .filter(|m| m.reason == MoveReason::LoadImbalance)
+        {
+            self.load_moves
+                .push((now, mv.partition.clone(), mv.from.clone(), mv.to.clone()));
         }
         self.warm_up_waits += usize::from(!plan.awaiting_warm_up.is_empty());
         self.warm_revokes += plan
@@ -652,7 +759,22 @@ fn check(batches: &[Batch]) -> Findings {
 /// Joins, crashes (kill -9), pauses past the lease (SIGSTOP), short pauses
 /// and graceful stops, at random, while records arrive; then quiet time.
 fn scenario(seed: u64, tweak: impl Fn(&mut SimMember)) -> Sim {
+    scenario_balanced(seed, None, tweak)
+}
+
+/// The balance rules of the simulated groups that balance by load: the
+/// defaults, at the simulation's pace.
+fn sim_balance() -> BalanceRules {
+    BalanceRules {
+        cooldown_ms: 1_000,
+        max_moves: 2,
+        ..BalanceRules::default()
+    }
+}
+
+fn scenario_balanced(seed: u64, balance: Option<LoadShape>, tweak: impl Fn(&mut SimMember)) -> Sim {
     let mut sim = Sim::new(seed);
+    sim.balance = balance.map(|shape| (sim_balance(), shape));
     for i in 0..4 {
         sim.add_member(&format!("m{i}"));
     }
@@ -702,10 +824,19 @@ fn scenario(seed: u64, tweak: impl Fn(&mut SimMember)) -> Sim {
         }
     }
     // No more records; time to finish them and settle.
+    settle(&mut sim);
+    sim
+}
+
+/// Stops producing and lets the group settle: what is in flight finishes,
+/// and load (held still from now) moves nothing more.
+fn settle(sim: &mut Sim) {
     sim.producing = false;
+    if let Some((rules, _)) = &mut sim.balance {
+        rules.cooldown_ms = Millis::MAX / 4;
+    }
     let end = sim.now + 6_000;
     sim.run_until(end);
-    sim
 }
 
 /// Every property, for one run.
@@ -730,13 +861,19 @@ fn verify(sim: &Sim) {
         sim.broken_chains,
         why()
     );
+    // Count balance moves the lower bound; load balance at least what
+    // had to move.
     for (moves, bound) in &sim.rebalances {
-        assert_eq!(
-            moves,
-            bound,
-            "a rebalance moved more than the lower bound\n{}",
-            why()
-        );
+        if sim.balance.is_some() {
+            assert!(moves >= bound, "fewer moves than had to move\n{}", why());
+        } else {
+            assert_eq!(
+                moves,
+                bound,
+                "a rebalance moved more than the lower bound\n{}",
+                why()
+            );
+        }
     }
     // Every record committed or dead-lettered; only failed ones dead.
     for p in &sim.partitions {
@@ -775,9 +912,11 @@ fn verify(sim: &Sim) {
         .values()
         .filter(|m| m.is_live(now))
         .count();
-    assert_eq!(loads.len(), live.min(PARTITIONS as usize), "{}", why());
-    let (min, max) = (loads.values().min().unwrap(), loads.values().max().unwrap());
-    assert!(max - min <= 1, "loads {loads:?}\n{}", why());
+    if sim.balance.is_none() {
+        assert_eq!(loads.len(), live.min(PARTITIONS as usize), "{}", why());
+        let (min, max) = (loads.values().min().unwrap(), loads.values().max().unwrap());
+        assert!(max - min <= 1, "loads {loads:?}\n{}", why());
+    }
 }
 
 #[test]
@@ -786,7 +925,10 @@ fn the_engines_keep_every_property_under_crashes_pauses_lost_answers_and_dying_t
     let (mut waits, mut warm_revokes, mut standbys) = (0, 0, 0);
     let seeds = common::seeds(2_000);
     for &seed in &seeds {
-        let sim = scenario(seed, |_| {});
+        // Every other run balances by load, with each shape of load.
+        let shape =
+            [LoadShape::Constant, LoadShape::Drifting, LoadShape::Bursty][(seed / 2 % 3) as usize];
+        let sim = scenario_balanced(seed, (seed % 2 == 1).then_some(shape), |_| {});
         verify(&sim);
         rejoined += sim.members.iter().filter(|m| m.incarnation > 1).count();
         crashed += sim.members.iter().filter(|m| m.crashed).count();
@@ -851,4 +993,48 @@ fn a_task_that_dies_unnoticed_is_caught_as_a_stall() {
                 .any(|p| sim.checkpoints.get(p).copied().unwrap_or(0) < sim.log_end[p])
     });
     assert!(caught, "no run noticed tasks dying unreported");
+}
+
+/// Balancing by load with no faults: a group settles, and then a constant
+/// load moves nothing, a drifting or bursty one (smoothed by the production
+/// load meters) moves at most a partition or two, and no partition ever goes
+/// back to a member it left for load within three cooldowns (no flapping).
+#[test]
+fn load_balance_settles_and_never_flaps_under_constant_drifting_and_bursty_loads() {
+    let mut late_moves = BTreeMap::new();
+    for &seed in &common::seeds(30) {
+        for shape in [LoadShape::Constant, LoadShape::Drifting, LoadShape::Bursty] {
+            let mut sim = Sim::new(seed);
+            sim.balance = Some((sim_balance(), shape));
+            for i in 0..3 {
+                sim.add_member(&format!("m{i}"));
+            }
+            sim.run_until(6_000);
+            sim.add_member("m3");
+            let settled = sim.now + 10_000;
+            sim.run_until(sim.now + 30_000);
+            settle(&mut sim);
+            verify(&sim);
+            let why = || format!("{shape:?}\n{}", sim.replay());
+            assert!(
+                !sim.load_moves.is_empty(),
+                "nothing moved for load\n{}",
+                why()
+            );
+            let late = sim.load_moves.iter().filter(|m| m.0 >= settled).count();
+            *late_moves.entry(format!("{shape:?}")).or_insert(0) += late;
+            match shape {
+                LoadShape::Constant => assert_eq!(late, 0, "{:?}\n{}", sim.load_moves, why()),
+                _ => assert!(late <= 3, "{late} moves after settling\n{}", why()),
+            }
+            let cooldown = sim_balance().cooldown_ms;
+            for (i, (at, p, from, _)) in sim.load_moves.iter().enumerate() {
+                let back = sim.load_moves[i + 1..].iter().find(|(later, q, _, to)| {
+                    q == p && Some(to) == from.as_ref() && *later < at + 3 * cooldown
+                });
+                assert!(back.is_none(), "{p} flapped back at {back:?}\n{}", why());
+            }
+        }
+    }
+    println!("load moves after settling, per shape: {late_moves:?}");
 }

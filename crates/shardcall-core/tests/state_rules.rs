@@ -296,6 +296,7 @@ fn a_new_group_waits_for_its_members_before_the_first_assignment() {
     let opts = StepOptions {
         warm_up_wait_ms: 0,
         initial_delay_ms: 500,
+        balance: None,
     };
     let parts = [p(0), p(1)];
     let plan = step_with(&g, 1200, &parts, &opts);

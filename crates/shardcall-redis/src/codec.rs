@@ -41,6 +41,55 @@ struct StoredMember {
     /// The partitions it warmed up (a JSON object used as a set).
     #[serde(default)]
     wm: serde_json::Value,
+    /// Its load report ([`encode_loads`]), a string to Lua.
+    #[serde(default)]
+    ld: String,
+}
+
+/// A load report as stored: each partition's figures in a fixed order
+/// (records, bytes, busy, arriving, lag, state bytes), compact because the
+/// coordinator reads every member's each tick.
+pub fn encode_loads(
+    loads: &std::collections::BTreeMap<PartitionId, shardcall_core::PartitionLoad>,
+) -> String {
+    let rows: std::collections::BTreeMap<String, [u64; 6]> = loads
+        .iter()
+        .map(|(p, l)| {
+            let row = [
+                l.records_milli,
+                l.bytes_per_s,
+                l.busy_ppm,
+                l.arriving_milli,
+                l.lag,
+                l.state_bytes,
+            ];
+            (partition_field(p), row)
+        })
+        .collect();
+    serde_json::to_string(&rows).expect("numbers serialize")
+}
+
+fn decode_loads(
+    raw: &str,
+) -> Result<std::collections::BTreeMap<PartitionId, shardcall_core::PartitionLoad>, StoreError> {
+    if raw.is_empty() {
+        return Ok(Default::default());
+    }
+    let rows: std::collections::BTreeMap<String, [u64; 6]> =
+        serde_json::from_str(raw).map_err(|e| corrupt("a load report", raw, e))?;
+    rows.into_iter()
+        .map(|(f, r)| {
+            let load = shardcall_core::PartitionLoad {
+                records_milli: r[0],
+                bytes_per_s: r[1],
+                busy_ppm: r[2],
+                arriving_milli: r[3],
+                lag: r[4],
+                state_bytes: r[5],
+            };
+            Ok((parse_partition_field(&f)?, load))
+        })
+        .collect()
 }
 
 /// The keys of a JSON object used as a set (anything else: none).
@@ -66,6 +115,7 @@ pub fn decode_member(id: &str, raw: &str) -> Result<MemberRecord, StoreError> {
             .iter()
             .map(|f| parse_partition_field(f))
             .collect::<Result<_, _>>()?,
+        load: decode_loads(&m.ld)?,
     })
 }
 

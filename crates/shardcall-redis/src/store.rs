@@ -52,6 +52,7 @@ pub(crate) struct Scripts {
     join: Script,
     renew: Script,
     set_warm: Script,
+    report_load: Script,
     leave: Script,
     acquire: Script,
     release_coordinator: Script,
@@ -86,6 +87,7 @@ impl Scripts {
             join: script(include_str!("../lua/join.lua")),
             renew: script(include_str!("../lua/renew.lua")),
             set_warm: script(include_str!("../lua/set_warm.lua")),
+            report_load: script(include_str!("../lua/report_load.lua")),
             leave: script(include_str!("../lua/leave.lua")),
             acquire: script(include_str!("../lua/acquire.lua")),
             release_coordinator: script(include_str!("../lua/release_coordinator.lua")),
@@ -1003,6 +1005,24 @@ impl CoordinationStore for RedisStore {
             )
             .await?;
         self.announce(group).await;
+        Ok(())
+    }
+
+    async fn report_load(
+        &self,
+        group: &str,
+        member: &MemberId,
+        loads: &std::collections::BTreeMap<PartitionId, shardcall_core::PartitionLoad>,
+    ) -> StoreResult<()> {
+        let _: i64 = self
+            .invoke(
+                self.scripts
+                    .report_load
+                    .key(keys(group).members)
+                    .arg(member.as_str())
+                    .arg(codec::encode_loads(loads)),
+            )
+            .await?;
         Ok(())
     }
 

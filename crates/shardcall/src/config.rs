@@ -35,6 +35,11 @@ pub struct WorkerConfig {
     /// ([`crate::PartitionHandler::process_state`]); `None`: the handler's
     /// state bytes, checkpointed whole.
     pub state: Option<crate::StateConfig>,
+    /// Balance the group by measured load rather than partition counts
+    /// ([`shardcall_core::balance`]): this worker measures its partitions'
+    /// load, reports it with its heartbeats, and as coordinator assigns by
+    /// it. `None`: count balance. Every member of a group should agree.
+    pub balance: Option<shardcall_core::BalanceRules>,
 }
 
 impl Default for WorkerConfig {
@@ -49,6 +54,7 @@ impl Default for WorkerConfig {
             slots: 0,
             call_deadline: crate::handler_cell::DEFAULT_DEADLINE,
             state: None,
+            balance: None,
         }
     }
 }

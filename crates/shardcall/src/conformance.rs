@@ -34,6 +34,7 @@ macro_rules! __store_checks {
             leave_quarantines_held,
             member_view_names_what_is_on_its_way,
             warm_reports_and_target_times,
+            load_reports_round_trip_and_are_fenced,
             checkpoint_bytes_round_trip,
             drain_is_recorded,
             reset_offsets,
@@ -887,6 +888,37 @@ pub async fn member_view_names_what_is_on_its_way<S: CoordinationStore>(store: &
     }])
     .await;
     assert!(incoming_to_b().await.is_empty());
+}
+
+/// A member's load report is replaced by each one (only while its lease
+/// runs) and read back with the members, every figure exact (up to the
+/// largest a report can carry).
+pub async fn load_reports_round_trip_and_are_fenced<S: CoordinationStore>(store: &S, group: &str) {
+    let a = m("a");
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    let load = |n: u64| shardcall_core::PartitionLoad {
+        records_milli: n,
+        bytes_per_s: n * 3 + 1,
+        busy_ppm: 999_999,
+        arriving_milli: n * 7,
+        lag: 123_456_789_012,
+        // Past what a double holds exactly.
+        state_bytes: u64::MAX - n,
+    };
+    let first: std::collections::BTreeMap<_, _> = [(p(0), load(5)), (p(1), load(6))].into();
+    store.report_load(group, &a, &first).await.unwrap();
+    let g = store.load_group(group).await.unwrap();
+    assert_eq!(g.members[&a].load, first);
+    let second: std::collections::BTreeMap<_, _> = [(p(1), load(1 << 60))].into();
+    store.report_load(group, &a, &second).await.unwrap();
+    let g = store.load_group(group).await.unwrap();
+    assert_eq!(g.members[&a].load, second, "replaced, not merged");
+    // The heartbeat keeps the report.
+    store.renew(group, &a, LONG).await.unwrap();
+    let g = store.refresh_group(group, Some(g)).await.unwrap();
+    assert_eq!(g.members[&a].load, second);
+    let refused = store.report_load(group, &m("stranger"), &first).await;
+    assert!(matches!(refused, Err(StoreError::Fenced(_))), "{refused:?}");
 }
 
 /// A member's warm set is replaced by each report (only while its lease

@@ -412,6 +412,16 @@ impl CoordinationStore for MemoryStore {
             .map_err(StoreError::from)
     }
 
+    async fn report_load(
+        &self,
+        group: &str,
+        member: &MemberId,
+        loads: &std::collections::BTreeMap<PartitionId, shardcall_core::PartitionLoad>,
+    ) -> StoreResult<()> {
+        self.with_group(group, |g, now| g.report_load(member, loads, now))
+            .map_err(StoreError::from)
+    }
+
     async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()> {
         self.with_group(group, |g, now| g.drain(member, now, actor))
             .map_err(StoreError::from)

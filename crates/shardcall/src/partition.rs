@@ -68,6 +68,8 @@ pub struct PartitionTask<S, Src, F> {
     /// handler's backup, which the worker must let finish although the
     /// grant is gone.
     pub released: tokio::sync::mpsc::UnboundedSender<shardcall_core::PartitionId>,
+    /// Measures the partition's load, when the group balances by load.
+    pub load: Option<Arc<std::sync::Mutex<shardcall_core::LoadMeter>>>,
 }
 
 /// The owned-mode grant: the member's lease, checkpoints and release
@@ -198,6 +200,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             state: self.state.clone(),
             warm: self.warm,
             moving: Some(self.moving.clone()),
+            load: self.load.clone(),
         };
         let driven = drive(d, grant, rules).await;
         self.source.release(&self.ctx.partition).await;

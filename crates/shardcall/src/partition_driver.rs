@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use shardcall_core::LoadMeter;
 use shardcall_core::partition_engine::Command;
 use shardcall_core::{
     CallFailure, CheckpointAnswer, End, Env, Epoch, Event, PartitionEngine, PartitionId,
@@ -103,6 +104,9 @@ pub(crate) struct Drive<'a, S, Src, F: HandlerFactory> {
     /// Becomes true when the partition moves to another member (owned
     /// mode, where the next owner warms its state up).
     pub moving: Option<watch::Receiver<bool>>,
+    /// Measures the partition's load, when its group balances by load
+    /// (owned mode).
+    pub load: Option<Arc<std::sync::Mutex<LoadMeter>>>,
 }
 
 /// A handler kept after a claim, valid while the partition's checkpoint is
@@ -644,6 +648,9 @@ where
         if caught_up {
             self.lag_checked = Some(clock::now());
             crate::telemetry::lag(group, p, 0);
+            if let Some(meter) = &self.d.load {
+                meter.lock().expect("load meter").lag(clock::now_ms(), 0);
+            }
             return;
         }
         if self.lag_task.as_ref().is_some_and(|t| !t.is_finished()) {
@@ -652,9 +659,14 @@ where
         self.lag_checked = Some(clock::now());
         let source = self.d.source.clone();
         let (group, p) = (group.to_owned(), p.clone());
+        let meter = self.d.load.clone();
         self.lag_task = Some(tokio::spawn(async move {
             if let Ok(end) = source.end_offset(&p).await {
-                crate::telemetry::lag(&group, &p, end.saturating_sub(at));
+                let lag = end.saturating_sub(at);
+                crate::telemetry::lag(&group, &p, lag);
+                if let Some(meter) = meter {
+                    meter.lock().expect("load meter").lag(clock::now_ms(), lag);
+                }
             }
         }));
     }
@@ -672,6 +684,14 @@ where
             ),
             None => None,
         };
+        // Busy from here: waiting for a slot is the worker's load, not the
+        // partition's.
+        let busy_from = clock::now();
+        let bytes: usize = records
+            .iter()
+            .map(|r| r.payload.len() + r.key.as_ref().map_or(0, |k| k.len()))
+            .sum();
+        let count = records.len() as u64;
         let last = records.last().map(|r| r.offset);
         let applied = Applied {
             offset: last.map_or(0, |l| l + 1),
@@ -715,6 +735,15 @@ where
         match result {
             Ok(state) => {
                 crate::telemetry::batch_seconds(self.d.group, began.elapsed());
+                if let Some(meter) = &self.d.load {
+                    let busy_us = busy_from.elapsed().as_micros() as u64;
+                    meter.lock().expect("load meter").batch(
+                        clock::now_ms(),
+                        count,
+                        bytes as u64,
+                        busy_us,
+                    );
+                }
                 self.state = Some(state);
                 self.pending_started_us.get_or_insert(started_us);
                 self.processed_us = self.now_us();
@@ -938,6 +967,7 @@ mod tests {
             state: None,
             warm: None,
             moving: None,
+            load: None,
             group: "g",
             ctx: PartitionContext {
                 partition: PartitionId::new("t", 0),

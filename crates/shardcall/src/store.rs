@@ -13,7 +13,7 @@ use crate::restores::RestoreReports;
 pub use crate::store_error::{Cause, Disposition, Refusal, StoreError};
 use shardcall_core::{
     BackupPointer, Command, CoordinatorLease, Epoch, GroupState, MemberId, MemberView, Millis,
-    PartitionId, QuarantinePolicy,
+    PartitionId, PartitionLoad, QuarantinePolicy,
 };
 
 /// A partition's checkpoint: where to resume and the application's state,
@@ -186,6 +186,17 @@ pub trait CoordinationStore: FailureReports + RestoreReports {
         group: &str,
         member: &MemberId,
         partitions: &[PartitionId],
+    ) -> StoreResult<()>;
+
+    /// Replaces `member`'s load report (the measured load of the partitions
+    /// it holds, [`PartitionLoad`]); refused unless its lease runs. Read
+    /// back with the members ([`shardcall_core::MemberRecord::load`]), every
+    /// figure exactly as sent.
+    async fn report_load(
+        &self,
+        group: &str,
+        member: &MemberId,
+        loads: &std::collections::BTreeMap<PartitionId, PartitionLoad>,
     ) -> StoreResult<()>;
 
     /// Marks a member as draining on an operator's word (audited): its

@@ -94,6 +94,16 @@ pub fn describe() {
         Unit::Bytes,
         "Bytes of snapshots downloaded to restore local state stores"
     );
+    describe_gauge!(
+        "shardcall_load_imbalance_ratio",
+        Unit::Count,
+        "The most loaded member's work per weight over the group's average (1: even), as the coordinator last assigned it (groups that balance by load)"
+    );
+    describe_gauge!(
+        "shardcall_partition_arriving_records_per_second",
+        Unit::Count,
+        "Records arriving per second at a held partition (processed plus the lag's growth), smoothed"
+    );
     describe_histogram!(
         "shardcall_state_restore_seconds",
         Unit::Seconds,
@@ -131,6 +141,19 @@ pub fn rebalance(group: &str, moved: usize) {
     metrics::counter!("shardcall_rebalances_total", "group" => group.to_owned()).increment(1);
     metrics::counter!("shardcall_partitions_moved_total", "group" => group.to_owned())
         .increment(moved as u64);
+}
+
+/// The load imbalance (max over average work per weight) after a
+/// coordinator's round.
+pub fn load_imbalance(group: &str, ratio: f64) {
+    metrics::gauge!("shardcall_load_imbalance_ratio", "group" => group.to_owned()).set(ratio);
+}
+
+/// A held partition's smoothed arrival rate.
+pub fn arriving(group: &str, p: &PartitionId, per_second: f64) {
+    metrics::gauge!("shardcall_partition_arriving_records_per_second",
+        "group" => group.to_owned(), "partition" => p.to_string())
+    .set(per_second);
 }
 
 /// How long a partition stayed quarantined, observed when it is freed.

@@ -408,6 +408,8 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
         state: None,
         warm: None,
         moving: None,
+        // Ticket mode balances by claiming: no load to report.
+        load: None,
         group: &c.group,
         ctx,
         store: &*s.store,

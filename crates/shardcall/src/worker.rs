@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shardcall_core::{
-    CoordinatorLease, Epoch, LeaseRule, MemberCommand, MemberEngine, MemberEvent, MemberId,
-    MemberRules, Millis, PartitionId, Phase, step_with,
+    CoordinatorLease, Epoch, LeaseRule, LoadBook, LoadMeter, MemberCommand, MemberEngine,
+    MemberEvent, MemberId, MemberRules, Millis, PartitionId, Phase, step_loaded,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -244,6 +244,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 unreadable: None,
                 warm_ups: HashMap::new(),
                 warmed: tokio::sync::mpsc::unbounded_channel(),
+                meters: HashMap::new(),
+                loads: LoadBook::default(),
             }
             .run(stop)
             .instrument(tracing::info_span!("member", member = %id))
@@ -307,6 +309,11 @@ struct Incarnation<'a, S, Src, F> {
         tokio::sync::mpsc::UnboundedSender<PartitionId>,
         tokio::sync::mpsc::UnboundedReceiver<PartitionId>,
     ),
+    /// The load meters of the partitions running here, when the group
+    /// balances by load.
+    meters: HashMap<PartitionId, Arc<Mutex<LoadMeter>>>,
+    /// What this member, as coordinator, knows of every partition's load.
+    loads: LoadBook,
 }
 
 /// A background task, aborted when dropped.
@@ -367,6 +374,14 @@ fn discover<Src: Source>(
 /// stands by for.
 const STANDBY_EVERY: Duration = Duration::from_secs(2);
 
+/// How often a member of a group that balances by load reports it.
+const LOAD_EVERY: Duration = Duration::from_secs(2);
+
+/// A load meter's window, and how much each new window weighs (the
+/// Kinesis Client Library weighs a new sample 0.2 too).
+const LOAD_WINDOW: Duration = Duration::from_secs(1);
+const LOAD_ALPHA_PPM: u64 = 200_000;
+
 impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Src, F> {
     /// Carries out the member engine's commands until it says rejoin or
     /// leave.
@@ -383,6 +398,10 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             standby_every_ms: match &cfg.state {
                 Some(s) if s.standby_replicas > 0 => STANDBY_EVERY.as_millis() as Millis,
                 _ => 0,
+            },
+            load_every_ms: match cfg.balance {
+                Some(_) => LOAD_EVERY.as_millis() as Millis,
+                None => 0,
             },
         };
         let mut engine = MemberEngine::new(rules, self.joined);
@@ -461,6 +480,21 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
                         MemberEvent::Done
                     }
                 },
+                MemberCommand::ReportLoad => {
+                    let loads = self.measured_loads();
+                    let told = self
+                        .worker
+                        .store
+                        .report_load(&cfg.group, &self.id, &loads)
+                        .await;
+                    match told {
+                        Ok(()) => {}
+                        Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
+                        // Only late: the next report replaces it.
+                        Err(e) => tracing::warn!(error = %e, "reporting load"),
+                    }
+                    MemberEvent::Done
+                }
                 MemberCommand::EndWarmUp { partition } => {
                     self.warm_ups.remove(&partition);
                     MemberEvent::Done
@@ -640,7 +674,30 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         if let Some(s) = &w.config.state {
             options.warm_up_wait_ms = s.warm_up_wait.as_millis() as Millis;
         }
+        options.balance = w.config.balance;
         options
+    }
+
+    /// The measured load of the partitions running here (those measured
+    /// long enough to say), and forgets the meters of partitions gone.
+    fn measured_loads(
+        &mut self,
+    ) -> std::collections::BTreeMap<PartitionId, shardcall_core::PartitionLoad> {
+        let now = clock::now_ms();
+        let running = &self.running;
+        self.meters.retain(|p, _| running.contains_key(p));
+        let mut out = std::collections::BTreeMap::new();
+        for (p, meter) in &self.meters {
+            if let Some(load) = meter.lock().expect("load meter").load(now) {
+                crate::telemetry::arriving(
+                    &self.worker.config.group,
+                    p,
+                    load.arriving_milli as f64 / 1000.0,
+                );
+                out.insert(p.clone(), load);
+            }
+        }
+        out
     }
 
     /// The partitions this member would inherit if their owners failed
@@ -672,7 +729,14 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         };
         let state = w.store.refresh_group(group, self.cached.take()).await?;
         let now = w.store.now().await?;
-        let plan = step_with(&state, now, &discovered, &self.step_options());
+        let options = self.step_options();
+        if options.balance.is_some() {
+            self.loads.observe(&state, now);
+        }
+        let plan = step_loaded(&state, now, &discovered, &options, &self.loads.loads());
+        if let Some(load) = &plan.load {
+            crate::telemetry::load_imbalance(group, load.imbalance_after as f64 / 1000.0);
+        }
         if plan.commands.is_empty() {
             self.cached = Some(state);
             return Ok(());
@@ -742,6 +806,19 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             dead_letters: w.dead_letters.clone(),
             processed: self.stats.processed.clone(),
             slots: self.slots.clone(),
+            load: w.config.balance.map(|_| {
+                self.meters
+                    .entry(p.clone())
+                    .or_insert_with(|| {
+                        let window = LOAD_WINDOW.as_millis() as Millis;
+                        Arc::new(Mutex::new(LoadMeter::new(
+                            clock::now_ms(),
+                            window,
+                            LOAD_ALPHA_PPM,
+                        )))
+                    })
+                    .clone()
+            }),
         };
         let key = p.clone();
         let abort = self
