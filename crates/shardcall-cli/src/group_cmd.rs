@@ -7,9 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::json;
 use shardcall::{Checkpoint, CoordinationStore, StoreError, TicketStore, quarantine_left};
-use shardcall_core::{
-    Command, GroupState, Millis, PartitionId, Phase, StepOptions, step, step_with,
-};
+use shardcall_core::{Command, GroupState, Millis, PartitionId, Phase, StepOptions, step_with};
 
 use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
@@ -47,9 +45,27 @@ pub struct PlanArgs {
     /// Topics of that log the group consumes (comma separated).
     #[arg(long, value_delimiter = ',')]
     topic: Vec<String>,
+    /// What the group's workers balance ([balance] by): count, records,
+    /// bytes or busy, with the default threshold, cooldown and move
+    /// budget. Default: records when members report load, else count.
+    #[arg(long, value_enum)]
+    by: Option<PlanBy>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+}
+
+/// What `plan --by` assumes the workers balance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanBy {
+    /// Partition counts.
+    Count,
+    /// Records arriving per second.
+    Records,
+    /// Bytes arriving per second.
+    Bytes,
+    /// Handler time the arriving records need.
+    Busy,
 }
 
 /// Arguments of `shardcall release`.
@@ -509,6 +525,7 @@ async fn status_once(
     let checkpoints = load_checkpoints(store, &args.group, &parts).await?;
     let failures = load_failures(store, &args.group, &parts).await?;
     let restores = load_restores(store, &args.group, &parts).await?;
+    let load = crate::load_view::LoadView::of(&g, now);
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {
         let cp = checkpoints.get(p).and_then(Option::as_ref);
@@ -545,6 +562,8 @@ async fn status_once(
             "target_warm": r.target.as_ref().and_then(|t| g.members.get(t)).is_some_and(|m| m.warm.contains(p)),
             // A restore (or warm-up) of its local state under way.
             "restore": restore_json(restores.get(p), now),
+            // Its load as its owner measures it (groups that balance by load).
+            "load": load.as_ref().map_or(serde_json::Value::Null, |l| l.partition_json(p)),
             "failing": match &r.phase {
                 Phase::Owned { .. } | Phase::Draining { .. } => failing_json(failures.get(p), epoch, now),
                 _ => serde_json::Value::Null,
@@ -599,6 +618,7 @@ async fn status_once(
                 "lease_left_ms": m.lease_expires_at.saturating_sub(now),
                 "live": m.is_live(now),
                 "draining": m.draining,
+                "load": load.as_ref().map_or(serde_json::Value::Null, |l| l.member_json(&m.id)),
             })
         })
         .collect();
@@ -612,6 +632,7 @@ async fn status_once(
             "quarantine_set_by": policy.as_ref().map(|p| &p.set_by),
             "quarantine_set_at_ms": policy.as_ref().map(|p| p.set_at),
             "members": members,
+            "load_imbalance": load.as_ref().map(|l| l.imbalance()),
             "partitions": rows,
             "tickets": ticket_rows,
             "ticket_workers": ticket_workers,
@@ -794,6 +815,10 @@ async fn status_once(
                 restore_line(r["partition"].as_str().unwrap_or("?"), &r["restore"])
             )?;
         }
+        if let Some(load) = &load {
+            writeln!(out)?;
+            load.write(&mut out, mw, pw)?;
+        }
     }
     // A ticket-only group's first table; a mixed group's after the rest.
     if ticket_only || !ticket_workers.is_empty() {
@@ -887,7 +912,28 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             let log = args.log.open(&args.topic)?;
             discovered.extend(log.partitions(&args.topic).await?);
         }
-        let plan = step(&g, now, &discovered);
+        // The balance the workers are assumed to keep.
+        let reports_load = g.members.values().any(|m| !m.load.is_empty());
+        let by = args.by.unwrap_or(if reports_load { PlanBy::Records } else { PlanBy::Count });
+        let measure = match by {
+            PlanBy::Count => None,
+            PlanBy::Records => Some(shardcall_core::LoadMeasure::Records),
+            PlanBy::Bytes => Some(shardcall_core::LoadMeasure::Bytes),
+            PlanBy::Busy => Some(shardcall_core::LoadMeasure::Busy),
+        };
+        let balance = measure.map(|measure| shardcall_core::BalanceRules {
+            measure,
+            ..shardcall_core::BalanceRules::default()
+        });
+        let plan = step_with(
+            &g,
+            now,
+            &discovered,
+            &StepOptions {
+                balance,
+                ..StepOptions::default()
+            },
+        );
         // What each move transfers: a local state store's last snapshot
         // (the new owner downloads it; none for state bytes in Redis).
         let moving: Vec<PartitionId> = plan.moves.iter().map(|m| m.partition.clone()).collect();
@@ -900,6 +946,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         let plan = if keeps_state {
             let options = StepOptions {
                 warm_up_wait_ms: shardcall::DEFAULT_WARM_UP_WAIT.as_millis() as Millis,
+                balance,
                 ..StepOptions::default()
             };
             step_with(&g, now, &discovered, &options)
@@ -976,17 +1023,36 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                 "commands": plan.commands, "moves": plan.moves, "min_moves": plan.min_moves,
                 "state_bytes_moved": transfers,
                 "awaiting_warm_up": plan.awaiting_warm_up,
+                "balance_by": format!("{by:?}").to_lowercase(),
+                "load": plan.load,
                 "explained": lines,
             });
             println!("{}", serde_json::to_string_pretty(&doc)?);
         } else if lines.is_empty() {
             println!("nothing to do: the group is balanced and no quarantine ends now");
+            if let Some(load) = &plan.load {
+                print_load(load);
+            }
         } else {
             println!("the coordinator would, now (a dry run; nothing is changed):");
             for l in &lines {
                 println!("  {l}");
             }
-            println!("moves: {} (the lower bound is {})", plan.moves.len(), plan.min_moves);
+            match &plan.load {
+                None => println!(
+                    "moves: {} (the lower bound is {})",
+                    plan.moves.len(),
+                    plan.min_moves
+                ),
+                Some(_) => println!(
+                    "moves: {} ({} had to move: their owner left, or they are new)",
+                    plan.moves.len(),
+                    plan.min_moves
+                ),
+            }
+            if let Some(load) = &plan.load {
+                print_load(load);
+            }
             let bytes: u64 = moves.keys().filter_map(|p| transfer(p)).sum();
             if bytes > 0 {
                 println!(
@@ -998,6 +1064,36 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         Ok(ExitCode::SUCCESS)
     });
     explained(&args.redis, &args.group, result)
+}
+
+/// Each member's work before and after a plan that balances by load.
+fn print_load(load: &shardcall_core::LoadReport) {
+    println!(
+        "load by {} (imbalance, the most loaded member over the average: {:.2} now, {:.2} after){}",
+        load.measure.name(),
+        load.imbalance_before as f64 / 1000.0,
+        load.imbalance_after as f64 / 1000.0,
+        if load.balanced {
+            ""
+        } else {
+            "; not every member is inside the threshold"
+        }
+    );
+    let share_of = |x: u64, share: u64| {
+        if share == 0 {
+            1.0
+        } else {
+            x as f64 / share as f64
+        }
+    };
+    for m in &load.members {
+        println!(
+            "  {}: {:.2} of its share now, {:.2} after",
+            m.member,
+            share_of(m.before, m.share),
+            share_of(m.after, m.share)
+        );
+    }
 }
 
 /// Runs `shardcall release`: ends a quarantine early, audited.

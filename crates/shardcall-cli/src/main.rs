@@ -16,6 +16,7 @@ mod demo;
 mod demo_ticket;
 mod group_cmd;
 mod groups_cmd;
+mod load_view;
 mod log_format;
 mod log_opts;
 mod pipes;

@@ -98,20 +98,26 @@ pub struct LoadMeter {
     records: u64,
     bytes: u64,
     busy_us: u64,
-    lag_first: Option<u64>,
-    lag_last: Option<u64>,
+    /// The lag at the last look, and the records processed since: at each
+    /// look, what arrived since the one before is what was processed plus
+    /// how much the lag grew (exact however far apart the looks are).
+    last_lag: Option<u64>,
+    processed_since_look: u64,
+    /// Records that arrived in this window, counted at the looks in it.
+    arrived: i64,
     /// Averages in millionths of their unit per second (f64 would do, but
     /// integers keep reports exact).
     avg_records_micro: u64,
     avg_bytes_micro: u64,
     avg_busy_ppm: u64,
-    avg_growth_micro: i64,
+    avg_arrived_micro: i64,
     lag: u64,
     state_bytes: u64,
 }
 
 /// How many closed windows a meter needs before its load is worth
-/// reporting (a partition that just arrived has not shown its rate yet).
+/// reporting (a partition that just arrived has not shown its rate yet);
+/// the first of them is not counted at all.
 pub const WINDOWS_BEFORE_REPORTING: u32 = 3;
 
 impl LoadMeter {
@@ -127,12 +133,13 @@ impl LoadMeter {
             records: 0,
             bytes: 0,
             busy_us: 0,
-            lag_first: None,
-            lag_last: None,
+            last_lag: None,
+            processed_since_look: 0,
+            arrived: 0,
             avg_records_micro: 0,
             avg_bytes_micro: 0,
             avg_busy_ppm: 0,
-            avg_growth_micro: 0,
+            avg_arrived_micro: 0,
             lag: 0,
             state_bytes: 0,
         }
@@ -145,13 +152,21 @@ impl LoadMeter {
         self.records += records;
         self.bytes += bytes;
         self.busy_us += busy_us;
+        self.processed_since_look += records;
     }
 
     /// The partition was `lag` records behind the log's end.
     pub fn lag(&mut self, now: Millis, lag: u64) {
         self.close_windows(now);
-        self.lag_first.get_or_insert(lag);
-        self.lag_last = Some(lag);
+        if let Some(before) = self.last_lag {
+            let arrived =
+                i128::from(self.processed_since_look) + i128::from(lag) - i128::from(before);
+            self.arrived = self
+                .arrived
+                .saturating_add(arrived.clamp(i64::MIN.into(), i64::MAX.into()) as i64);
+        }
+        self.last_lag = Some(lag);
+        self.processed_since_look = 0;
         self.lag = lag;
     }
 
@@ -166,7 +181,12 @@ impl LoadMeter {
         if self.windows < WINDOWS_BEFORE_REPORTING {
             return None;
         }
-        let arriving = (self.avg_records_micro as i64 + self.avg_growth_micro).max(0) as u64;
+        // Without looks at the lag (no log end to compare with), what
+        // arrives is what was processed.
+        let arriving = match self.last_lag {
+            Some(_) => self.avg_arrived_micro.max(0) as u64,
+            None => self.avg_records_micro,
+        };
         Some(PartitionLoad {
             records_milli: self.avg_records_micro / 1000,
             bytes_per_s: self.avg_bytes_micro / 1_000_000,
@@ -189,34 +209,32 @@ impl LoadMeter {
             let rate = |count: u64| -> u64 {
                 u64::try_from(u128::from(count) * 1_000_000_000 / u128::from(w)).unwrap_or(u64::MAX)
             };
-            let growth: i64 = match (self.lag_first, self.lag_last) {
-                (Some(a), Some(b)) => {
-                    (i128::from(b) - i128::from(a)).clamp(i64::MIN.into(), i64::MAX.into()) as i64
-                }
-                _ => 0,
-            };
-            let growth_micro = (i128::from(growth) * 1_000_000_000 / i128::from(w)) as i64;
+            let arrived_micro = (i128::from(self.arrived) * 1_000_000_000 / i128::from(w))
+                .clamp(i64::MIN.into(), i64::MAX.into()) as i64;
             let busy_ppm = self.busy_us * 1000 / w;
             if self.windows == 0 {
+                // The first window is left out: a partition that just
+                // arrived catches up on what piled up during its handover,
+                // and would seem to take in more than it does.
+            } else if self.windows == 1 {
                 self.avg_records_micro = rate(self.records);
                 self.avg_bytes_micro = rate(self.bytes);
                 self.avg_busy_ppm = busy_ppm;
-                self.avg_growth_micro = growth_micro;
+                self.avg_arrived_micro = arrived_micro;
             } else {
                 self.avg_records_micro =
                     mix(self.avg_records_micro, rate(self.records), self.alpha_ppm);
                 self.avg_bytes_micro = mix(self.avg_bytes_micro, rate(self.bytes), self.alpha_ppm);
                 self.avg_busy_ppm = mix(self.avg_busy_ppm, busy_ppm, self.alpha_ppm);
-                self.avg_growth_micro =
-                    mix_signed(self.avg_growth_micro, growth_micro, self.alpha_ppm);
+                self.avg_arrived_micro =
+                    mix_signed(self.avg_arrived_micro, arrived_micro, self.alpha_ppm);
             }
             self.windows = self.windows.saturating_add(1);
             self.window_start += w;
             self.records = 0;
             self.bytes = 0;
             self.busy_us = 0;
-            // The next window's growth starts where this one's ended.
-            self.lag_first = self.lag_last;
+            self.arrived = 0;
             // A meter that slept through many windows need not replay each:
             // after enough empty ones the average is what one more would give.
             if now >= self.window_start + 64 * w {
@@ -225,7 +243,7 @@ impl LoadMeter {
                     self.avg_records_micro = mix(self.avg_records_micro, 0, self.alpha_ppm);
                     self.avg_bytes_micro = mix(self.avg_bytes_micro, 0, self.alpha_ppm);
                     self.avg_busy_ppm = mix(self.avg_busy_ppm, 0, self.alpha_ppm);
-                    self.avg_growth_micro = mix_signed(self.avg_growth_micro, 0, self.alpha_ppm);
+                    self.avg_arrived_micro = mix_signed(self.avg_arrived_micro, 0, self.alpha_ppm);
                 }
                 self.window_start += skipped * w;
                 self.windows = self.windows.saturating_add(skipped as u32);
@@ -356,6 +374,28 @@ mod tests {
         );
         // Busy time per record × what arrives: four times what it got.
         assert!(near(l.work(LoadMeasure::Busy), 3_600_000), "{l:?}");
+    }
+
+    #[test]
+    fn a_backlog_caught_up_on_arrival_counts_only_what_arrives_after_the_first_look() {
+        // 250 records wait when the partition arrives; it catches up in the
+        // first window, then keeps up with 240 a second. The looks at the
+        // lag are a second apart and land in different windows than the
+        // processing they account for.
+        let mut m = LoadMeter::new(0, 1_000, 200_000);
+        m.lag(8, 250);
+        m.batch(100, 250 + 24, 0, 0);
+        let mut t = 200;
+        while t < 20_000 {
+            m.batch(t, 24, 0, 0);
+            if t % 1_000 == 0 {
+                m.lag(t, 5);
+            }
+            t += 100;
+        }
+        let l = m.load(20_000).expect("reported");
+        let near = |got: u64, want: u64| got.abs_diff(want) * 20 <= want;
+        assert!(near(l.arriving_milli, 240_000), "{l:?}");
     }
 
     #[test]
