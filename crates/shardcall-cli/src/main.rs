@@ -3,6 +3,7 @@
 mod any_source;
 mod audit_cmd;
 mod bench_assign;
+mod bench_balance;
 mod bench_hol;
 mod bench_idle;
 mod bench_kafka;
@@ -120,6 +121,8 @@ enum BenchCommand {
     Idle(bench_idle::BenchIdleArgs),
     /// Large state in local state stores: throughput, upload cost, handover and failover, Redis memory.
     State(bench_state::BenchStateArgs),
+    /// A skewed (Zipf) workload with count balance and with load balance: worker load, throughput, lag, moves, step time.
+    Balance(bench_balance::BenchBalanceArgs),
 }
 
 /// When appended records are forced to disk (command-line form).
@@ -261,6 +264,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Hol(args)) => bench_hol::run(&args),
         Command::Bench(BenchCommand::Idle(args)) => bench_idle::run(&args),
         Command::Bench(BenchCommand::State(args)) => bench_state::run(&args),
+        Command::Bench(BenchCommand::Balance(args)) => bench_balance::run(&args),
         Command::Bench(BenchCommand::Assign(args)) => bench_assign::run(&args),
         Command::Bench(BenchCommand::Rebalance(args)) => bench_rebalance::run(&args),
     };

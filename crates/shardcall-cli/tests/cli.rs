@@ -356,6 +356,41 @@ fn bench_assign_reports_against_its_baseline() {
 }
 
 #[test]
+fn bench_balance_runs_count_and_load_balance_and_reports_its_targets() {
+    let out = shardcall(
+        &[
+            "bench",
+            "balance",
+            "--json",
+            "--partitions",
+            "8",
+            "--workers",
+            "2",
+            "--settle-seconds",
+            "6",
+            "--measure-seconds",
+            "2",
+            "--small-cases",
+            "20",
+            "--step-partitions",
+            "200",
+            "--step-members",
+            "20",
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for mode in ["count_balance", "load_balance"] {
+        assert!(doc[mode]["throughput"].as_f64().unwrap() > 0.0, "{doc:#}");
+    }
+    assert!(doc["baselines"]["production_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(doc["small_cases"]["cases"], 20);
+    assert!(doc["step"]["with_load_ms"].as_f64().unwrap() > 0.0);
+    assert_targets(&doc, 6);
+}
+
+#[test]
 fn bench_rebalance_json_has_failover_round_trips_and_rates() {
     let out = shardcall(
         &[

@@ -1402,3 +1402,90 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
         }
     }
 }
+
+/// A group that balances by load: its workers report each partition's
+/// load, `status` shows it per member and per partition with the
+/// imbalance, and `plan` weighs it as the workers do.
+#[test]
+fn status_and_plan_show_the_load_of_a_group_that_balances_by_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 4);
+    let (url, log_arg) = (redis.url(), log_dir.display().to_string());
+    // t/0 gets ten records for every one the others get.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producing = {
+        let (log, stop) = (log.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut p = log.producer("t").unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for part in 0..4 {
+                    for _ in 0..if part == 0 { 20 } else { 2 } {
+                        p.start_round_robin_at(part);
+                        p.send(None, b"x", 0).unwrap();
+                    }
+                }
+                p.flush().unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let spawn = |name: &str| {
+        worker(&url, "ops", &log_arg, name, "300")
+            .env("SHARDCALL_BALANCE__BY", "records")
+            .spawn()
+            .unwrap()
+    };
+    let _k = Killer(vec![spawn("a"), spawn("b")]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let doc = loop {
+        let doc = status_json(&url, &log_arg);
+        let reported = |rows: &serde_json::Value| {
+            rows.as_array()
+                .is_some_and(|r| r.len() >= 2 && r.iter().all(|x| !x["load"].is_null()))
+        };
+        if reported(&doc["members"]) && reported(&doc["partitions"]) {
+            break doc;
+        }
+        assert!(Instant::now() < deadline, "no load reported: {doc:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    producing.join().unwrap();
+    let rate = |p: usize| {
+        doc["partitions"][p]["load"]["arriving_per_s"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        rate(0) > 3.0 * rate(1),
+        "t/0 {} vs t/1 {}",
+        rate(0),
+        rate(1)
+    );
+    assert!(doc["load_imbalance"].as_f64().unwrap() >= 1.0, "{doc:#}");
+    let out = shardcall(&[
+        "status", "--redis", &url, "--group", "ops", "--log", &log_arg,
+    ]);
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("LOAD (") && shown.contains("ARRIVING/S"),
+        "{shown}"
+    );
+    let out = shardcall(&["plan", "--redis", &url, "--group", "ops", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["balance_by"], "records", "{plan:#}");
+    assert_eq!(
+        plan["load"]["members"].as_array().map(Vec::len),
+        Some(2),
+        "{plan:#}"
+    );
+    let out = shardcall(&[
+        "plan", "--redis", &url, "--group", "ops", "--by", "count", "--json",
+    ]);
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        plan["load"].is_null(),
+        "count balance weighs no load: {plan:#}"
+    );
+}
