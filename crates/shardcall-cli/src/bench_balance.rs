@@ -462,7 +462,9 @@ fn small_cases(n: usize) -> serde_json::Value {
 
 /// The coordinator step with load at the large size: a settled group that
 /// a member just joined, every partition's load reported (skewed), and
-/// the cooldown over: the step rebalances by load.
+/// the cooldown over: the step rebalances by load. Timed as a coordinator
+/// tick runs it: taking in the reports (into an empty book, the worst
+/// case) and deciding.
 fn step_timing(args: &BenchBalanceArgs) -> serde_json::Value {
     let members: Vec<MemberSpec> = (0..args.step_members)
         .map(|i| MemberSpec::new(MemberId::new(format!("member-{i:05}"))))
@@ -499,9 +501,25 @@ fn step_timing(args: &BenchBalanceArgs) -> serde_json::Value {
         || {
             let mut book = LoadBook::default();
             book.observe(&state, 3);
-            let plan = step_loaded(&state, 3, &parts, &options, &book.loads());
+            let plan = step_loaded(&state, 3, &parts, &options, book.loads());
             moves = plan.moves.len();
             std::hint::black_box(plan);
+        },
+        5,
+    );
+    let observe_ms = median_ms(
+        || {
+            let mut book = LoadBook::default();
+            book.observe(&state, 3);
+            std::hint::black_box(book);
+        },
+        5,
+    );
+    let mut book = LoadBook::default();
+    book.observe(&state, 3);
+    let step_only_ms = median_ms(
+        || {
+            std::hint::black_box(step_loaded(&state, 3, &parts, &options, book.loads()));
         },
         5,
     );
@@ -515,6 +533,8 @@ fn step_timing(args: &BenchBalanceArgs) -> serde_json::Value {
         "partitions": args.step_partitions,
         "members": args.step_members + 1,
         "with_load_ms": load_ms,
+        "of_which_reading_the_reports_ms": observe_ms,
+        "of_which_deciding_ms": step_only_ms,
         "count_balance_ms": count_ms,
         "ratio": load_ms / count_ms,
         "moves": moves,

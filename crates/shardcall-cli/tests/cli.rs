@@ -433,6 +433,49 @@ fn bench_rebalance_json_has_failover_round_trips_and_rates() {
 }
 
 #[test]
+fn bad_balance_settings_are_each_named_and_good_ones_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = shardcall(&["config", "example"], "");
+    let path = dir.path().join("worker.toml");
+    std::fs::write(&path, &out.stdout).unwrap();
+    let p = path.display().to_string();
+    let out = shardcall(
+        &[
+            "config",
+            "check",
+            &p,
+            "--set",
+            "balance.by=\"records\"",
+            "--set",
+            "balance.threshold=1.5",
+            "--set",
+            "balance.transfer_rate=0",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("2 problem(s)")
+            && said.contains("balance.threshold: 1.5 is not between 0 and 1")
+            && said.contains("balance.transfer_rate: must be above zero"),
+        "{said}"
+    );
+    let out = shardcall(
+        &["config", "check", &p, "--set", "balance.by=\"weight\""],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("unknown variant `weight`"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = shardcall(&["config", "check", &p, "--set", "balance.by=\"busy\""], "");
+    assert!(out.status.success(), "{}", text(&out.stdout));
+}
+
+#[test]
 fn config_example_checks_and_errors_are_explained() {
     let dir = tempfile::tempdir().unwrap();
     let out = shardcall(&["config", "example"], "");

@@ -105,7 +105,8 @@ pub struct AssignInput<'a> {
     pub in_transition: &'a BTreeSet<PartitionId>,
 }
 
-fn sorted_members(members: &[MemberSpec]) -> Vec<MemberSpec> {
+/// The members sorted by id, first of each id only, weights at least 1.
+pub(crate) fn sorted_members(members: &[MemberSpec]) -> Vec<MemberSpec> {
     let mut seen = BTreeSet::new();
     let mut out: Vec<MemberSpec> = members
         .iter()
@@ -119,7 +120,8 @@ fn sorted_members(members: &[MemberSpec]) -> Vec<MemberSpec> {
     out
 }
 
-fn sorted_partitions(partitions: &[PartitionId]) -> Vec<PartitionId> {
+/// The partitions sorted, each once.
+pub(crate) fn sorted_partitions(partitions: &[PartitionId]) -> Vec<PartitionId> {
     let mut out = partitions.to_vec();
     out.sort_unstable();
     out.dedup();

@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::assign::{Assignment, MemberSpec, Move, MoveReason};
+use crate::assign::{Assignment, MemberSpec, Move, MoveReason, sorted_members, sorted_partitions};
 use crate::ids::{MemberId, Millis, PartitionId};
 use crate::load::{LoadMeasure, PartitionLoad};
 
@@ -196,26 +196,45 @@ struct Problem {
     pinned: Vec<bool>,
 }
 
-fn problem(input: &LoadInput<'_>) -> Option<Problem> {
-    let mut seen = BTreeSet::new();
-    let mut members: Vec<MemberSpec> = input
-        .members
+/// Each of the sorted `partitions`' entry in the sorted `map`, in one pass
+/// (a lookup per partition costs a tree walk each; at 10,000 partitions
+/// that is most of a round).
+fn aligned<'m, V>(
+    partitions: &[PartitionId],
+    map: &'m BTreeMap<PartitionId, V>,
+) -> Vec<Option<&'m V>> {
+    let mut it = map.iter().peekable();
+    partitions
         .iter()
-        .filter(|m| seen.insert(m.id.clone()))
-        .map(|m| MemberSpec {
-            id: m.id.clone(),
-            weight: m.weight.max(1),
+        .map(|p| {
+            while it.peek().is_some_and(|(k, _)| *k < p) {
+                it.next();
+            }
+            it.peek().filter(|(k, _)| *k == p).map(|(_, v)| *v)
         })
-        .collect();
-    members.sort_by(|a, b| a.id.cmp(&b.id));
-    let mut partitions = input.partitions.to_vec();
-    partitions.sort_unstable();
-    partitions.dedup();
-    let measure = input.rules.measure;
-    let known: Vec<u64> = partitions
+        .collect()
+}
+
+/// Whether each of the sorted `partitions` is in the sorted `set`.
+fn marked(partitions: &[PartitionId], set: &BTreeSet<PartitionId>) -> Vec<bool> {
+    let mut it = set.iter().peekable();
+    partitions
         .iter()
-        .filter_map(|p| input.loads.get(p).map(|l| l.work(measure)))
-        .collect();
+        .map(|p| {
+            while it.peek().is_some_and(|k| *k < p) {
+                it.next();
+            }
+            it.peek().is_some_and(|k| *k == p)
+        })
+        .collect()
+}
+
+fn problem(input: &LoadInput<'_>) -> Option<Problem> {
+    let members = sorted_members(input.members);
+    let partitions = sorted_partitions(input.partitions);
+    let measure = input.rules.measure;
+    let loads = aligned(&partitions, input.loads);
+    let known: Vec<u64> = loads.iter().flatten().map(|l| l.work(measure)).collect();
     if members.is_empty() || known.is_empty() {
         return None;
     }
@@ -228,42 +247,36 @@ fn problem(input: &LoadInput<'_>) -> Option<Problem> {
     // Every partition also costs a little for being there (its fetches, its
     // checkpoints), so idle ones do not all pile on one member.
     let base = (mean / 20).max(1);
-    let by_name: BTreeMap<&MemberId, usize> = members
+    let by_name: std::collections::HashMap<&str, usize> = members
         .iter()
         .enumerate()
-        .map(|(i, m)| (&m.id, i))
+        .map(|(i, m)| (m.id.as_str(), i))
         .collect();
     let rules = input.rules;
-    let previous: Vec<Option<MemberId>> = partitions
-        .iter()
-        .map(|p| input.previous.get(p).cloned())
+    let previous: Vec<Option<MemberId>> = aligned(&partitions, input.previous)
+        .into_iter()
+        .map(|m| m.cloned())
         .collect();
     let owner = previous
         .iter()
-        .map(|m| m.as_ref().and_then(|m| by_name.get(m).copied()))
+        .map(|m| m.as_ref().and_then(|m| by_name.get(m.as_str()).copied()))
         .collect();
-    let work = partitions
+    let work = loads
         .iter()
-        .map(|p| input.loads.get(p).map_or(mean, |l| l.work(measure)) + base)
+        .map(|l| l.map_or(mean, |l| l.work(measure)) + base)
         .collect();
-    let cost = partitions
+    let cost = loads
         .iter()
-        .map(|p| {
-            let quarantine = if input.in_transition.contains(p) {
-                0
-            } else {
-                rules.move_ms
-            };
-            let bytes = input.loads.get(p).map_or(0, |l| l.state_bytes);
+        .zip(marked(&partitions, input.in_transition))
+        .map(|(l, moving)| {
+            let quarantine = if moving { 0 } else { rules.move_ms };
+            let bytes = l.map_or(0, |l| l.state_bytes);
             let transfer = u128::from(bytes) * 1000 / u128::from(rules.transfer_bytes_per_s.max(1));
             quarantine + u64::try_from(transfer).unwrap_or(u64::MAX / 4)
         })
         .collect();
     let weights = members.iter().map(|m| m.weight).collect();
-    let pinned = partitions
-        .iter()
-        .map(|p| input.pinned.contains(p))
-        .collect();
+    let pinned = marked(&partitions, input.pinned);
     Some(Problem {
         pinned,
         members,

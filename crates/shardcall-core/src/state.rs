@@ -314,11 +314,7 @@ impl GroupState {
 
     /// Renews a live member's lease; a lapsed lease cannot be renewed.
     pub fn renew(&mut self, member: &MemberId, now: Millis, ttl: Millis) -> Result<Millis, Fenced> {
-        let m = self
-            .members
-            .get_mut(member)
-            .filter(|m| m.is_live(now))
-            .ok_or_else(|| Fenced::LeaseExpired(member.clone()))?;
+        let m = self.live_member_mut(member, now)?;
         m.last_heartbeat = now;
         m.lease_expires_at = now + ttl;
         Ok(m.lease_expires_at)
@@ -332,13 +328,19 @@ impl GroupState {
         partitions: &[PartitionId],
         now: Millis,
     ) -> Result<(), Fenced> {
-        let m = self
-            .members
+        self.live_member_mut(member, now)?.warm = partitions.iter().cloned().collect();
+        Ok(())
+    }
+
+    fn live_member_mut(
+        &mut self,
+        member: &MemberId,
+        now: Millis,
+    ) -> Result<&mut MemberRecord, Fenced> {
+        self.members
             .get_mut(member)
             .filter(|m| m.is_live(now))
-            .ok_or_else(|| Fenced::LeaseExpired(member.clone()))?;
-        m.warm = partitions.iter().cloned().collect();
-        Ok(())
+            .ok_or_else(|| Fenced::LeaseExpired(member.clone()))
     }
 
     /// Replaces a live member's load report (the partitions it holds,
@@ -349,12 +351,7 @@ impl GroupState {
         loads: &BTreeMap<PartitionId, PartitionLoad>,
         now: Millis,
     ) -> Result<(), Fenced> {
-        let m = self
-            .members
-            .get_mut(member)
-            .filter(|m| m.is_live(now))
-            .ok_or_else(|| Fenced::LeaseExpired(member.clone()))?;
-        m.load = loads.clone();
+        self.live_member_mut(member, now)?.load = loads.clone();
         Ok(())
     }
 

@@ -504,7 +504,7 @@ impl Sim {
             now,
             &self.partitions,
             &options,
-            &self.loads.loads(),
+            self.loads.loads(),
         );
         if plan.commands.is_empty() {
             return;

@@ -575,6 +575,14 @@ where
         };
         tracing::debug!(manifest = %pointer.manifest, offset = pointer.offset,
             ms = began.elapsed().as_millis() as u64, "snapshot taken");
+        // What moving the partition would transfer, for the load-aware
+        // assignment's cost of a move.
+        if let Some(meter) = &self.d.load {
+            meter
+                .lock()
+                .expect("load meter")
+                .state_bytes(pointer.state_bytes);
+        }
         let Some((offset, _)) = self.checkpoint.filter(|_| write_pointer) else {
             return Event::Snapshotted(StoreAnswer::Ok(()));
         };

@@ -733,7 +733,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         if options.balance.is_some() {
             self.loads.observe(&state, now);
         }
-        let plan = step_loaded(&state, now, &discovered, &options, &self.loads.loads());
+        let plan = step_loaded(&state, now, &discovered, &options, self.loads.loads());
         if let Some(load) = &plan.load {
             crate::telemetry::load_imbalance(group, load.imbalance_after as f64 / 1000.0);
         }
