@@ -135,8 +135,10 @@ pub struct LoadReport {
 }
 
 /// Groups up to this many possible assignments (members to the power of
-/// partitions) are searched exhaustively for the cheapest balanced one.
-pub const EXACT_LIMIT: u64 = 100_000;
+/// partitions) are searched exhaustively for the cheapest balanced one (a
+/// round that finds none searches again next time, so the limit keeps a
+/// coordinator's tick at a millisecond or so).
+pub const EXACT_LIMIT: u64 = 20_000;
 
 /// How many of the fullest and of the emptiest members the greedy descent
 /// weighs each move between.

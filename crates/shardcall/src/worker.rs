@@ -239,6 +239,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 released: tokio::sync::mpsc::unbounded_channel(),
                 coordinator: None,
                 cached: None,
+                standby_cached: None,
                 discovered: discovered.clone(),
                 slots: slots.clone(),
                 unreadable: None,
@@ -296,6 +297,8 @@ struct Incarnation<'a, S, Src, F> {
     coordinator: Option<CoordinatorLease>,
     /// The group state the coordinator read last (reused while unchanged).
     cached: Option<shardcall_core::GroupState>,
+    /// The group state the last standby read saw (reused likewise).
+    standby_cached: Option<shardcall_core::GroupState>,
     /// The source's partitions as last discovered.
     discovered: watch::Receiver<Option<Arc<Vec<PartitionId>>>>,
     /// Handler slots shared by the partitions, when limited.
@@ -702,16 +705,21 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
 
     /// The partitions this member would inherit if their owners failed
     /// now: the coordinator's decision, made ahead on the group's state.
-    async fn read_standbys(&self) -> Result<std::collections::BTreeSet<PartitionId>, StoreError> {
+    async fn read_standbys(
+        &mut self,
+    ) -> Result<std::collections::BTreeSet<PartitionId>, StoreError> {
         let w = self.worker;
-        let state = w.store.load_group(&w.config.group).await?;
+        // Members afresh, partitions only when the group's version moved:
+        // asked every few seconds, this should not cost a full read.
+        let state = w
+            .store
+            .refresh_group(&w.config.group, self.standby_cached.take())
+            .await?;
         let now = w.store.now().await?;
-        Ok(shardcall_core::standby::standby_for(
-            &state,
-            &self.id,
-            now,
-            &self.step_options(),
-        ))
+        let standby =
+            shardcall_core::standby::standby_for(&state, &self.id, now, &self.step_options());
+        self.standby_cached = Some(state);
+        Ok(standby)
     }
 
     async fn coordinate(&mut self) -> Result<(), StoreError> {
