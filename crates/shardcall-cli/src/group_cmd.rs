@@ -633,6 +633,7 @@ async fn status_once(
             "quarantine_set_at_ms": policy.as_ref().map(|p| p.set_at),
             "members": members,
             "load_imbalance": load.as_ref().map(|l| l.imbalance()),
+            "load_imbalance_at_best": load.as_ref().map(|l| l.best_imbalance()),
             "partitions": rows,
             "tickets": ticket_rows,
             "ticket_workers": ticket_workers,
@@ -1029,7 +1030,12 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             });
             println!("{}", serde_json::to_string_pretty(&doc)?);
         } else if lines.is_empty() {
-            println!("nothing to do: the group is balanced and no quarantine ends now");
+            match &plan.load {
+                Some(load) if !load.balanced => println!(
+                    "nothing to do now: no quarantine ends, and no move would bring the members nearer their shares of the load (or the cooldown since the last move holds them back)"
+                ),
+                _ => println!("nothing to do: the group is balanced and no quarantine ends now"),
+            }
             if let Some(load) = &plan.load {
                 print_load(load);
             }
@@ -1087,12 +1093,19 @@ fn print_load(load: &shardcall_core::LoadReport) {
         }
     };
     for m in &load.members {
-        println!(
-            "  {}: {:.2} of its share now, {:.2} after",
-            m.member,
-            share_of(m.before, m.share),
-            share_of(m.after, m.share)
-        );
+        if m.alone_with_a_heavy_partition {
+            println!(
+                "  {}: one partition heavier than a share, alone (inside whatever it weighs)",
+                m.member
+            );
+        } else {
+            println!(
+                "  {}: {:.2} of its share now, {:.2} after",
+                m.member,
+                share_of(m.before, m.share),
+                share_of(m.after, m.share)
+            );
+        }
     }
 }
 

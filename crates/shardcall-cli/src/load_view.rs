@@ -98,13 +98,34 @@ impl LoadView {
         self.of_average().values().copied().fold(0.0, f64::max)
     }
 
+    /// The least imbalance any assignment could reach: no member carries
+    /// less than the busiest partition (on the heaviest member) or the
+    /// average.
+    pub fn best_imbalance(&self) -> f64 {
+        let total: f64 = self.members.iter().map(|m| m.3.arriving_milli as f64).sum();
+        let weight: f64 = self.members.iter().map(|m| f64::from(m.1)).sum();
+        let heaviest = self.members.iter().map(|m| m.1).max().unwrap_or(1);
+        let busiest = self
+            .partitions
+            .values()
+            .map(|l| l.arriving_milli as f64)
+            .fold(0.0, f64::max);
+        let avg = total / weight * f64::from(heaviest);
+        if avg > 0.0 {
+            (busiest / avg).max(1.0)
+        } else {
+            1.0
+        }
+    }
+
     /// The load tables of `status`.
     pub fn write(&self, out: &mut String, mw: usize, pw: usize) -> std::fmt::Result {
         let ratios = self.of_average();
         writeln!(
             out,
-            "LOAD (as the owners measure it, smoothed; imbalance {:.2}: the most loaded member over the average)",
-            self.imbalance()
+            "LOAD (as the owners measure it, smoothed; imbalance {:.2}: the most loaded member over the average; at best {:.2}, the busiest partition alone)",
+            self.imbalance(),
+            self.best_imbalance()
         )?;
         writeln!(
             out,

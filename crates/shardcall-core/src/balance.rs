@@ -96,8 +96,12 @@ pub struct MemberLoad {
     pub before: u64,
     /// Its work after.
     pub after: u64,
-    /// Its share of the group's work.
+    /// Its share of the work after: of the group's work less the partitions
+    /// that have a member to themselves (for such a member, its own work).
     pub share: u64,
+    /// It holds, after, one partition heavier than a share: inside,
+    /// whatever it weighs.
+    pub alone_with_a_heavy_partition: bool,
 }
 
 /// The result of [`assign_by_load`].
@@ -150,6 +154,22 @@ const CANDIDATES: usize = 4;
 /// time, until none is; every remaining member must then be within
 /// ±`threshold_ppm` of its share of the rest.
 pub fn is_balanced(owners: &[usize], work: &[u64], weights: &[u32], threshold_ppm: u64) -> bool {
+    judge(owners, work, weights, threshold_ppm).balanced
+}
+
+/// What [`is_balanced`] finds, member by member.
+struct Judgement {
+    balanced: bool,
+    /// Each member's work.
+    load: Vec<u128>,
+    /// The members holding one partition heavier than a share.
+    alone: Vec<bool>,
+    /// The work and weight the other members share.
+    total: u128,
+    weight: u128,
+}
+
+fn judge(owners: &[usize], work: &[u64], weights: &[u32], threshold_ppm: u64) -> Judgement {
     let n = weights.len();
     let mut load = vec![0u128; n];
     let mut count = vec![0usize; n];
@@ -157,31 +177,35 @@ pub fn is_balanced(owners: &[usize], work: &[u64], weights: &[u32], threshold_pp
         load[o] += u128::from(work[p]);
         count[o] += 1;
     }
-    let mut alive = vec![true; n];
+    let mut alone = vec![false; n];
     let mut total: u128 = load.iter().sum();
     let mut weight: u128 = weights.iter().map(|&w| u128::from(w)).sum();
     let up = 1_000_000 + u128::from(threshold_ppm);
     let down = 1_000_000u128.saturating_sub(u128::from(threshold_ppm));
-    loop {
-        if weight == 0 {
-            return true;
-        }
+    while weight > 0 {
         // Above its bound: load × W × 1e6 > (1e6 + t) × T × w.
         let giant = (0..n).find(|&m| {
-            alive[m]
+            !alone[m]
                 && count[m] == 1
                 && load[m] * weight * 1_000_000 > up * total * u128::from(weights[m])
         });
         let Some(m) = giant else { break };
-        alive[m] = false;
+        alone[m] = true;
         total -= load[m];
         weight -= u128::from(weights[m]);
     }
-    (0..n).filter(|&m| alive[m]).all(|m| {
+    let balanced = (0..n).filter(|&m| !alone[m]).all(|m| {
         let lhs = load[m] * weight * 1_000_000;
         let w = u128::from(weights[m]);
         lhs <= up * total * w && lhs >= down * total * w
-    })
+    });
+    Judgement {
+        balanced,
+        load,
+        alone,
+        total,
+        weight,
+    }
 }
 
 /// The inputs, sorted and indexed.
@@ -632,8 +656,6 @@ fn finish(
             had[prev] += 1;
         }
     }
-    let total: u128 = pr.work.iter().map(|&w| u128::from(w)).sum();
-    let weight: u128 = pr.weights.iter().map(|&w| u128::from(w)).sum();
     let mut moves = Vec::new();
     let mut cost_ms = 0u64;
     for (p, &o) in own.iter().enumerate() {
@@ -662,13 +684,19 @@ fn finish(
         .zip(&own)
         .map(|(p, &o)| (p.clone(), pr.members[o].id.clone()))
         .collect();
+    let judged = judge(&own, &pr.work, &pr.weights, t);
     let members = (0..n)
         .map(|m| MemberLoad {
             member: pr.members[m].id.clone(),
             weight: pr.weights[m],
             before: before[m],
             after: after[m],
-            share: (total * u128::from(pr.weights[m]) / weight.max(1)) as u64,
+            share: if judged.alone[m] {
+                judged.load[m] as u64
+            } else {
+                (judged.total * u128::from(pr.weights[m]) / judged.weight.max(1)) as u64
+            },
+            alone_with_a_heavy_partition: judged.alone[m],
         })
         .collect();
     LoadAssignment {
@@ -678,7 +706,7 @@ fn finish(
             members,
             imbalance_before: imbalance(before, &pr.weights),
             imbalance_after: imbalance(&after, &pr.weights),
-            balanced: is_balanced(&own, &pr.work, &pr.weights, t),
+            balanced: judged.balanced,
             cost_ms,
         },
     }
