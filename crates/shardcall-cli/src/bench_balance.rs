@@ -549,6 +549,15 @@ pub fn run(args: &BenchBalanceArgs) -> anyhow::Result<ExitCode> {
         "--partitions must be at least --workers"
     );
     anyhow::ensure!(args.cost_us > 0, "--cost-us must be above zero");
+    anyhow::ensure!(
+        args.hottest > 0.0,
+        "--hottest must be above zero (a share of a worker's capacity)"
+    );
+    anyhow::ensure!(args.zipf >= 0.0, "--zipf must be zero (even rates) or more");
+    anyhow::ensure!(
+        args.measure_seconds > 0,
+        "--measure-seconds must be at least 1"
+    );
     let runtime = crate::bench_runtime::bench_runtime(2)?;
     let rates = rates(args);
     let total: f64 = rates.iter().sum();
