@@ -25,10 +25,10 @@ use shardcall::{
     CoordinationStore, FileLogSource, HandlerError, HandlerFactory, MemoryStore, PartitionContext,
     PartitionHandler, Worker, WorkerConfig, WorkerHandle,
 };
-use shardcall_core::balance::{LoadInput, assign_by_load, is_balanced, works};
+use shardcall_core::balance::{LoadInput, assign_by_load, brute_force, works};
 use shardcall_core::{
     AssignInput, BalanceRules, GroupConfig, LoadBook, MemberId, MemberSpec, PartitionId,
-    PartitionLoad, Phase, StepOptions, assign, step_loaded, step_with,
+    PartitionLoad, StepOptions, assign, step_loaded, step_with,
 };
 use shardcall_spool::{FileLog, Record, SpoolConfig};
 
@@ -302,10 +302,8 @@ async fn run_mode(args: &BenchBalanceArgs, by_load: bool) -> anyhow::Result<Run>
     let mut held: BTreeMap<MemberId, usize> = BTreeMap::new();
     let mut hottest_owner = None;
     for (p, r) in &g.partitions {
-        let owner = match &r.phase {
-            Phase::Owned { member, .. } | Phase::Draining { member, .. } => Some(member),
-            Phase::Quarantined { .. } | Phase::Free => r.target.as_ref(),
-        };
+        // Its holder, or where it is on its way to.
+        let owner = r.phase.holder().map(|(m, _)| m).or(r.target.as_ref());
         if let Some(m) = owner {
             *demand.entry(m.clone()).or_default() += rates[p.partition as usize];
             *held.entry(m.clone()).or_default() += 1;
@@ -431,22 +429,9 @@ fn small_cases(n: usize) -> serde_json::Value {
             .iter()
             .map(|p| members.iter().position(|x| Some(&x.id) == previous.get(p)))
             .collect();
-        let mut fewest: Option<usize> = None;
-        let mut own = vec![0usize; parts.len()];
-        for code in 0..(m as u64).pow(k) {
-            let mut c = code;
-            for o in own.iter_mut() {
-                *o = (c % m as u64) as usize;
-                c /= m as u64;
-            }
-            if is_balanced(&own, &work, &weights, rules.threshold_ppm) {
-                let moves = (0..own.len())
-                    .filter(|&p| owner[p].is_some_and(|o| o != own[p]))
-                    .count();
-                fewest = Some(fewest.map_or(moves, |f| f.min(moves)));
-            }
-        }
-        if let Some(f) = fewest {
+        let no_cost = vec![0; parts.len()];
+        let fewest = brute_force(&owner, &work, &weights, &no_cost, rules.threshold_ppm);
+        if let Some((f, _)) = fewest {
             feasible += 1;
             missed += usize::from(!out.balanced);
             worst_excess = worst_excess.max(moved as i64 - f as i64);

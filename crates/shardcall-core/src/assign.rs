@@ -105,8 +105,7 @@ pub struct AssignInput<'a> {
     pub in_transition: &'a BTreeSet<PartitionId>,
 }
 
-/// The members sorted by id, first of each id only, weights at least 1.
-pub(crate) fn sorted_members(members: &[MemberSpec]) -> Vec<MemberSpec> {
+fn sorted_members(members: &[MemberSpec]) -> Vec<MemberSpec> {
     let mut seen = BTreeSet::new();
     let mut out: Vec<MemberSpec> = members
         .iter()
@@ -120,8 +119,7 @@ pub(crate) fn sorted_members(members: &[MemberSpec]) -> Vec<MemberSpec> {
     out
 }
 
-/// The partitions sorted, each once.
-pub(crate) fn sorted_partitions(partitions: &[PartitionId]) -> Vec<PartitionId> {
+fn sorted_partitions(partitions: &[PartitionId]) -> Vec<PartitionId> {
     let mut out = partitions.to_vec();
     out.sort_unstable();
     out.dedup();
@@ -171,16 +169,36 @@ fn quotas(members: &[MemberSpec], total: usize, current: &[usize]) -> Vec<usize>
 /// the sorted members (`None` for none or a member that is gone). Built by
 /// walking the sorted partitions and the sorted `previous` map together, so
 /// it costs one pass, not a lookup per partition.
-struct Indexed<'a> {
-    members: Vec<MemberSpec>,
-    partitions: Vec<PartitionId>,
+pub(crate) struct Indexed<'a> {
+    /// The live members, by id, weights at least 1.
+    pub(crate) members: Vec<MemberSpec>,
+    /// The partitions, sorted, each once.
+    pub(crate) partitions: Vec<PartitionId>,
     /// Previous owner of each partition, as given.
-    previous: Vec<Option<&'a MemberId>>,
+    pub(crate) previous: Vec<Option<&'a MemberId>>,
     /// Index of that owner among the live members.
-    live_owner: Vec<Option<usize>>,
+    pub(crate) live_owner: Vec<Option<usize>>,
 }
 
-fn index<'a>(
+/// Each of the sorted `partitions`' entry in the sorted `map`, in one pass
+/// (a lookup per partition would cost a tree walk each).
+pub(crate) fn aligned<'m, V>(
+    partitions: &[PartitionId],
+    map: &'m BTreeMap<PartitionId, V>,
+) -> Vec<Option<&'m V>> {
+    let mut it = map.iter().peekable();
+    partitions
+        .iter()
+        .map(|p| {
+            while it.peek().is_some_and(|(k, _)| *k < p) {
+                it.next();
+            }
+            it.peek().filter(|(k, _)| *k == p).map(|(_, v)| *v)
+        })
+        .collect()
+}
+
+pub(crate) fn index<'a>(
     members: &[MemberSpec],
     partitions: &[PartitionId],
     previous: &'a BTreeMap<PartitionId, MemberId>,
@@ -192,14 +210,7 @@ fn index<'a>(
         .enumerate()
         .map(|(i, m)| (m.id.as_str(), i))
         .collect();
-    let mut prev = Vec::with_capacity(partitions.len());
-    let mut it = previous.iter().peekable();
-    for p in &partitions {
-        while it.peek().is_some_and(|(k, _)| *k < p) {
-            it.next();
-        }
-        prev.push(it.peek().filter(|(k, _)| *k == p).map(|(_, m)| *m));
-    }
+    let prev = aligned(&partitions, previous);
     let live_owner = prev
         .iter()
         .map(|m| m.and_then(|m| by_name.get(m.as_str()).copied()))
@@ -213,7 +224,7 @@ fn index<'a>(
 }
 
 /// Marks which of the sorted `partitions` are in `set`, in one pass.
-fn flags(partitions: &[PartitionId], set: &BTreeSet<PartitionId>) -> Vec<bool> {
+pub(crate) fn flags(partitions: &[PartitionId], set: &BTreeSet<PartitionId>) -> Vec<bool> {
     let mut it = set.iter().peekable();
     partitions
         .iter()

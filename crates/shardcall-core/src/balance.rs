@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::assign::{Assignment, MemberSpec, Move, MoveReason, sorted_members, sorted_partitions};
+use crate::assign::{Assignment, MemberSpec, Move, MoveReason, aligned, flags, index};
 use crate::ids::{MemberId, Millis, PartitionId};
 use crate::load::{LoadMeasure, PartitionLoad};
 
@@ -157,6 +157,41 @@ pub fn is_balanced(owners: &[usize], work: &[u64], weights: &[u32], threshold_pp
     judge(owners, work, weights, threshold_ppm).balanced
 }
 
+/// The fewest moves and the least cost of any balanced assignment, found by
+/// trying every one (members to the power of partitions: small groups
+/// only): the yardstick the tests and the benchmark hold [`assign_by_load`]
+/// to. `owner` is each partition's live owner (a partition without one
+/// moves whatever happens and counts for neither), `cost` each move's.
+/// `None` when no assignment is balanced.
+pub fn brute_force(
+    owner: &[Option<usize>],
+    work: &[u64],
+    weights: &[u32],
+    cost: &[u64],
+    threshold_ppm: u64,
+) -> Option<(usize, u64)> {
+    let (m, n) = (weights.len() as u64, owner.len());
+    let mut best: Option<(usize, u64)> = None;
+    let mut own = vec![0usize; n];
+    for code in 0..m.checked_pow(u32::try_from(n).ok()?)? {
+        let mut c = code;
+        for o in own.iter_mut() {
+            *o = (c % m) as usize;
+            c /= m;
+        }
+        if !is_balanced(&own, work, weights, threshold_ppm) {
+            continue;
+        }
+        let moved = (0..n).filter(|&p| owner[p].is_some_and(|o| o != own[p]));
+        let (moves, total) = moved.fold((0, 0u64), |(k, t), p| (k + 1, t + cost[p]));
+        best = Some(match best {
+            None => (moves, total),
+            Some((bm, bc)) => (bm.min(moves), bc.min(total)),
+        });
+    }
+    best
+}
+
 /// What [`is_balanced`] finds, member by member.
 struct Judgement {
     balanced: bool,
@@ -209,10 +244,10 @@ fn judge(owners: &[usize], work: &[u64], weights: &[u32], threshold_ppm: u64) ->
 }
 
 /// The inputs, sorted and indexed.
-struct Problem {
+struct Problem<'a> {
     members: Vec<MemberSpec>,
     partitions: Vec<PartitionId>,
-    previous: Vec<Option<MemberId>>,
+    previous: Vec<Option<&'a MemberId>>,
     /// Index of the previous owner among the live members.
     owner: Vec<Option<usize>>,
     work: Vec<u64>,
@@ -222,46 +257,12 @@ struct Problem {
     pinned: Vec<bool>,
 }
 
-/// Each of the sorted `partitions`' entry in the sorted `map`, in one pass
-/// (a lookup per partition costs a tree walk each; at 10,000 partitions
-/// that is most of a round).
-fn aligned<'m, V>(
-    partitions: &[PartitionId],
-    map: &'m BTreeMap<PartitionId, V>,
-) -> Vec<Option<&'m V>> {
-    let mut it = map.iter().peekable();
-    partitions
-        .iter()
-        .map(|p| {
-            while it.peek().is_some_and(|(k, _)| *k < p) {
-                it.next();
-            }
-            it.peek().filter(|(k, _)| *k == p).map(|(_, v)| *v)
-        })
-        .collect()
-}
-
-/// Whether each of the sorted `partitions` is in the sorted `set`.
-fn marked(partitions: &[PartitionId], set: &BTreeSet<PartitionId>) -> Vec<bool> {
-    let mut it = set.iter().peekable();
-    partitions
-        .iter()
-        .map(|p| {
-            while it.peek().is_some_and(|k| *k < p) {
-                it.next();
-            }
-            it.peek().is_some_and(|k| *k == p)
-        })
-        .collect()
-}
-
-fn problem(input: &LoadInput<'_>) -> Option<Problem> {
-    let members = sorted_members(input.members);
-    let partitions = sorted_partitions(input.partitions);
+fn problem<'a>(input: &LoadInput<'a>) -> Option<Problem<'a>> {
+    let ix = index(input.members, input.partitions, input.previous);
     let measure = input.rules.measure;
-    let loads = aligned(&partitions, input.loads);
+    let loads = aligned(&ix.partitions, input.loads);
     let known: Vec<u64> = loads.iter().flatten().map(|l| l.work(measure)).collect();
-    if members.is_empty() || known.is_empty() {
+    if ix.members.is_empty() || known.is_empty() {
         return None;
     }
     let known_total: u128 = known.iter().map(|&w| u128::from(w)).sum();
@@ -273,27 +274,14 @@ fn problem(input: &LoadInput<'_>) -> Option<Problem> {
     // Every partition also costs a little for being there (its fetches, its
     // checkpoints), so idle ones do not all pile on one member.
     let base = (mean / 20).max(1);
-    let by_name: std::collections::HashMap<&str, usize> = members
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (m.id.as_str(), i))
-        .collect();
     let rules = input.rules;
-    let previous: Vec<Option<MemberId>> = aligned(&partitions, input.previous)
-        .into_iter()
-        .map(|m| m.cloned())
-        .collect();
-    let owner = previous
-        .iter()
-        .map(|m| m.as_ref().and_then(|m| by_name.get(m.as_str()).copied()))
-        .collect();
     let work = loads
         .iter()
         .map(|l| l.map_or(mean, |l| l.work(measure)) + base)
         .collect();
     let cost = loads
         .iter()
-        .zip(marked(&partitions, input.in_transition))
+        .zip(flags(&ix.partitions, input.in_transition))
         .map(|(l, moving)| {
             let quarantine = if moving { 0 } else { rules.move_ms };
             let bytes = l.map_or(0, |l| l.state_bytes);
@@ -301,14 +289,14 @@ fn problem(input: &LoadInput<'_>) -> Option<Problem> {
             quarantine + u64::try_from(transfer).unwrap_or(u64::MAX / 4)
         })
         .collect();
-    let weights = members.iter().map(|m| m.weight).collect();
-    let pinned = marked(&partitions, input.pinned);
+    let weights = ix.members.iter().map(|m| m.weight).collect();
+    let pinned = flags(&ix.partitions, input.pinned);
     Some(Problem {
         pinned,
-        members,
-        partitions,
-        previous,
-        owner,
+        members: ix.members,
+        partitions: ix.partitions,
+        previous: ix.previous,
+        owner: ix.live_owner,
         work,
         cost,
         weights,
@@ -365,7 +353,7 @@ pub fn assign_by_load(input: LoadInput<'_>) -> Option<LoadAssignment> {
 }
 
 /// How many load moves `to` makes beyond the required placements in `from`.
-fn moved_for_load(pr: &Problem, from: &[usize], to: &[usize]) -> usize {
+fn moved_for_load(pr: &Problem<'_>, from: &[usize], to: &[usize]) -> usize {
     (0..to.len())
         .filter(|&p| pr.owner[p].is_some() && from[p] != to[p])
         .count()
@@ -393,9 +381,9 @@ fn lightest(load: &[u64], held: &[usize], weights: &[u32], ok: impl Fn(usize) ->
 /// Exhaustive branch and bound: the balanced assignment of least cost
 /// (then fewest moves, then the first in search order), or `None` if no
 /// assignment is balanced.
-fn cheapest_balanced(pr: &Problem, t: u64) -> Option<Vec<usize>> {
+fn cheapest_balanced(pr: &Problem<'_>, t: u64) -> Option<Vec<usize>> {
     struct Search<'a> {
-        pr: &'a Problem,
+        pr: &'a Problem<'a>,
         t: u64,
         cur: Vec<usize>,
         best: Option<(u64, usize, Vec<usize>)>,
@@ -459,7 +447,7 @@ struct Bounds {
     min_gain: u128,
 }
 
-fn bounds(pr: &Problem, own: &[usize], t: u64) -> Bounds {
+fn bounds(pr: &Problem<'_>, own: &[usize], t: u64) -> Bounds {
     let n = pr.members.len();
     let mut dedicated: Vec<Option<usize>> = vec![None; n];
     let mut total: u128 = pr.work.iter().map(|&w| u128::from(w)).sum();
@@ -515,7 +503,7 @@ fn bounds(pr: &Problem, own: &[usize], t: u64) -> Bounds {
 /// that most lowers the members' total distance from their bounds (the
 /// cheaper one on a tie), until every member is inside, no move helps, or
 /// `limit` moves were made.
-fn descend(pr: &Problem, mut own: Vec<usize>, t: u64, limit: usize) -> Vec<usize> {
+fn descend(pr: &Problem<'_>, mut own: Vec<usize>, t: u64, limit: usize) -> Vec<usize> {
     let n = pr.members.len();
     let b = bounds(pr, &own, t);
     let mut load = vec![0u128; n];
@@ -641,7 +629,7 @@ fn descend(pr: &Problem, mut own: Vec<usize>, t: u64, limit: usize) -> Vec<usize
 }
 
 fn finish(
-    pr: &Problem,
+    pr: &Problem<'_>,
     own: Vec<usize>,
     before: &[u64],
     t: u64,
@@ -662,7 +650,7 @@ fn finish(
         if pr.owner[p] == Some(o) {
             continue;
         }
-        let reason = match (pr.owner[p], &pr.previous[p]) {
+        let reason = match (pr.owner[p], pr.previous[p]) {
             (None, Some(_)) => MoveReason::MemberLeft,
             (None, None) => MoveReason::NewPartition,
             (Some(_), _) if had[o] == 0 => MoveReason::MemberJoined,
@@ -673,7 +661,7 @@ fn finish(
         }
         moves.push(Move {
             partition: pr.partitions[p].clone(),
-            from: pr.previous[p].clone(),
+            from: pr.previous[p].cloned(),
             to: pr.members[o].id.clone(),
             reason,
         });

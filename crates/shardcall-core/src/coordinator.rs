@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::assign::{AssignInput, Assignment, MemberSpec, Move, assign, min_moves};
+use crate::assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
 use crate::balance::{BalanceRules, LoadInput, LoadReport, assign_by_load};
 use crate::ids::{MemberId, Millis, PartitionId};
 use crate::lifecycle::Phase;
@@ -228,11 +228,7 @@ pub fn step_loaded(
                 .assignment
                 .moves
                 .iter()
-                .filter(|m| {
-                    m.from
-                        .as_ref()
-                        .is_none_or(|f| !live.iter().any(|l| &l.id == f))
-                })
+                .filter(|m| matches!(m.reason, MoveReason::MemberLeft | MoveReason::NewPartition))
                 .count();
             (forced, a.assignment, Some(a.report))
         }

@@ -10,8 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::ids::{MemberId, Millis, PartitionId};
-use crate::lifecycle::Phase;
+use crate::ids::{Millis, PartitionId};
 use crate::state::GroupState;
 
 /// One partition's smoothed load, as reported with its owner's heartbeats.
@@ -92,7 +91,6 @@ impl PartitionLoad {
 pub struct LoadMeter {
     window_ms: Millis,
     alpha_ppm: u64,
-    started: Millis,
     window_start: Millis,
     windows: u32,
     records: u64,
@@ -127,7 +125,6 @@ impl LoadMeter {
         Self {
             window_ms: window_ms.max(1),
             alpha_ppm: alpha_ppm.clamp(1, 1_000_000),
-            started: now,
             window_start: now,
             windows: 0,
             records: 0,
@@ -195,11 +192,6 @@ impl LoadMeter {
             lag: self.lag,
             state_bytes: self.state_bytes,
         })
-    }
-
-    /// How long the meter has run.
-    pub fn age(&self, now: Millis) -> Millis {
-        now.saturating_sub(self.started)
     }
 
     fn close_windows(&mut self, now: Millis) {
@@ -322,17 +314,10 @@ fn held_reports(state: &GroupState, now: Millis) -> Vec<(&PartitionId, &Partitio
         .partitions
         .iter()
         .filter_map(|(p, r)| {
-            let m = reporting.get(holder(&r.phase)?.as_str())?;
+            let m = reporting.get(r.phase.holder()?.0.as_str())?;
             m.load.get(p).map(|l| (p, l))
         })
         .collect()
-}
-
-fn holder(phase: &Phase) -> Option<&MemberId> {
-    match phase {
-        Phase::Owned { member, .. } | Phase::Draining { member, .. } => Some(member),
-        _ => None,
-    }
 }
 
 fn mix(avg: u64, sample: u64, alpha_ppm: u64) -> u64 {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use shardcall_core::balance::{LoadInput, assign_by_load, is_balanced, works};
+use shardcall_core::balance::{self, LoadInput, assign_by_load, works};
 use shardcall_core::{BalanceRules, MemberId, MemberSpec, MoveReason, PartitionId, PartitionLoad};
 
 fn member(i: usize) -> MemberId {
@@ -118,29 +118,7 @@ fn brute_force(g: &Group, rules: &BalanceRules) -> Option<(usize, u64)> {
         .iter()
         .map(|p| rules.move_ms + g.loads[p].state_bytes * 1000 / rules.transfer_bytes_per_s)
         .collect();
-    let (m, n) = (g.members.len(), g.partitions.len());
-    let mut best: Option<(usize, u64)> = None;
-    let mut own = vec![0usize; n];
-    for code in 0..(m as u64).pow(n as u32) {
-        let mut c = code;
-        for o in own.iter_mut() {
-            *o = (c % m as u64) as usize;
-            c /= m as u64;
-        }
-        if !is_balanced(&own, &work, &weights, rules.threshold_ppm) {
-            continue;
-        }
-        let moved: Vec<usize> = (0..n)
-            .filter(|&p| owner[p].is_some_and(|o| o != own[p]))
-            .collect();
-        let moves = moved.len();
-        let total: u64 = moved.iter().map(|&p| cost[p]).sum();
-        best = Some(match best {
-            None => (moves, total),
-            Some((bm, bc)) => (bm.min(moves), bc.min(total)),
-        });
-    }
-    best
+    balance::brute_force(&owner, &work, &weights, &cost, rules.threshold_ppm)
 }
 
 /// Moves of partitions whose previous owner is live.
