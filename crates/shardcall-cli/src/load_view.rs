@@ -12,7 +12,16 @@ use shardcall_core::{GroupState, LoadBook, MemberId, Millis, PartitionId, Partit
 /// group's average.
 pub struct LoadView {
     partitions: BTreeMap<PartitionId, PartitionLoad>,
-    members: Vec<(MemberId, u32, usize, PartitionLoad)>,
+    members: BTreeMap<MemberId, MemberRow>,
+}
+
+/// One live member's line of the LOAD table.
+struct MemberRow {
+    weight: u32,
+    held: usize,
+    load: PartitionLoad,
+    /// Arriving records per weight over the group's average (1: even).
+    of_average: f64,
 }
 
 impl LoadView {
@@ -23,62 +32,59 @@ impl LoadView {
         if partitions.is_empty() {
             return None;
         }
-        let members = g
+        let mut members: BTreeMap<MemberId, MemberRow> = g
             .members
             .values()
             .filter(|m| m.is_live(now))
             .map(|m| {
-                let held = g.held_by(&m.id);
-                let mut sum = PartitionLoad::default();
-                for (p, _) in &held {
-                    if let Some(l) = partitions.get(p) {
-                        sum.records_milli += l.records_milli;
-                        sum.arriving_milli += l.arriving_milli;
-                        sum.bytes_per_s += l.bytes_per_s;
-                        sum.busy_ppm += l.busy_ppm;
-                        sum.lag += l.lag;
-                        sum.state_bytes += l.state_bytes;
-                    }
-                }
-                (m.id.clone(), m.weight.max(1), held.len(), sum)
+                let row = MemberRow {
+                    weight: m.weight.max(1),
+                    held: 0,
+                    load: PartitionLoad::default(),
+                    of_average: 1.0,
+                };
+                (m.id.clone(), row)
             })
             .collect();
+        // One pass over the partitions, each added to its holder's sums.
+        for (p, r) in &g.partitions {
+            let Some(row) = r.phase.holder().and_then(|(m, _)| members.get_mut(m)) else {
+                continue;
+            };
+            row.held += 1;
+            if let Some(l) = partitions.get(p) {
+                let sum = &mut row.load;
+                sum.records_milli += l.records_milli;
+                sum.arriving_milli += l.arriving_milli;
+                sum.bytes_per_s += l.bytes_per_s;
+                sum.busy_ppm += l.busy_ppm;
+                sum.lag += l.lag;
+                sum.state_bytes += l.state_bytes;
+            }
+        }
+        let total: f64 = members.values().map(|m| m.load.arriving_milli as f64).sum();
+        let weight: f64 = members.values().map(|m| f64::from(m.weight)).sum();
+        for m in members.values_mut() {
+            let avg = total / weight * f64::from(m.weight);
+            if avg > 0.0 {
+                m.of_average = m.load.arriving_milli as f64 / avg;
+            }
+        }
         Some(Self {
             partitions,
             members,
         })
     }
 
-    /// Each member's arriving records per weight over the average (1: even).
-    fn of_average(&self) -> BTreeMap<&MemberId, f64> {
-        let total: f64 = self.members.iter().map(|m| m.3.arriving_milli as f64).sum();
-        let weight: f64 = self.members.iter().map(|m| f64::from(m.1)).sum();
-        self.members
-            .iter()
-            .map(|(id, w, _, l)| {
-                let avg = total / weight * f64::from(*w);
-                (
-                    id,
-                    if avg > 0.0 {
-                        l.arriving_milli as f64 / avg
-                    } else {
-                        1.0
-                    },
-                )
-            })
-            .collect()
-    }
-
     /// A member's load, for `status --json`.
     pub fn member_json(&self, member: &MemberId) -> serde_json::Value {
-        let ratios = self.of_average();
-        match self.members.iter().find(|m| &m.0 == member) {
-            Some((id, _, _, l)) => json!({
-                "arriving_per_s": l.arriving_milli as f64 / 1000.0,
-                "records_per_s": l.records_milli as f64 / 1000.0,
-                "bytes_per_s": l.bytes_per_s,
-                "busy": l.busy_ppm as f64 / 1e6,
-                "of_average": ratios.get(id),
+        match self.members.get(member) {
+            Some(m) => json!({
+                "arriving_per_s": m.load.arriving_milli as f64 / 1000.0,
+                "records_per_s": m.load.records_milli as f64 / 1000.0,
+                "bytes_per_s": m.load.bytes_per_s,
+                "busy": m.load.busy_ppm as f64 / 1e6,
+                "of_average": m.of_average,
             }),
             None => serde_json::Value::Null,
         }
@@ -95,16 +101,23 @@ impl LoadView {
     /// The imbalance: the most loaded member's arriving records per weight
     /// over the average.
     pub fn imbalance(&self) -> f64 {
-        self.of_average().values().copied().fold(0.0, f64::max)
+        self.members
+            .values()
+            .map(|m| m.of_average)
+            .fold(0.0, f64::max)
     }
 
     /// The least imbalance any assignment could reach: no member carries
     /// less than the busiest partition (on the heaviest member) or the
     /// average.
     pub fn best_imbalance(&self) -> f64 {
-        let total: f64 = self.members.iter().map(|m| m.3.arriving_milli as f64).sum();
-        let weight: f64 = self.members.iter().map(|m| f64::from(m.1)).sum();
-        let heaviest = self.members.iter().map(|m| m.1).max().unwrap_or(1);
+        let total: f64 = self
+            .members
+            .values()
+            .map(|m| m.load.arriving_milli as f64)
+            .sum();
+        let weight: f64 = self.members.values().map(|m| f64::from(m.weight)).sum();
+        let heaviest = self.members.values().map(|m| m.weight).max().unwrap_or(1);
         let busiest = self
             .partitions
             .values()
@@ -120,7 +133,6 @@ impl LoadView {
 
     /// The load tables of `status`.
     pub fn write(&self, out: &mut String, mw: usize, pw: usize) -> std::fmt::Result {
-        let ratios = self.of_average();
         writeln!(
             out,
             "LOAD (as the owners measure it, smoothed; imbalance {:.2}: the most loaded member over the average; at best {:.2}, the busiest partition alone)",
@@ -132,16 +144,16 @@ impl LoadView {
             "{:<mw$} {:>10} {:>12} {:>12} {:>7} {:>9}",
             "MEMBER", "PARTITIONS", "ARRIVING/S", "PROCESSED/S", "BUSY", "x AVERAGE"
         )?;
-        for (id, _, held, l) in &self.members {
+        for (id, m) in &self.members {
             writeln!(
                 out,
                 "{:<mw$} {:>10} {:>12.1} {:>12.1} {:>6.0}% {:>9.2}",
                 id.to_string(),
-                held,
-                l.arriving_milli as f64 / 1000.0,
-                l.records_milli as f64 / 1000.0,
-                l.busy_ppm as f64 / 1e4,
-                ratios.get(id).copied().unwrap_or(1.0)
+                m.held,
+                m.load.arriving_milli as f64 / 1000.0,
+                m.load.records_milli as f64 / 1000.0,
+                m.load.busy_ppm as f64 / 1e4,
+                m.of_average
             )?;
         }
         writeln!(
