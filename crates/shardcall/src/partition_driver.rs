@@ -695,11 +695,14 @@ where
         // Busy from here: waiting for a slot is the worker's load, not the
         // partition's.
         let busy_from = clock::now();
-        let bytes: usize = records
-            .iter()
-            .map(|r| r.payload.len() + r.key.as_ref().map_or(0, |k| k.len()))
-            .sum();
-        let count = records.len() as u64;
+        // Records and bytes, only when measured (not a cost of every batch).
+        let measured = self.d.load.as_ref().map(|_| {
+            let bytes: usize = records
+                .iter()
+                .map(|r| r.payload.len() + r.key.as_ref().map_or(0, |k| k.len()))
+                .sum();
+            (records.len() as u64, bytes as u64)
+        });
         let last = records.last().map(|r| r.offset);
         let applied = Applied {
             offset: last.map_or(0, |l| l + 1),
@@ -743,14 +746,12 @@ where
         match result {
             Ok(state) => {
                 crate::telemetry::batch_seconds(self.d.group, began.elapsed());
-                if let Some(meter) = &self.d.load {
+                if let (Some(meter), Some((count, bytes))) = (&self.d.load, measured) {
                     let busy_us = busy_from.elapsed().as_micros() as u64;
-                    meter.lock().expect("load meter").batch(
-                        clock::now_ms(),
-                        count,
-                        bytes as u64,
-                        busy_us,
-                    );
+                    meter
+                        .lock()
+                        .expect("load meter")
+                        .batch(clock::now_ms(), count, bytes, busy_us);
                 }
                 self.state = Some(state);
                 self.pending_started_us.get_or_insert(started_us);
