@@ -49,23 +49,10 @@ pub struct PlanArgs {
     /// bytes or busy, with the default threshold, cooldown and move
     /// budget. Default: records when members report load, else count.
     #[arg(long, value_enum)]
-    by: Option<PlanBy>,
+    by: Option<crate::settings::BalanceBy>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-}
-
-/// What `plan --by` assumes the workers balance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PlanBy {
-    /// Partition counts.
-    Count,
-    /// Records arriving per second.
-    Records,
-    /// Bytes arriving per second.
-    Bytes,
-    /// Handler time the arriving records need.
-    Busy,
 }
 
 /// Arguments of `shardcall release`.
@@ -915,14 +902,9 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         }
         // The balance the workers are assumed to keep.
         let reports_load = g.members.values().any(|m| !m.load.is_empty());
-        let by = args.by.unwrap_or(if reports_load { PlanBy::Records } else { PlanBy::Count });
-        let measure = match by {
-            PlanBy::Count => None,
-            PlanBy::Records => Some(shardcall_core::LoadMeasure::Records),
-            PlanBy::Bytes => Some(shardcall_core::LoadMeasure::Bytes),
-            PlanBy::Busy => Some(shardcall_core::LoadMeasure::Busy),
-        };
-        let balance = measure.map(|measure| shardcall_core::BalanceRules {
+        use crate::settings::BalanceBy;
+        let by = args.by.unwrap_or(if reports_load { BalanceBy::Records } else { BalanceBy::Count });
+        let balance = by.measure().map(|measure| shardcall_core::BalanceRules {
             measure,
             ..shardcall_core::BalanceRules::default()
         });
@@ -1024,7 +1006,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                 "commands": plan.commands, "moves": plan.moves, "min_moves": plan.min_moves,
                 "state_bytes_moved": transfers,
                 "awaiting_warm_up": plan.awaiting_warm_up,
-                "balance_by": format!("{by:?}").to_lowercase(),
+                "balance_by": by,
                 "load": plan.load,
                 "explained": lines,
             });

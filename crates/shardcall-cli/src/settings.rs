@@ -204,8 +204,8 @@ impl Default for StateSettings {
     }
 }
 
-/// What `[balance] by` balances.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What `[balance] by` (and `plan --by`) balances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum BalanceBy {
     /// Partition counts (per weight): no load is measured.
@@ -216,6 +216,18 @@ pub enum BalanceBy {
     Bytes,
     /// Handler time the arriving records need.
     Busy,
+}
+
+impl BalanceBy {
+    /// The load measured, or `None` for count balance.
+    pub fn measure(self) -> Option<shardcall_core::LoadMeasure> {
+        match self {
+            Self::Count => None,
+            Self::Records => Some(shardcall_core::LoadMeasure::Records),
+            Self::Bytes => Some(shardcall_core::LoadMeasure::Bytes),
+            Self::Busy => Some(shardcall_core::LoadMeasure::Busy),
+        }
+    }
 }
 
 /// `[balance]`: load-aware assignment (owned mode).
@@ -264,12 +276,7 @@ impl BalanceSettings {
         if self.transfer_rate == 0 {
             errors.push("balance.transfer_rate: must be above zero (bytes per second)".into());
         }
-        let measure = match self.by {
-            BalanceBy::Count => return None,
-            BalanceBy::Records => shardcall_core::LoadMeasure::Records,
-            BalanceBy::Bytes => shardcall_core::LoadMeasure::Bytes,
-            BalanceBy::Busy => shardcall_core::LoadMeasure::Busy,
-        };
+        let measure = self.by.measure()?;
         (errors.len() == before).then(|| shardcall_core::BalanceRules {
             measure,
             threshold_ppm: (self.threshold * 1e6).round() as u64,
