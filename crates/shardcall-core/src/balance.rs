@@ -441,9 +441,9 @@ struct Bounds {
     hi: Vec<u128>,
     /// Bounds are scaled by this (the remaining weight × 1e6) to stay exact.
     scale: u128,
-    /// The least fall in distance a move must bring unless it takes a
-    /// member inside its bounds: a quarter of the threshold's band around
-    /// the lightest member's share.
+    /// The least fall in distance a move that pushes a member out of its
+    /// bounds must bring: a quarter of the threshold's band around the
+    /// lightest member's share.
     min_gain: u128,
 }
 
@@ -594,13 +594,15 @@ fn descend(pr: &Problem<'_>, mut own: Vec<usize>, t: u64, limit: usize) -> Vec<u
                 if then >= now {
                     return;
                 }
-                // Worth a move only if it brings a member inside without
-                // pushing another out, or gains a real part of a share: a
-                // move that only trades one member's small excess for
-                // another's would be undone by the next wobble of the load.
-                let out_now = outside(from, load[from]) + outside(to, load[to]);
-                let out_then = outside(from, load[from] - w) + outside(to, load[to] + w);
-                if out_then >= out_now && now - then < b.min_gain {
+                // A move that pushes a member that was inside out must gain
+                // a real part of a share: one that only trades one member's
+                // small excess for another's would be undone by the next
+                // wobble of the load. Any other move that lowers the
+                // distance is progress, however small.
+                let pushed_out = (outside(from, load[from]) == 0
+                    && outside(from, load[from] - w) == 1)
+                    || (outside(to, load[to]) == 0 && outside(to, load[to] + w) == 1);
+                if pushed_out && now - then < b.min_gain {
                     return;
                 }
                 let key = (
