@@ -35,6 +35,12 @@ impl Source for AnySource {
         each!(self, s => s.partitions().await)
     }
 
+    async fn lineage(
+        &self,
+    ) -> Result<std::collections::BTreeMap<PartitionId, shardcall_core::Shard>, SourceError> {
+        each!(self, s => s.lineage().await)
+    }
+
     async fn initial_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {
         each!(self, s => s.initial_offset(partition).await)
     }

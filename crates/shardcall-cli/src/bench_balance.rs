@@ -486,7 +486,14 @@ fn step_timing(args: &BenchBalanceArgs) -> serde_json::Value {
         || {
             let mut book = LoadBook::default();
             book.observe(&state, 3);
-            let plan = step_loaded(&state, 3, &parts, &options, book.loads());
+            let plan = step_loaded(
+                &state,
+                3,
+                &parts,
+                &options,
+                book.loads(),
+                &Default::default(),
+            );
             moves = plan.moves.len();
             std::hint::black_box(plan);
         },
@@ -504,7 +511,14 @@ fn step_timing(args: &BenchBalanceArgs) -> serde_json::Value {
     book.observe(&state, 3);
     let step_only_ms = median_ms(
         || {
-            std::hint::black_box(step_loaded(&state, 3, &parts, &options, book.loads()));
+            std::hint::black_box(step_loaded(
+                &state,
+                3,
+                &parts,
+                &options,
+                book.loads(),
+                &Default::default(),
+            ));
         },
         5,
     );

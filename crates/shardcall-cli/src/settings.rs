@@ -135,6 +135,10 @@ pub struct SourceSettings {
     /// Most spooled records per partition not yet checkpointed; the
     /// fetching waits above it (`kafka` with `spool`).
     pub spool_backlog: u64,
+    /// When a child of a split or merge is processed: `parents_first`
+    /// (once every parent is processed to its end: per-key order holds) or
+    /// `at_once`.
+    pub child_order: shardcall_core::ChildOrder,
 }
 
 /// How a topic's partitions are shared.
@@ -426,6 +430,7 @@ impl Default for SourceSettings {
             max_buffered_bytes: k.max_buffered_bytes,
             spool: None,
             spool_backlog: 100_000,
+            child_order: shardcall_core::ChildOrder::ParentsFirst,
         }
     }
 }
@@ -721,6 +726,7 @@ impl Settings {
             call_deadline: self.handler.call_deadline,
             state: None,
             balance: self.balance.rules(&mut errors),
+            child_order: self.source.child_order,
         };
         if !self.group.is_empty() {
             errors.extend(

@@ -29,6 +29,7 @@ cluster = @                          # true: treat a single URL as a cluster see
 kind = @                             # the embedded file log...
 log = "/var/lib/shardcall/log"
 create_log = @                       # create the folder if it is missing (off: a typo is an error)
+child_order = @                      # after a split or merge: parents_first (per-key order) | at_once
 # kind = "kafka"                     # ...or Kafka (and Kafka-protocol logs)
 # brokers = "kafka-1:9092,kafka-2:9092"
 # start = @                          # no checkpoint / offset gone: earliest | latest

@@ -2,12 +2,14 @@
 //! and the partitions the source has, the commands that move the group
 //! toward a balanced, sticky assignment while keeping every quarantine.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
 use crate::balance::{BalanceRules, LoadInput, LoadReport, assign_by_load};
 use crate::ids::{MemberId, Millis, PartitionId};
 use crate::lifecycle::Phase;
+use crate::lineage::Standing;
 use crate::load::{LoadBook, PartitionLoad};
 use crate::state::{Command, GroupState};
 
@@ -68,18 +70,22 @@ pub fn step_with(
         Some(_) => LoadBook::reported(state, now),
         None => BTreeMap::new(),
     };
-    step_loaded(state, now, discovered, options, &loads)
+    step_loaded(state, now, discovered, options, &loads, &BTreeMap::new())
 }
 
 /// Decides the next commands. `discovered` lists the partitions the source
 /// has now (partitions only ever get added); `loads` the last known load of
-/// partitions (a [`LoadBook`]'s), weighed when `options.balance` is set.
+/// partitions (a [`LoadBook`]'s), weighed when `options.balance` is set;
+/// `held_back` the partitions their lineage keeps from being processed
+/// ([`crate::lineage::Lineage::held_back`]): they get no target, take no
+/// part in the balance, and an owner of one is asked to release it.
 pub fn step_loaded(
     state: &GroupState,
     now: Millis,
     discovered: &[PartitionId],
     options: &StepOptions,
     loads: &BTreeMap<PartitionId, PartitionLoad>,
+    held_back: &BTreeMap<PartitionId, Standing>,
 ) -> Plan {
     let mut commands = Vec::new();
 
@@ -172,17 +178,24 @@ pub fn step_loaded(
         };
     }
 
-    // 4. The target assignment, sticky to the previous targets.
-    let previous: BTreeMap<PartitionId, MemberId> = all
-        .iter()
-        .zip(&projected)
-        .filter_map(|(p, pr)| pr.target.map(|t| (p.clone(), t.clone())))
+    // 4. The target assignment, sticky to the previous targets, over the
+    // partitions the lineage lets be processed.
+    let assignable: Vec<usize> = (0..all.len())
+        .filter(|&i| held_back.is_empty() || !held_back.contains_key(&all[i]))
         .collect();
-    let in_transition: BTreeSet<PartitionId> = all
+    let partitions: Cow<'_, [PartitionId]> = if held_back.is_empty() {
+        Cow::Borrowed(&all)
+    } else {
+        Cow::Owned(assignable.iter().map(|&i| all[i].clone()).collect())
+    };
+    let previous: BTreeMap<PartitionId, MemberId> = assignable
         .iter()
-        .zip(&projected)
-        .filter(|(_, pr)| matches!(pr.phase, Projection::InTransition))
-        .map(|(p, _)| p.clone())
+        .filter_map(|&i| projected[i].target.map(|t| (all[i].clone(), t.clone())))
+        .collect();
+    let in_transition: BTreeSet<PartitionId> = assignable
+        .iter()
+        .filter(|&&i| matches!(projected[i].phase, Projection::InTransition))
+        .map(|&i| all[i].clone())
         .collect();
     let by_load = options.balance.and_then(|rules| {
         // A move costs the quarantine it opens, plus the state it moves.
@@ -212,7 +225,7 @@ pub fn step_loaded(
             .collect();
         assign_by_load(LoadInput {
             members: &live,
-            partitions: &all,
+            partitions: &partitions,
             previous: &previous,
             in_transition: &in_transition,
             loads,
@@ -233,10 +246,10 @@ pub fn step_loaded(
             (forced, a.assignment, Some(a.report))
         }
         None => (
-            min_moves(&live, &all, &previous),
+            min_moves(&live, &partitions, &previous),
             assign(AssignInput {
                 members: &live,
-                partitions: &all,
+                partitions: &partitions,
                 previous: &previous,
                 in_transition: &in_transition,
             }),
@@ -245,11 +258,15 @@ pub fn step_loaded(
     };
 
     // 5. New targets; revoke what is owned by the wrong member; grant what is free.
-    // `owners` holds every partition, in order, or nothing when no member is live.
+    // `owners` holds every assignable partition, in order, or nothing when
+    // no member is live; a partition held back has no target, so its owner
+    // is asked to release it and nobody is granted it.
     let targets: Vec<Option<&MemberId>> = if owners.is_empty() {
         vec![None; all.len()]
-    } else {
+    } else if held_back.is_empty() {
         owners.values().map(Some).collect()
+    } else {
+        all.iter().map(|p| owners.get(p)).collect()
     };
     for (i, p) in all.iter().enumerate() {
         if projected[i].target != targets[i] {

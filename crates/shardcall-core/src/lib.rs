@@ -19,6 +19,8 @@
 //! - [`partition_engine`]: one partition's processing under a grant or a
 //!   claim, shared by owned and ticket mode.
 //! - [`retry`]: pauses between attempts of a failing call.
+//! - [`lineage`]: partitions that split and merge: children wait for their
+//!   parents to be processed to their end.
 //! - [`load`]: a partition's measured load, smoothed.
 //! - [`balance`]: load-aware assignment: balance work, move the least.
 
@@ -31,6 +33,7 @@ pub mod coordinator;
 pub mod duration_text;
 pub mod ids;
 pub mod lifecycle;
+pub mod lineage;
 pub mod load;
 pub mod member_engine;
 pub mod membership;
@@ -49,6 +52,7 @@ pub use config::{GroupConfig, GroupConfigError};
 pub use coordinator::{Plan, StepOptions, step, step_loaded, step_with};
 pub use ids::{Epoch, MemberId, Millis, PartitionId};
 pub use lifecycle::{Phase, QuarantineEnd, QuarantinePolicy};
+pub use lineage::{ChildOrder, Lineage, Shard, Standing};
 pub use load::{LoadBook, LoadMeasure, LoadMeter, PartitionLoad};
 pub use member_engine::{MemberCommand, MemberEngine, MemberEvent, MemberRules};
 pub use membership::LeaseRule;

@@ -28,10 +28,10 @@ use std::time::Duration;
 use shardcall_core::partition_engine::Command as Do;
 use shardcall_core::standby::standby_for;
 use shardcall_core::{
-    BalanceRules, CallFailure, CheckpointAnswer, Command, Epoch, Event, Grant, GroupState,
-    LeaseRule, LoadBook, LoadMeter, MemberCommand, MemberEngine, MemberEvent, MemberId,
-    MemberRules, Millis, MoveReason, PartitionEngine, PartitionId, PartitionRules, Phase,
-    QuarantinePolicy, RetryBackoff, StepOptions, StoreAnswer, step_loaded,
+    BalanceRules, CallFailure, CheckpointAnswer, ChildOrder, Command, Epoch, Event, Grant,
+    GroupState, LeaseRule, Lineage, LoadBook, LoadMeter, MemberCommand, MemberEngine, MemberEvent,
+    MemberId, MemberRules, Millis, MoveReason, PartitionEngine, PartitionId, PartitionRules, Phase,
+    QuarantinePolicy, RetryBackoff, Shard, StepOptions, StoreAnswer, step_loaded,
 };
 
 use common::{Rng, Trace};
@@ -201,6 +201,13 @@ struct Sim {
     loads: LoadBook,
     /// Every move made for load: when, which partition, from, to.
     load_moves: Vec<(Millis, PartitionId, Option<MemberId>, MemberId)>,
+    /// The log's lineage: partitions split and merged while it runs.
+    lineage: Lineage,
+    /// The coordinators pass the lineage's rule on (off only to show that
+    /// the oracle catches a child processed before its parents).
+    obeys_lineage: bool,
+    /// When each closed partition's checkpoint reached its end.
+    finished_at: BTreeMap<PartitionId, Millis>,
     trace: Trace,
 }
 
@@ -234,6 +241,9 @@ impl Sim {
             balance: None,
             loads: LoadBook::default(),
             load_moves: Vec::new(),
+            lineage: Lineage::default(),
+            obeys_lineage: true,
+            finished_at: BTreeMap::new(),
             trace: Trace::default(),
         }
     }
@@ -268,11 +278,66 @@ impl Sim {
         });
     }
 
+    fn is_closed(&self, p: &PartitionId) -> bool {
+        self.lineage.shards.get(p).is_some_and(|s| s.end.is_some())
+    }
+
+    /// The partitions records still go to.
+    fn open_partitions(&self) -> Vec<PartitionId> {
+        let open = self.partitions.iter().filter(|p| !self.is_closed(p));
+        open.cloned().collect()
+    }
+
+    /// Closes `parents` where their logs end now and adds `children` of
+    /// them (a split: one parent, two children; a merge: two parents, one
+    /// child). Records go to the children from now on.
+    fn reshard(&mut self, parents: &[PartitionId], children: usize) {
+        for p in parents {
+            let end = self.log_end[p];
+            self.lineage.shards.entry(p.clone()).or_default().end = Some(end);
+            if self.checkpoints.get(p).copied().unwrap_or(0) >= end {
+                self.finished_at.insert(p.clone(), self.now);
+            }
+        }
+        let mut made = Vec::new();
+        for _ in 0..children {
+            let child = PartitionId::new("t", self.partitions.len() as u32);
+            self.partitions.push(child.clone());
+            self.log_end.insert(child.clone(), 0);
+            self.lineage.shards.insert(
+                child.clone(),
+                Shard {
+                    parents: parents.to_vec(),
+                    end: None,
+                },
+            );
+            made.push(child);
+        }
+        self.note(format!("{parents:?} closed, {made:?} take their keys"));
+    }
+
+    /// What the lineage holds back now: the coordinator reads each closed
+    /// partition's checkpoint (a partition with none starts at 0).
+    fn held_back(&self) -> BTreeMap<PartitionId, shardcall_core::Standing> {
+        if !self.obeys_lineage {
+            return BTreeMap::new();
+        }
+        let positions = self
+            .lineage
+            .closed()
+            .map(|(p, _)| (p.clone(), self.checkpoints.get(p).copied().unwrap_or(0)))
+            .collect();
+        self.lineage.held_back(&positions)
+    }
+
     fn run_until(&mut self, end: Millis) {
         while self.now < end {
             self.now += TICK;
             if self.producing {
                 for p in self.partitions.clone() {
+                    if self.is_closed(&p) {
+                        continue;
+                    }
                     if self.rng.chance(40.0) {
                         let end = self.log_end.get_mut(&p).unwrap();
                         if self.rng.chance(1.5) {
@@ -499,12 +564,14 @@ impl Sim {
         if options.balance.is_some() {
             self.loads.observe(&self.store, now);
         }
+        let held_back = self.held_back();
         let plan = step_loaded(
             &self.store,
             now,
             &self.partitions,
             &options,
             self.loads.loads(),
+            &held_back,
         );
         if plan.commands.is_empty() {
             return;
@@ -667,6 +734,10 @@ impl Sim {
                             ));
                         }
                         self.checkpoints.insert(p.clone(), last + 1);
+                        let end = self.lineage.shards.get(p).and_then(|s| s.end);
+                        if end == Some(last + 1) {
+                            self.finished_at.entry(p.clone()).or_insert(now);
+                        }
                         // The write landed, but its answer may be lost.
                         if self.rng.chance(2.0) {
                             Event::Checkpointed(CheckpointAnswer::Unanswered)
@@ -756,6 +827,28 @@ fn check(batches: &[Batch]) -> Findings {
     out
 }
 
+/// Per-key order across the lineage: a key's records move from a parent to
+/// its children when the parent closes, so no child's batch may start
+/// before every parent's checkpoint reached the parent's end.
+fn lineage_violations(sim: &Sim) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in &sim.batches {
+        let Some(shard) = sim.lineage.shards.get(&b.partition) else {
+            continue;
+        };
+        for q in &shard.parents {
+            match sim.finished_at.get(q) {
+                Some(&at) if at <= b.start => {}
+                finished => out.push(format!(
+                    "{} processed at {} by {} while its parent {q} finished at {finished:?}",
+                    b.partition, b.start, b.member
+                )),
+            }
+        }
+    }
+    out
+}
+
 /// Joins, crashes (kill -9), pauses past the lease (SIGSTOP), short pauses
 /// and graceful stops, at random, while records arrive; then quiet time.
 fn scenario(seed: u64, tweak: impl Fn(&mut SimMember)) -> Sim {
@@ -773,8 +866,22 @@ fn sim_balance() -> BalanceRules {
 }
 
 fn scenario_balanced(seed: u64, balance: Option<LoadShape>, tweak: impl Fn(&mut SimMember)) -> Sim {
+    scenario_with(seed, balance, false, true, tweak)
+}
+
+/// The faulty scenario; with `reshards`, each round may also split an open
+/// partition or merge two, and the coordinators obey the lineage's rule
+/// when `obeys_lineage`.
+fn scenario_with(
+    seed: u64,
+    balance: Option<LoadShape>,
+    reshards: bool,
+    obeys_lineage: bool,
+    tweak: impl Fn(&mut SimMember),
+) -> Sim {
     let mut sim = Sim::new(seed);
     sim.balance = balance.map(|shape| (sim_balance(), shape));
+    sim.obeys_lineage = obeys_lineage;
     for i in 0..4 {
         sim.add_member(&format!("m{i}"));
     }
@@ -822,6 +929,24 @@ fn scenario_balanced(seed: u64, balance: Option<LoadShape>, tweak: impl Fn(&mut 
             }
             _ => {}
         }
+        if reshards {
+            let open = sim.open_partitions();
+            let pick = |sim: &mut Sim| open[sim.rng.below(open.len() as u64) as usize].clone();
+            match sim.rng.below(3) {
+                0 => {
+                    let p = pick(&mut sim);
+                    sim.reshard(&[p], 2);
+                }
+                1 if open.len() > 2 => {
+                    let a = pick(&mut sim);
+                    let b = pick(&mut sim);
+                    if a != b {
+                        sim.reshard(&[a, b], 1);
+                    }
+                }
+                _ => {}
+            }
+        }
     }
     // No more records; time to finish them and settle.
     settle(&mut sim);
@@ -841,6 +966,18 @@ fn settle(sim: &mut Sim) {
 
 /// Every property, for one run.
 fn verify(sim: &Sim) {
+    let disorder = lineage_violations(sim);
+    assert!(
+        disorder.is_empty(),
+        "per-key order broken across the lineage: {:?}\n{}",
+        disorder[0],
+        sim.replay()
+    );
+    verify_without_order(sim);
+}
+
+/// Every property but per-key order across the lineage.
+fn verify_without_order(sim: &Sim) {
     let why = || sim.replay();
     let findings = check(&sim.batches);
     assert!(
@@ -900,7 +1037,18 @@ fn verify(sim: &Sim) {
     // Settled: every partition owned by a live member, loads within one.
     let now = sim.now;
     let mut loads: BTreeMap<MemberId, usize> = BTreeMap::new();
+    let mut active = 0;
     for (p, rec) in &sim.store.partitions {
+        if sim.finished_at.contains_key(p) {
+            // Finished: released, and nobody's target.
+            assert!(
+                rec.phase == Phase::Free && rec.target.is_none(),
+                "finished {p} ends {rec:?}\n{}",
+                why()
+            );
+            continue;
+        }
+        active += 1;
         match &rec.phase {
             Phase::Owned { member, .. } => *loads.entry(member.clone()).or_default() += 1,
             other => panic!("{p} ends {other:?}\n{}", why()),
@@ -913,7 +1061,7 @@ fn verify(sim: &Sim) {
         .filter(|m| m.is_live(now))
         .count();
     if sim.balance.is_none() {
-        assert_eq!(loads.len(), live.min(PARTITIONS as usize), "{}", why());
+        assert_eq!(loads.len(), live.min(active), "{}", why());
         let (min, max) = (loads.values().min().unwrap(), loads.values().max().unwrap());
         assert!(max - min <= 1, "loads {loads:?}\n{}", why());
     }
@@ -1038,4 +1186,69 @@ fn load_balance_settles_and_never_flaps_under_constant_drifting_and_bursty_loads
         }
     }
     println!("load moves after settling, per shape: {late_moves:?}");
+}
+
+/// Splits and merges while members crash, pause and stop: every property
+/// above holds, no child is processed before every parent is processed to
+/// its end (per-key order across the lineage), finished parents are
+/// released and never granted again, and children balance like any
+/// partition.
+#[test]
+fn splits_and_merges_keep_per_key_order_across_the_lineage_under_faults() {
+    let (mut splits, mut merges, mut finished) = (0, 0, 0);
+    let seeds = common::seeds(600);
+    for &seed in &seeds {
+        let balance = (seed % 3 == 2).then_some(LoadShape::Constant);
+        let sim = scenario_with(seed, balance, true, true, |_| {});
+        verify(&sim);
+        for s in sim.lineage.shards.values() {
+            match s.parents.len() {
+                1 => splits += 1,
+                2 => merges += 1,
+                _ => {}
+            }
+        }
+        finished += sim.finished_at.len();
+    }
+    if seeds.len() >= 100 {
+        let n = seeds.len();
+        assert!(splits > n, "only {splits} split children");
+        assert!(merges > n / 2, "only {merges} merged children");
+        assert!(finished > n, "only {finished} parents finished");
+    }
+}
+
+/// The lineage oracle has teeth: coordinators that ignore the lineage's
+/// rule (children assigned at once, as LogHub's `order = false` allows)
+/// are caught processing a child before its parent finished.
+#[test]
+fn a_child_processed_before_its_parents_finish_is_caught() {
+    let caught = (1..=20u64).any(|seed| {
+        let sim = scenario_with(seed, None, true, false, |_| {});
+        !lineage_violations(&sim).is_empty()
+    });
+    assert!(caught, "no run caught a child processed early");
+}
+
+/// `ChildOrder::AtOnce` lets children start beside their parents (so a
+/// child is processed while its parent still has records), and a parent
+/// still finishes and is released.
+#[test]
+fn children_start_at_once_when_the_order_is_off() {
+    let early = (1..=10u64).any(|seed| {
+        let mut sim = Sim::new(seed);
+        sim.lineage.order = ChildOrder::AtOnce;
+        sim.add_member("a");
+        sim.add_member("b");
+        sim.run_until(3_000);
+        let p = PartitionId::new("t", 0);
+        sim.reshard(std::slice::from_ref(&p), 2);
+        sim.run_until(sim.now + 2_000);
+        settle(&mut sim);
+        verify_without_order(&sim);
+        assert!(sim.finished_at.contains_key(&p), "{}", sim.replay());
+        assert_eq!(sim.store.partitions[&p].phase, Phase::Free);
+        !lineage_violations(&sim).is_empty()
+    });
+    assert!(early, "no child ever ran before its parent finished");
 }

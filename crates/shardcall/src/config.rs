@@ -40,6 +40,10 @@ pub struct WorkerConfig {
     /// load, reports it with its heartbeats, and as coordinator assigns by
     /// it. `None`: count balance. Every member of a group should agree.
     pub balance: Option<shardcall_core::BalanceRules>,
+    /// When a child of a split or merge may be processed: only once every
+    /// parent is processed to its end (per-key order across the lineage),
+    /// or at once. Every member of a group should agree.
+    pub child_order: shardcall_core::ChildOrder,
 }
 
 impl Default for WorkerConfig {
@@ -55,6 +59,7 @@ impl Default for WorkerConfig {
             call_deadline: crate::handler_cell::DEFAULT_DEADLINE,
             state: None,
             balance: None,
+            child_order: shardcall_core::ChildOrder::ParentsFirst,
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod conformance_state;
 pub mod conformance_tickets;
 mod dead_letters;
 pub mod digest;
+mod discovery;
 mod either_handler;
 mod error;
 pub mod exec;

@@ -1,11 +1,11 @@
 //! Where records come from: partition discovery and fetching by offset.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardcall_core::PartitionId;
+use shardcall_core::{PartitionId, Shard};
 use shardcall_spool::{FileLog, Record, Spool, SpoolError};
 
 use crate::log_watch::{Bell, LogWatch};
@@ -68,6 +68,15 @@ fn for_partition(p: Option<&PartitionId>) -> String {
 pub trait Source: Send + Sync + 'static {
     /// Every partition of the consumed topics now; the list only grows.
     async fn partitions(&self) -> Result<Vec<PartitionId>, SourceError>;
+
+    /// The partitions that were split or merged from others, or that are
+    /// closed (no record will be added), with their parents and end; any
+    /// partition not named is an open original. Empty for a log whose
+    /// partitions never split (the default). A child is processed only once
+    /// every parent is processed to its end ([`shardcall_core::lineage`]).
+    async fn lineage(&self) -> Result<BTreeMap<PartitionId, Shard>, SourceError> {
+        Ok(BTreeMap::new())
+    }
 
     /// Where to start in a partition that has no checkpoint.
     async fn initial_offset(&self, partition: &PartitionId) -> Result<u64, SourceError>;

@@ -258,6 +258,12 @@ impl<S: Source> Source for SpooledSource<S> {
         self.inner.partitions().await
     }
 
+    async fn lineage(
+        &self,
+    ) -> Result<std::collections::BTreeMap<PartitionId, shardcall_core::Shard>, SourceError> {
+        self.inner.lineage().await
+    }
+
     async fn initial_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {
         self.inner.initial_offset(partition).await
     }

@@ -183,7 +183,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 }
             }
         }
-        let (discovery, discovered) = discover(self.source.clone(), timing.tick_interval);
+        let (discovery, discovered) =
+            crate::discovery::discover(self.source.clone(), timing.tick_interval);
         let ended = self.incarnations(&mut stop, &stats, discovered).await;
         // The worker is done when nothing it started still holds the source.
         discovery.stop().await;
@@ -196,7 +197,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
         &self,
         stop: &mut watch::Receiver<Stop>,
         stats: &WorkerStats,
-        discovered: watch::Receiver<Option<Arc<Vec<PartitionId>>>>,
+        discovered: crate::discovery::DiscoveredRx,
     ) -> Result<(), WorkerError> {
         let cfg = &self.config;
         let group = cfg.group.as_str();
@@ -241,6 +242,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 cached: None,
                 standby_cached: None,
                 discovered: discovered.clone(),
+                lineage: Default::default(),
                 slots: slots.clone(),
                 unreadable: None,
                 warm_ups: HashMap::new(),
@@ -299,8 +301,10 @@ struct Incarnation<'a, S, Src, F> {
     cached: Option<shardcall_core::GroupState>,
     /// The group state the last standby read saw (reused likewise).
     standby_cached: Option<shardcall_core::GroupState>,
-    /// The source's partitions as last discovered.
-    discovered: watch::Receiver<Option<Arc<Vec<PartitionId>>>>,
+    /// The source's partitions and lineage as last discovered.
+    discovered: crate::discovery::DiscoveredRx,
+    /// The closed partitions this member, as coordinator, found finished.
+    lineage: crate::discovery::LineageBook,
     /// Handler slots shared by the partitions, when limited.
     slots: Option<Arc<tokio::sync::Semaphore>>,
     /// A partition whose records cannot be read: the worker stops.
@@ -344,33 +348,6 @@ impl Drop for AbortOnDrop {
             task.abort();
         }
     }
-}
-
-/// Lists the source's partitions every `every`, apart from the heartbeat
-/// loop: a slow or unreachable source never delays a lease renewal.
-fn discover<Src: Source>(
-    source: Arc<Src>,
-    every: Duration,
-) -> (AbortOnDrop, watch::Receiver<Option<Arc<Vec<PartitionId>>>>) {
-    let (tx, rx) = watch::channel(None);
-    let task = AbortOnDrop::spawn(async move {
-        loop {
-            match source.partitions().await {
-                Ok(list) => {
-                    tx.send_if_modified(|old| {
-                        let changed = old.as_deref() != Some(&list);
-                        if changed {
-                            *old = Some(Arc::new(list));
-                        }
-                        changed
-                    });
-                }
-                Err(e) => tracing::warn!(error = %e, "listing the source's partitions; retrying"),
-            }
-            tokio::time::sleep(every).await;
-        }
-    });
-    (task, rx)
 }
 
 /// How often a member with standby replicas asks which partitions it
@@ -741,7 +718,24 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         if options.balance.is_some() {
             self.loads.observe(&state, now);
         }
-        let plan = step_loaded(&state, now, &discovered, &options, self.loads.loads());
+        let held_back = self
+            .lineage
+            .held_back(
+                &discovered,
+                w.config.child_order,
+                &*w.store,
+                group,
+                &*w.source,
+            )
+            .await?;
+        let plan = step_loaded(
+            &state,
+            now,
+            &discovered.partitions,
+            &options,
+            self.loads.loads(),
+            &held_back,
+        );
         if let Some(load) = &plan.load {
             crate::telemetry::load_imbalance(group, load.imbalance_after as f64 / 1000.0);
         }
