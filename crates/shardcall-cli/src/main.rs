@@ -30,6 +30,7 @@ mod settings_errors;
 mod settings_example;
 mod settings_load;
 mod spool_cmd;
+mod topic_cmd;
 mod worker_cmd;
 
 use std::path::PathBuf;
@@ -82,6 +83,9 @@ enum Command {
     Produce(produce::ProduceArgs),
     /// Print records of a topic of the embedded file log.
     Consume(consume::ConsumeArgs),
+    /// Split, merge or show the partitions of a topic of the embedded file log.
+    #[command(subcommand)]
+    Topic(topic_cmd::TopicCommand),
     /// Inspect or mend a spool or file log on disk.
     #[command(subcommand)]
     Spool(spool_cmd::SpoolCommand),
@@ -258,6 +262,7 @@ fn main() -> ExitCode {
         Command::ResetOffsets(args) => group_cmd::reset(&args),
         Command::Produce(args) => produce::run(&args),
         Command::Consume(args) => consume::run(&args),
+        Command::Topic(cmd) => topic_cmd::run(&cmd),
         Command::Spool(cmd) => spool_cmd::run(&cmd),
         Command::Bench(BenchCommand::Spool(args)) => bench_spool::run(&args),
         Command::Bench(BenchCommand::Kafka(args)) => bench_kafka::run(&args),

@@ -74,6 +74,23 @@ pub enum SpoolError {
         /// The spool's folder.
         path: PathBuf,
     },
+    /// A write was attempted on a partition that was closed by a split or
+    /// merge: its keys go to its children now.
+    #[error("partition {} was closed at offset {end} by a split or merge", path.display())]
+    Closed {
+        /// The partition's folder.
+        path: PathBuf,
+        /// The offset after its last record.
+        end: u64,
+    },
+    /// A split or merge cannot be made as asked.
+    #[error("cannot reshard topic {topic}: {detail}")]
+    Reshard {
+        /// The topic.
+        topic: String,
+        /// Why.
+        detail: String,
+    },
     /// A write was attempted on a spool opened read-only.
     #[error("spool {} was opened read-only", path.display())]
     ReadOnly {

@@ -8,7 +8,9 @@
 //!
 //! A topic's partition count is the number of partition folders; it can grow
 //! while producers and consumers run (they look again with
-//! [`FileLog::partition_count`]) and never shrinks.
+//! [`FileLog::partition_count`]) and never shrinks. A topic's partitions
+//! may also split and merge ([`crate::lineage`]): a closed partition keeps
+//! its records, and its keys go to its children.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,7 @@ use std::path::{Path, PathBuf};
 use crate::config::SpoolConfig;
 use crate::error::{IoContext, Result, SpoolError, check_name};
 use crate::layout::Layout;
+use crate::lineage::{self, TopicLineage, range_hash};
 use crate::partitioner::partition_for_key;
 use crate::record::NewRecord;
 use crate::spool::Spool;
@@ -88,16 +91,109 @@ impl FileLog {
     pub fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<u32> {
         let dir = self.topic_dir(topic)?;
         let have = partition_count(&dir)?;
+        if partitions > have && lineage::load(&dir)?.is_some() {
+            return Err(SpoolError::Reshard {
+                topic: topic.to_owned(),
+                detail:
+                    "a topic that was split or merged grows by splitting, not by adding partitions"
+                        .into(),
+            });
+        }
         for p in have..partitions {
             Layout::new(dir.join(p.to_string())).create_dirs()?;
         }
         Ok(have.max(partitions))
     }
 
-    /// Opens a partition for appending (one writer per partition at a time).
+    /// Opens a partition for appending (one writer per partition at a
+    /// time); refused once the partition is closed by a split or merge.
     pub fn open_partition(&self, topic: &str, partition: u32) -> Result<Spool> {
         self.check_partition(topic, partition)?;
-        Spool::open(self.partition_dir(topic, partition)?, self.config.clone())
+        let dir = self.partition_dir(topic, partition)?;
+        let spool = Spool::open(&dir, self.config.clone())?;
+        // Checked under the writer lock: a split marks the partition closed
+        // while it holds that lock, so no append lands after its end.
+        if let Some(end) = lineage::closed_at(&dir)? {
+            return Err(SpoolError::Closed { path: dir, end });
+        }
+        Ok(spool)
+    }
+
+    /// The topic's splits and merges; `None` if it never split.
+    pub fn lineage(&self, topic: &str) -> Result<Option<TopicLineage>> {
+        lineage::load(&self.topic_dir(topic)?)
+    }
+
+    /// Splits an open partition in two: it is closed where it ends now, and
+    /// two new partitions take each half of its keys. Refused while another
+    /// process writes it. Returns the children.
+    pub fn split(&self, topic: &str, partition: u32) -> Result<[u32; 2]> {
+        self.reshard(topic, &[partition], |l, ends| l.split(partition, ends[0]))
+            .map(|(c, _)| c)
+    }
+
+    /// Merges two open partitions of adjacent key ranges: both are closed
+    /// where they end now, and one new partition takes their keys. Refused
+    /// while another process writes either. Returns the child.
+    pub fn merge(&self, topic: &str, a: u32, b: u32) -> Result<u32> {
+        self.reshard(topic, &[a, b], |l, ends| l.merge(a, ends[0], b, ends[1]))
+            .map(|(c, _)| c)
+    }
+
+    /// Closes `parents` (holding their writer locks) and records what
+    /// `change` makes of the lineage; the children's folders are made
+    /// before the lineage names them.
+    fn reshard<T>(
+        &self,
+        topic: &str,
+        parents: &[u32],
+        change: impl FnOnce(&mut TopicLineage, &[u64]) -> std::result::Result<T, String>,
+    ) -> Result<(T, TopicLineage)> {
+        let dir = self.topic_dir(topic)?;
+        let refused = |detail: String| SpoolError::Reshard {
+            topic: topic.to_owned(),
+            detail,
+        };
+        let count = partition_count(&dir)?;
+        if count == 0 {
+            return Err(refused("no such topic".into()));
+        }
+        let lineage = lineage::load(&dir)?.unwrap_or_else(|| TopicLineage::unsplit(count));
+        // Hold every parent's writer lock (a producer writing one makes the
+        // split wait for it to stop) and read where each ends.
+        let mut held = Vec::new();
+        let mut ends = Vec::new();
+        for &p in parents {
+            if p >= count {
+                return Err(refused(format!("no partition {p}")));
+            }
+            let pdir = self.partition_dir(topic, p)?;
+            let spool = Spool::open(&pdir, self.config.clone())?;
+            // A marker without a lineage naming it: a reshard that stopped
+            // half way; finish it with the end the marker holds.
+            let end = match lineage::closed_at(&pdir)? {
+                Some(end) if lineage.partitions.get(&p).is_some_and(|r| r.end.is_none()) => end,
+                Some(_) => return Err(refused(format!("partition {p} is closed"))),
+                None => spool.end_offset()?,
+            };
+            ends.push(end);
+            held.push(spool);
+        }
+        let mut next = lineage.clone();
+        let made = change(&mut next, &ends).map_err(refused)?;
+        for (&p, &end) in parents.iter().zip(&ends) {
+            lineage::mark_closed(&self.partition_dir(topic, p)?, end)?;
+        }
+        for p in next
+            .partitions
+            .keys()
+            .filter(|p| !lineage.partitions.contains_key(p))
+        {
+            Layout::new(dir.join(p.to_string())).create_dirs()?;
+        }
+        lineage::save(&dir, &next)?;
+        drop(held);
+        Ok((made, next))
     }
 
     /// Opens a partition for reading while other processes write it.
@@ -143,6 +239,7 @@ impl FileLog {
             spools: Vec::new(),
             pending: Vec::new(),
             next_round_robin: 0,
+            lineage: self.lineage(topic)?,
         };
         p.grow_to(count);
         Ok(p)
@@ -196,6 +293,8 @@ pub struct Producer {
     spools: Vec<Option<Spool>>,
     pending: Vec<Vec<Pending>>,
     next_round_robin: u32,
+    /// The topic's splits and merges as last read (`None`: never split).
+    lineage: Option<TopicLineage>,
 }
 
 impl Producer {
@@ -223,7 +322,38 @@ impl Producer {
     pub fn refresh_partitions(&mut self) -> Result<u32> {
         let count = self.log.partition_count(&self.topic)?;
         self.grow_to(count);
+        self.lineage = self.log.lineage(&self.topic)?;
         Ok(self.partitions())
+    }
+
+    /// The partition a record goes to now.
+    fn route(&mut self, key: Option<&[u8]>) -> Result<u32> {
+        let n = self.partitions();
+        let Some(lineage) = &self.lineage else {
+            return Ok(match key {
+                Some(k) => partition_for_key(k, n),
+                None => {
+                    let p = self.next_round_robin % n;
+                    self.next_round_robin = self.next_round_robin.wrapping_add(1);
+                    p
+                }
+            });
+        };
+        let found = match key {
+            Some(k) => lineage.route(partition_for_key(k, lineage.roots), range_hash(k)),
+            None => {
+                let open: Vec<u32> = lineage.open().collect();
+                let p = open
+                    .get(self.next_round_robin as usize % open.len().max(1))
+                    .copied();
+                self.next_round_robin = self.next_round_robin.wrapping_add(1);
+                p
+            }
+        };
+        found.ok_or_else(|| SpoolError::Layout {
+            path: self.log.root.join(&self.topic).join(lineage::LINEAGE_FILE),
+            detail: "no open partition takes this key".into(),
+        })
     }
 
     /// Buffers a record, returning the partition it will go to. A record over
@@ -238,15 +368,7 @@ impl Producer {
                 max,
             });
         }
-        let n = self.partitions();
-        let partition = match key {
-            Some(k) => partition_for_key(k, n),
-            None => {
-                let p = self.next_round_robin % n;
-                self.next_round_robin = self.next_round_robin.wrapping_add(1);
-                p
-            }
-        };
+        let partition = self.route(key)?;
         self.pending[partition as usize].push(Pending {
             timestamp_ms,
             key: key.map(<[u8]>::to_vec),
@@ -260,8 +382,12 @@ impl Producer {
 
     /// Appends everything buffered.
     pub fn flush(&mut self) -> Result<()> {
-        for p in 0..self.partitions() {
+        // A flush that finds a partition closed sends its records to
+        // partitions the count may not have held when the loop began.
+        let mut p = 0;
+        while p < self.partitions() {
             self.flush_partition(p)?;
+            p += 1;
         }
         Ok(())
     }
@@ -272,7 +398,13 @@ impl Producer {
             return Ok(());
         }
         if self.spools[i].is_none() {
-            self.spools[i] = Some(self.log.open_partition(&self.topic, partition)?);
+            match self.log.open_partition(&self.topic, partition) {
+                Ok(spool) => self.spools[i] = Some(spool),
+                // Split or merged since this producer read the lineage:
+                // its records go where their keys go now.
+                Err(SpoolError::Closed { .. }) => return self.reroute(partition),
+                Err(e) => return Err(e),
+            }
         }
         let spool = self.spools[i].as_ref().expect("opened above");
         let batch: Vec<NewRecord<'_>> = self.pending[i]
@@ -285,6 +417,32 @@ impl Producer {
             .collect();
         spool.append(&batch)?;
         self.pending[i].clear();
+        Ok(())
+    }
+
+    /// Sends a closed partition's buffered records again, by the lineage
+    /// read afresh.
+    fn reroute(&mut self, partition: u32) -> Result<()> {
+        self.refresh_partitions()?;
+        let moved = std::mem::take(&mut self.pending[partition as usize]);
+        if self
+            .lineage
+            .as_ref()
+            .is_none_or(|l| l.partitions.get(&partition).is_none_or(|r| r.end.is_none()))
+        {
+            // Closed on disk but open in the lineage: a reshard stopped half
+            // way (`shardcall topic split` again finishes it).
+            self.pending[partition as usize] = moved;
+            return Err(SpoolError::Reshard {
+                topic: self.topic.clone(),
+                detail: format!(
+                    "partition {partition} is closed but the lineage does not say so; run the split or merge again"
+                ),
+            });
+        }
+        for r in moved {
+            self.send(r.key.as_deref(), &r.payload, r.timestamp_ms)?;
+        }
         Ok(())
     }
 

@@ -183,6 +183,36 @@ pub fn check_run(
     out
 }
 
+/// Per-key order across a lineage: a closed parent's keys go to its
+/// children, so no batch of a child may start before every batch of each
+/// of its parents has ended (the parent processed to its end first).
+pub fn check_lineage_order(
+    batches: &[BatchRecord],
+    lineage: &BTreeMap<PartitionId, shardcall_core::Shard>,
+) -> Vec<Violation> {
+    let parts = by_partition(batches.iter());
+    let mut out = Vec::new();
+    for (child, shard) in lineage {
+        let Some(first) = parts
+            .get(child)
+            .and_then(|b| b.iter().map(|b| b.started_us).min())
+        else {
+            continue;
+        };
+        for parent in &shard.parents {
+            let last = parts
+                .get(parent)
+                .and_then(|b| b.iter().map(|b| b.ended_us).max());
+            if last.is_some_and(|last| last > first) {
+                out.push(Violation(format!(
+                    "{child} was processed from {first} us, before its parent {parent}'s last batch ended at {last:?} us"
+                )));
+            }
+        }
+    }
+    out
+}
+
 /// Every batch in oracle files (one JSON [`BatchRecord`] per line, as
 /// `shardcall worker --oracle` writes them). A file that is missing reads as
 /// empty, and a line a kill cut short is skipped: it recorded nothing

@@ -289,7 +289,36 @@ impl Source for FileLogSource {
     async fn partitions(&self) -> Result<Vec<PartitionId>, SourceError> {
         let mut out = Vec::new();
         for t in &self.topics {
-            out.extend(PartitionId::range(t, self.partition_count(t)?));
+            // A topic that split lists what its lineage names: a split makes
+            // its children's folders before the lineage names them, and a
+            // child listed without its parents would look like an original.
+            match self.log.lineage(t)? {
+                Some(l) => out.extend(l.partitions.keys().map(|p| PartitionId::new(t, *p))),
+                None => out.extend(PartitionId::range(t, self.partition_count(t)?)),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn lineage(&self) -> Result<BTreeMap<PartitionId, Shard>, SourceError> {
+        let mut out = BTreeMap::new();
+        for t in &self.topics {
+            let Some(l) = self.log.lineage(t)? else {
+                continue;
+            };
+            for (p, r) in l.partitions {
+                if r.parents.is_empty() && r.end.is_none() {
+                    continue;
+                }
+                let parents = r.parents.iter().map(|q| PartitionId::new(t, *q)).collect();
+                out.insert(
+                    PartitionId::new(t, p),
+                    Shard {
+                        parents,
+                        end: r.end,
+                    },
+                );
+            }
         }
         Ok(out)
     }
