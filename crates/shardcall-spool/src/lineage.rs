@@ -23,6 +23,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{IoContext, Result, SpoolError};
+use crate::layout::sync_dir;
 
 /// The lineage file's name in a topic's folder.
 pub const LINEAGE_FILE: &str = "lineage.json";
@@ -233,12 +234,6 @@ pub fn mark_closed(dir: &Path, end: u64) -> Result<()> {
         .ctx("write closed marker", &path)?;
     f.sync_all().ctx("sync closed marker", &path)?;
     sync_dir(dir)
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .ctx("sync folder", dir)
 }
 
 #[cfg(test)]
