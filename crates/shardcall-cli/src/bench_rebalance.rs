@@ -205,6 +205,7 @@ async fn measure_round_trips(store: &RedisStore) -> anyhow::Result<Vec<(String, 
                 state: vec![0; 64],
                 epoch,
                 backup: Vec::new(),
+                position: None,
             };
             store.save_checkpoint(g, &m, &parts[0], &cp).await?;
             let n = round_trips(store, || async {
@@ -489,6 +490,7 @@ async fn measure_checkpoint_rate(
                     state: vec![7; 64],
                     epoch,
                     backup: Vec::new(),
+                    position: None,
                 };
                 store.save_checkpoint(g, &m, &p, &cp).await?;
                 n += 1;

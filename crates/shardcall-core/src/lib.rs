@@ -52,7 +52,7 @@ pub use config::{GroupConfig, GroupConfigError};
 pub use coordinator::{Plan, StepOptions, step, step_loaded, step_with};
 pub use ids::{Epoch, MemberId, Millis, PartitionId};
 pub use lifecycle::{Phase, QuarantineEnd, QuarantinePolicy};
-pub use lineage::{ChildOrder, Lineage, Shard, Standing};
+pub use lineage::{ChildOrder, Lineage, Shard, Standing, UNKNOWN_END};
 pub use load::{LoadBook, LoadMeasure, LoadMeter, PartitionLoad};
 pub use member_engine::{MemberCommand, MemberEngine, MemberEvent, MemberRules};
 pub use membership::LeaseRule;

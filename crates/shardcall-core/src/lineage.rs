@@ -21,7 +21,7 @@
 //! false`) children are assignable at once and only the finished rule
 //! applies.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::ids::PartitionId;
 
@@ -33,10 +33,15 @@ pub struct Shard {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parents: Vec<PartitionId>,
     /// Where it was closed: the offset after its last record. `None` while
-    /// it is open (records may still be added).
+    /// it is open (records may still be added); [`UNKNOWN_END`] when the
+    /// source knows it is closed but learns where only by reading to it
+    /// (a Kinesis shard).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<u64>,
 }
+
+/// The end of a partition the source knows is closed, but not where.
+pub const UNKNOWN_END: u64 = u64::MAX;
 
 /// When a child of a split or merge may be processed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -89,27 +94,27 @@ impl Lineage {
             .filter_map(|(p, s)| s.end.map(|end| (p, end)))
     }
 
-    /// Whether `p` is finished when its processing stands at `position`
-    /// (the next offset to process: its checkpoint, or where a partition
-    /// with none starts).
+    /// Whether closed partition `p` is finished when its processing
+    /// stands at `position` (the next offset to process: its checkpoint,
+    /// or where a partition with none starts), for a source that knows
+    /// where it ends.
     pub fn is_finished(&self, p: &PartitionId, position: Option<u64>) -> bool {
         let end = self.shards.get(p).and_then(|s| s.end);
-        matches!((end, position), (Some(end), Some(at)) if at >= end)
+        matches!((end, position), (Some(end), Some(at)) if end != UNKNOWN_END && at >= end)
     }
 
-    /// Every partition that is not open, with its standing. `positions`
-    /// gives the next offset to process of closed partitions (absent: not
-    /// known, so not finished). A partition missing from the result is
-    /// open.
-    pub fn held_back(
-        &self,
-        positions: &BTreeMap<PartitionId, u64>,
-    ) -> BTreeMap<PartitionId, Standing> {
+    /// Every partition that is not open, with its standing. `finished`
+    /// names the closed partitions processed to their end (the source
+    /// says, from each one's checkpoint; [`Self::is_finished`] for one that
+    /// knows where they end). A partition missing from the result is open.
+    pub fn held_back(&self, finished: &BTreeSet<PartitionId>) -> BTreeMap<PartitionId, Standing> {
         let mut out = BTreeMap::new();
         if self.shards.is_empty() {
             return out;
         }
-        let finished = |p: &PartitionId| self.is_finished(p, positions.get(p).copied());
+        let finished = |p: &PartitionId| {
+            finished.contains(p) && self.shards.get(p).is_some_and(|s| s.end.is_some())
+        };
         for (p, shard) in &self.shards {
             if finished(p) {
                 out.insert(p.clone(), Standing::Finished);
@@ -176,7 +181,13 @@ mod tests {
     #[test]
     fn children_wait_for_every_parent_to_be_checkpointed_at_its_end() {
         let l = split_then_merge(ChildOrder::ParentsFirst);
-        let at = |v: &[(u32, u64)]| v.iter().map(|&(i, o)| (p(i), o)).collect();
+        // Finished: each closed partition whose position reached its end.
+        let at = |v: &[(u32, u64)]| -> BTreeSet<PartitionId> {
+            v.iter()
+                .filter(|&&(i, o)| l.is_finished(&p(i), Some(o)))
+                .map(|&(i, _)| p(i))
+                .collect()
+        };
         let held = l.held_back(&at(&[(0, 9)]));
         assert_eq!(
             held[&p(1)],
@@ -215,7 +226,7 @@ mod tests {
     #[test]
     fn an_unknown_position_is_not_finished_and_a_parent_gone_from_the_source_is() {
         let mut l = split_then_merge(ChildOrder::ParentsFirst);
-        let held = l.held_back(&BTreeMap::new());
+        let held = l.held_back(&BTreeSet::new());
         assert!(!held.contains_key(&p(0)), "no checkpoint yet: not finished");
         assert_eq!(
             held[&p(1)],
@@ -224,7 +235,7 @@ mod tests {
             }
         );
         l.shards.remove(&p(0));
-        let held = l.held_back(&BTreeMap::new());
+        let held = l.held_back(&BTreeSet::new());
         assert!(
             !held.contains_key(&p(1)),
             "its parent is gone: nothing to wait for"
@@ -232,9 +243,23 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_end_is_never_reached_by_offsets_alone() {
+        let mut l = split_then_merge(ChildOrder::ParentsFirst);
+        l.shards.get_mut(&p(0)).unwrap().end = Some(UNKNOWN_END);
+        assert!(!l.is_finished(&p(0), Some(u64::MAX)));
+        // The source's word is what counts.
+        let held = l.held_back(&[p(0)].into_iter().collect());
+        assert_eq!(held[&p(0)], Standing::Finished);
+        // A partition that is not closed is never finished, whatever it is
+        // called (here it waits for its parents).
+        let held = l.held_back(&[p(3)].into_iter().collect());
+        assert_ne!(held[&p(3)], Standing::Finished);
+    }
+
+    #[test]
     fn children_start_at_once_when_order_is_off() {
         let l = split_then_merge(ChildOrder::AtOnce);
-        let held = l.held_back(&[(p(0), 10)].into_iter().collect());
+        let held = l.held_back(&[p(0)].into_iter().collect());
         assert_eq!(held.len(), 1);
         assert_eq!(held[&p(0)], Standing::Finished);
     }

@@ -112,13 +112,13 @@ proptest! {
         // owned (as after a coordinator that had not listed it yet).
         settle(&mut g, &parts, &BTreeMap::new(), 10);
         // Then some closed partitions are processed to their end.
-        let positions: BTreeMap<PartitionId, u64> = lineage
+        let finished: std::collections::BTreeSet<PartitionId> = lineage
             .closed()
             .enumerate()
             .filter(|(i, _)| done[*i % done.len()])
-            .map(|(_, (p, end))| (p.clone(), end))
+            .map(|(_, (p, _))| p.clone())
             .collect();
-        let held = lineage.held_back(&positions);
+        let held = lineage.held_back(&finished);
 
         let who = g.members.keys().next().cloned().unwrap();
         let lease = g.acquire_coordinator(&who, 20, TTL).unwrap().unwrap();

@@ -322,12 +322,16 @@ impl Sim {
         if !self.obeys_lineage {
             return BTreeMap::new();
         }
-        let positions = self
+        let finished = self
             .lineage
             .closed()
-            .map(|(p, _)| (p.clone(), self.checkpoints.get(p).copied().unwrap_or(0)))
+            .filter(|(p, _)| {
+                let at = self.checkpoints.get(*p).copied().unwrap_or(0);
+                self.lineage.is_finished(p, Some(at))
+            })
+            .map(|(p, _)| p.clone())
             .collect();
-        self.lineage.held_back(&positions)
+        self.lineage.held_back(&finished)
     }
 
     fn run_until(&mut self, end: Millis) {

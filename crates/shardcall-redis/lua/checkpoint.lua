@@ -1,6 +1,6 @@
 -- Partition slot. KEYS: grant, checkpoint
 -- ARGV: member, epoch, offset, state, lease end (server ms, as the last renewal reported it),
---       snapshot history (JSON; empty: leave the stored one)
+--       snapshot history (JSON; empty: leave the stored one), source position (empty: none)
 -- Written only by the holder under its epoch, and only while its lease runs
 -- on this server's clock (the lease itself lives in another slot, so the
 -- member hands in the end the server last gave it); offset and state together.
@@ -11,4 +11,6 @@ if g[1] ~= ARGV[1] or g[2] ~= ARGV[2] or g[3] ~= '1' then
 end
 redis.call('HSET', KEYS[2], 'offset', ARGV[3], 'state', ARGV[4], 'epoch', ARGV[2])
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], 'backup', ARGV[6]) end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[2], 'position', ARGV[7])
+else redis.call('HDEL', KEYS[2], 'position') end
 return 1

@@ -189,6 +189,7 @@ pub(crate) fn decode_checkpoint(
             state,
             epoch,
             backup: history,
+            position: None,
         })),
         _ => Err(StoreError::corrupt(
             format!("the checkpoint of {partition}"),
@@ -574,6 +575,7 @@ impl RedisStore {
             } else {
                 serde_json::to_string(&cp.backup).expect("pointers serialize")
             })
+            .arg(cp.position.as_deref().unwrap_or(""))
             .invoke_async(&mut c)
             .await?;
         Ok(())
@@ -1122,21 +1124,27 @@ impl CoordinationStore for RedisStore {
     ) -> StoreResult<Option<Checkpoint>> {
         let mut c = self.conn.clone();
         #[allow(clippy::type_complexity)]
-        let (offset, state, epoch, backup): (
+        let (offset, state, epoch, backup, position): (
             Option<u64>,
             Option<Vec<u8>>,
             Option<u64>,
             Option<Vec<u8>>,
+            Option<String>,
         ) = redis::cmd("HMGET")
             .arg(checkpoint_key(group, partition))
             .arg("offset")
             .arg("state")
             .arg("epoch")
             .arg("backup")
+            .arg("position")
             .query_async(&mut c)
             .await
             .map_err(|e| map_error(&e))?;
-        decode_checkpoint(partition, (offset, state, epoch), backup)
+        let mut cp = decode_checkpoint(partition, (offset, state, epoch), backup)?;
+        if let Some(cp) = &mut cp {
+            cp.position = position.filter(|p| !p.is_empty());
+        }
+        Ok(cp)
     }
 
     async fn save_checkpoint(

@@ -47,6 +47,7 @@ async fn the_store_works_across_a_three_master_cluster() {
             state: b"s".to_vec(),
             epoch: 1,
             backup: Vec::new(),
+            position: None,
         };
         store.save_checkpoint(group, &m, p, &cp).await.unwrap();
     }

@@ -37,6 +37,7 @@ async fn operations_cost_what_they_should() {
         state: vec![1; 32],
         epoch: e,
         backup: Vec::new(),
+        position: None,
     };
     // Warm the script cache, then count.
     store.renew(g, &m, ttl).await.unwrap();

@@ -36,6 +36,7 @@ macro_rules! __store_checks {
             warm_reports_and_target_times,
             load_reports_round_trip_and_are_fenced,
             checkpoint_bytes_round_trip,
+            source_positions_move_with_the_checkpoint,
             drain_is_recorded,
             reset_offsets,
             failure_reports_keep_the_streak,
@@ -312,6 +313,7 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
         state: b"kept".to_vec(),
         epoch: epochs[0],
         backup: Vec::new(),
+        position: None,
     };
     store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
     match store
@@ -614,6 +616,7 @@ pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: Coordinatio
         state: Vec::new(),
         epoch,
         backup,
+        position: None,
     };
     let history = vec![pointer("m2", 8), pointer("m1", 4)];
     store
@@ -654,6 +657,60 @@ pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: Coordinatio
     );
 }
 
+/// A source's position (a Kinesis sequence number) is written with the
+/// offset, replaced or cleared by the next checkpoint, never by a refused
+/// one, and cleared by an operator's reset.
+pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
+    store: &S,
+    group: &str,
+) {
+    let (a, b) = (m("a"), m("b"));
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    store.join(group, &b, 1, "h", LONG).await.unwrap();
+    let (_, epochs) = grant_all(store, group, &a, 1).await;
+    let cp = |offset, position: Option<&str>| Checkpoint {
+        offset,
+        state: Vec::new(),
+        epoch: epochs[0],
+        backup: Vec::new(),
+        position: position.map(str::to_owned),
+    };
+    let long = "4959033827149025660855969253836157109592157598913658889".to_string();
+    let read = || async { store.load_checkpoint(group, &p(0)).await.unwrap().unwrap() };
+    store
+        .save_checkpoint(group, &a, &p(0), &cp(5, Some(&long)))
+        .await
+        .unwrap();
+    assert_eq!(read().await.position.as_deref(), Some(long.as_str()));
+    let zombie = store
+        .save_checkpoint(group, &b, &p(0), &cp(9, Some("9")))
+        .await;
+    assert!(matches!(zombie, Err(StoreError::Fenced(_))), "{zombie:?}");
+    assert_eq!(read().await.position.as_deref(), Some(long.as_str()));
+    store
+        .save_checkpoint(group, &a, &p(0), &cp(6, None))
+        .await
+        .unwrap();
+    assert_eq!(
+        read().await.position,
+        None,
+        "a checkpoint without one kept the old"
+    );
+    store
+        .save_checkpoint(group, &a, &p(0), &cp(7, Some("77")))
+        .await
+        .unwrap();
+    store
+        .reset_offset(group, &p(0), 0, true, false, "operator")
+        .await
+        .unwrap();
+    assert_eq!(
+        read().await.position,
+        None,
+        "a reset kept the source's position"
+    );
+}
+
 /// Only the live holder under the current epoch may checkpoint.
 pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str) {
     let (a, b) = (m("a"), m("b"));
@@ -666,6 +723,7 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
         state: format!("state@{offset}").into_bytes(),
         epoch,
         backup: Vec::new(),
+        position: None,
     };
     assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), None);
     store
@@ -987,6 +1045,7 @@ pub async fn checkpoint_bytes_round_trip<S: CoordinationStore>(store: &S, group:
             state,
             epoch: epochs[0],
             backup: Vec::new(),
+            position: None,
         };
         store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
         assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), Some(cp));

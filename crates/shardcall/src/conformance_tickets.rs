@@ -239,6 +239,7 @@ pub async fn a_lapsed_claim_returns_and_is_fenced<S: TicketStore>(store: &S, gro
         state: vec![],
         epoch: renewed.epoch,
         backup: Vec::new(),
+        position: None,
     };
     fenced(
         store.save_ticket_checkpoint(group, &renewed, &cp).await,
@@ -259,6 +260,7 @@ pub async fn checkpoints_follow_the_newest_claim<S: TicketStore>(store: &S, grou
         state: format!("s{offset}").into_bytes(),
         epoch,
         backup: Vec::new(),
+        position: None,
     };
     store
         .save_ticket_checkpoint(group, &a, &cp(10, a.epoch))

@@ -57,19 +57,23 @@ async fn list<Src: Source>(source: &Src) -> Result<Discovered, crate::SourceErro
     })
 }
 
+/// How often the source is asked again whether a closed partition is
+/// finished (a Kinesis source reads the shard to answer).
+const ASK_EVERY: Duration = Duration::from_secs(1);
+
 /// What a coordinator remembers of a lineage between ticks: the closed
-/// partitions it found processed to their end. Finished stays finished
-/// (a closed partition gets no records), so each is read once; a new
-/// coordinator reads them again.
+/// partitions it found processed to their end, and when it last asked of
+/// the others. Finished stays finished (a closed partition gets no
+/// records), so each is found once; a new coordinator finds them again.
 #[derive(Debug, Default)]
 pub(crate) struct LineageBook {
     finished: BTreeSet<PartitionId>,
+    asked: BTreeMap<PartitionId, tokio::time::Instant>,
 }
 
 impl LineageBook {
-    /// The partitions the lineage holds back now: the position of every
-    /// closed partition not yet known finished is its checkpoint, or where
-    /// the source starts a partition without one.
+    /// The partitions the lineage holds back now. Whether a closed
+    /// partition is finished is the source's word on its checkpoint.
     pub async fn held_back<S: CoordinationStore, Src: Source>(
         &mut self,
         found: &Discovered,
@@ -85,24 +89,27 @@ impl LineageBook {
             shards: found.shards.clone(),
             order,
         };
-        let mut positions = BTreeMap::new();
+        let now = tokio::time::Instant::now();
         for (p, end) in lineage.closed() {
-            if self.finished.contains(p) {
-                positions.insert(p.clone(), end);
+            if self.finished.contains(p)
+                || self.asked.get(p).is_some_and(|at| now < *at + ASK_EVERY)
+            {
                 continue;
             }
-            let at = match store.load_checkpoint(group, p).await? {
-                Some(c) => Some(c.offset),
-                None => source.initial_offset(p).await.ok(),
-            };
-            if let Some(at) = at {
-                if lineage.is_finished(p, Some(at)) {
-                    tracing::info!(partition = %p, end, "partition processed to its end: finished");
+            self.asked.insert(p.clone(), now);
+            let checkpoint = store.load_checkpoint(group, p).await?;
+            match source.finished(p, end, checkpoint.as_ref()).await {
+                Ok(true) => {
+                    tracing::info!(partition = %p, "partition processed to its end: finished");
                     self.finished.insert(p.clone());
+                    self.asked.remove(p);
                 }
-                positions.insert(p.clone(), at);
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(partition = %p, error = %e, "asking whether a closed partition is finished")
+                }
             }
         }
-        Ok(lineage.held_back(&positions))
+        Ok(lineage.held_back(&self.finished))
     }
 }

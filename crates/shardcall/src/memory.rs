@@ -459,12 +459,14 @@ impl CoordinationStore for MemoryStore {
             state: Vec::new(),
             epoch: 0,
             backup: Vec::new(),
+            position: None,
         });
         cp.offset = offset;
         // The position is the operator's now: no grant's local state store
         // may take it for its own, and the snapshots no longer cover it.
         cp.epoch = 0;
         cp.backup.clear();
+        cp.position = None;
         if clear_state {
             cp.state.clear();
         }

@@ -486,6 +486,16 @@ where
             }
         };
         self.checkpoint = checkpoint.as_ref().map(|cp| (cp.offset, cp.epoch));
+        if let Some(cp) = &checkpoint
+            && let Err(e) = self
+                .d
+                .source
+                .resume(&self.d.ctx.partition, cp.offset, cp.position.as_deref())
+                .await
+        {
+            tracing::warn!(error = %e, "telling the source where the partition resumes");
+            return Event::Restored(StoreAnswer::Failed(e.to_string()));
+        }
         if self.local.is_none() {
             return Event::Restored(StoreAnswer::Ok(checkpoint.map(|cp| {
                 self.restored = Some(cp.state);
@@ -591,6 +601,7 @@ where
             state: Vec::new(),
             epoch,
             backup: local.history_to_write(),
+            position: self.d.source.position(&self.d.ctx.partition, offset),
         };
         match self.grant.save(&checkpoint).await {
             Ok(()) => {
@@ -819,6 +830,7 @@ where
                 .local
                 .as_ref()
                 .map_or_else(Vec::new, PartitionState::history_to_write),
+            position: self.d.source.position(&self.d.ctx.partition, last + 1),
         };
         let mut write = self.open_write.take().unwrap_or(OpenWrite {
             first,

@@ -78,6 +78,43 @@ pub trait Source: Send + Sync + 'static {
         Ok(BTreeMap::new())
     }
 
+    /// The position to store with a checkpoint at `next_offset` (a Kinesis
+    /// shard's sequence number of the record before it), for a source
+    /// whose offsets alone cannot say where to resume; `None` (the
+    /// default) for one whose can.
+    fn position(&self, _partition: &PartitionId, _next_offset: u64) -> Option<String> {
+        None
+    }
+
+    /// Told, before a grant's first fetch, where its partition resumes: the
+    /// checkpoint's offset and the position stored with it.
+    async fn resume(
+        &self,
+        _partition: &PartitionId,
+        _offset: u64,
+        _position: Option<&str>,
+    ) -> Result<(), SourceError> {
+        Ok(())
+    }
+
+    /// Whether a closed partition is processed to its end, given its
+    /// checkpoint: by default, whether the checkpoint (or, without one,
+    /// where the partition starts) is at `end`, the offset the lineage
+    /// names. A source that learns a partition's end only by reading to it
+    /// (Kinesis) looks.
+    async fn finished(
+        &self,
+        partition: &PartitionId,
+        end: u64,
+        checkpoint: Option<&crate::Checkpoint>,
+    ) -> Result<bool, SourceError> {
+        let at = match checkpoint {
+            Some(cp) => cp.offset,
+            None => self.initial_offset(partition).await?,
+        };
+        Ok(at >= end)
+    }
+
     /// Where to start in a partition that has no checkpoint.
     async fn initial_offset(&self, partition: &PartitionId) -> Result<u64, SourceError>;
 

@@ -31,6 +31,12 @@ pub struct Checkpoint {
     /// replaces the stored history; an empty one leaves the stored history
     /// as it is. An operator's reset clears it.
     pub backup: Vec<BackupPointer>,
+    /// Where the source resumes after `offset`, for a source whose offsets
+    /// alone cannot say (a Kinesis shard's sequence number, see
+    /// [`crate::Source::position`]); `None` for the file log and Kafka.
+    /// Written with the offset, replacing the stored one; an operator's
+    /// reset clears it.
+    pub position: Option<String>,
 }
 
 /// A group's quarantine rule and who set it when: group state, created by
