@@ -52,6 +52,21 @@ if ! command -v s3s-fs >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/s3s-fs" ]; th
   # Pinned: later releases need a newer rustc than this machine has.
   cargo install --locked s3s-fs --version 0.14.1 --features binary
 fi
+# kinesalite, a Kinesis implementation in Node.js (from the npm registry),
+# for the Kinesis source's tests (they start their own on free ports),
+# cached outside the repository.
+kinesalite_dir="$HOME/.cache/shardcall/kinesalite"
+if [ ! -x "$kinesalite_dir/node_modules/.bin/kinesalite" ]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    say "installing nodejs and npm from Debian's packages"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
+  fi
+  say "installing kinesalite into $kinesalite_dir"
+  mkdir -p "$kinesalite_dir"
+  npm install --prefix "$kinesalite_dir" --no-audit --no-fund --loglevel=error kinesalite@3.3.3
+fi
+export KINESALITE="$kinesalite_dir/node_modules/.bin/kinesalite"
 # The independent Kafka client (kafka-python, from PyPI), in a virtualenv
 # cached outside the repository.
 venv="$HOME/.cache/shardcall/kafka-venv"

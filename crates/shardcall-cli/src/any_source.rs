@@ -17,6 +17,8 @@ pub enum AnySource {
     Kafka(KafkaSource),
     /// Kafka through the local spool.
     Spooled(SpooledSource<KafkaSource>),
+    /// Kinesis streams.
+    Kinesis(shardcall_kinesis::KinesisSource),
 }
 
 macro_rules! each {
@@ -25,6 +27,7 @@ macro_rules! each {
             AnySource::File($s) => $e,
             AnySource::Kafka($s) => $e,
             AnySource::Spooled($s) => $e,
+            AnySource::Kinesis($s) => $e,
         }
     };
 }
@@ -39,6 +42,28 @@ impl Source for AnySource {
         &self,
     ) -> Result<std::collections::BTreeMap<PartitionId, shardcall_core::Shard>, SourceError> {
         each!(self, s => s.lineage().await)
+    }
+
+    fn position(&self, partition: &PartitionId, next_offset: u64) -> Option<String> {
+        each!(self, s => s.position(partition, next_offset))
+    }
+
+    async fn resume(
+        &self,
+        partition: &PartitionId,
+        offset: u64,
+        position: Option<&str>,
+    ) -> Result<(), SourceError> {
+        each!(self, s => s.resume(partition, offset, position).await)
+    }
+
+    async fn finished(
+        &self,
+        partition: &PartitionId,
+        end: u64,
+        checkpoint: Option<&shardcall::Checkpoint>,
+    ) -> Result<bool, SourceError> {
+        each!(self, s => s.finished(partition, end, checkpoint).await)
     }
 
     async fn initial_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {

@@ -194,6 +194,8 @@ fn config_check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitC
                 r.topics.len(),
                 match &r.source {
                     settings::SourceChoice::File(dir) => format!("file log {}", dir.display()),
+                    settings::SourceChoice::Kinesis(k) =>
+                        format!("Kinesis {}", k.endpoint.as_deref().unwrap_or(&k.region)),
                     settings::SourceChoice::Kafka(k, spool) => format!(
                         "Kafka {}{}",
                         k.brokers,

@@ -96,6 +96,9 @@ pub enum SourceKind {
     File,
     /// Kafka, or a Kafka-protocol log.
     Kafka,
+    /// Amazon Kinesis (or a Kinesis-compatible service): topics are
+    /// streams, partitions their shards.
+    Kinesis,
 }
 
 /// `[source]`: which source, and that source's settings (the Kafka ones
@@ -139,6 +142,8 @@ pub struct SourceSettings {
     /// (once every parent is processed to its end: per-key order holds) or
     /// `at_once`.
     pub child_order: shardcall_core::ChildOrder,
+    /// How to reach Kinesis (`kinesis`): `[source.kinesis]`.
+    pub kinesis: shardcall_kinesis::KinesisConfig,
 }
 
 /// How a topic's partitions are shared.
@@ -431,6 +436,7 @@ impl Default for SourceSettings {
             spool: None,
             spool_backlog: 100_000,
             child_order: shardcall_core::ChildOrder::ParentsFirst,
+            kinesis: shardcall_kinesis::KinesisConfig::default(),
         }
     }
 }
@@ -469,6 +475,8 @@ pub enum SourceChoice {
     /// Kafka, straight from memory or through a spool folder (with its
     /// backlog limit).
     Kafka(KafkaConfig, Option<(PathBuf, u64)>),
+    /// Kinesis streams.
+    Kinesis(shardcall_kinesis::KinesisConfig),
 }
 
 /// Where ticket mode's dead letters go.
@@ -673,6 +681,20 @@ impl Settings {
                     None
                 }
             },
+            SourceKind::Kinesis => {
+                let k = &self.source.kinesis;
+                errors.extend(k.problems().iter().map(|e| format!("source.kinesis: {e}")));
+                if self.source.spool.is_some() {
+                    errors.push("source.spool: only with kind = \"kafka\"".into());
+                }
+                if self.topics.iter().any(|t| t.mode == TopicMode::Ticket) {
+                    errors.push("topics: a Kinesis stream's shards split and merge; ticket mode does not follow that lineage, so consume Kinesis in owned mode".into());
+                }
+                if self.state.dir.is_some() {
+                    errors.push("state: local state stores replay from a snapshot's offset, and a Kinesis shard resumes only at a checkpoint's sequence number; keep the state in the handler's state bytes".into());
+                }
+                Some(SourceChoice::Kinesis(k.clone()))
+            }
             SourceKind::Kafka => self.kafka_config(&mut errors).map(|k| {
                 SourceChoice::Kafka(
                     k,
@@ -712,6 +734,10 @@ impl Settings {
             }
             (Some(t), None, Some(SourceChoice::Kafka(k, _))) => {
                 Some(DeadLetterChoice::Kafka(k.clone(), t.clone()))
+            }
+            (Some(_), None, Some(SourceChoice::Kinesis(_))) => {
+                errors.push("dead_letters.log: required with a Kinesis source (dead letters go to a file-log topic)".into());
+                None
             }
             (Some(_), None, None) => None, // the source's own error says why
         };
@@ -1135,6 +1161,48 @@ mod tests {
             ..shardcall_s3::S3Config::default()
         };
         assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn kinesis_settings_that_cannot_work_are_all_refused_by_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let errors_of = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            load(Some(&path), none(), &[])
+                .unwrap()
+                .resolve()
+                .map(|r| matches!(r.source, SourceChoice::Kinesis(_)))
+                .map_err(|e| e.join("\n"))
+        };
+        let base =
+            "group = \"g\"\n[redis]\nurls = [\"redis://127.0.0.1:1/\"]\n[[topics]]\nname = \"s\"\n";
+        assert_eq!(
+            errors_of(&format!(
+                "{base}[source]\nkind = \"kinesis\"\n[source.kinesis]\nendpoint = \"http://127.0.0.1:4567\"\n"
+            )),
+            Ok(true)
+        );
+        let all = errors_of(&format!(
+            "{base}[[topics]]\nname = \"q\"\nmode = \"ticket\"\n[source]\nkind = \"kinesis\"\n[source.kinesis]\nendpoint = \"127.0.0.1:4567\"\nsecret_access_key = \"hunter2\"\nlist_every = \"0s\"\n[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\n"
+        ))
+        .unwrap_err();
+        for needle in [
+            "source.kinesis: endpoint \"127.0.0.1:4567\" is not an http",
+            "source.kinesis: give both access_key_id and secret_access_key",
+            "source.kinesis: list_every",
+            "consume Kinesis in owned mode",
+            "keep the state in the handler's state bytes",
+        ] {
+            assert!(all.contains(needle), "{needle} missing from:\n{all}");
+        }
+        assert!(!all.contains("hunter2"), "{all}");
+        let k = shardcall_kinesis::KinesisConfig {
+            secret_access_key: "hunter2".into(),
+            ..Default::default()
+        };
+        assert!(!format!("{k:?}").contains("hunter2"));
+        assert!(!toml::to_string(&k).unwrap().contains("hunter2"));
     }
 
     #[test]

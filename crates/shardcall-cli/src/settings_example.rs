@@ -40,6 +40,15 @@ child_order = @                      # after a split or merge: parents_first (pe
 # max_buffered_bytes = @             # fetched ahead per partition, then fetching waits for the handler
 # spool = "/var/lib/shardcall/spool" # spool fetched records to disk, process from there
 # spool_backlog = @                  # spooled records not yet checkpointed, per partition
+# kind = "kinesis"                  # ...or Amazon Kinesis: topics are streams, partitions shards
+#
+# [source.kinesis]
+# endpoint = "http://127.0.0.1:4567" # none: AWS for the region
+# region = "us-east-1"
+# access_key_id = "..."              # both keys, or neither: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+# secret_access_key = "..."          # better SHARDCALL_SOURCE__KINESIS__SECRET_ACCESS_KEY
+# list_every = "10s"                 # how soon splits and merges are seen (one ListShards a stream)
+# poll_every = "250ms"               # the pause between two empty reads of a shard
 
 # [kafka]                            # librdkafka properties, passed unchanged
 # "security.protocol" = "SASL_SSL"

@@ -521,6 +521,14 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
                 }
                 start(AnySource::File(FileLogSource::new(log, topics.clone())))?
             }
+            SourceChoice::Kinesis(k) => {
+                tracing::info!(endpoint = k.endpoint.as_deref().unwrap_or("AWS"), region = %k.region,
+                    streams = %topics.join(","), "consuming Kinesis");
+                start(AnySource::Kinesis(shardcall_kinesis::KinesisSource::new(
+                    k.clone(),
+                    topics.clone(),
+                )))?
+            }
             SourceChoice::Kafka(k, spool) => {
                 let k = KafkaConfig {
                     topics: topics.clone(),

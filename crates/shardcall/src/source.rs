@@ -42,6 +42,19 @@ pub enum SourceError {
         #[source]
         source: tokio::task::JoinError,
     },
+    /// The partition cannot resume at `offset`: its source finds records
+    /// by a position kept with the checkpoint (a Kinesis sequence number),
+    /// and none is known for that offset (an operator's reset to a middle
+    /// offset, say). Retrying cannot mend it.
+    #[error("{partition} cannot resume at offset {offset}: {why}")]
+    NoPosition {
+        /// The partition.
+        partition: PartitionId,
+        /// The offset asked for.
+        offset: u64,
+        /// What is missing.
+        why: String,
+    },
     /// Another failure, described.
     #[error("{0}")]
     Other(String),
@@ -53,7 +66,9 @@ impl SourceError {
     /// too); anything else is retried with a growing pause.
     pub fn disposition(&self) -> crate::store::Disposition {
         match self {
-            Self::Spool(SpoolError::Corrupt(_)) => crate::store::Disposition::Fatal,
+            Self::Spool(SpoolError::Corrupt(_)) | Self::NoPosition { .. } => {
+                crate::store::Disposition::Fatal
+            }
             _ => crate::store::Disposition::Retry,
         }
     }

@@ -264,6 +264,28 @@ impl<S: Source> Source for SpooledSource<S> {
         self.inner.lineage().await
     }
 
+    fn position(&self, partition: &PartitionId, next_offset: u64) -> Option<String> {
+        self.inner.position(partition, next_offset)
+    }
+
+    async fn resume(
+        &self,
+        partition: &PartitionId,
+        offset: u64,
+        position: Option<&str>,
+    ) -> Result<(), SourceError> {
+        self.inner.resume(partition, offset, position).await
+    }
+
+    async fn finished(
+        &self,
+        partition: &PartitionId,
+        end: u64,
+        checkpoint: Option<&crate::Checkpoint>,
+    ) -> Result<bool, SourceError> {
+        self.inner.finished(partition, end, checkpoint).await
+    }
+
     async fn initial_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {
         self.inner.initial_offset(partition).await
     }

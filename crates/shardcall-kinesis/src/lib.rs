@@ -1,0 +1,13 @@
+//! The Kinesis source of shardcall: a stream's shards are partitions, each
+//! checkpoint keeps the shard's sequence number beside its offset, and
+//! splits and merges reach the coordinator as a lineage, so a child shard
+//! is processed only after its parents are processed to their end.
+
+mod client;
+mod config;
+mod source;
+#[cfg(feature = "testkit")]
+pub mod testing;
+
+pub use config::KinesisConfig;
+pub use source::KinesisSource;

@@ -1,0 +1,331 @@
+//! The Kinesis source against a real Kinesis implementation (kinesalite on
+//! a free port): offsets and sequence numbers, resuming from a checkpoint,
+//! the lineage of a split and a merge, and workers through both under the
+//! oracle.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shardcall::oracle::{DigestFactory, Oracle, check_final_state, check_lineage_order, check_run};
+use shardcall::{
+    Checkpoint, CoordinationStore, MemoryStore, Source, SourceError, Worker, WorkerConfig,
+    WorkerHandle,
+};
+use shardcall_core::{GroupConfig, PartitionId, Phase, UNKNOWN_END};
+use shardcall_kinesis::KinesisSource;
+use shardcall_kinesis::testing::{Admin, Kinesalite};
+use shardcall_spool::Record;
+
+const GROUP: &str = "g";
+const QUARANTINE: Duration = Duration::from_millis(300);
+
+fn p(stream: &str, n: u32) -> PartitionId {
+    PartitionId::new(stream, n)
+}
+
+/// Every record of `partition` from its start, read by a fresh source.
+async fn all_records(k: &Kinesalite, partition: &PartitionId) -> Vec<Record> {
+    let source = KinesisSource::new(k.config(), vec![partition.topic.to_string()]);
+    let mut out = Vec::new();
+    loop {
+        let batch = source
+            .fetch(
+                partition,
+                out.len() as u64,
+                1000,
+                Duration::from_millis(300),
+            )
+            .await
+            .unwrap();
+        if batch.is_empty() {
+            return out;
+        }
+        out.extend(batch);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_are_dense_and_a_checkpoints_sequence_number_resumes_after_it() {
+    let k = Kinesalite::start().unwrap();
+    let source = KinesisSource::new(k.config(), vec!["s".into()]);
+    let admin = Admin(source.client());
+    admin.create("s", 1).await.unwrap();
+    for i in 0..10 {
+        admin
+            .put("s", &format!("k{i}"), format!("v{i}").as_bytes())
+            .await
+            .unwrap();
+    }
+    let s0 = p("s", 0);
+    assert_eq!(source.partitions().await.unwrap(), vec![s0.clone()]);
+    assert!(
+        source.lineage().await.unwrap().is_empty(),
+        "one open shard has no lineage"
+    );
+    let first = source
+        .fetch(&s0, 0, 4, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let offsets: Vec<u64> = first.iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, vec![0, 1, 2, 3]);
+    assert_eq!(first[2].payload.as_ref(), b"v2");
+    assert_eq!(first[2].key.as_deref(), Some(&b"k2"[..]));
+    assert_eq!(
+        source.position(&s0, 0),
+        None,
+        "offset 0 is the shard's start"
+    );
+    let at3 = source
+        .position(&s0, 3)
+        .expect("the sequence number of record 2");
+
+    // Another worker resumes from a checkpoint at 3 with that position.
+    let other = KinesisSource::new(k.config(), vec!["s".into()]);
+    other.resume(&s0, 3, Some(&at3)).await.unwrap();
+    let rest = other
+        .fetch(&s0, 3, 100, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        rest.first().map(|r| (r.offset, r.payload.as_ref())),
+        Some((3, &b"v3"[..]))
+    );
+    assert_eq!(rest.len(), 7);
+    // A retry goes back to the last checkpoint's offset.
+    let again = other
+        .fetch(&s0, 3, 100, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 7);
+
+    // An offset no checkpoint kept a sequence number for is refused, for
+    // good (an operator's reset to a middle offset).
+    let third = KinesisSource::new(k.config(), vec!["s".into()]);
+    let e = third.resume(&s0, 5, None).await.unwrap_err();
+    assert!(
+        matches!(e, SourceError::NoPosition { offset: 5, .. }),
+        "{e}"
+    );
+    assert_eq!(e.disposition(), shardcall::Disposition::Fatal);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_and_a_merge_show_as_lineage_and_a_parent_is_finished_only_at_its_end() {
+    let k = Kinesalite::start().unwrap();
+    let source = KinesisSource::new(k.config(), vec!["s".into()]);
+    let admin = Admin(source.client());
+    admin.create("s", 1).await.unwrap();
+    for i in 0..5 {
+        admin.put("s", &format!("k{i}"), b"x").await.unwrap();
+    }
+    admin.split("s", "shardId-000000000000").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lineage = source.lineage().await.unwrap();
+    assert_eq!(lineage[&p("s", 0)].end, Some(UNKNOWN_END));
+    assert_eq!(lineage[&p("s", 1)].parents, vec![p("s", 0)]);
+    assert_eq!(lineage[&p("s", 2)].parents, vec![p("s", 0)]);
+    let open = admin.open_shards("s").await.unwrap();
+    admin.merge("s", &open[0].0, &open[1].0).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lineage = source.lineage().await.unwrap();
+    let mut merged = lineage[&p("s", 3)].parents.clone();
+    merged.sort();
+    assert_eq!(
+        merged,
+        vec![p("s", 1), p("s", 2)],
+        "a merge names both parents"
+    );
+
+    let parent = p("s", 0);
+    assert!(
+        !source.finished(&parent, UNKNOWN_END, None).await.unwrap(),
+        "5 records left"
+    );
+    let records = source
+        .fetch(&parent, 0, 3, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 3);
+    let cp = |offset| Checkpoint {
+        offset,
+        state: Vec::new(),
+        epoch: 1,
+        backup: Vec::new(),
+        position: source.position(&parent, offset),
+    };
+    assert!(
+        !source
+            .finished(&parent, UNKNOWN_END, Some(&cp(3)))
+            .await
+            .unwrap()
+    );
+    let records = source
+        .fetch(&parent, 3, 10, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 2);
+    assert!(
+        source
+            .finished(&parent, UNKNOWN_END, Some(&cp(5)))
+            .await
+            .unwrap()
+    );
+    // The empty child of the merge's parents... an open shard never is.
+    assert!(
+        !source
+            .finished(&p("s", 3), UNKNOWN_END, None)
+            .await
+            .unwrap()
+    );
+}
+
+fn timing() -> GroupConfig {
+    GroupConfig {
+        member_ttl: Duration::from_millis(1500),
+        heartbeat_interval: Duration::from_millis(200),
+        safety_margin: Duration::from_millis(500),
+        tick_interval: Duration::from_millis(50),
+        coordinator_ttl: Duration::from_millis(1000),
+        quarantine_min: QUARANTINE,
+        ..GroupConfig::default()
+    }
+}
+
+struct Cluster {
+    store: Arc<MemoryStore>,
+    source: Arc<KinesisSource>,
+    oracle: Arc<Oracle>,
+    workers: Vec<Option<WorkerHandle>>,
+}
+
+impl Cluster {
+    fn add_worker(&mut self) {
+        let i = self.workers.len();
+        let config = WorkerConfig {
+            group: GROUP.into(),
+            name: format!("w{i}"),
+            timing: timing(),
+            batch: shardcall::BatchConfig {
+                max_records: 5,
+                fetch_wait: Duration::from_millis(100),
+                ..shardcall::BatchConfig::default()
+            },
+            ..WorkerConfig::default()
+        };
+        let handle = Worker {
+            config,
+            store: self.store.clone(),
+            source: self.source.clone(),
+            factory: Arc::new(DigestFactory::default()),
+            observer: Some(self.oracle.clone()),
+            dead_letters: None,
+        }
+        .spawn()
+        .unwrap();
+        self.workers.push(Some(handle));
+    }
+}
+
+async fn produce(admin: &Admin<'_>, n: usize, tag: &str) {
+    for i in 0..n {
+        admin
+            .put(
+                "s",
+                &format!("key{}", i % 23),
+                format!("{tag}-{i}").as_bytes(),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// Workers through a split, a kill -9 and a merge of a real Kinesis stream:
+/// every record once in its shard's order, no overlap, quarantine held, no
+/// child processed before its parents were processed to their end, and the
+/// finished parents released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_keep_per_key_order_through_a_split_a_kill_and_a_merge() {
+    let k = Kinesalite::start().unwrap();
+    let source = Arc::new(KinesisSource::new(k.config(), vec!["s".into()]));
+    let admin_client = source.client().clone();
+    let admin = Admin(&admin_client);
+    admin.create("s", 2).await.unwrap();
+    let mut c = Cluster {
+        store: Arc::new(MemoryStore::default()),
+        source,
+        oracle: Arc::new(Oracle::default()),
+        workers: Vec::new(),
+    };
+    produce(&admin, 200, "a").await;
+    for _ in 0..3 {
+        c.add_worker();
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    admin.split("s", "shardId-000000000000").await.unwrap();
+    produce(&admin, 200, "b").await;
+    c.workers[0].as_ref().unwrap().kill();
+    c.add_worker();
+    produce(&admin, 100, "c").await;
+    let open = admin.open_shards("s").await.unwrap();
+    // The split's two children are neighbours in hash key order.
+    let (a, b) = (&open[0].0, &open[1].0);
+    admin.merge("s", a, b).await.unwrap();
+    produce(&admin, 100, "d").await;
+
+    // Settled: every shard checkpointed at the end of its records, the
+    // closed ones released, the open ones owned.
+    let shards = c.source.partitions().await.unwrap();
+    assert_eq!(shards.len(), 5, "two originals, two children, one merged");
+    let mut records = BTreeMap::new();
+    for s in &shards {
+        records.insert(s.clone(), all_records(&k, s).await);
+    }
+    let lineage = c.source.lineage().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let g = c.store.load_group(GROUP).await.unwrap();
+        let mut done = true;
+        for (s, recs) in &records {
+            let at = c
+                .store
+                .load_checkpoint(GROUP, s)
+                .await
+                .unwrap()
+                .map_or(0, |cp| cp.offset);
+            let owned = matches!(
+                g.partitions.get(s).map(|r| &r.phase),
+                Some(Phase::Owned { .. })
+            );
+            let closed = lineage.get(s).is_some_and(|l| l.end.is_some());
+            done &= at == recs.len() as u64 && owned != closed;
+        }
+        if done {
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not settle: {g:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let batches = c.oracle.batches();
+    let ends: BTreeMap<PartitionId, u64> = records
+        .iter()
+        .map(|(s, r)| (s.clone(), r.len() as u64))
+        .collect();
+    let v = check_run(&batches, &ends, QUARANTINE.as_micros() as u64);
+    assert!(v.is_empty(), "{v:?}");
+    let v = check_lineage_order(&batches, &lineage);
+    assert!(v.is_empty(), "{v:?}");
+    for (s, recs) in &records {
+        let cp = c.store.load_checkpoint(GROUP, s).await.unwrap();
+        let v = check_final_state(s, recs, cp.as_ref().map(|c| c.state.as_slice()));
+        assert!(v.is_none(), "{v:?}");
+    }
+    assert_eq!(records.values().map(Vec::len).sum::<usize>(), 600);
+    for w in c.workers.iter().flatten() {
+        w.shutdown();
+    }
+    for w in c.workers.into_iter().flatten() {
+        w.join().await.unwrap();
+    }
+}
