@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::json;
 use shardcall::{Checkpoint, CoordinationStore, StoreError, TicketStore, quarantine_left};
-use shardcall_core::{Command, GroupState, Millis, PartitionId, Phase, StepOptions, step_with};
+use shardcall_core::{
+    Command, GroupState, Millis, PartitionId, Phase, Standing, StepOptions, step_loaded,
+};
 
 use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
@@ -509,6 +511,12 @@ async fn status_once(
         *log = Some((topics.clone(), args.log.open(&topics)?));
     }
     let ends = log.as_ref().expect("opened above").1.ends(&parts).await?;
+    let held_back = log
+        .as_ref()
+        .expect("opened above")
+        .1
+        .held_back(&topics, store, &args.group)
+        .await?;
     let checkpoints = load_checkpoints(store, &args.group, &parts).await?;
     let failures = load_failures(store, &args.group, &parts).await?;
     let restores = load_restores(store, &args.group, &parts).await?;
@@ -624,6 +632,7 @@ async fn status_once(
             "partitions": rows,
             "tickets": ticket_rows,
             "ticket_workers": ticket_workers,
+            "lineage": lineage_json(&held_back),
         });
         return Ok(format!(
             "{}\n",
@@ -882,7 +891,57 @@ async fn status_once(
             )?;
         }
     }
+    if !held_back.is_empty() {
+        writeln!(
+            out,
+            "\nLINEAGE (split and merged partitions the group does not process now)"
+        )?;
+        for (p, s) in &held_back {
+            writeln!(out, "  {}", held_back_line(p, s))?;
+        }
+    }
     Ok(out)
+}
+
+/// What the lineage holds back, as JSON: partition -> `{"standing":
+/// "waiting", "parents": ["t/0"]}` or `{"standing": "finished"}`.
+fn lineage_json(held_back: &BTreeMap<PartitionId, Standing>) -> serde_json::Value {
+    held_back
+        .iter()
+        .map(|(p, s)| {
+            let v = match s {
+                Standing::Waiting { parents } => json!({
+                    "standing": "waiting",
+                    "parents": parents.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                }),
+                Standing::Finished => json!({"standing": "finished"}),
+                Standing::Open => json!({"standing": "open"}),
+            };
+            (p.to_string(), v)
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Why the lineage holds `p` back, in words.
+fn held_back_line(p: &PartitionId, s: &Standing) -> String {
+    match s {
+        Standing::Waiting { parents } => format!(
+            "hold {p}: it waits until {} {} processed to the end (per-key order across the split or merge)",
+            parents
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" and "),
+            if parents.len() == 1 { "is" } else { "are" }
+        ),
+        Standing::Finished => {
+            format!(
+                "{p} is finished (closed and processed to its end): released, never assigned again"
+            )
+        }
+        Standing::Open => format!("{p} is open"),
+    }
 }
 
 /// Marks, in `status`, a next owner that has warmed the partition's state up.
@@ -895,11 +954,22 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         let g = store.load_group(&args.group).await?;
         let now = store.now().await?;
         let mut discovered: Vec<PartitionId> = g.partitions.keys().cloned().collect();
+        let mut held_back = BTreeMap::new();
         if args.log.given() {
             anyhow::ensure!(!args.topic.is_empty(), "--log and --kafka need --topic");
             let log = args.log.open(&args.topic)?;
             discovered.extend(log.partitions(&args.topic).await?);
+            held_back = log.held_back(&args.topic, &store, &args.group).await?;
         }
+        // As the coordinator decides: with the loads reported, and what the
+        // lineage holds back.
+        let step_with = |g: &GroupState, now, discovered: &[PartitionId], options: &StepOptions| {
+            let loads = match options.balance {
+                Some(_) => shardcall_core::LoadBook::reported(g, now),
+                None => BTreeMap::new(),
+            };
+            step_loaded(g, now, discovered, options, &loads, &held_back)
+        };
         // The balance the workers are assumed to keep.
         let reports_load = g.members.values().any(|m| !m.load.is_empty());
         use crate::settings::BalanceBy;
@@ -995,6 +1065,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                 }
             })
             .chain(waiting)
+            .chain(held_back.iter().map(|(p, s)| held_back_line(p, s)))
             .collect();
         if args.json {
             let transfers: BTreeMap<String, Option<u64>> = moves
@@ -1006,6 +1077,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                 "commands": plan.commands, "moves": plan.moves, "min_moves": plan.min_moves,
                 "state_bytes_moved": transfers,
                 "awaiting_warm_up": plan.awaiting_warm_up,
+                "lineage": lineage_json(&held_back),
                 "balance_by": by,
                 "load": plan.load,
                 "explained": lines,

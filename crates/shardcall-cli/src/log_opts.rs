@@ -97,6 +97,30 @@ impl Log {
         })
     }
 
+    /// What the lineage of `topics` holds back now, as the group's
+    /// coordinator finds it (children parents first; empty for a log whose
+    /// partitions never split, and for Kafka).
+    pub async fn held_back(
+        &self,
+        topics: &[String],
+        store: &shardcall_redis::RedisStore,
+        group: &str,
+    ) -> anyhow::Result<BTreeMap<PartitionId, shardcall_core::Standing>> {
+        let Log::File(log) = self else {
+            return Ok(BTreeMap::new());
+        };
+        let source = shardcall::FileLogSource::new(log.clone(), topics.to_vec());
+        let shards = source.lineage().await?;
+        Ok(shardcall::lineage_held_back(
+            shards,
+            shardcall_core::ChildOrder::ParentsFirst,
+            store,
+            group,
+            &source,
+        )
+        .await?)
+    }
+
     /// The log end of each of `parts` that exists.
     pub async fn ends(&self, parts: &[PartitionId]) -> anyhow::Result<BTreeMap<PartitionId, u64>> {
         let mut out = BTreeMap::new();

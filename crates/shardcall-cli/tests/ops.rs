@@ -1493,3 +1493,105 @@ fn status_and_plan_show_the_load_of_a_group_that_balances_by_it() {
         "count balance weighs no load: {plan:#}"
     );
 }
+
+/// A split of the file log while the group has a backlog in the parent:
+/// `plan` and `status` say the children wait for their parent, and once a
+/// worker processes the parent to its end, that it is finished (released)
+/// and the children are owned.
+#[test]
+fn a_split_shows_in_plan_and_status_children_wait_for_their_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 1);
+    let url = redis.url();
+    let log_arg = log_dir.display().to_string();
+    produce_numbers(&log, 100);
+    let mut procs = Killer(vec![
+        worker(&url, "ops", &log_arg, "a", "200").spawn().unwrap(),
+    ]);
+    let caught_up = |doc: &serde_json::Value, p: &str, at: u64| {
+        doc["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["partition"] == p && r["offset"] == at)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !caught_up(&status_json(&url, &log_arg), "t/0", 100) {
+        assert!(Instant::now() < deadline, "t/0 never caught up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The worker dies; the parent gets a backlog, then splits.
+    for c in &mut procs.0 {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    produce_numbers(&log, 100);
+    let out = shardcall(&["topic", "split", "--log", &log_arg, "--topic", "t", "0"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("t/1 and t/2"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let plan = |json: bool| {
+        let mut args = vec![
+            "plan", "--redis", &url, "--group", "ops", "--log", &log_arg, "--topic", "t",
+        ];
+        if json {
+            args.push("--json");
+        }
+        let out = shardcall(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let said = plan(false);
+    assert!(
+        said.contains("hold t/1: it waits until t/0 is processed to the end"),
+        "{said}"
+    );
+    assert!(said.contains("hold t/2"), "{said}");
+    assert!(!said.contains("grant t/1"), "{said}");
+    let doc: serde_json::Value = serde_json::from_str(&plan(true)).unwrap();
+    assert_eq!(doc["lineage"]["t/1"]["standing"], "waiting", "{doc:#}");
+    let doc = status_json(&url, &log_arg);
+    assert_eq!(doc["lineage"]["t/2"]["parents"][0], "t/0", "{doc:#}");
+
+    // A worker processes the parent to its end: it is finished and
+    // released, and the children are owned.
+    procs
+        .0
+        .push(worker(&url, "ops", &log_arg, "b", "200").spawn().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let doc = status_json(&url, &log_arg);
+        let phase = |p: &str| {
+            doc["partitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["partition"] == p)
+                .map(|r| r["phase"].clone())
+        };
+        if doc["lineage"]["t/0"]["standing"] == "finished"
+            && phase("t/0") == Some("free".into())
+            && phase("t/1") == Some("owned".into())
+            && phase("t/2") == Some("owned".into())
+        {
+            assert!(caught_up(&doc, "t/0", 200), "{doc:#}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never finished: {doc:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let said = plan(false);
+    assert!(said.contains("t/0 is finished"), "{said}");
+    let out = shardcall(&[
+        "status", "--redis", &url, "--group", "ops", "--log", &log_arg,
+    ]);
+    assert!(
+        text(&out.stdout).contains("LINEAGE"),
+        "{}",
+        text(&out.stdout)
+    );
+}

@@ -57,6 +57,24 @@ async fn list<Src: Source>(source: &Src) -> Result<Discovered, crate::SourceErro
     })
 }
 
+/// What the lineage holds back now, as a coordinator would find it: for
+/// operators' `plan` and `status`.
+pub async fn lineage_held_back<S: CoordinationStore, Src: Source>(
+    shards: BTreeMap<PartitionId, Shard>,
+    order: ChildOrder,
+    store: &S,
+    group: &str,
+    source: &Src,
+) -> StoreResult<BTreeMap<PartitionId, Standing>> {
+    let found = Discovered {
+        partitions: Vec::new(),
+        shards,
+    };
+    LineageBook::default()
+        .held_back(&found, order, store, group, source)
+        .await
+}
+
 /// How often the source is asked again whether a closed partition is
 /// finished (a Kinesis source reads the shard to answer).
 const ASK_EVERY: Duration = Duration::from_secs(1);
