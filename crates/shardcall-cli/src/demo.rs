@@ -68,6 +68,41 @@ pub struct DemoArgs {
     /// from each partition's last store. Owned mode only.
     #[arg(long, value_name = "MIB")]
     pub state: Option<u64>,
+    /// Split partition 0 while workers run, then merge its two children
+    /// back into one: the children are processed only once their parent
+    /// is processed to its end (checked for per-key order). Owned mode,
+    /// without --state.
+    #[arg(long)]
+    pub reshard: bool,
+}
+
+/// Lets the demo's producer stop writing for a moment (a split takes the
+/// parent's writer lock), as an operator would pause a producer process.
+#[derive(Debug, Default)]
+pub struct ProducerPause {
+    wanted: AtomicBool,
+    paused: AtomicBool,
+}
+
+impl ProducerPause {
+    /// Asks the producer to let go of its partitions; true once it has
+    /// (within two seconds).
+    fn hold(&self) -> bool {
+        self.wanted.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !self.paused.load(Ordering::SeqCst) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// Lets the producer go on.
+    fn go_on(&self) {
+        self.wanted.store(false, Ordering::SeqCst);
+    }
 }
 
 /// Keys one load record of `--state` writes.
@@ -188,6 +223,8 @@ struct Demo {
     stats: Vec<Arc<shardcall::WorkerStats>>,
     /// Records processed at the last status line, and when.
     last_status: (u64, Instant),
+    /// Pauses the producer for a split or merge (`--reshard`).
+    pause: Arc<ProducerPause>,
     /// With `--state`: where the workers' stores live (one folder per
     /// worker, as if each were a machine) and the backups they share.
     state: Option<(std::path::PathBuf, Arc<shardcall::DirBackupStore>)>,
@@ -270,6 +307,37 @@ impl Scripted for Demo {
         Ok(format!("- {name} has left"))
     }
 
+    fn reshard(&mut self, what: &str) -> anyhow::Result<String> {
+        anyhow::ensure!(
+            self.pause.hold(),
+            "the producer did not pause for the {what}"
+        );
+        let done = if what == "split" {
+            self.log.split(TOPIC, 0).map(|[a, b]| {
+                format!("/ partition 0 splits: closed at its end; its keys go to {a} and {b}, processed once 0 is processed to its end")
+            })
+        } else {
+            let lineage = self
+                .log
+                .lineage(TOPIC)?
+                .unwrap_or_else(|| shardcall_spool::TopicLineage::unsplit(0));
+            let children: Vec<u32> = lineage
+                .partitions
+                .iter()
+                .filter(|(_, r)| r.parents == [0] && r.end.is_none())
+                .map(|(p, _)| *p)
+                .collect();
+            match children[..] {
+                [a, b] => self.log.merge(TOPIC, a, b).map(|c| {
+                    format!("\\ partitions {a} and {b} merge: both closed; their keys go to {c}, processed once both are processed to their end")
+                }),
+                _ => Ok("nothing to merge".into()),
+            }
+        };
+        self.pause.go_on();
+        Ok(done?)
+    }
+
     async fn status(&mut self) -> anyhow::Result<bool> {
         let (mut last, mut since) = self.last_status;
         let settled = self.status_line(&mut last, &mut since).await?;
@@ -339,6 +407,21 @@ impl Demo {
         topic_ends(&self.log)
     }
 
+    /// The partitions a split or merge closed.
+    fn closed(&self) -> anyhow::Result<std::collections::BTreeSet<PartitionId>> {
+        Ok(self
+            .log
+            .lineage(TOPIC)?
+            .map(|l| {
+                l.partitions
+                    .iter()
+                    .filter(|(_, r)| r.end.is_some())
+                    .map(|(p, _)| PartitionId::new(TOPIC, *p))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
     /// One status line: rate, lag, who owns what, quarantines with time left.
     async fn status_line(
         &self,
@@ -357,6 +440,7 @@ impl Demo {
         let g = self.store.load_group(GROUP).await?;
         let now = self.store.now().await?;
         let ends = self.ends()?;
+        let closed = self.closed()?;
         let mut lag = 0u64;
         let mut settled = g.partitions.len() == ends.len();
         for (p, end) in &ends {
@@ -366,11 +450,14 @@ impl Demo {
                 .await?
                 .map_or(0, |c| c.offset);
             lag += end.saturating_sub(at);
+            // A partition closed by a split or merge ends released.
+            let phase = g.partitions.get(p).map(|r| &r.phase);
             settled &= at == *end
-                && matches!(
-                    g.partitions.get(p).map(|r| &r.phase),
-                    Some(Phase::Owned { .. })
-                );
+                && if closed.contains(p) {
+                    phase == Some(&Phase::Free)
+                } else {
+                    matches!(phase, Some(Phase::Owned { .. }))
+                };
         }
         let mut owners: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         let mut waiting = Vec::new();
@@ -427,6 +514,12 @@ pub(crate) trait Scripted {
     async fn stop(&mut self, i: usize) -> anyhow::Result<String>;
     /// Prints a status line; whether every record is processed.
     async fn status(&mut self) -> anyhow::Result<bool>;
+
+    /// Splits partition 0 (`"split"`) or merges its two children
+    /// (`"merge"`); says what it did.
+    fn reshard(&mut self, what: &str) -> anyhow::Result<String> {
+        anyhow::bail!("this demo cannot {what} partitions")
+    }
 }
 
 /// The script both demos follow: at 15% of `--seconds` a worker joins, at
@@ -439,12 +532,17 @@ pub(crate) async fn run_script(
     stop_producing: &AtomicBool,
 ) -> anyhow::Result<bool> {
     let total = Duration::from_secs(args.seconds);
-    let script = [
+    let mut script = vec![
         (total * 15 / 100, "join"),
         (total * 35 / 100, "kill"),
         (total * 55 / 100, "stop"),
         (total * 60 / 100, "end-produce"),
     ];
+    if args.reshard {
+        script.push((total * 25 / 100, "split"));
+        script.push((total * 45 / 100, "merge"));
+        script.sort_by_key(|s| s.0);
+    }
     let mut step = 0;
     let deadline = d.started() + total + Duration::from_secs(30);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -471,6 +569,10 @@ pub(crate) async fn run_script(
                 }
                 "stop" => {
                     let said = d.stop(2).await?;
+                    d.say(said);
+                }
+                "split" | "merge" => {
+                    let said = d.reshard(script[step].1)?;
                     d.say(said);
                 }
                 _ => {
@@ -500,12 +602,25 @@ pub fn produce_orders(
     rate: u64,
     stop: Arc<AtomicBool>,
     poison_every: Option<u64>,
+    pause: Option<Arc<ProducerPause>>,
 ) -> tokio::task::JoinHandle<anyhow::Result<u64>> {
     let log = log.clone();
     tokio::task::spawn_blocking(move || {
         let mut p = log.producer(topic)?;
         let mut n = 0u64;
         while !stop.load(Ordering::Relaxed) {
+            if let Some(pause) = pause.as_ref().filter(|g| g.wanted.load(Ordering::SeqCst)) {
+                // Let go of every partition's writer lock until the split or
+                // merge is done, then read the topic's lineage afresh.
+                p.sync()?;
+                drop(p);
+                pause.paused.store(true, Ordering::SeqCst);
+                while pause.wanted.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                pause.paused.store(false, Ordering::SeqCst);
+                p = log.producer(topic)?;
+            }
             for _ in 0..(rate / 10).max(1) {
                 let key = format!("customer-{}", n % 997);
                 let payload = match poison_every {
@@ -534,6 +649,10 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
             holder.path().to_owned()
         }
     };
+    anyhow::ensure!(
+        !args.reshard || (args.mode == DemoMode::Owned && args.state.is_none()),
+        "--reshard runs in owned mode without --state"
+    );
     if args.mode == DemoMode::Ticket {
         return crate::demo_ticket::demo(args, &dir).await;
     }
@@ -551,6 +670,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         workers: Vec::new(),
         stats: Vec::new(),
         last_status: (0, Instant::now()),
+        pause: Arc::new(ProducerPause::default()),
         state: match args.state {
             Some(_) => Some((
                 dir.join("state"),
@@ -566,8 +686,14 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         args.workers
     );
     println!(
-        "lease {} ms, quarantine at least {} ms; the script: a worker joins, one is killed (kill -9), one stops gracefully",
-        args.ttl_ms, args.quarantine_ms
+        "lease {} ms, quarantine at least {} ms; the script: a worker joins, one is killed (kill -9), one stops gracefully{}",
+        args.ttl_ms,
+        args.quarantine_ms,
+        if args.reshard {
+            "; partition 0 splits, and its children merge"
+        } else {
+            ""
+        }
     );
 
     if let Some(mib) = args.state {
@@ -589,7 +715,14 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     }
     // The producer runs until 60% of the script.
     let stop_producing = Arc::new(AtomicBool::new(false));
-    let producer = produce_orders(&d.log, TOPIC, args.rate, stop_producing.clone(), None);
+    let producer = produce_orders(
+        &d.log,
+        TOPIC,
+        args.rate,
+        stop_producing.clone(),
+        None,
+        Some(d.pause.clone()),
+    );
     for _ in 0..args.workers {
         d.start_worker()?;
     }
@@ -756,6 +889,24 @@ async fn verify(
                 .join(", ")
         ),
     );
+    let closed = d.closed()?;
+    if !closed.is_empty() {
+        let lineage = shardcall::Source::lineage(&*d.source).await?;
+        let disorder = shardcall::oracle::check_lineage_order(&batches, &lineage);
+        check.line(
+            "children after their parents",
+            disorder.is_empty(),
+            disorder.first().map_or_else(
+                || {
+                    format!(
+                        "{} split or merged partitions processed to their end before any child (per-key order)",
+                        closed.len()
+                    )
+                },
+                |v| v.0.clone(),
+            ),
+        );
+    }
     let balanced = live_loads
         .iter()
         .max()
@@ -763,8 +914,17 @@ async fn verify(
         .is_some_and(|(a, b)| a - b <= 1);
     check.line(
         "balanced at the end",
-        balanced && live_loads.iter().sum::<usize>() == ends.len(),
-        format!("{} workers own {:?}", live_loads.len(), live_loads),
+        balanced && live_loads.iter().sum::<usize>() == ends.len() - closed.len(),
+        format!(
+            "{} workers own {:?}{}",
+            live_loads.len(),
+            live_loads,
+            if closed.is_empty() {
+                String::new()
+            } else {
+                format!(" ({} finished partitions released)", closed.len())
+            }
+        ),
     );
     if d.state.is_some() {
         print_handovers(&batches);

@@ -207,6 +207,7 @@ pub async fn demo(args: &DemoArgs, dir: &std::path::Path) -> anyhow::Result<Exit
         args.rate,
         stop_producing.clone(),
         Some(POISON_EVERY),
+        None,
     );
     for _ in 0..args.workers {
         d.start_worker()?;

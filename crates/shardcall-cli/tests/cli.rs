@@ -312,6 +312,34 @@ fn demo_with_state_moves_local_stores_through_the_script_exactly_once() {
 }
 
 #[test]
+fn demo_splits_and_merges_a_partition_while_workers_run() {
+    let stdout = demo_passing(
+        &["--reshard"],
+        &[
+            "processed at least once",
+            "state = exactly once",
+            "no overlapping ownership",
+            "quarantine respected",
+            "children after their parents",
+            "balanced at the end",
+        ],
+    );
+    assert!(stdout.contains("partition 0 splits"), "{stdout}");
+    assert!(stdout.contains("merge: both closed"), "{stdout}");
+    assert!(
+        stdout.contains("3 finished partitions released"),
+        "{stdout}"
+    );
+    let out = shardcall(&["demo", "--reshard", "--mode", "ticket"], "");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("--reshard runs in owned mode"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn demo_runs_the_script_and_passes_every_check() {
     let stdout = demo_passing(
         &[],
