@@ -307,12 +307,21 @@ async fn workers_keep_per_key_order_through_a_split_a_kill_and_a_merge() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let batches = c.oracle.batches();
     let ends: BTreeMap<PartitionId, u64> = records
         .iter()
         .map(|(s, r)| (s.clone(), r.len() as u64))
         .collect();
-    let v = check_run(&batches, &ends, QUARANTINE.as_micros() as u64);
+    // A batch reaches the oracle once its checkpoint's answer is back, just
+    // after the checkpoint lands: look again for a moment.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (batches, v) = loop {
+        let batches = c.oracle.batches();
+        let v = check_run(&batches, &ends, QUARANTINE.as_micros() as u64);
+        if v.is_empty() || Instant::now() > deadline {
+            break (batches, v);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(v.is_empty(), "{v:?}");
     let v = check_lineage_order(&batches, &lineage);
     assert!(v.is_empty(), "{v:?}");

@@ -1,0 +1,171 @@
+//! Kinesis end to end: `shardcall worker` processes consuming a real
+//! Kinesis implementation (kinesalite, from the npm registry, on a free
+//! port), coordinated by a real redis-server, through a split, a kill -9, a
+//! join and a merge of the stream's shards. The oracle checks that nothing
+//! overlaps, the quarantine holds, every record is in its shard's final
+//! state exactly once, and no child shard was processed before its parents
+//! were processed to their end.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{Workers, shardcall_command};
+use shardcall::oracle::{check_final_state, check_lineage_order, check_run};
+use shardcall::{CoordinationStore, Source};
+use shardcall_core::{PartitionId, Phase};
+use shardcall_kinesis::KinesisSource;
+use shardcall_kinesis::testing::{Admin, Kinesalite};
+use shardcall_redis::RedisStore;
+use shardcall_redis::testing::RedisServer;
+
+const GROUP: &str = "kinesis-e2e";
+const STREAM: &str = "orders";
+const QUARANTINE_MS: u64 = 400;
+
+fn spawn(workers: &mut Workers, redis: &str, k: &Kinesalite, name: &str) {
+    let endpoint = k.config().endpoint.expect("a local endpoint");
+    let mut cmd = shardcall_command();
+    cmd.args([
+        "worker", "--redis", redis, "--group", GROUP, "--topic", STREAM,
+    ])
+    .args(["--name", name, "--ttl-ms", "1500", "--heartbeat-ms", "200"])
+    .args(["--margin-ms", "500", "--tick-ms", "100"])
+    .args(["--quarantine-ms", &QUARANTINE_MS.to_string()])
+    .args(["--set", "source.kind=\"kinesis\""])
+    .args(["--set", &format!("source.kinesis.endpoint=\"{endpoint}\"")])
+    .args(["--set", "source.kinesis.access_key_id=\"test\""])
+    .args(["--set", "source.kinesis.list_every=\"300ms\""])
+    .args(["--set", "source.kinesis.poll_every=\"50ms\""])
+    .args(["--set", "batch.max_records=5"])
+    // The secret from the environment, as the docs advise.
+    .env(
+        "SHARDCALL_SOURCE__KINESIS__SECRET_ACCESS_KEY",
+        "test-secret",
+    );
+    workers.start(name, cmd);
+}
+
+async fn produce(admin: &Admin<'_>, n: usize, tag: &str) {
+    for i in 0..n {
+        admin
+            .put(
+                STREAM,
+                &format!("customer-{}", i % 31),
+                format!("{tag} {i}").as_bytes(),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_processes_follow_a_split_and_a_merge_through_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kinesalite::start().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let reader = KinesisSource::new(k.config(), vec![STREAM.into()]);
+    let admin = Admin(reader.client());
+    admin.create(STREAM, 2).await.unwrap();
+    let mut workers = Workers::new(dir.path());
+    produce(&admin, 200, "a").await;
+    for name in ["a", "b", "c"] {
+        spawn(&mut workers, &redis.url(), &k, name);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    admin.split(STREAM, "shardId-000000000000").await.unwrap();
+    produce(&admin, 150, "b").await;
+    workers.kill_9("a");
+    spawn(&mut workers, &redis.url(), &k, "d");
+    produce(&admin, 100, "c").await;
+    let open = admin.open_shards(STREAM).await.unwrap();
+    admin.merge(STREAM, &open[0].0, &open[1].0).await.unwrap();
+    produce(&admin, 100, "d").await;
+
+    // Every shard's records, read by an independent reader from its start.
+    let shards = reader.partitions().await.unwrap();
+    assert_eq!(
+        shards.len(),
+        5,
+        "two originals, a split's two children, a merge's child"
+    );
+    let mut records = BTreeMap::new();
+    for s in &shards {
+        let mut all = Vec::new();
+        loop {
+            let batch = reader
+                .fetch(s, all.len() as u64, 1000, Duration::from_millis(300))
+                .await
+                .unwrap();
+            if batch.is_empty() {
+                break;
+            }
+            all.extend(batch);
+        }
+        records.insert(s.clone(), all);
+    }
+    assert_eq!(records.values().map(Vec::len).sum::<usize>(), 550);
+    let lineage = reader.lineage().await.unwrap();
+
+    // Settled: each shard checkpointed at its end; closed ones released.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let g = store.load_group(GROUP).await.unwrap();
+        let mut done = true;
+        for (s, recs) in &records {
+            let at = store
+                .load_checkpoint(GROUP, s)
+                .await
+                .unwrap()
+                .map_or(0, |c| c.offset);
+            let owned = matches!(
+                g.partitions.get(s).map(|r| &r.phase),
+                Some(Phase::Owned { .. })
+            );
+            let closed = lineage.get(s).is_some_and(|l| l.end.is_some());
+            done &= at == recs.len() as u64 && owned != closed;
+        }
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "did not settle: {g:#?}\n{}",
+            workers.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let ends: BTreeMap<PartitionId, u64> = records
+        .iter()
+        .map(|(s, r)| (s.clone(), r.len() as u64))
+        .collect();
+    // A worker writes a batch's oracle line once its checkpoint's answer is
+    // back, just after the checkpoint lands: read again for a moment.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (batches, v) = loop {
+        let batches = workers.oracle();
+        let v = check_run(&batches, &ends, QUARANTINE_MS * 1000);
+        if v.is_empty() || Instant::now() > deadline {
+            break (batches, v);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(v.is_empty(), "{v:?}");
+    let v = check_lineage_order(&batches, &lineage);
+    assert!(v.is_empty(), "{v:?}");
+    for (s, recs) in &records {
+        let cp = store.load_checkpoint(GROUP, s).await.unwrap();
+        assert!(
+            cp.as_ref()
+                .is_none_or(|c| c.offset == 0 || c.position.is_some()),
+            "{s}: no sequence number kept"
+        );
+        let v = check_final_state(s, recs, cp.as_ref().map(|c| c.state.as_slice()));
+        assert!(v.is_none(), "{v:?}");
+    }
+    // The secret never shows in what the workers print.
+    assert!(!workers.logs().contains("test-secret"));
+}
