@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use common::{Workers, shardcall_command};
 use shardcall::oracle::{check_final_state, check_lineage_order, check_run};
 use shardcall::{CoordinationStore, Source};
-use shardcall_core::{PartitionId, Phase};
+use shardcall_core::PartitionId;
 use shardcall_kinesis::KinesisSource;
-use shardcall_kinesis::testing::{Admin, Kinesalite};
+use shardcall_kinesis::testing::{Admin, Kinesalite, all_records, wait_settled};
 use shardcall_redis::RedisStore;
 use shardcall_redis::testing::RedisServer;
 
@@ -85,57 +85,17 @@ async fn worker_processes_follow_a_split_and_a_merge_through_a_kill() {
     produce(&admin, 100, "d").await;
 
     // Every shard's records, read by an independent reader from its start.
-    let shards = reader.partitions().await.unwrap();
+    let records = all_records(&k.config(), STREAM).await.unwrap();
     assert_eq!(
-        shards.len(),
+        records.len(),
         5,
         "two originals, a split's two children, a merge's child"
     );
-    let mut records = BTreeMap::new();
-    for s in &shards {
-        let mut all = Vec::new();
-        loop {
-            let batch = reader
-                .fetch(s, all.len() as u64, 1000, Duration::from_millis(300))
-                .await
-                .unwrap();
-            if batch.is_empty() {
-                break;
-            }
-            all.extend(batch);
-        }
-        records.insert(s.clone(), all);
-    }
     assert_eq!(records.values().map(Vec::len).sum::<usize>(), 550);
     let lineage = reader.lineage().await.unwrap();
-
     // Settled: each shard checkpointed at its end; closed ones released.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let g = store.load_group(GROUP).await.unwrap();
-        let mut done = true;
-        for (s, recs) in &records {
-            let at = store
-                .load_checkpoint(GROUP, s)
-                .await
-                .unwrap()
-                .map_or(0, |c| c.offset);
-            let owned = matches!(
-                g.partitions.get(s).map(|r| &r.phase),
-                Some(Phase::Owned { .. })
-            );
-            let closed = lineage.get(s).is_some_and(|l| l.end.is_some());
-            done &= at == recs.len() as u64 && owned != closed;
-        }
-        if done {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "did not settle: {g:#?}\n{}",
-            workers.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    if let Err(e) = wait_settled(&store, GROUP, &records, &lineage, Duration::from_secs(60)).await {
+        panic!("{e}\n{}", workers.logs());
     }
 
     let ends: BTreeMap<PartitionId, u64> = records

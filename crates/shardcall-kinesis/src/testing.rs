@@ -228,3 +228,68 @@ impl Admin<'_> {
         self.active(stream).await
     }
 }
+
+/// Every record of every shard of `stream`, read from each shard's start by
+/// a reader of its own (as an independent client would).
+pub async fn all_records(
+    config: &KinesisConfig,
+    stream: &str,
+) -> Result<
+    std::collections::BTreeMap<shardcall_core::PartitionId, Vec<shardcall_spool::Record>>,
+    shardcall::SourceError,
+> {
+    use shardcall::Source;
+    let reader = crate::KinesisSource::new(config.clone(), vec![stream.to_owned()]);
+    let mut out = std::collections::BTreeMap::new();
+    for shard in reader.partitions().await? {
+        let mut all = Vec::new();
+        loop {
+            let batch = reader
+                .fetch(&shard, all.len() as u64, 1000, Duration::from_millis(300))
+                .await?;
+            if batch.is_empty() {
+                break;
+            }
+            all.extend(batch);
+        }
+        out.insert(shard, all);
+    }
+    Ok(out)
+}
+
+/// Waits until each shard of `records` is checkpointed at its end, the
+/// closed ones (by `lineage`) released and the others owned; the group's
+/// state if not `within`.
+pub async fn wait_settled<S: shardcall::CoordinationStore>(
+    store: &S,
+    group: &str,
+    records: &std::collections::BTreeMap<shardcall_core::PartitionId, Vec<shardcall_spool::Record>>,
+    lineage: &std::collections::BTreeMap<shardcall_core::PartitionId, shardcall_core::Shard>,
+    within: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let g = store.load_group(group).await.map_err(|e| e.to_string())?;
+        let mut done = true;
+        for (s, recs) in records {
+            let at = store
+                .load_checkpoint(group, s)
+                .await
+                .map_err(|e| e.to_string())?
+                .map_or(0, |c| c.offset);
+            let owned = matches!(
+                g.partitions.get(s).map(|r| &r.phase),
+                Some(shardcall_core::Phase::Owned { .. })
+            );
+            let closed = lineage.get(s).is_some_and(|l| l.end.is_some());
+            done &= at == recs.len() as u64 && owned != closed;
+        }
+        if done {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("did not settle: {g:#?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -12,37 +12,15 @@ use shardcall::{
     Checkpoint, CoordinationStore, MemoryStore, Source, SourceError, Worker, WorkerConfig,
     WorkerHandle,
 };
-use shardcall_core::{GroupConfig, PartitionId, Phase, UNKNOWN_END};
+use shardcall_core::{GroupConfig, PartitionId, UNKNOWN_END};
 use shardcall_kinesis::KinesisSource;
-use shardcall_kinesis::testing::{Admin, Kinesalite};
-use shardcall_spool::Record;
+use shardcall_kinesis::testing::{Admin, Kinesalite, all_records, wait_settled};
 
 const GROUP: &str = "g";
 const QUARANTINE: Duration = Duration::from_millis(300);
 
 fn p(stream: &str, n: u32) -> PartitionId {
     PartitionId::new(stream, n)
-}
-
-/// Every record of `partition` from its start, read by a fresh source.
-async fn all_records(k: &Kinesalite, partition: &PartitionId) -> Vec<Record> {
-    let source = KinesisSource::new(k.config(), vec![partition.topic.to_string()]);
-    let mut out = Vec::new();
-    loop {
-        let batch = source
-            .fetch(
-                partition,
-                out.len() as u64,
-                1000,
-                Duration::from_millis(300),
-            )
-            .await
-            .unwrap();
-        if batch.is_empty() {
-            return out;
-        }
-        out.extend(batch);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,37 +253,18 @@ async fn workers_keep_per_key_order_through_a_split_a_kill_and_a_merge() {
 
     // Settled: every shard checkpointed at the end of its records, the
     // closed ones released, the open ones owned.
-    let shards = c.source.partitions().await.unwrap();
-    assert_eq!(shards.len(), 5, "two originals, two children, one merged");
-    let mut records = BTreeMap::new();
-    for s in &shards {
-        records.insert(s.clone(), all_records(&k, s).await);
-    }
+    let records = all_records(&k.config(), "s").await.unwrap();
+    assert_eq!(records.len(), 5, "two originals, two children, one merged");
     let lineage = c.source.lineage().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let g = c.store.load_group(GROUP).await.unwrap();
-        let mut done = true;
-        for (s, recs) in &records {
-            let at = c
-                .store
-                .load_checkpoint(GROUP, s)
-                .await
-                .unwrap()
-                .map_or(0, |cp| cp.offset);
-            let owned = matches!(
-                g.partitions.get(s).map(|r| &r.phase),
-                Some(Phase::Owned { .. })
-            );
-            let closed = lineage.get(s).is_some_and(|l| l.end.is_some());
-            done &= at == recs.len() as u64 && owned != closed;
-        }
-        if done {
-            break;
-        }
-        assert!(Instant::now() < deadline, "did not settle: {g:#?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_settled(
+        &*c.store,
+        GROUP,
+        &records,
+        &lineage,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
 
     let ends: BTreeMap<PartitionId, u64> = records
         .iter()
