@@ -215,7 +215,8 @@ impl KinesisSource {
     fn place(&self, p: &PartitionId, from: u64) -> Result<(), SourceError> {
         let mut shards = self.shards.lock().expect("shards lock");
         let r = shards.entry(p.clone()).or_default();
-        if r.next == from && (r.iterator.is_some() || r.ended || r.after.is_some() || from == 0) {
+        if r.next == from {
+            // Already there: the open iterator, or one opened after `after`.
             return Ok(());
         }
         match r.position_before(from) {
