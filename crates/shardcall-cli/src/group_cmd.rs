@@ -956,7 +956,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         let mut discovered: Vec<PartitionId> = g.partitions.keys().cloned().collect();
         let mut held_back = BTreeMap::new();
         if args.log.given() {
-            anyhow::ensure!(!args.topic.is_empty(), "--log and --kafka need --topic");
+            anyhow::ensure!(!args.topic.is_empty(), "--log, --kafka and --kinesis need --topic");
             let log = args.log.open(&args.topic)?;
             discovered.extend(log.partitions(&args.topic).await?);
             held_back = log.held_back(&args.topic, &store, &args.group).await?;

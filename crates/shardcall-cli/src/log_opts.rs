@@ -1,6 +1,8 @@
 //! Where a group's records live, for the operator commands: the embedded
-//! file log (`--log DIR`) or Kafka (`--kafka BROKERS`): partitions, log
-//! ends for lag, and the offsets `reset-offsets --to` points at.
+//! file log (`--log DIR`), Kafka (`--kafka BROKERS`) or Kinesis
+//! (`--kinesis REGION`): partitions, log ends for lag, the lineage of
+//! split and merged partitions, and the offsets `reset-offsets --to`
+//! points at.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -24,6 +26,14 @@ pub struct LogOpts {
     /// e.g. security.protocol=SASL_SSL.
     #[arg(long = "kafka-property", value_name = "KEY=VALUE", requires = "kafka")]
     pub kafka_properties: Vec<String>,
+    /// The AWS region of the Kinesis streams the group consumes (keys from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+    #[arg(long, conflicts_with_all = ["log", "kafka"])]
+    pub kinesis: Option<String>,
+    /// A Kinesis endpoint other than AWS's for the region (a local
+    /// Kinesis, say).
+    #[arg(long, requires = "kinesis")]
+    pub kinesis_endpoint: Option<String>,
 }
 
 /// An opened log.
@@ -34,6 +44,8 @@ pub enum Log {
     File(FileLog),
     /// Kafka.
     Kafka(Box<KafkaSource>),
+    /// Kinesis.
+    Kinesis(Box<shardcall_kinesis::KinesisSource>),
 }
 
 /// Splits `KEY=VALUE` property flags.
@@ -51,7 +63,7 @@ pub fn properties(flags: &[String]) -> anyhow::Result<BTreeMap<String, String>> 
 impl LogOpts {
     /// Whether a log was given.
     pub fn given(&self) -> bool {
-        self.log.is_some() || self.kafka.is_some()
+        self.log.is_some() || self.kafka.is_some() || self.kinesis.is_some()
     }
 
     /// Opens the log for `topics` (Kafka needs them named).
@@ -60,6 +72,18 @@ impl LogOpts {
             let log = FileLog::open(dir, SpoolConfig::default())
                 .with_context(|| format!("opening file log {}", dir.display()))?;
             return Ok(Log::File(log));
+        }
+        if let Some(region) = &self.kinesis {
+            let config = shardcall_kinesis::KinesisConfig {
+                region: region.clone(),
+                endpoint: self.kinesis_endpoint.clone(),
+                ..shardcall_kinesis::KinesisConfig::default()
+            };
+            let problems = config.problems();
+            anyhow::ensure!(problems.is_empty(), "--kinesis: {}", problems.join("; "));
+            return Ok(Log::Kinesis(Box::new(
+                shardcall_kinesis::KinesisSource::new(config, topics.to_vec()),
+            )));
         }
         let Some(brokers) = &self.kafka else {
             return Ok(Log::None);
@@ -94,6 +118,7 @@ impl Log {
                 out
             }
             Log::Kafka(k) => k.partitions().await?,
+            Log::Kinesis(k) => k.partitions().await?,
         })
     }
 
@@ -106,19 +131,19 @@ impl Log {
         store: &shardcall_redis::RedisStore,
         group: &str,
     ) -> anyhow::Result<BTreeMap<PartitionId, shardcall_core::Standing>> {
-        let Log::File(log) = self else {
-            return Ok(BTreeMap::new());
-        };
-        let source = shardcall::FileLogSource::new(log.clone(), topics.to_vec());
-        let shards = source.lineage().await?;
-        Ok(shardcall::lineage_held_back(
-            shards,
-            shardcall_core::ChildOrder::ParentsFirst,
-            store,
-            group,
-            &source,
-        )
-        .await?)
+        let order = shardcall_core::ChildOrder::ParentsFirst;
+        Ok(match self {
+            Log::File(log) => {
+                let source = shardcall::FileLogSource::new(log.clone(), topics.to_vec());
+                let shards = source.lineage().await?;
+                shardcall::lineage_held_back(shards, order, store, group, &source).await?
+            }
+            Log::Kinesis(k) => {
+                let shards = k.lineage().await?;
+                shardcall::lineage_held_back(shards, order, store, group, &**k).await?
+            }
+            Log::None | Log::Kafka(_) => BTreeMap::new(),
+        })
     }
 
     /// The log end of each of `parts` that exists.
@@ -137,6 +162,8 @@ impl Log {
                         out.insert(p.clone(), end);
                     }
                 }
+                // Kinesis counts no records ahead of a reader: no log end.
+                Log::Kinesis(_) => {}
             }
         }
         Ok(out)
@@ -151,6 +178,15 @@ impl Log {
                 (spool.start_offset(), spool.end_offset()?)
             }
             Log::Kafka(k) => k.watermarks(p).await?,
+            Log::Kinesis(_) => {
+                // A shard resumes only at a checkpoint's sequence number, or
+                // at its oldest record.
+                anyhow::ensure!(
+                    to == "earliest",
+                    "--to {to}: a Kinesis shard can be reset only to earliest (its oldest record)"
+                );
+                return Ok(0);
+            }
         };
         Ok(match to {
             "earliest" => start,
@@ -165,7 +201,7 @@ impl Log {
                         let spool = log.open_partition_read_only(&p.topic, p.partition)?;
                         first_at_or_after(&spool, start, end, at)?
                     }
-                    Log::None => unreachable!("refused above"),
+                    Log::None | Log::Kinesis(_) => unreachable!("refused above"),
                 }
             }
             n => {

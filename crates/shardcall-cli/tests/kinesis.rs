@@ -128,4 +128,31 @@ async fn worker_processes_follow_a_split_and_a_merge_through_a_kill() {
     }
     // The secret never shows in what the workers print.
     assert!(!workers.logs().contains("test-secret"));
+
+    // status and plan show the lineage as the coordinator finds it: the
+    // split parent and the merged children are finished.
+    let endpoint = k.config().endpoint.unwrap();
+    let run = |args: &[&str]| {
+        let out = shardcall_command()
+            .args(args)
+            .args(["--redis", &redis.url(), "--group", GROUP])
+            .args(["--kinesis", "us-east-1", "--kinesis-endpoint", &endpoint])
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let doc: serde_json::Value = serde_json::from_str(&run(&["status", "--json"])).unwrap();
+    for closed in ["orders/0", "orders/2", "orders/3"] {
+        assert_eq!(doc["lineage"][closed]["standing"], "finished", "{doc:#}");
+    }
+    let said = run(&["plan", "--topic", STREAM]);
+    assert!(said.contains("orders/0 is finished"), "{said}");
+    assert!(!said.contains("grant orders/0"), "{said}");
 }
