@@ -84,10 +84,11 @@ cargo fmt --all -- --check
 
 say "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 say "tests"
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast
+  cargo nextest run --workspace --all-features --locked --no-fail-fast
 else
-  cargo test --workspace --locked --no-fail-fast
+  cargo test --workspace --all-features --locked --no-fail-fast
 fi

@@ -18,6 +18,7 @@ pub enum AnySource {
     /// Kafka through the local spool.
     Spooled(SpooledSource<KafkaSource>),
     /// Kinesis streams.
+    #[cfg(feature = "kinesis")]
     Kinesis(shardcall_kinesis::KinesisSource),
 }
 
@@ -27,6 +28,7 @@ macro_rules! each {
             AnySource::File($s) => $e,
             AnySource::Kafka($s) => $e,
             AnySource::Spooled($s) => $e,
+            #[cfg(feature = "kinesis")]
             AnySource::Kinesis($s) => $e,
         }
     };

@@ -45,6 +45,7 @@ pub enum Log {
     /// Kafka.
     Kafka(Box<KafkaSource>),
     /// Kinesis.
+    #[cfg(feature = "kinesis")]
     Kinesis(Box<shardcall_kinesis::KinesisSource>),
 }
 
@@ -73,6 +74,12 @@ impl LogOpts {
                 .with_context(|| format!("opening file log {}", dir.display()))?;
             return Ok(Log::File(log));
         }
+        #[cfg(not(feature = "kinesis"))]
+        anyhow::ensure!(
+            self.kinesis.is_none(),
+            "--kinesis: this shardcall was built without the Kinesis source (cargo build --release --features kinesis)"
+        );
+        #[cfg(feature = "kinesis")]
         if let Some(region) = &self.kinesis {
             let config = shardcall_kinesis::KinesisConfig {
                 region: region.clone(),
@@ -118,6 +125,7 @@ impl Log {
                 out
             }
             Log::Kafka(k) => k.partitions().await?,
+            #[cfg(feature = "kinesis")]
             Log::Kinesis(k) => k.partitions().await?,
         })
     }
@@ -138,6 +146,7 @@ impl Log {
                 let shards = source.lineage().await?;
                 shardcall::lineage_held_back(shards, order, store, group, &source).await?
             }
+            #[cfg(feature = "kinesis")]
             Log::Kinesis(k) => {
                 let shards = k.lineage().await?;
                 shardcall::lineage_held_back(shards, order, store, group, &**k).await?
@@ -163,6 +172,7 @@ impl Log {
                     }
                 }
                 // Kinesis counts no records ahead of a reader: no log end.
+                #[cfg(feature = "kinesis")]
                 Log::Kinesis(_) => {}
             }
         }
@@ -178,6 +188,7 @@ impl Log {
                 (spool.start_offset(), spool.end_offset()?)
             }
             Log::Kafka(k) => k.watermarks(p).await?,
+            #[cfg(feature = "kinesis")]
             Log::Kinesis(_) => {
                 // A shard resumes only at a checkpoint's sequence number, or
                 // at its oldest record.
@@ -201,7 +212,9 @@ impl Log {
                         let spool = log.open_partition_read_only(&p.topic, p.partition)?;
                         first_at_or_after(&spool, start, end, at)?
                     }
-                    Log::None | Log::Kinesis(_) => unreachable!("refused above"),
+                    Log::None => unreachable!("refused above"),
+                    #[cfg(feature = "kinesis")]
+                    Log::Kinesis(_) => unreachable!("refused above"),
                 }
             }
             n => {

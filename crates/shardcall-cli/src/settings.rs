@@ -682,6 +682,9 @@ impl Settings {
                 }
             },
             SourceKind::Kinesis => {
+                if cfg!(not(feature = "kinesis")) {
+                    errors.push("source.kind = \"kinesis\": this shardcall was built without the Kinesis source (cargo build --release --features kinesis)".into());
+                }
                 let k = &self.source.kinesis;
                 errors.extend(k.problems().iter().map(|e| format!("source.kinesis: {e}")));
                 if self.source.spool.is_some() {
@@ -1163,6 +1166,7 @@ mod tests {
         assert!(!format!("{s:?}").contains("hunter2"));
     }
 
+    #[cfg(feature = "kinesis")]
     #[test]
     fn kinesis_settings_that_cannot_work_are_all_refused_by_key() {
         let dir = tempfile::tempdir().unwrap();

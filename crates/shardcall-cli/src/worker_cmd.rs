@@ -521,6 +521,7 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
                 }
                 start(AnySource::File(FileLogSource::new(log, topics.clone())))?
             }
+            #[cfg(feature = "kinesis")]
             SourceChoice::Kinesis(k) => {
                 tracing::info!(endpoint = k.endpoint.as_deref().unwrap_or("AWS"), region = %k.region,
                     streams = %topics.join(","), "consuming Kinesis");
@@ -529,6 +530,8 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
                     topics.clone(),
                 )))?
             }
+            #[cfg(not(feature = "kinesis"))]
+            SourceChoice::Kinesis(_) => unreachable!("refused when the settings are resolved"),
             SourceChoice::Kafka(k, spool) => {
                 let k = KafkaConfig {
                     topics: topics.clone(),

@@ -4,7 +4,9 @@
 //! join and a merge of the stream's shards. The oracle checks that nothing
 //! overlaps, the quarantine holds, every record is in its shard's final
 //! state exactly once, and no child shard was processed before its parents
-//! were processed to their end.
+//! were processed to their end. Built with the `kinesis` feature (the
+//! test command turns it on).
+#![cfg(feature = "kinesis")]
 
 mod common;
 
