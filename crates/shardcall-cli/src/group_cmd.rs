@@ -915,7 +915,6 @@ fn lineage_json(held_back: &BTreeMap<PartitionId, Standing>) -> serde_json::Valu
                     "parents": parents.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 }),
                 Standing::Finished => json!({"standing": "finished"}),
-                Standing::Open => json!({"standing": "open"}),
             };
             (p.to_string(), v)
         })
@@ -940,7 +939,6 @@ fn held_back_line(p: &PartitionId, s: &Standing) -> String {
                 "{p} is finished (closed and processed to its end): released, never assigned again"
             )
         }
-        Standing::Open => format!("{p} is open"),
     }
 }
 

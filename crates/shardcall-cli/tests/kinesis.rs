@@ -49,19 +49,6 @@ fn spawn(workers: &mut Workers, redis: &str, k: &Kinesalite, name: &str) {
     workers.start(name, cmd);
 }
 
-async fn produce(admin: &Admin<'_>, n: usize, tag: &str) {
-    for i in 0..n {
-        admin
-            .put(
-                STREAM,
-                &format!("customer-{}", i % 31),
-                format!("{tag} {i}").as_bytes(),
-            )
-            .await
-            .unwrap();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_processes_follow_a_split_and_a_merge_through_a_kill() {
     let dir = tempfile::tempdir().unwrap();
@@ -72,19 +59,19 @@ async fn worker_processes_follow_a_split_and_a_merge_through_a_kill() {
     let admin = Admin(reader.client());
     admin.create(STREAM, 2).await.unwrap();
     let mut workers = Workers::new(dir.path());
-    produce(&admin, 200, "a").await;
+    admin.produce(STREAM, 200, 31, "a").await.unwrap();
     for name in ["a", "b", "c"] {
         spawn(&mut workers, &redis.url(), &k, name);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     admin.split(STREAM, "shardId-000000000000").await.unwrap();
-    produce(&admin, 150, "b").await;
+    admin.produce(STREAM, 150, 31, "b").await.unwrap();
     workers.kill_9("a");
     spawn(&mut workers, &redis.url(), &k, "d");
-    produce(&admin, 100, "c").await;
+    admin.produce(STREAM, 100, 31, "c").await.unwrap();
     let open = admin.open_shards(STREAM).await.unwrap();
     admin.merge(STREAM, &open[0].0, &open[1].0).await.unwrap();
-    produce(&admin, 100, "d").await;
+    admin.produce(STREAM, 100, 31, "d").await.unwrap();
 
     // Every shard's records, read by an independent reader from its start.
     let records = all_records(&k.config(), STREAM).await.unwrap();

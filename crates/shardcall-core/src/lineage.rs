@@ -7,9 +7,9 @@
 //! no child is processed before every one of its parents is processed to
 //! its end and checkpointed there. This module decides, from the lineage
 //! the source reports and where each closed partition's processing stands,
-//! each partition's [`Standing`]:
+//! which partitions it holds back, and why ([`Standing`]); any other is
+//! **open**, assignable like any partition:
 //!
-//! - **open**: assignable like any partition;
 //! - **waiting**: a child whose parents are not all finished (not
 //!   assignable, not counted for balance);
 //! - **finished**: closed, and checkpointed at its end: released, never
@@ -66,12 +66,10 @@ pub struct Lineage {
     pub order: ChildOrder,
 }
 
-/// Where a partition stands in its lineage.
+/// Why the lineage holds a partition back.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case", tag = "standing")]
 pub enum Standing {
-    /// Assignable.
-    Open,
     /// Not assignable until these parents are finished.
     Waiting {
         /// The parents not finished yet, in partition order.

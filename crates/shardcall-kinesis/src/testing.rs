@@ -159,6 +159,26 @@ impl Admin<'_> {
         Ok(out.shard_id().to_owned())
     }
 
+    /// Puts `n` records, keyed over `keys` keys (`key0`, `key1`, ...), with
+    /// payloads `TAG I`.
+    pub async fn produce(
+        &self,
+        stream: &str,
+        n: usize,
+        keys: usize,
+        tag: &str,
+    ) -> Result<(), KinesaliteError> {
+        for i in 0..n {
+            self.put(
+                stream,
+                &format!("key{}", i % keys),
+                format!("{tag} {i}").as_bytes(),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     /// The open shards' ids with their hash key ranges, in order.
     pub async fn open_shards(
         &self,

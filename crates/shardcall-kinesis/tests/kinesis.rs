@@ -205,19 +205,6 @@ impl Cluster {
     }
 }
 
-async fn produce(admin: &Admin<'_>, n: usize, tag: &str) {
-    for i in 0..n {
-        admin
-            .put(
-                "s",
-                &format!("key{}", i % 23),
-                format!("{tag}-{i}").as_bytes(),
-            )
-            .await
-            .unwrap();
-    }
-}
-
 /// Workers through a split, a kill -9 and a merge of a real Kinesis stream:
 /// every record once in its shard's order, no overlap, quarantine held, no
 /// child processed before its parents were processed to their end, and the
@@ -235,21 +222,21 @@ async fn workers_keep_per_key_order_through_a_split_a_kill_and_a_merge() {
         oracle: Arc::new(Oracle::default()),
         workers: Vec::new(),
     };
-    produce(&admin, 200, "a").await;
+    admin.produce("s", 200, 23, "a").await.unwrap();
     for _ in 0..3 {
         c.add_worker();
     }
     tokio::time::sleep(Duration::from_millis(800)).await;
     admin.split("s", "shardId-000000000000").await.unwrap();
-    produce(&admin, 200, "b").await;
+    admin.produce("s", 200, 23, "b").await.unwrap();
     c.workers[0].as_ref().unwrap().kill();
     c.add_worker();
-    produce(&admin, 100, "c").await;
+    admin.produce("s", 100, 23, "c").await.unwrap();
     let open = admin.open_shards("s").await.unwrap();
     // The split's two children are neighbours in hash key order.
     let (a, b) = (&open[0].0, &open[1].0);
     admin.merge("s", a, b).await.unwrap();
-    produce(&admin, 100, "d").await;
+    admin.produce("s", 100, 23, "d").await.unwrap();
 
     // Settled: every shard checkpointed at the end of its records, the
     // closed ones released, the open ones owned.
