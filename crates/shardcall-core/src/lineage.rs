@@ -43,6 +43,13 @@ pub struct Shard {
 /// The end of a partition the source knows is closed, but not where.
 pub const UNKNOWN_END: u64 = u64::MAX;
 
+/// Whether processing that stands at `at` (the next offset to process) has
+/// reached `end`, a closed partition's end offset. An end not known yet
+/// ([`UNKNOWN_END`]) is never reached: such a partition's source must look.
+pub fn reached_end(end: u64, at: u64) -> bool {
+    end != UNKNOWN_END && at >= end
+}
+
 /// When a child of a split or merge may be processed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -98,7 +105,7 @@ impl Lineage {
     /// where it ends.
     pub fn is_finished(&self, p: &PartitionId, position: Option<u64>) -> bool {
         let end = self.shards.get(p).and_then(|s| s.end);
-        matches!((end, position), (Some(end), Some(at)) if end != UNKNOWN_END && at >= end)
+        matches!((end, position), (Some(end), Some(at)) if reached_end(end, at))
     }
 
     /// Every partition that is not open, with its standing. `finished`

@@ -115,7 +115,7 @@ pub trait Source: Send + Sync + 'static {
     /// Whether a closed partition is processed to its end, given its
     /// checkpoint: by default, whether the checkpoint (or, without one,
     /// where the partition starts) is at `end`, the offset the lineage
-    /// names. A source that learns a partition's end only by reading to it
+    /// names (the core's rule, [`shardcall_core::lineage::reached_end`]). A source that learns a partition's end only by reading to it
     /// (Kinesis) looks.
     async fn finished(
         &self,
@@ -127,7 +127,7 @@ pub trait Source: Send + Sync + 'static {
             Some(cp) => cp.offset,
             None => self.initial_offset(partition).await?,
         };
-        Ok(at >= end)
+        Ok(shardcall_core::lineage::reached_end(end, at))
     }
 
     /// Where to start in a partition that has no checkpoint.
