@@ -284,3 +284,40 @@ async fn workers_keep_per_key_order_through_a_split_a_kill_and_a_merge() {
         w.join().await.unwrap();
     }
 }
+
+/// A checkpoint moved to a middle offset (an operator's reset, which keeps
+/// no sequence number) cannot be resumed: the worker stops with the error
+/// naming the shard and the offset, once, instead of retrying it for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_with_no_sequence_number_stops_the_worker_with_the_error() {
+    let k = Kinesalite::start().unwrap();
+    let source = Arc::new(KinesisSource::new(k.config(), vec!["s".into()]));
+    let admin_client = source.client().clone();
+    let admin = Admin(&admin_client);
+    admin.create("s", 1).await.unwrap();
+    admin.produce("s", 10, 1, "a").await.unwrap();
+    let store = Arc::new(MemoryStore::default());
+    let s0 = p("s", 0);
+    store
+        .reset_offset(GROUP, &s0, 4, false, false, "test")
+        .await
+        .unwrap();
+    let mut c = Cluster {
+        store,
+        source,
+        oracle: Arc::new(Oracle::default()),
+        workers: Vec::new(),
+    };
+    c.add_worker();
+    let w = c.workers[0].take().unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(20), w.join())
+        .await
+        .expect("the worker kept retrying a position it can never find");
+    let why = ended.unwrap_err().to_string();
+    assert!(why.contains("s/0"), "{why}");
+    assert!(why.contains("offset 4"), "{why}");
+    assert!(
+        c.oracle.batches().is_empty(),
+        "a batch was processed from a position the source could not find"
+    );
+}

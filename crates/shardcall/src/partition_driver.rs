@@ -493,6 +493,12 @@ where
                 .resume(&self.d.ctx.partition, cp.offset, cp.position.as_deref())
                 .await
         {
+            // A position the source can never find (no sequence number for
+            // the checkpoint's offset) stops the partition, as a fetch's
+            // would; anything else is retried.
+            if e.disposition() == Disposition::Fatal {
+                return Event::Unreadable(e.to_string());
+            }
             tracing::warn!(error = %e, "telling the source where the partition resumes");
             return Event::Restored(StoreAnswer::Failed(e.to_string()));
         }
