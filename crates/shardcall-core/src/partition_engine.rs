@@ -253,10 +253,12 @@ pub enum Command {
     Snapshot {
         /// Write the pointer now.
         write_pointer: bool,
-        /// The partition is ending: cut a delta only, never a new base (a
-        /// full export would hold the release up for as long as the whole
-        /// state takes to write and upload; the next snapshot rebases).
-        ending: bool,
+        /// The partition is ending or moving elsewhere: cut a delta only,
+        /// never a new base. A full export would hold the release up (or
+        /// the next owner's warm-up, which waits for this snapshot) for as
+        /// long as the whole state takes to write and upload; a later
+        /// snapshot rebases.
+        delta_only: bool,
     },
     /// Give the ticket back, due again after `delay`. Answer:
     /// [`Event::Done`].
@@ -595,7 +597,7 @@ impl PartitionEngine {
                 if self.snapshot_due(env, ending) {
                     self.queue.push_back(Command::Snapshot {
                         write_pointer: false,
-                        ending,
+                        delta_only: ending || self.moving_since.is_some(),
                     });
                 }
                 self.queue.push_back(Command::Checkpoint {
@@ -609,7 +611,7 @@ impl PartitionEngine {
             None if (ending || self.moving_snapshot_due()) && self.snapshot_due(env, ending) => {
                 self.queue.push_back(Command::Snapshot {
                     write_pointer: true,
-                    ending,
+                    delta_only: ending || self.moving_since.is_some(),
                 })
             }
             None => {}
@@ -670,7 +672,7 @@ impl PartitionEngine {
             .min(env.lease_left);
         self.queue.push_front(Command::Snapshot {
             write_pointer,
-            ending,
+            delta_only: true,
         });
         self.queue.push_front(Command::Pause(pause));
     }
@@ -1559,9 +1561,13 @@ mod tests {
         w.commands
             .iter()
             .filter_map(|c| match c {
-                Command::Snapshot { write_pointer, .. } => Some(format!(
-                    "snapshot{}",
-                    if *write_pointer { "+pointer" } else { "" }
+                Command::Snapshot {
+                    write_pointer,
+                    delta_only,
+                } => Some(format!(
+                    "snapshot{}{}",
+                    if *write_pointer { "+pointer" } else { "" },
+                    if *delta_only { "(delta)" } else { "" }
                 )),
                 Command::Checkpoint { .. } => Some("checkpoint".into()),
                 Command::Release => Some("release".into()),
@@ -1606,7 +1612,7 @@ mod tests {
         );
         let trace = backup_trace(&w);
         let release = trace.iter().position(|t| t == "release").unwrap();
-        assert_eq!(trace[release - 1], "snapshot+pointer", "{trace:?}");
+        assert_eq!(trace[release - 1], "snapshot+pointer(delta)", "{trace:?}");
         assert_eq!(
             trace.iter().filter(|t| t.starts_with("snapshot")).count(),
             1,
@@ -1618,8 +1624,10 @@ mod tests {
     #[test]
     fn a_partition_moving_elsewhere_snapshots_once_then_only_its_final_delta() {
         // No snapshot is due by time or bytes; told it moves once caught up
-        // (with nothing pending), it snapshots and writes the pointer
-        // itself, once; then the revoke's final snapshot has nothing new.
+        // (with nothing pending), it snapshots a delta (never a new base,
+        // which the next owner's warm-up would wait for) and writes the
+        // pointer itself, once; then the revoke's final snapshot has
+        // nothing new.
         let mut w = World::new(20);
         w.move_when_caught_up = true;
         assert_eq!(
@@ -1630,7 +1638,7 @@ mod tests {
         let first = trace.iter().position(|t| t.starts_with("snapshot"));
         let release = trace.iter().position(|t| t == "release").unwrap();
         assert!(first.is_some_and(|i| i < release), "{trace:?}");
-        assert_eq!(trace[first.unwrap()], "snapshot+pointer", "{trace:?}");
+        assert_eq!(trace[first.unwrap()], "snapshot+pointer(delta)", "{trace:?}");
         assert_eq!(
             trace.iter().filter(|t| t.starts_with("snapshot")).count(),
             1,

@@ -452,8 +452,8 @@ where
             }
             Command::Snapshot {
                 write_pointer,
-                ending,
-            } => self.snapshot(write_pointer, ending).await,
+                delta_only,
+            } => self.snapshot(write_pointer, delta_only).await,
             Command::GiveBack { delay } => {
                 self.grant.give_back(delay).await;
                 Event::Done
@@ -573,15 +573,15 @@ where
     }
 
     /// Cuts and uploads a snapshot of the local state store (a delta only
-    /// when `ending`); with `write_pointer`, writes its pointer now with
+    /// when `delta_only`); with `write_pointer`, writes its pointer now with
     /// the last checkpoint.
-    async fn snapshot(&mut self, write_pointer: bool, ending: bool) -> Event {
+    async fn snapshot(&mut self, write_pointer: bool, delta_only: bool) -> Event {
         let epoch = self.d.ctx.epoch;
         let Some(local) = self.local.as_mut() else {
             return Event::Snapshotted(StoreAnswer::Ok(()));
         };
         let began = clock::now();
-        let pointer = match local.snapshot(epoch, !ending).await {
+        let pointer = match local.snapshot(epoch, !delta_only).await {
             Ok(Some(p)) => p,
             Ok(None) => return Event::Snapshotted(StoreAnswer::Ok(())),
             Err(e) => {
