@@ -40,14 +40,22 @@ pub struct BenchStateArgs {
     /// The large state, in MiB (of 16-byte keys and 100-byte values).
     #[arg(long, default_value_t = 1024)]
     state_mib: u64,
-    /// Update records of each throughput run.
-    #[arg(long, default_value_t = 200_000)]
+    /// Update records of each throughput run. A million changes about
+    /// 110 MiB: both runs then flush their stores' memtables and take
+    /// snapshots, as a partition that runs for a while does (with far
+    /// fewer, the empty state never leaves its memtable and the run
+    /// measures that, not a store).
+    #[arg(long, default_value_t = 1_000_000)]
     records: u64,
     /// Each partition store's block cache, in MiB (0: the state's size
     /// plus 64, so that the whole state fits, as it should when reads
     /// spread over all of it).
     #[arg(long, default_value_t = 0)]
     cache_mib: u64,
+    /// Each partition store's row cache, in MiB (0: enough for every key
+    /// of the state; 1 or more: that much, to see a state larger than it).
+    #[arg(long, default_value_t = 0)]
+    row_cache_mib: u64,
 }
 
 const KEY_LEN: u64 = 16;
@@ -460,10 +468,18 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     } else {
         args.cache_mib
     };
+    // The values of every key, with each entry's overhead (about as much
+    // again as a 116-byte entry).
+    let row_cache_mib = if args.row_cache_mib == 0 {
+        args.state_mib * 2 + 64
+    } else {
+        args.row_cache_mib
+    };
     let state = |machine: &str| {
         let mut s = StateConfig::new(rig.dir.join(format!("state-{machine}")), backups.clone());
         s.snapshots.bytes = snapshot_bytes;
         s.cache_bytes = cache_mib << 20;
+        s.row_cache_bytes = row_cache_mib << 20;
         s
     };
 

@@ -187,6 +187,9 @@ pub struct StateSettings {
     pub s3: Option<shardcall_s3::S3Config>,
     /// Each partition store's block cache.
     pub cache_bytes: u64,
+    /// Each partition store's cache of recently read and committed values
+    /// (0: none).
+    pub row_cache_bytes: u64,
     /// How long a moving partition stays with its owner while the next
     /// owner warms its state up.
     #[serde(with = "shardcall_core::duration_text::serde")]
@@ -206,6 +209,7 @@ impl Default for StateSettings {
             backup_dir: None,
             s3: None,
             cache_bytes: 64 << 20,
+            row_cache_bytes: shardcall::DEFAULT_ROW_CACHE_BYTES,
             warm_up_wait: shardcall::DEFAULT_WARM_UP_WAIT,
             standby_replicas: 0,
             snapshots: shardcall::SnapshotConfig::default(),
@@ -318,6 +322,8 @@ pub struct StateChoice {
     pub backup: BackupChoice,
     /// Each store's block cache.
     pub cache_bytes: u64,
+    /// Each store's cache of values.
+    pub row_cache_bytes: u64,
     /// How long a moving partition waits for its next owner's warm-up.
     pub warm_up_wait: std::time::Duration,
     /// Standby replicas per partition.
@@ -605,6 +611,7 @@ impl Settings {
             kind: s.kind,
             backup: backup.expect("checked"),
             cache_bytes: s.cache_bytes,
+            row_cache_bytes: s.row_cache_bytes,
             warm_up_wait: s.warm_up_wait,
             standby_replicas: s.standby_replicas,
             snapshots: s.snapshots.clone(),

@@ -125,6 +125,8 @@ digest_work = @                      # the built-in handler's simulated work per
 #                                   # --exec handler's own files, snapshotted between batches
 # backup_dir = "/mnt/shared/backups" # snapshots here (--backup-dir)...
 # cache_bytes = @                   # each partition store's block cache
+# row_cache_bytes = @               # and its cache of values (0: none); size it to the
+#                                   # state when updates spread over all of it
 # warm_up_wait = @                  # a moving partition stays with its owner this long at
 #                                   # most, while the next owner warms its state up
 # standby_replicas = @              # 1: the member that would inherit a partition keeps

@@ -369,6 +369,7 @@ fn spawn<Src: Source>(
             backups,
             snapshots: state.snapshots.clone(),
             cache_bytes: state.cache_bytes,
+            row_cache_bytes: state.row_cache_bytes,
             warm_up_wait: state.warm_up_wait,
             standby_replicas: state.standby_replicas,
         });

@@ -88,6 +88,10 @@ pub fn a_commit_applies_writes_and_position_together<S: StateStore>(store: &S) {
     store
         .commit(&writes(&[("a", "1"), ("b", "2")], &[]), at(10))
         .unwrap();
+    // Read before the next commit changes them: what a store remembers of
+    // a read must follow the commit.
+    assert_eq!(store.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+    assert_eq!(store.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
     let mut w = writes(&[("a", "x")], &["b"]);
     w.put(b"a", b"3").unwrap();
     store.commit(&w, at(20)).unwrap();
@@ -197,7 +201,10 @@ pub fn clear_empties_everything<S: StateStore>(store: &S) {
     store.commit(&writes(&[("a", "1")], &[]), at(5)).unwrap();
     cut(store, "r1");
     store.commit(&writes(&[("b", "1")], &[]), at(6)).unwrap();
+    // Read first, so that a store that keeps what it read must forget it.
+    assert_eq!(store.get(b"b").unwrap().as_deref(), Some(&b"1"[..]));
     store.clear().unwrap();
+    assert_eq!(store.get(b"b").unwrap(), None, "a cleared key is still read");
     a_new_store_is_empty(store);
     // And it works on after.
     store.commit(&writes(&[("c", "1")], &[]), at(7)).unwrap();
@@ -216,10 +223,13 @@ pub fn a_loaded_run_is_not_a_change<S: StateStore>(store: &S) {
         .apply_run("base", &mut base.into_iter().map(Ok), at(10))
         .unwrap();
     assert_eq!(stats.entries, 2);
+    assert_eq!(store.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
     store
         .apply_run("d1", &mut delta.into_iter().map(Ok), at(20))
         .unwrap();
     assert_eq!(all(store), ["b=1", "c=2"]);
+    assert_eq!(store.get(b"a").unwrap(), None, "a key the load deleted is still read");
+    assert_eq!(store.get(b"c").unwrap().as_deref(), Some(&b"2"[..]));
     assert_eq!(store.applied().unwrap(), Some(at(20)));
     assert_eq!(
         store.run_mark().unwrap(),

@@ -52,6 +52,7 @@ mod spooled;
 mod state_config;
 mod state_fjall;
 mod state_memory;
+mod state_rows;
 pub mod state_runs;
 mod state_store;
 mod state_txn;
@@ -90,7 +91,7 @@ pub use running::RunningWorker;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
 pub use state_config::{
-    DEFAULT_WARM_UP_WAIT, SnapshotConfig, StateConfig, StateKind, partition_files_dir,
+    DEFAULT_ROW_CACHE_BYTES, DEFAULT_WARM_UP_WAIT, SnapshotConfig, StateConfig, StateKind, partition_files_dir,
     partition_state_dir, partition_store_dir,
 };
 pub use state_fjall::FjallStateStore;

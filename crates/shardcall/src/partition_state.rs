@@ -144,7 +144,8 @@ impl PartitionState {
                 let store = FjallStateStore::open(
                     partition_store_dir(&config.dir, group, partition),
                     config.cache_bytes,
-                )?;
+                )?
+                .with_row_cache(config.row_cache_bytes);
                 Local::Store {
                     store: Arc::new(store),
                     runs_dir,

@@ -27,6 +27,11 @@ pub struct StateConfig {
     pub snapshots: SnapshotConfig,
     /// The block cache of each partition's store, in bytes.
     pub cache_bytes: u64,
+    /// Each partition store's cache of recently read and committed values,
+    /// in bytes (0: none). A read of a key it holds skips the engine's
+    /// search of its tree, which is most of what an update of a large
+    /// state costs; size it to the state when memory allows.
+    pub row_cache_bytes: u64,
     /// How long a partition moving to another member stays with its owner
     /// while the new one warms its state up (the coordinator revokes it as
     /// soon as the new owner reports it warm). Zero: revoke at once, and
@@ -38,6 +43,9 @@ pub struct StateConfig {
     /// snapshot's new runs and replays what came after it.
     pub standby_replicas: u32,
 }
+
+/// The default [`StateConfig::row_cache_bytes`]: 32 MiB per partition.
+pub const DEFAULT_ROW_CACHE_BYTES: u64 = 32 << 20;
 
 /// The default [`StateConfig::warm_up_wait`]: long enough to fetch and
 /// load a few GiB from object storage.
@@ -53,6 +61,7 @@ impl StateConfig {
             backups,
             snapshots: SnapshotConfig::default(),
             cache_bytes: 64 << 20,
+            row_cache_bytes: DEFAULT_ROW_CACHE_BYTES,
             warm_up_wait: DEFAULT_WARM_UP_WAIT,
             standby_replicas: 0,
         }
@@ -106,6 +115,7 @@ impl std::fmt::Debug for StateConfig {
             .field("kind", &self.kind)
             .field("snapshots", &self.snapshots)
             .field("cache_bytes", &self.cache_bytes)
+            .field("row_cache_bytes", &self.row_cache_bytes)
             .field("standby_replicas", &self.standby_replicas)
             .finish_non_exhaustive()
     }

@@ -15,6 +15,7 @@ use std::sync::{RwLock, RwLockReadGuard};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions};
 
+use crate::state_rows::RowCache;
 use crate::state_store::{
     Applied, ChangeSink, EntrySink, RunEntry, RunMark, RunStats, StateResult, StateStore,
     StateStoreError, WriteSet,
@@ -37,6 +38,8 @@ pub struct FjallStateStore {
     path: PathBuf,
     cache_bytes: u64,
     open: RwLock<Option<Open>>,
+    /// Values recently read or committed, in front of the engine.
+    rows: Option<RowCache>,
 }
 
 impl std::fmt::Debug for FjallStateStore {
@@ -57,11 +60,21 @@ impl FjallStateStore {
             path,
             cache_bytes,
             open: RwLock::new(Some(open)),
+            rows: None,
         };
         // Both records parse, or the directory is not a store of ours.
         store.applied()?;
         store.run_mark()?;
         Ok(store)
+    }
+
+    /// Keeps up to `bytes` of recently read and committed values in memory
+    /// (0: none), so that reading a key the cache holds skips the engine's
+    /// search of its tree. Size it to the state when updates spread over
+    /// all of it and memory allows.
+    pub fn with_row_cache(mut self, bytes: u64) -> Self {
+        self.rows = RowCache::new(bytes);
+        self
     }
 
     /// The store's directory.
@@ -83,6 +96,72 @@ impl FjallStateStore {
 
     fn fail(&self, action: &'static str) -> impl Fn(fjall::Error) -> StateStoreError + '_ {
         move |e| engine_error(&self.path, action, e)
+    }
+
+    fn forget_rows(&self) {
+        if let Some(rows) = &self.rows {
+            rows.forget();
+        }
+    }
+
+    /// Writes a run's entries into the data and marks the store as cut
+    /// into `run` at `applied`.
+    fn load_run(
+        &self,
+        open: &Open,
+        run: &str,
+        entries: &mut dyn Iterator<Item = StateResult<RunEntry>>,
+        applied: Applied,
+    ) -> StateResult<RunStats> {
+        open.meta
+            .remove(MARK)
+            .map_err(self.fail("unmarking before a load"))?;
+        let mut stats = RunStats::default();
+        // Into an empty store (a restore after a clear), the run is written
+        // as the engine's own tables, not through the journal: several
+        // times quicker, and the keys come sorted as that needs.
+        if open.data.is_empty().map_err(self.fail("loading a run"))? {
+            let mut ingest = open
+                .data
+                .start_ingestion()
+                .map_err(self.fail("loading a run"))?;
+            for entry in entries {
+                let (key, value) = entry?;
+                stats.add(&key, value.as_deref());
+                match value {
+                    Some(v) => ingest.write(key, v),
+                    None => ingest.write_tombstone(key),
+                }
+                .map_err(self.fail("loading a run"))?;
+            }
+            ingest.finish().map_err(self.fail("loading a run"))?;
+            let mut meta = open.db.batch();
+            meta.insert(&open.meta, APPLIED, json(&applied));
+            mark_as(&mut meta, open, run, Some(applied));
+            meta.commit().map_err(self.fail("loading a run"))?;
+            return Ok(stats);
+        }
+        let mut batch = open.db.batch();
+        let mut in_batch = 0;
+        for entry in entries {
+            let (key, value) = entry?;
+            stats.add(&key, value.as_deref());
+            match value {
+                Some(v) => batch.insert(&open.data, key, v),
+                None => batch.remove(&open.data, key),
+            }
+            in_batch += 1;
+            if in_batch == LOAD_BATCH {
+                std::mem::replace(&mut batch, open.db.batch())
+                    .commit()
+                    .map_err(self.fail("loading a run"))?;
+                in_batch = 0;
+            }
+        }
+        batch.insert(&open.meta, APPLIED, json(&applied));
+        mark_as(&mut batch, open, run, Some(applied));
+        batch.commit().map_err(self.fail("loading a run"))?;
+        Ok(stats)
     }
 
     fn meta_record<T: serde::de::DeserializeOwned>(
@@ -204,13 +283,18 @@ impl StateStore for FjallStateStore {
     }
 
     fn get(&self, key: &[u8]) -> StateResult<Option<Vec<u8>>> {
+        let start = match self.rows.as_ref().map(|rows| rows.get(key)) {
+            Some(Ok(hit)) => return Ok(Some(hit)),
+            Some(Err(start)) => Some(start),
+            None => None,
+        };
         let guard = self.read()?;
         let open = guard.as_ref().expect("checked");
-        Ok(open
-            .data
-            .get(key)
-            .map_err(self.fail("reading a key"))?
-            .map(|v| v.to_vec()))
+        let value = open.data.get(key).map_err(self.fail("reading a key"))?;
+        if let (Some(rows), Some(start), Some(v)) = (&self.rows, start, &value) {
+            rows.fill(start, key, v);
+        }
+        Ok(value.map(|v| v.to_vec()))
     }
 
     fn range(
@@ -248,7 +332,11 @@ impl StateStore for FjallStateStore {
             batch.insert(&open.changes, key, change_record(value));
         }
         batch.insert(&open.meta, APPLIED, json(&applied));
-        batch.commit().map_err(self.fail("committing a batch"))
+        batch.commit().map_err(self.fail("committing a batch"))?;
+        if let Some(rows) = &self.rows {
+            rows.committed(writes);
+        }
+        Ok(())
     }
 
     fn take_changes(&self, run: &str, out: &mut ChangeSink<'_>) -> StateResult<RunStats> {
@@ -314,6 +402,7 @@ impl StateStore for FjallStateStore {
         // Closing the database first: its files go with the directory, and
         // a fresh one opens in their place (far quicker than deleting keys).
         drop(guard.take());
+        self.forget_rows();
         std::fs::remove_dir_all(&self.path)
             .map_err(|e| io_error(&self.path, "clearing its directory", e))?;
         *guard = Some(open_at(&self.path, self.cache_bytes)?);
@@ -328,55 +417,12 @@ impl StateStore for FjallStateStore {
     ) -> StateResult<RunStats> {
         let guard = self.read()?;
         let open = guard.as_ref().expect("checked");
-        open.meta
-            .remove(MARK)
-            .map_err(self.fail("unmarking before a load"))?;
-        let mut stats = RunStats::default();
-        // Into an empty store (a restore after a clear), the run is written
-        // as the engine's own tables, not through the journal: several
-        // times quicker, and the keys come sorted as that needs.
-        if open.data.is_empty().map_err(self.fail("loading a run"))? {
-            let mut ingest = open
-                .data
-                .start_ingestion()
-                .map_err(self.fail("loading a run"))?;
-            for entry in entries {
-                let (key, value) = entry?;
-                stats.add(&key, value.as_deref());
-                match value {
-                    Some(v) => ingest.write(key, v),
-                    None => ingest.write_tombstone(key),
-                }
-                .map_err(self.fail("loading a run"))?;
-            }
-            ingest.finish().map_err(self.fail("loading a run"))?;
-            let mut meta = open.db.batch();
-            meta.insert(&open.meta, APPLIED, json(&applied));
-            mark_as(&mut meta, open, run, Some(applied));
-            meta.commit().map_err(self.fail("loading a run"))?;
-            return Ok(stats);
-        }
-        let mut batch = open.db.batch();
-        let mut in_batch = 0;
-        for entry in entries {
-            let (key, value) = entry?;
-            stats.add(&key, value.as_deref());
-            match value {
-                Some(v) => batch.insert(&open.data, key, v),
-                None => batch.remove(&open.data, key),
-            }
-            in_batch += 1;
-            if in_batch == LOAD_BATCH {
-                std::mem::replace(&mut batch, open.db.batch())
-                    .commit()
-                    .map_err(self.fail("loading a run"))?;
-                in_batch = 0;
-            }
-        }
-        batch.insert(&open.meta, APPLIED, json(&applied));
-        mark_as(&mut batch, open, run, Some(applied));
-        batch.commit().map_err(self.fail("loading a run"))?;
-        Ok(stats)
+        // Forgotten before the load and again after it: a read under way
+        // while it loads may not keep a value the load replaced.
+        self.forget_rows();
+        let loaded = self.load_run(open, run, entries, applied);
+        self.forget_rows();
+        loaded
     }
 
     fn size(&self) -> StateResult<u64> {

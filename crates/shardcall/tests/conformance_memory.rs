@@ -40,3 +40,16 @@ mod state_on_disk {
         (dir, store)
     });
 }
+
+/// The same engine with its row cache in front: every read the suite makes
+/// after a commit, a load or a clear must still see the store's own state.
+mod state_on_disk_with_a_row_cache {
+    use shardcall::FjallStateStore;
+    shardcall::conformance_tests!(state: {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FjallStateStore::open(dir.path().join("state"), 8 << 20)
+            .unwrap()
+            .with_row_cache(1 << 20);
+        (dir, store)
+    });
+}
