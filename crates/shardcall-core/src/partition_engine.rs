@@ -1638,7 +1638,11 @@ mod tests {
         let first = trace.iter().position(|t| t.starts_with("snapshot"));
         let release = trace.iter().position(|t| t == "release").unwrap();
         assert!(first.is_some_and(|i| i < release), "{trace:?}");
-        assert_eq!(trace[first.unwrap()], "snapshot+pointer(delta)", "{trace:?}");
+        assert_eq!(
+            trace[first.unwrap()],
+            "snapshot+pointer(delta)",
+            "{trace:?}"
+        );
         assert_eq!(
             trace.iter().filter(|t| t.starts_with("snapshot")).count(),
             1,

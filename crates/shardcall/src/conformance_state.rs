@@ -204,7 +204,11 @@ pub fn clear_empties_everything<S: StateStore>(store: &S) {
     // Read first, so that a store that keeps what it read must forget it.
     assert_eq!(store.get(b"b").unwrap().as_deref(), Some(&b"1"[..]));
     store.clear().unwrap();
-    assert_eq!(store.get(b"b").unwrap(), None, "a cleared key is still read");
+    assert_eq!(
+        store.get(b"b").unwrap(),
+        None,
+        "a cleared key is still read"
+    );
     a_new_store_is_empty(store);
     // And it works on after.
     store.commit(&writes(&[("c", "1")], &[]), at(7)).unwrap();
@@ -228,7 +232,11 @@ pub fn a_loaded_run_is_not_a_change<S: StateStore>(store: &S) {
         .apply_run("d1", &mut delta.into_iter().map(Ok), at(20))
         .unwrap();
     assert_eq!(all(store), ["b=1", "c=2"]);
-    assert_eq!(store.get(b"a").unwrap(), None, "a key the load deleted is still read");
+    assert_eq!(
+        store.get(b"a").unwrap(),
+        None,
+        "a key the load deleted is still read"
+    );
     assert_eq!(store.get(b"c").unwrap().as_deref(), Some(&b"2"[..]));
     assert_eq!(store.applied().unwrap(), Some(at(20)));
     assert_eq!(

@@ -91,8 +91,8 @@ pub use running::RunningWorker;
 pub use source::{FileLogSource, Source, SourceError};
 pub use spooled::SpooledSource;
 pub use state_config::{
-    DEFAULT_ROW_CACHE_BYTES, DEFAULT_WARM_UP_WAIT, SnapshotConfig, StateConfig, StateKind, partition_files_dir,
-    partition_state_dir, partition_store_dir,
+    DEFAULT_ROW_CACHE_BYTES, DEFAULT_WARM_UP_WAIT, SnapshotConfig, StateConfig, StateKind,
+    partition_files_dir, partition_state_dir, partition_store_dir,
 };
 pub use state_fjall::FjallStateStore;
 pub use state_memory::MemoryStateStore;
