@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use aws_sdk_kinesis::Client;
 use shardcall::oracle::{DigestFactory, Oracle, check_final_state, check_lineage_order, check_run};
 use shardcall::{
     Checkpoint, CoordinationStore, MemoryStore, Source, SourceError, Worker, WorkerConfig,
@@ -178,6 +179,21 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// No workers yet, on stream `s` of `shards` shards made in `k`; the
+    /// client administers the stream.
+    async fn on_a_new_stream(k: &Kinesalite, shards: i32) -> (Self, Client) {
+        let source = Arc::new(KinesisSource::new(k.config(), vec!["s".into()]));
+        let client = source.client().clone();
+        Admin(&client).create("s", shards).await.unwrap();
+        let cluster = Self {
+            store: Arc::new(MemoryStore::default()),
+            source,
+            oracle: Arc::new(Oracle::default()),
+            workers: Vec::new(),
+        };
+        (cluster, client)
+    }
+
     fn add_worker(&mut self) {
         let i = self.workers.len();
         let config = WorkerConfig {
@@ -212,16 +228,8 @@ impl Cluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_keep_per_key_order_through_a_split_a_kill_and_a_merge() {
     let k = Kinesalite::start().unwrap();
-    let source = Arc::new(KinesisSource::new(k.config(), vec!["s".into()]));
-    let admin_client = source.client().clone();
+    let (mut c, admin_client) = Cluster::on_a_new_stream(&k, 2).await;
     let admin = Admin(&admin_client);
-    admin.create("s", 2).await.unwrap();
-    let mut c = Cluster {
-        store: Arc::new(MemoryStore::default()),
-        source,
-        oracle: Arc::new(Oracle::default()),
-        workers: Vec::new(),
-    };
     admin.produce("s", 200, 23, "a").await.unwrap();
     for _ in 0..3 {
         c.add_worker();
@@ -291,23 +299,12 @@ async fn workers_keep_per_key_order_through_a_split_a_kill_and_a_merge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_with_no_sequence_number_stops_the_worker_with_the_error() {
     let k = Kinesalite::start().unwrap();
-    let source = Arc::new(KinesisSource::new(k.config(), vec!["s".into()]));
-    let admin_client = source.client().clone();
-    let admin = Admin(&admin_client);
-    admin.create("s", 1).await.unwrap();
-    admin.produce("s", 10, 1, "a").await.unwrap();
-    let store = Arc::new(MemoryStore::default());
-    let s0 = p("s", 0);
-    store
-        .reset_offset(GROUP, &s0, 4, false, false, "test")
+    let (mut c, admin_client) = Cluster::on_a_new_stream(&k, 1).await;
+    Admin(&admin_client).produce("s", 10, 1, "a").await.unwrap();
+    c.store
+        .reset_offset(GROUP, &p("s", 0), 4, false, false, "test")
         .await
         .unwrap();
-    let mut c = Cluster {
-        store,
-        source,
-        oracle: Arc::new(Oracle::default()),
-        workers: Vec::new(),
-    };
     c.add_worker();
     let w = c.workers[0].take().unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(20), w.join())
