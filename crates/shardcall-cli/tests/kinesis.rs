@@ -11,14 +11,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Workers, shardcall_command};
-use shardcall::oracle::{check_final_state, check_lineage_order, check_run};
+use shardcall::oracle::{check_final_state, check_lineage_order, check_run_settled};
+use shardcall::settle::wait_settled;
 use shardcall::{CoordinationStore, Source};
 use shardcall_core::PartitionId;
 use shardcall_kinesis::KinesisSource;
-use shardcall_kinesis::testing::{Admin, Kinesalite, all_records, wait_settled};
+use shardcall_kinesis::testing::{Admin, Kinesalite, all_records};
 use shardcall_redis::RedisStore;
 use shardcall_redis::testing::RedisServer;
 
@@ -82,26 +83,18 @@ async fn worker_processes_follow_a_split_and_a_merge_through_a_kill() {
     );
     assert_eq!(records.values().map(Vec::len).sum::<usize>(), 550);
     let lineage = reader.lineage().await.unwrap();
-    // Settled: each shard checkpointed at its end; closed ones released.
-    if let Err(e) = wait_settled(&store, GROUP, &records, &lineage, Duration::from_secs(60)).await {
-        panic!("{e}\n{}", workers.logs());
-    }
-
     let ends: BTreeMap<PartitionId, u64> = records
         .iter()
         .map(|(s, r)| (s.clone(), r.len() as u64))
         .collect();
-    // A worker writes a batch's oracle line once its checkpoint's answer is
-    // back, just after the checkpoint lands: read again for a moment.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let (batches, v) = loop {
-        let batches = workers.oracle();
-        let v = check_run(&batches, &ends, QUARANTINE_MS * 1000);
-        if v.is_empty() || Instant::now() > deadline {
-            break (batches, v);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    // Settled: each shard checkpointed at its end; closed ones released.
+    if let Err(e) = wait_settled(&store, GROUP, &ends, &lineage, Duration::from_secs(60)).await {
+        panic!("{e}\n{}", workers.logs());
+    }
+
+    let read = || workers.oracle();
+    let (batches, v) =
+        check_run_settled(read, &ends, QUARANTINE_MS * 1000, Duration::from_secs(3)).await;
     assert!(v.is_empty(), "{v:?}");
     let v = check_lineage_order(&batches, &lineage);
     assert!(v.is_empty(), "{v:?}");

@@ -5,17 +5,20 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_sdk_kinesis::Client;
-use shardcall::oracle::{DigestFactory, Oracle, check_final_state, check_lineage_order, check_run};
+use shardcall::oracle::{
+    DigestFactory, Oracle, check_final_state, check_lineage_order, check_run_settled,
+};
+use shardcall::settle::wait_settled;
 use shardcall::{
     Checkpoint, CoordinationStore, MemoryStore, Source, SourceError, Worker, WorkerConfig,
     WorkerHandle,
 };
 use shardcall_core::{GroupConfig, PartitionId, UNKNOWN_END};
 use shardcall_kinesis::KinesisSource;
-use shardcall_kinesis::testing::{Admin, Kinesalite, all_records, wait_settled};
+use shardcall_kinesis::testing::{Admin, Kinesalite, all_records};
 
 const GROUP: &str = "g";
 const QUARANTINE: Duration = Duration::from_millis(300);
@@ -251,31 +254,17 @@ async fn workers_keep_per_key_order_through_a_split_a_kill_and_a_merge() {
     let records = all_records(&k.config(), "s").await.unwrap();
     assert_eq!(records.len(), 5, "two originals, two children, one merged");
     let lineage = c.source.lineage().await.unwrap();
-    wait_settled(
-        &*c.store,
-        GROUP,
-        &records,
-        &lineage,
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap();
-
     let ends: BTreeMap<PartitionId, u64> = records
         .iter()
         .map(|(s, r)| (s.clone(), r.len() as u64))
         .collect();
-    // A batch reaches the oracle once its checkpoint's answer is back, just
-    // after the checkpoint lands: look again for a moment.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let (batches, v) = loop {
-        let batches = c.oracle.batches();
-        let v = check_run(&batches, &ends, QUARANTINE.as_micros() as u64);
-        if v.is_empty() || Instant::now() > deadline {
-            break (batches, v);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    wait_settled(&*c.store, GROUP, &ends, &lineage, Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    let read = || c.oracle.batches();
+    let quarantine_us = QUARANTINE.as_micros() as u64;
+    let (batches, v) = check_run_settled(read, &ends, quarantine_us, Duration::from_secs(3)).await;
     assert!(v.is_empty(), "{v:?}");
     let v = check_lineage_order(&batches, &lineage);
     assert!(v.is_empty(), "{v:?}");

@@ -46,6 +46,8 @@ mod partition_driver;
 mod partition_state;
 mod restores;
 mod running;
+#[cfg(feature = "testkit")]
+pub mod settle;
 pub mod snapshot;
 mod source;
 mod spooled;

@@ -183,6 +183,28 @@ pub fn check_run(
     out
 }
 
+/// [`check_run`] on the batches `read` gives, read again for up to
+/// `within` while they show violations: a worker records a batch once its
+/// checkpoint's answer is back, just after the checkpoint lands, so a test
+/// that saw the checkpoint may read a moment too early. Gives the batches
+/// last read and what they violate.
+pub async fn check_run_settled(
+    read: impl Fn() -> Vec<BatchRecord>,
+    ends: &BTreeMap<PartitionId, u64>,
+    quarantine_us: u64,
+    within: std::time::Duration,
+) -> (Vec<BatchRecord>, Vec<Violation>) {
+    let deadline = Instant::now() + within;
+    loop {
+        let batches = read();
+        let v = check_run(&batches, ends, quarantine_us);
+        if v.is_empty() || Instant::now() > deadline {
+            return (batches, v);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// Per-key order across a lineage: a closed parent's keys go to its
 /// children, so no batch of a child may start before every batch of each
 /// of its parents has ended (the parent processed to its end first).

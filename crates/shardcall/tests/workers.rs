@@ -563,37 +563,6 @@ async fn a_partition_whose_handler_keeps_failing_here_is_given_up_when_asked() {
     assert_exactly_once(&c).await;
 }
 
-/// Waits until every partition is checkpointed at its end, and every
-/// partition the lineage closed is released while every other is owned.
-async fn settle_lineage(c: &Cluster, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let lineage = c.log.lineage("t").unwrap().unwrap();
-        let ends = c.ends();
-        let g = c.store.load_group(GROUP).await.unwrap();
-        let mut done = g.partitions.len() == ends.len();
-        for (p, end) in &ends {
-            let owned = matches!(
-                g.partitions.get(p).map(|r| &r.phase),
-                Some(Phase::Owned { .. })
-            );
-            let closed = lineage.partitions[&p.partition].end.is_some();
-            let at = c
-                .store
-                .load_checkpoint(GROUP, p)
-                .await
-                .unwrap()
-                .map_or(0, |c| c.offset);
-            done &= owned != closed && at == *end;
-        }
-        if done {
-            return;
-        }
-        assert!(Instant::now() < deadline, "group did not settle: {g:#?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// A split and a merge of the file log while workers run and one is
 /// killed: every record once in its partition's order, no overlap, and no
 /// child processed before its parents were processed to their end (per-key
@@ -617,9 +586,12 @@ async fn a_split_and_a_merge_while_workers_run_keep_per_key_order_across_the_lin
     c.produce(300, "c");
     let merged = c.log.merge("t", 2, 3).unwrap();
     c.produce(300, "d");
-    settle_lineage(&c, Duration::from_secs(40)).await;
-
     let shards = c.source.lineage().await.unwrap();
+    let ends = c.ends();
+    shardcall::settle::wait_settled(&*c.store, GROUP, &ends, &shards, Duration::from_secs(40))
+        .await
+        .unwrap();
+
     assert_eq!(shards[&PartitionId::new("t", merged)].parents.len(), 2);
     let batches = c.oracle.batches();
     let v = shardcall::oracle::check_lineage_order(&batches, &shards);
