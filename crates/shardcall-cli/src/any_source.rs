@@ -46,6 +46,10 @@ impl Source for AnySource {
         each!(self, s => s.lineage().await)
     }
 
+    async fn listing(&self) -> Result<shardcall::Listing, SourceError> {
+        each!(self, s => s.listing().await)
+    }
+
     fn position(&self, partition: &PartitionId, next_offset: u64) -> Option<String> {
         each!(self, s => s.position(partition, next_offset))
     }

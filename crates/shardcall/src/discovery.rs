@@ -51,10 +51,8 @@ pub(crate) fn discover<Src: Source>(
 }
 
 async fn list<Src: Source>(source: &Src) -> Result<Discovered, crate::SourceError> {
-    Ok(Discovered {
-        partitions: source.partitions().await?,
-        shards: source.lineage().await?,
-    })
+    let (partitions, shards) = source.listing().await?;
+    Ok(Discovered { partitions, shards })
 }
 
 /// What the lineage holds back now, as a coordinator would find it: for

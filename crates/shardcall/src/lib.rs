@@ -90,7 +90,7 @@ pub use restores::{
     RESTORE_REPORT_TTL, RestoreMeter, RestorePhase, RestoreProgress, RestoreReport, RestoreReports,
 };
 pub use running::RunningWorker;
-pub use source::{FileLogSource, Source, SourceError};
+pub use source::{FileLogSource, Listing, Source, SourceError};
 pub use spooled::SpooledSource;
 pub use state_config::{
     DEFAULT_ROW_CACHE_BYTES, DEFAULT_WARM_UP_WAIT, SnapshotConfig, StateConfig, StateKind,

@@ -78,6 +78,9 @@ fn for_partition(p: Option<&PartitionId>) -> String {
     p.map_or(String::new(), |p| format!(" for {p}"))
 }
 
+/// Every partition of a source, and its lineage ([`Source::listing`]).
+pub type Listing = (Vec<PartitionId>, BTreeMap<PartitionId, Shard>);
+
 /// A partitioned log to consume.
 #[async_trait]
 pub trait Source: Send + Sync + 'static {
@@ -91,6 +94,14 @@ pub trait Source: Send + Sync + 'static {
     /// every parent is processed to its end ([`shardcall_core::lineage`]).
     async fn lineage(&self) -> Result<BTreeMap<PartitionId, Shard>, SourceError> {
         Ok(BTreeMap::new())
+    }
+
+    /// [`Self::partitions`] and [`Self::lineage`] together, as a worker's
+    /// discovery asks for them at every tick: by default one after the
+    /// other; a source that finds both in one place (the file log's
+    /// lineage file) reads it once.
+    async fn listing(&self) -> Result<Listing, SourceError> {
+        Ok((self.partitions().await?, self.lineage().await?))
     }
 
     /// The position to store with a checkpoint at `next_offset` (a Kinesis
@@ -339,31 +350,30 @@ async fn blocking<T: Send + 'static>(
 #[async_trait]
 impl Source for FileLogSource {
     async fn partitions(&self) -> Result<Vec<PartitionId>, SourceError> {
-        let mut out = Vec::new();
+        Ok(self.listing().await?.0)
+    }
+
+    async fn lineage(&self) -> Result<BTreeMap<PartitionId, Shard>, SourceError> {
+        Ok(self.listing().await?.1)
+    }
+
+    async fn listing(&self) -> Result<Listing, SourceError> {
+        let (mut partitions, mut shards) = (Vec::new(), BTreeMap::new());
         for t in &self.topics {
             // A topic that split lists what its lineage names: a split makes
             // its children's folders before the lineage names them, and a
             // child listed without its parents would look like an original.
-            match self.log.lineage(t)? {
-                Some(l) => out.extend(l.partitions.keys().map(|p| PartitionId::new(t, *p))),
-                None => out.extend(PartitionId::range(t, self.partition_count(t)?)),
-            }
-        }
-        Ok(out)
-    }
-
-    async fn lineage(&self) -> Result<BTreeMap<PartitionId, Shard>, SourceError> {
-        let mut out = BTreeMap::new();
-        for t in &self.topics {
             let Some(l) = self.log.lineage(t)? else {
+                partitions.extend(PartitionId::range(t, self.partition_count(t)?));
                 continue;
             };
             for (p, r) in l.partitions {
+                partitions.push(PartitionId::new(t, p));
                 if r.parents.is_empty() && r.end.is_none() {
                     continue;
                 }
                 let parents = r.parents.iter().map(|q| PartitionId::new(t, *q)).collect();
-                out.insert(
+                shards.insert(
                     PartitionId::new(t, p),
                     Shard {
                         parents,
@@ -372,7 +382,7 @@ impl Source for FileLogSource {
                 );
             }
         }
-        Ok(out)
+        Ok((partitions, shards))
     }
 
     async fn initial_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {

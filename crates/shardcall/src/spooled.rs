@@ -264,6 +264,10 @@ impl<S: Source> Source for SpooledSource<S> {
         self.inner.lineage().await
     }
 
+    async fn listing(&self) -> Result<crate::source::Listing, SourceError> {
+        self.inner.listing().await
+    }
+
     fn position(&self, partition: &PartitionId, next_offset: u64) -> Option<String> {
         self.inner.position(partition, next_offset)
     }
