@@ -17,22 +17,24 @@ use crate::worker::AbortOnDrop;
 pub(crate) struct Discovered {
     /// Every partition, in the source's order.
     pub partitions: Vec<PartitionId>,
-    /// The partitions with parents or an end.
-    pub shards: BTreeMap<PartitionId, Shard>,
+    /// The partitions with parents or an end, and when children may start.
+    pub lineage: Lineage,
 }
 
 /// The latest listing, `None` until the first.
 pub(crate) type DiscoveredRx = watch::Receiver<Option<Arc<Discovered>>>;
 
-/// Lists the source every `every` in the background.
+/// Lists the source every `every` in the background; children of its
+/// lineage start in `order`.
 pub(crate) fn discover<Src: Source>(
     source: Arc<Src>,
     every: Duration,
+    order: ChildOrder,
 ) -> (AbortOnDrop, DiscoveredRx) {
     let (tx, rx) = watch::channel(None);
     let task = AbortOnDrop::spawn(async move {
         loop {
-            match list(&*source).await {
+            match list(&*source, order).await {
                 Ok(found) => {
                     tx.send_if_modified(|old| {
                         let changed = old.as_deref() != Some(&found);
@@ -50,9 +52,15 @@ pub(crate) fn discover<Src: Source>(
     (task, rx)
 }
 
-async fn list<Src: Source>(source: &Src) -> Result<Discovered, crate::SourceError> {
+async fn list<Src: Source>(
+    source: &Src,
+    order: ChildOrder,
+) -> Result<Discovered, crate::SourceError> {
     let (partitions, shards) = source.listing().await?;
-    Ok(Discovered { partitions, shards })
+    Ok(Discovered {
+        partitions,
+        lineage: Lineage { shards, order },
+    })
 }
 
 /// What the lineage holds back now, as a coordinator would find it: for
@@ -66,10 +74,10 @@ pub async fn lineage_held_back<S: CoordinationStore, Src: Source>(
 ) -> StoreResult<BTreeMap<PartitionId, Standing>> {
     let found = Discovered {
         partitions: Vec::new(),
-        shards,
+        lineage: Lineage { shards, order },
     };
     LineageBook::default()
-        .held_back(&found, order, store, group, source)
+        .held_back(&found, store, group, source)
         .await
 }
 
@@ -93,18 +101,14 @@ impl LineageBook {
     pub async fn held_back<S: CoordinationStore, Src: Source>(
         &mut self,
         found: &Discovered,
-        order: ChildOrder,
         store: &S,
         group: &str,
         source: &Src,
     ) -> StoreResult<BTreeMap<PartitionId, Standing>> {
-        if found.shards.is_empty() {
+        let lineage = &found.lineage;
+        if lineage.shards.is_empty() {
             return Ok(BTreeMap::new());
         }
-        let lineage = Lineage {
-            shards: found.shards.clone(),
-            order,
-        };
         let now = tokio::time::Instant::now();
         for (p, end) in lineage.closed() {
             if self.finished.contains(p)

@@ -183,8 +183,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                 }
             }
         }
-        let (discovery, discovered) =
-            crate::discovery::discover(self.source.clone(), timing.tick_interval);
+        let (discovery, discovered) = crate::discovery::discover(
+            self.source.clone(),
+            timing.tick_interval,
+            self.config.child_order,
+        );
         let ended = self.incarnations(&mut stop, &stats, discovered).await;
         // The worker is done when nothing it started still holds the source.
         discovery.stop().await;
@@ -720,13 +723,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         }
         let held_back = self
             .lineage
-            .held_back(
-                &discovered,
-                w.config.child_order,
-                &*w.store,
-                group,
-                &*w.source,
-            )
+            .held_back(&discovered, &*w.store, group, &*w.source)
             .await?;
         let plan = step_loaded(
             &state,
