@@ -30,6 +30,7 @@ impl std::fmt::Display for Corruption {
 
 /// Everything that can go wrong in the spool.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpoolError {
     /// An operating-system call failed.
     #[error("{op} {}: {source}", path.display())]
@@ -60,6 +61,24 @@ pub enum SpoolError {
     /// Stored bytes failed their checks; nothing from there on is returned as data.
     #[error("corrupt spool: {0} (run `shardcall spool repair` to truncate there)")]
     Corrupt(Corruption),
+    /// Records that were written are gone: a segment is now shorter than
+    /// what was already read from it, or the log ends before an offset a
+    /// reader already reached. Damage, like a bad byte: reading on would
+    /// skip them without a word.
+    #[error(
+        "records {from}..{to} of {} are gone: {detail} (put the file back from a copy, or skip them with `shardcall reset-offsets`)",
+        path.display()
+    )]
+    Lost {
+        /// The segment (or the partition's folder).
+        path: PathBuf,
+        /// The first offset lost.
+        from: u64,
+        /// The offset after the last one lost, as far as is known.
+        to: u64,
+        /// What shows it.
+        detail: String,
+    },
     /// The offset asked for was archived or deleted.
     #[error("offset {requested} is before the first live offset {log_start}")]
     OffsetArchived {

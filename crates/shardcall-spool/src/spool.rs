@@ -457,6 +457,28 @@ impl Spool {
         let mut frame_too_big: Option<usize> = None;
         loop {
             let file_len = handle.len().ctx("stat segment", &path())?;
+            if file_len < at.pos {
+                // A position already read past is no longer in the file.
+                let from = scan_segment(
+                    &path(),
+                    handle.base,
+                    ScanStart {
+                        pos: 0,
+                        offset: handle.base,
+                    },
+                    None,
+                )
+                .map_or(handle.base, |s| s.next_offset);
+                return Err(SpoolError::Lost {
+                    path: path(),
+                    from,
+                    to: at.offset,
+                    detail: format!(
+                        "the segment is {file_len} bytes, shorter than the {} already read from it",
+                        at.pos
+                    ),
+                });
+            }
             let left = file_len.saturating_sub(at.pos);
             if left == 0 {
                 return Ok(false);
@@ -628,6 +650,9 @@ impl Spool {
             },
         };
         let path = self.inner.layout.segment(last);
+        if let Some(t) = *tail {
+            self.check_not_cut(t, last, &path)?;
+        }
         let start = ScanStart {
             pos: at.pos,
             offset: at.offset,
@@ -656,6 +681,43 @@ impl Spool {
         *tail = Some(at);
         self.inner.marks.publish(at.offset);
         Ok(())
+    }
+
+    /// A tail already read (`seen`) must still be there: a last segment
+    /// shorter than it, or gone, was cut, and the records past the cut are
+    /// lost (not a torn tail: they were written and read).
+    fn check_not_cut(&self, seen: ReadPosition, last: u64, path: &Path) -> Result<()> {
+        let cut_at = if seen.segment > last {
+            Some(last)
+        } else if seen.segment == last {
+            let len = std::fs::metadata(path).map_or(0, |m| m.len());
+            (len < seen.pos).then(|| {
+                scan_segment(
+                    path,
+                    last,
+                    ScanStart {
+                        pos: 0,
+                        offset: last,
+                    },
+                    None,
+                )
+                .map_or(last, |s| s.next_offset)
+            })
+        } else {
+            None
+        };
+        match cut_at {
+            Some(from) => Err(SpoolError::Lost {
+                path: path.to_owned(),
+                from,
+                to: seen.offset,
+                detail: format!(
+                    "the segment is shorter than the {} bytes already read from it",
+                    seen.pos
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     // ---- archiving, used by cursors ----

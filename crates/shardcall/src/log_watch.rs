@@ -6,21 +6,40 @@
 //! rung since is known to have nothing new without looking.
 //!
 //! Where the system cannot watch (no inotify, or its watch limit reached),
-//! a partition has no bell and its reader polls the files instead.
+//! a partition has no bell and its reader polls the files instead, and the
+//! worker says so. Folders are watched and keyed by their canonical path:
+//! the watcher reports events under the path it resolved, so a bell keyed
+//! by a relative path (`--log log`) would never ring. A bell's quiet end is
+//! trusted for [`RECHECK`] only, so an event that never comes (a file
+//! system that reports nothing, a lost event) costs a moment, not the
+//! partition.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::watch;
+
+/// How long a bell's word that nothing changed is taken without looking.
+pub(crate) const RECHECK: Duration = Duration::from_secs(2);
 
 /// A partition's bell: rung on every change to its segment folder.
 #[derive(Debug)]
 pub(crate) struct Bell {
     rung: watch::Sender<u64>,
-    /// The log end seen after the ring with this number, if any.
-    seen: Mutex<Option<(u64, u64)>>,
+    /// The log end seen after the ring with this number, if any, and when
+    /// (the runtime clock's milliseconds).
+    seen: Mutex<Option<Seen>>,
+}
+
+/// A log end read at a ring.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    rings: u64,
+    end: u64,
+    at_ms: shardcall_core::Millis,
 }
 
 impl Bell {
@@ -37,16 +56,22 @@ impl Bell {
     /// The log end read when the bell had rung `rings` times.
     pub(crate) fn saw(&self, rings: u64, end: u64) {
         let mut seen = self.seen.lock().expect("bell lock");
-        if seen.is_none_or(|(r, _)| r <= rings) {
-            *seen = Some((rings, end));
+        if seen.is_none_or(|s| s.rings <= rings) {
+            *seen = Some(Seen {
+                rings,
+                end,
+                at_ms: crate::clock::now_ms(),
+            });
         }
     }
 
-    /// The log end, if it was read since the last ring (nothing changed).
+    /// The log end, if it was read since the last ring (nothing changed)
+    /// and less than [`RECHECK`] ago.
     pub(crate) fn quiet_end(&self) -> Option<u64> {
         let rings = self.rings();
+        let fresh = crate::clock::now_ms().saturating_sub(RECHECK.as_millis() as u64);
         match *self.seen.lock().expect("bell lock") {
-            Some((r, end)) if r == rings => Some(end),
+            Some(s) if s.rings == rings && s.at_ms >= fresh => Some(s.end),
             _ => None,
         }
     }
@@ -112,9 +137,18 @@ impl LogWatch {
         }
     }
 
-    /// The bell of the segment folder `dir`, watched from now on; `None`
-    /// when it cannot be watched (the reader polls).
+    /// The bell of the segment folder `dir` (any path form: it is watched
+    /// under its canonical path), watched from now on; `None` when it
+    /// cannot be watched (the reader polls).
     pub(crate) fn bell(&self, dir: &Path) -> Option<Arc<Bell>> {
+        let dir = match std::fs::canonicalize(dir) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot resolve a partition's folder to watch it; it polls the log");
+                return None;
+            }
+        };
+        let dir = dir.as_path();
         if let Some(b) = self.bells.lock().expect("bells lock").get(dir) {
             return Some(b.clone());
         }

@@ -66,9 +66,8 @@ impl SourceError {
     /// too); anything else is retried with a growing pause.
     pub fn disposition(&self) -> crate::store::Disposition {
         match self {
-            Self::Spool(SpoolError::Corrupt(_)) | Self::NoPosition { .. } => {
-                crate::store::Disposition::Fatal
-            }
+            Self::Spool(SpoolError::Corrupt(_) | SpoolError::Lost { .. })
+            | Self::NoPosition { .. } => crate::store::Disposition::Fatal,
             _ => crate::store::Disposition::Retry,
         }
     }
@@ -280,7 +279,11 @@ impl Reader {
     ) -> Result<Vec<Record>, SourceError> {
         let Some(bell) = &self.bell else {
             let spool = self.spool.clone();
-            return blocking(move || read_or_wait(&spool, offset, max, wait)).await;
+            return blocking(move || {
+                not_behind(&spool, offset, spool.end_offset()?)?;
+                read_or_wait(&spool, offset, max, wait)
+            })
+            .await;
         };
         let deadline = crate::clock::deadline_after(wait);
         loop {
@@ -295,6 +298,7 @@ impl Reader {
                 let spool = self.spool.clone();
                 let (end, got) = blocking(move || {
                     let end = spool.end_offset()?;
+                    not_behind(&spool, offset, end)?;
                     let got = if end > offset {
                         spool.read(offset, max, 4 << 20)?
                     } else {
@@ -310,15 +314,28 @@ impl Reader {
             }
             // A ring may be another change of the folder (a new segment
             // file before its first record): look again until the wait is
-            // over.
-            if tokio::time::timeout_at(deadline, rung.changed())
-                .await
-                .is_err()
-            {
+            // over, and at least every RECHECK without a ring.
+            if crate::clock::timer_now() >= deadline {
                 return Ok(Vec::new());
             }
+            let recheck = crate::clock::deadline_after(crate::log_watch::RECHECK);
+            let _ = tokio::time::timeout_at(deadline.min(recheck), rung.changed()).await;
         }
     }
+}
+
+/// A reader at `offset` (a checkpoint, or records already read) of a log
+/// that now ends at `end` before it: the records between are gone.
+fn not_behind(spool: &Spool, offset: u64, end: u64) -> Result<(), SourceError> {
+    if end >= offset {
+        return Ok(());
+    }
+    Err(SourceError::Spool(SpoolError::Lost {
+        path: spool.dir().to_owned(),
+        from: end,
+        to: offset,
+        detail: format!("the log ends at offset {end}, before offset {offset} already reached"),
+    }))
 }
 
 /// Up to `max` records of `spool` from `offset`, waiting up to `wait` for
