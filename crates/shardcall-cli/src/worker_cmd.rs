@@ -409,7 +409,14 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(worker(args, resolved))
+    let outcome = runtime.block_on(worker(args, resolved));
+    // A handler call stuck on a blocking thread must not keep the process:
+    // the runtime's threads are not waited for, and the handlers' processes
+    // are killed before the worker exits (the stop's bounds hold whatever a
+    // handler does).
+    runtime.shutdown_background();
+    shardcall::child_guard::end_all();
+    outcome
 }
 
 async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {

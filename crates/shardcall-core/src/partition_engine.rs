@@ -382,6 +382,11 @@ pub enum Event {
     /// The answer to a fetch or to finding the start: the source's data is
     /// damaged and cannot be read past.
     Unreadable(String),
+    /// The answer to a `Process` or `DeadLetter` that the driver did not
+    /// carry out: the lease had run out by the time the records would have
+    /// left (the process was paused, or waited for a slot). Nothing was
+    /// delivered.
+    LeaseLapsed,
 }
 
 /// Where the engine is.
@@ -532,8 +537,23 @@ impl PartitionEngine {
             self.moving_since = Some(env.now);
         }
         let awaited = self.awaiting.take();
-        self.absorb(awaited, event, env);
+        if let Event::LeaseLapsed = event {
+            self.lose("the lease ran out before the batch was handed over");
+        } else {
+            self.absorb(awaited, event, env);
+        }
         let next = match self.queue.pop_front() {
+            // Records leave (to the handler, to the dead letters) only under
+            // a lease: a queued step may have been decided before the lease
+            // ran out (a process paused with a fetched batch in hand).
+            Some(Command::Process { .. } | Command::DeadLetter { .. })
+                if env.lease_left.is_zero() =>
+            {
+                self.queue.clear();
+                Command::Done(End::Lost(
+                    "the lease ran out before the batch was handed over".into(),
+                ))
+            }
             Some(c) => c,
             None => self.decide(env),
         };
@@ -1990,6 +2010,46 @@ mod tests {
         let end = w.run(owned());
         assert!(matches!(end, End::Lost(_)), "{end:?}");
         assert_eq!(w.commands.len(), 1, "{:?}", w.commands);
+    }
+
+    #[test]
+    fn a_batch_in_hand_is_not_handed_over_once_the_lease_ran_out() {
+        // The fetch answers after the lease ran out (the process was
+        // stopped during it): the batch must not reach the handler.
+        let mut engine = PartitionEngine::new(owned());
+        let mut env = World::new(0).env();
+        let mut command = engine.step(Event::Start, env);
+        let end = loop {
+            let event = match &command {
+                Command::Restore => Event::Restored(StoreAnswer::Ok(Some(0))),
+                Command::StartHandler => Event::HandlerStarted(Ok(())),
+                Command::Fetch { .. } => {
+                    env.lease_left = Duration::ZERO;
+                    Event::Fetched(Some(vec![0, 1, 2]))
+                }
+                Command::Done(end) => break end.clone(),
+                other => panic!("a step under no lease: {other:?}"),
+            };
+            command = engine.step(event, env);
+        };
+        assert!(matches!(end, End::Lost(_)), "{end:?}");
+        // And a driver that finds the lease gone at the last moment (after
+        // waiting for a slot) says so: the partition is lost, nothing more.
+        let mut engine = PartitionEngine::new(owned());
+        let env = World::new(0).env();
+        let mut command = engine.step(Event::Start, env);
+        let end = loop {
+            let event = match &command {
+                Command::Restore => Event::Restored(StoreAnswer::Ok(Some(0))),
+                Command::StartHandler => Event::HandlerStarted(Ok(())),
+                Command::Fetch { .. } => Event::Fetched(Some(vec![0, 1, 2])),
+                Command::Process { .. } => Event::LeaseLapsed,
+                Command::Done(end) => break end.clone(),
+                other => panic!("a step after the lease lapsed: {other:?}"),
+            };
+            command = engine.step(event, env);
+        };
+        assert!(matches!(end, End::Lost(_)), "{end:?}");
     }
 
     #[test]

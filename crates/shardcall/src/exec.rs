@@ -167,6 +167,7 @@ impl ExecHandler {
             let mut child = r.child.lock().expect("child lock");
             kill(&mut child);
             let _ = child.wait();
+            crate::child_guard::release(&child);
         }
     }
 
@@ -190,6 +191,7 @@ impl ExecHandler {
             .process_group(0)
             .spawn()
             .map_err(|e| err(format!("starting {:?}: {e}", self.command)))?;
+        crate::child_guard::guard(&child);
         let stdin = child.stdin.take().expect("piped");
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
         let stderr = BufReader::new(child.stderr.take().expect("piped"));

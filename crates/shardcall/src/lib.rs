@@ -15,6 +15,7 @@
 
 mod backup_dir;
 mod backup_store;
+pub mod child_guard;
 pub mod clock;
 mod config;
 #[cfg(feature = "testkit")]

@@ -709,6 +709,12 @@ where
             ),
             None => None,
         };
+        // The last look at the lease before records leave: the engine
+        // decided under a lease, but this process may have been paused
+        // since, or waited for a slot.
+        if self.grant.lease().expired() {
+            return Event::LeaseLapsed;
+        }
         // Busy from here: waiting for a slot is the worker's load, not the
         // partition's.
         let busy_from = clock::now();
