@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::json;
-use shardcall::{Checkpoint, CoordinationStore, StoreError, TicketStore, quarantine_left};
+use shardcall::{
+    Checkpoint, CoordinationStore, StoppedPartitions, StoreError, TicketStore, quarantine_left,
+};
 use shardcall_core::{
     Command, GroupState, Millis, PartitionId, Phase, Standing, StepOptions, step_loaded,
 };
@@ -258,11 +260,16 @@ pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
                 .reset_offset(&args.group, &id, offset, args.force, args.reset_state, &who)
                 .await
             {
-                Ok(prev) => println!(
-                    "{id}: {} -> {offset}{}",
-                    prev.map_or("none".into(), |o| o.to_string()),
-                    if args.reset_state { ", state cleared" } else { "" }
-                ),
+                Ok(prev) => {
+                    println!(
+                        "{id}: {} -> {offset}{}",
+                        prev.map_or("none".into(), |o| o.to_string()),
+                        if args.reset_state { ", state cleared" } else { "" }
+                    );
+                    if store.clear_stop(&args.group, &id, &who).await? {
+                        println!("{id}: its stop is cleared; the group takes it up again");
+                    }
+                }
                 Err(e) => {
                     refused += 1;
                     println!("{id}: not reset: {e}");
@@ -518,6 +525,7 @@ async fn status_once(
         .held_back(&topics, store, &args.group)
         .await?;
     let checkpoints = load_checkpoints(store, &args.group, &parts).await?;
+    let stopped = store.stopped_partitions(&args.group).await?;
     let failures = load_failures(store, &args.group, &parts).await?;
     let restores = load_restores(store, &args.group, &parts).await?;
     let load = crate::load_view::LoadView::of(&g, now);
@@ -533,9 +541,21 @@ async fn status_once(
         };
         let offset = cp.as_ref().map(|c| c.offset);
         let end = ends.get(p).copied();
+        let stop = stopped.get(p);
         rows.push(json!({
             "partition": p.to_string(),
-            "phase": r.phase.name(),
+            // A stopped partition that its finder let go of is failed,
+            // whatever its quarantine says.
+            "phase": match (&r.phase, stop) {
+                (Phase::Free | Phase::Quarantined { .. }, Some(_)) => "failed",
+                _ => r.phase.name(),
+            },
+            "stopped": stop.map(|s| json!({
+                "member": s.member.to_string(),
+                "epoch": s.epoch,
+                "since_ms_ago": now.saturating_sub(s.since_ms),
+                "reason": s.reason,
+            })),
             "holder": holder,
             "epoch": epoch,
             "offset": offset,
@@ -891,6 +911,30 @@ async fn status_once(
             )?;
         }
     }
+    let failed: Vec<&serde_json::Value> = rows.iter().filter(|r| !r["stopped"].is_null()).collect();
+    if !failed.is_empty() {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "FAILED (stopped for the group: its data or state cannot be read past; the rest go on)"
+        )?;
+        for r in failed {
+            let stop = &r["stopped"];
+            writeln!(
+                out,
+                "  {} since {:.1}s, found by {}: {}",
+                r["partition"].as_str().unwrap_or("-"),
+                stop["since_ms_ago"].as_u64().unwrap_or(0) as f64 / 1000.0,
+                stop["member"].as_str().unwrap_or("-"),
+                stop["reason"].as_str().unwrap_or("").replace('\n', " ")
+            )?;
+        }
+        writeln!(
+            out,
+            "  way out: mend the cause (put the damaged file back from a copy, or restore an older backup), or skip past it: `shardcall reset-offsets --group {} --topic TOPIC --partition N --to earliest|OFFSET` (a reset clears the stop)",
+            args.group
+        )?;
+    }
     if !held_back.is_empty() {
         writeln!(
             out,
@@ -915,6 +959,7 @@ fn lineage_json(held_back: &BTreeMap<PartitionId, Standing>) -> serde_json::Valu
                     "parents": parents.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 }),
                 Standing::Finished => json!({"standing": "finished"}),
+                Standing::Stopped { reason } => json!({"standing": "stopped", "reason": reason}),
             };
             (p.to_string(), v)
         })
@@ -939,6 +984,9 @@ fn held_back_line(p: &PartitionId, s: &Standing) -> String {
                 "{p} is finished (closed and processed to its end): released, never assigned again"
             )
         }
+        Standing::Stopped { reason } => {
+            format!("hold {p}: stopped for the group until an operator clears it ({reason})")
+        }
     }
 }
 
@@ -958,6 +1006,9 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             let log = args.log.open(&args.topic)?;
             discovered.extend(log.partitions(&args.topic).await?);
             held_back = log.held_back(&args.topic, &store, &args.group).await?;
+        }
+        for (p, stop) in store.stopped_partitions(&args.group).await? {
+            held_back.insert(p, Standing::Stopped { reason: stop.reason });
         }
         // As the coordinator decides: with the loads reported, and what the
         // lineage holds back.

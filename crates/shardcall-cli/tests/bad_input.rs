@@ -198,12 +198,13 @@ fn logs_in_a_file_carry_no_colour_codes() {
     assert!(!said.contains('\u{1b}'), "escape codes in a file: {said:?}");
 }
 
-/// A file-log segment damaged in the middle stops the worker with exit
-/// status 2, naming the file, the byte and what to run (as a Kafka Streams
-/// application stops on a record it cannot read), and nothing behind the
-/// damage is skipped: the partition is not checkpointed as if it ended.
+/// A file-log segment damaged in the middle stops its partition for the
+/// group (as a Kafka Streams task stops on a record it cannot read), and
+/// `status` shows it failed, naming the file, the byte and what to run; the
+/// worker serves the other partition on, and nothing behind the damage is
+/// skipped: the partition is not checkpointed as if it ended.
 #[test]
-fn a_damaged_file_log_stops_the_worker_and_is_not_taken_for_its_end() {
+fn a_damaged_file_log_stops_its_partition_and_is_not_taken_for_its_end() {
     let dir = tempfile::tempdir().unwrap();
     let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
     let log = log(dir.path());
@@ -213,7 +214,11 @@ fn a_damaged_file_log_stops_the_worker_and_is_not_taken_for_its_end() {
         .unwrap();
     for i in 0..2000 {
         producer
-            .send(None, format!("record {i}").as_bytes(), 0)
+            .send(
+                Some(format!("k{i}").as_bytes()),
+                format!("record {i}").as_bytes(),
+                0,
+            )
             .unwrap();
     }
     producer.flush().unwrap();
@@ -226,27 +231,62 @@ fn a_damaged_file_log_stops_the_worker_and_is_not_taken_for_its_end() {
     std::fs::write(&segment, &bytes).unwrap();
     let mut w = Workers::new(dir.path());
     w.start("a", worker(&server.url(), &log));
-    let (status, _) = w
-        .wait_within("a", Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("the worker runs on: {}", w.log("a")));
-    assert_eq!(status.code(), Some(2), "{}", w.log("a"));
-    let said = w.log("a");
+    let status = || {
+        let out = shardcall(&[
+            "status",
+            "--redis",
+            &server.url(),
+            "--group",
+            "g",
+            "--json",
+            "--log",
+            &log,
+        ]);
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let row = |p: &str| {
+            doc["partitions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["partition"] == p)
+                .cloned()
+                .unwrap_or_default()
+        };
+        (row("t/0"), row("t/1"), doc)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (t0, doc) = loop {
+        let (t0, t1, doc) = status();
+        if t0["phase"] == "failed" && t1["lag"] == 0 {
+            break (t0, doc);
+        }
+        assert!(
+            w.take_exited().is_empty(),
+            "the worker stopped instead of its partition: {}",
+            w.log("a")
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "t/0 never showed as failed with t/1 served: {doc:#}\n{}",
+            w.log("a")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let reason = t0["stopped"]["reason"].as_str().unwrap_or_default();
     assert!(
-        said.contains("cannot read t/0") && said.contains("00000000000000000000.log"),
-        "{said}"
+        reason.contains("00000000000000000000.log") && reason.contains("shardcall spool repair"),
+        "{doc:#}"
     );
-    assert!(said.contains("shardcall spool repair"), "{said}");
-    let out = shardcall(&["status", "--redis", &server.url(), "--group", "g", "--json"]);
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let t0 = doc["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["partition"] == "t/0")
-        .cloned()
-        .unwrap_or_default();
     assert!(
         t0["offset"].is_null(),
-        "checkpointed up to the damage: {doc:#}"
+        "checkpointed past the damage: {doc:#}"
     );
+    let text = text(&shardcall(&["status", "--redis", &server.url(), "--group", "g"]).stdout);
+    assert!(
+        text.contains("FAILED") && text.contains("reset-offsets"),
+        "{text}"
+    );
+    // The worker is still a member, and stops as usual.
+    w.signal("a", "-TERM");
+    assert!(w.wait("a").success(), "{}", w.log("a"));
 }

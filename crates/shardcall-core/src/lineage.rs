@@ -73,7 +73,8 @@ pub struct Lineage {
     pub order: ChildOrder,
 }
 
-/// Why the lineage holds a partition back.
+/// Why a partition is held back from assignment (by its lineage, or
+/// stopped for the group).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case", tag = "standing")]
 pub enum Standing {
@@ -84,6 +85,13 @@ pub enum Standing {
     },
     /// Closed and processed to its end: never assigned again.
     Finished,
+    /// Not the lineage's doing: a member found the partition's data or
+    /// state unreadable and stopped it for the group; it is assigned
+    /// again once an operator clears the stop.
+    Stopped {
+        /// What could not be read.
+        reason: String,
+    },
 }
 
 impl Lineage {

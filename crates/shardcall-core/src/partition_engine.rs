@@ -260,6 +260,14 @@ pub enum Command {
         /// snapshot rebases.
         delta_only: bool,
     },
+    /// Mark the partition stopped for the group, with `reason` (owned
+    /// mode; its data or state cannot be read past): no member is granted
+    /// it again until an operator clears the stop. Answer:
+    /// [`Event::StopWritten`].
+    StopPartition {
+        /// What cannot be read, said for the operator.
+        reason: String,
+    },
     /// Give the ticket back, due again after `delay`. Answer:
     /// [`Event::Done`].
     GiveBack {
@@ -281,10 +289,15 @@ pub enum End {
     /// Fenced out or out of lease: stopped without releasing or giving
     /// back.
     Lost(String),
-    /// The source's data cannot be read past (damaged): what was processed
-    /// before it is checkpointed, and the worker must stop and say why
-    /// (retrying cannot mend it, and another member would hit it too).
+    /// The source's data cannot be read past (damaged), in ticket mode:
+    /// what was processed before it is checkpointed, and the worker must
+    /// stop and say why (retrying cannot mend it, and another member would
+    /// hit it too).
     Failed(String),
+    /// The partition's data or state cannot be read past (owned mode):
+    /// what was processed before is checkpointed, the partition is marked
+    /// stopped for the group and released; the worker serves the rest.
+    Stopped(String),
     /// The ticket went back.
     GaveBack {
         /// Why it went back.
@@ -387,6 +400,8 @@ pub enum Event {
     /// left (the process was paused, or waited for a slot). Nothing was
     /// delivered.
     LeaseLapsed,
+    /// Whether the stop was written ([`Command::StopPartition`]).
+    StopWritten(StoreAnswer<()>),
 }
 
 /// Where the engine is.
@@ -450,6 +465,9 @@ pub struct PartitionEngine {
     /// A renewal failed this round: fetch without trying again.
     renew_failed: bool,
     give_up: Option<&'static str>,
+    /// Why the partition is being stopped for the group (its stop is
+    /// written or being written; it ends at the release).
+    stopping: Option<String>,
     /// A ticket's outcome and delay, once decided.
     served: Option<(Served, Duration)>,
     history: TicketHistory,
@@ -500,6 +518,7 @@ impl PartitionEngine {
             began: None,
             renew_failed: false,
             give_up: None,
+            stopping: None,
             served: None,
             history,
             singles_until: None,
@@ -926,6 +945,10 @@ impl PartitionEngine {
                 self.dead_lettered(range, sent)
             }
             (Some(Command::Release), Event::Released(answer)) => match answer {
+                StoreAnswer::Ok(()) if self.stopping.is_some() => {
+                    let why = self.stopping.take().expect("checked");
+                    self.queue.push_back(Command::Done(End::Stopped(why)));
+                }
                 StoreAnswer::Ok(()) => match self.give_up {
                     Some(why) => self.queue.push_back(Command::Done(End::GivenUp(why))),
                     None => {
@@ -948,8 +971,29 @@ impl PartitionEngine {
             ) => {
                 self.queue.clear();
                 self.checkpoint_pending(env);
-                self.queue.push_back(Command::Done(End::Failed(why)));
+                if self.ticket().is_some() {
+                    self.queue.push_back(Command::Done(End::Failed(why)));
+                } else {
+                    // Another member would hit the same damage: the
+                    // partition stops for the group, and this member
+                    // serves the rest.
+                    self.queue.push_back(Command::StopPartition {
+                        reason: why.clone(),
+                    });
+                    self.stopping = Some(why);
+                }
             }
+            (Some(Command::StopPartition { reason }), Event::StopWritten(answer)) => match answer {
+                StoreAnswer::Ok(()) => self.queue.push_back(Command::Release),
+                StoreAnswer::Fenced(why) => self.lose(why),
+                StoreAnswer::Failed(_) if env.lease_left.is_zero() => {
+                    self.lose("the lease ran out before the stop could be written")
+                }
+                StoreAnswer::Failed(_) => {
+                    self.queue.push_back(Command::Pause(STORE_RETRY));
+                    self.queue.push_back(Command::StopPartition { reason });
+                }
+            },
             (
                 Some(
                     Command::Pause(_)
@@ -1474,6 +1518,7 @@ mod tests {
                 }
                 Command::Release => Event::Released(StoreAnswer::Ok(())),
                 Command::GiveBack { .. } => Event::Done,
+                Command::StopPartition { .. } => Event::StopWritten(StoreAnswer::Ok(())),
                 Command::Snapshot { .. } if self.failing_snapshots > 0 => {
                     self.failing_snapshots -= 1;
                     Event::Snapshotted(StoreAnswer::Failed("backup store down".into()))
@@ -1966,7 +2011,7 @@ mod tests {
     }
 
     #[test]
-    fn damaged_source_data_ends_the_partition_after_checkpointing_what_came_before() {
+    fn damaged_source_data_stops_the_partition_after_checkpointing_what_came_before() {
         let env = Env {
             now: 0,
             lease_left: Duration::from_secs(10),
@@ -1981,6 +2026,7 @@ mod tests {
         let mut engine = PartitionEngine::new(rules);
         let mut command = engine.step(Event::Start, env);
         let mut fetches = 0;
+        let mut stops = 0;
         let end = loop {
             let event = match &command {
                 Command::Restore => Event::Restored(StoreAnswer::Ok(Some(0))),
@@ -1995,12 +2041,29 @@ mod tests {
                     assert_eq!((*first, *last), (0, 2), "what came before is kept");
                     Event::Checkpointed(CheckpointAnswer::Committed)
                 }
+                Command::StopPartition { reason } => {
+                    assert_eq!(reason, "checksum mismatch at byte 7");
+                    stops += 1;
+                    // The store is down once: the stop is written again.
+                    if stops == 1 {
+                        Event::StopWritten(StoreAnswer::Failed("down".into()))
+                    } else {
+                        Event::StopWritten(StoreAnswer::Ok(()))
+                    }
+                }
+                Command::Pause(_) => Event::Done,
+                Command::Release => {
+                    assert_eq!(stops, 2, "released only once the stop is written");
+                    Event::Released(StoreAnswer::Ok(()))
+                }
                 Command::Done(end) => break end.clone(),
                 other => panic!("{other:?}"),
             };
             command = engine.step(event, env);
         };
-        assert_eq!(end, End::Failed("checksum mismatch at byte 7".into()));
+        // Owned: stopped for the group and released, so this member serves
+        // the rest.
+        assert_eq!(end, End::Stopped("checksum mismatch at byte 7".into()));
     }
 
     #[test]

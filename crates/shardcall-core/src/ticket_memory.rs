@@ -75,7 +75,7 @@ impl TicketMemory {
             }
             // Lost: the driver let the source go at once; a newer claim
             // elsewhere owns what there is to know.
-            End::Lost(_) | End::Failed(_) | End::Released | End::GivenUp(_) => {
+            End::Lost(_) | End::Failed(_) | End::Stopped(_) | End::Released | End::GivenUp(_) => {
                 *e = Remembered::default();
             }
         }

@@ -16,6 +16,7 @@ const GROUP_KEYS: &[(&str, &str)] = &[
     ("policy", "string"),
     ("table", "hash"),
     ("audit", "list"),
+    ("stopped", "hash"),
     ("tickets:queue", "zset"),
     ("tickets:claims", "hash"),
     ("tickets:leases", "zset"),

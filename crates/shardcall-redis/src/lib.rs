@@ -9,6 +9,7 @@ mod foreign;
 mod groups;
 mod redact;
 mod restores;
+mod stopped;
 mod store;
 /// Servers for tests and benchmarks: `redis-server` and clusters on free
 /// ports, a TCP proxy that can cut or delay the link (feature `testkit`).

@@ -44,6 +44,8 @@ macro_rules! __store_checks {
             operators_change_the_policy_audited,
             failure_reports_clear_by_epoch,
             restore_reports_keep_their_start_and_clear_by_member,
+            a_holder_stops_a_partition_audited,
+            only_the_holder_stops_a_partition,
         }
     };
 }
@@ -784,6 +786,72 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
             .offset,
         10
     );
+}
+
+/// The holder stops a partition: the group's stops list it with who, the
+/// grant, when and why; the audit log says so; an operator's clear removes
+/// it (once), audited too.
+pub async fn a_holder_stops_a_partition_audited<S: CoordinationStore>(store: &S, group: &str) {
+    let a = m("a");
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    let (_, epochs) = grant_all(store, group, &a, 2).await;
+    assert!(store.stopped_partitions(group).await.unwrap().is_empty());
+    let before = store.now().await.unwrap();
+    store
+        .stop_partition(group, &p(1), &a, epochs[1], "records 5..9 are gone")
+        .await
+        .unwrap();
+    let stops = store.stopped_partitions(group).await.unwrap();
+    assert_eq!(stops.len(), 1, "{stops:?}");
+    let stop = &stops[&p(1)];
+    assert_eq!(
+        (&stop.member, stop.epoch, stop.reason.as_str()),
+        (&a, epochs[1], "records 5..9 are gone")
+    );
+    assert!(stop.since_ms >= before, "{stop:?}");
+    let audit = |g: shardcall_core::GroupState| {
+        g.audit.iter().map(|e| e.action.clone()).collect::<Vec<_>>()
+    };
+    let said = audit(store.load_group(group).await.unwrap());
+    assert!(
+        said.iter()
+            .any(|a| a.contains("stopped") && a.contains(&p(1).to_string()) && a.contains("5..9")),
+        "{said:?}"
+    );
+    assert!(store.clear_stop(group, &p(1), "ops").await.unwrap());
+    assert!(
+        !store.clear_stop(group, &p(1), "ops").await.unwrap(),
+        "cleared twice"
+    );
+    assert!(store.stopped_partitions(group).await.unwrap().is_empty());
+    let said = audit(store.load_group(group).await.unwrap());
+    assert!(
+        said.iter()
+            .any(|a| a.contains("cleared") && a.contains(&p(1).to_string())),
+        "{said:?}"
+    );
+}
+
+/// A member that does not hold the partition under that epoch, or whose
+/// lease lapsed, stops nothing.
+pub async fn only_the_holder_stops_a_partition<S: CoordinationStore>(store: &S, group: &str) {
+    let (a, b) = (m("a"), m("b"));
+    store.join(group, &a, 1, "h", TTL).await.unwrap();
+    store.join(group, &b, 1, "h", LONG).await.unwrap();
+    let (_, epochs) = grant_all(store, group, &a, 1).await;
+    let e = epochs[0];
+    for (who, epoch) in [(&b, e), (&a, e + 1)] {
+        match store.stop_partition(group, &p(0), who, epoch, "x").await {
+            Err(StoreError::Fenced(Fenced::NotHolder { .. })) => {}
+            other => panic!("{who} with epoch {epoch} stopped t/0: {other:?}"),
+        }
+    }
+    tokio::time::sleep(TTL + Duration::from_millis(150)).await;
+    assert!(matches!(
+        store.stop_partition(group, &p(0), &a, e, "x").await,
+        Err(StoreError::Fenced(Fenced::LeaseExpired(_)))
+    ));
+    assert!(store.stopped_partitions(group).await.unwrap().is_empty());
 }
 
 /// Release quarantines; the quarantine cannot end early; backup-done and

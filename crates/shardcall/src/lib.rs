@@ -59,6 +59,7 @@ mod state_rows;
 pub mod state_runs;
 mod state_store;
 mod state_txn;
+mod stopped;
 mod store;
 mod store_error;
 pub mod telemetry;
@@ -104,6 +105,7 @@ pub use state_store::{
     StateResult, StateStore, StateStoreError, WriteSet,
 };
 pub use state_txn::StateTxn;
+pub use stopped::{StoppedPartition, StoppedPartitions};
 pub use store::{
     Cause, Checkpoint, CoordinationStore, Disposition, GroupPolicy, Refusal, StoreError,
     StoreResult,

@@ -33,6 +33,8 @@ pub(crate) struct Inner {
     policies: HashMap<String, (String, Millis)>,
     /// Failing partitions' reports.
     failures: HashMap<(String, PartitionId), FailureReport>,
+    /// Partitions stopped for their group.
+    stopped: HashMap<String, std::collections::BTreeMap<PartitionId, crate::StoppedPartition>>,
     /// Restores in progress, each with when it expires.
     restores: HashMap<(String, PartitionId), (RestoreReport, Millis)>,
     /// Ticket mode: rung when a ticket becomes due at once.
@@ -203,6 +205,75 @@ impl FailureReports for MemoryStore {
             .failures
             .get(&(group.to_owned(), partition.clone()))
             .cloned())
+    }
+}
+
+#[async_trait]
+impl crate::StoppedPartitions for MemoryStore {
+    async fn stop_partition(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        member: &MemberId,
+        epoch: Epoch,
+        reason: &str,
+    ) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        let g = inner.groups.entry(group.to_owned()).or_default();
+        g.check_holder(member, partition, epoch, now)
+            .map_err(StoreError::Fenced)?;
+        g.audit.push(shardcall_core::AuditEntry {
+            at: now,
+            actor: member.to_string(),
+            action: format!("stopped {partition}: {}", clip_error(reason)),
+        });
+        inner.stopped.entry(group.to_owned()).or_default().insert(
+            partition.clone(),
+            crate::StoppedPartition {
+                member: member.clone(),
+                epoch,
+                since_ms: now,
+                reason: clip_error(reason).to_owned(),
+            },
+        );
+        Ok(())
+    }
+
+    async fn stopped_partitions(
+        &self,
+        group: &str,
+    ) -> StoreResult<std::collections::BTreeMap<PartitionId, crate::StoppedPartition>> {
+        let inner = self.inner.lock().expect("store lock");
+        Ok(inner.stopped.get(group).cloned().unwrap_or_default())
+    }
+
+    async fn clear_stop(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        actor: &str,
+    ) -> StoreResult<bool> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        let was = inner
+            .stopped
+            .get_mut(group)
+            .and_then(|s| s.remove(partition))
+            .is_some();
+        if was {
+            inner
+                .groups
+                .entry(group.to_owned())
+                .or_default()
+                .audit
+                .push(shardcall_core::AuditEntry {
+                    at: now,
+                    actor: actor.to_owned(),
+                    action: format!("cleared the stop of {partition}"),
+                });
+        }
+        Ok(was)
     }
 }
 

@@ -212,6 +212,10 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             }
             End::Lost(why) => TaskEnd::Lost(why),
             End::Failed(why) => TaskEnd::Unreadable(why),
+            End::Stopped(why) => {
+                tracing::error!(reason = %why, "partition stopped for the group and released");
+                TaskEnd::Released
+            }
             End::GaveBack { .. } => unreachable!("an owned grant is released"),
         }
     }

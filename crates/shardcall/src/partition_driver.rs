@@ -415,6 +415,24 @@ where
                     _ = revoked(&mut self.d.revoke) => Event::Interrupted,
                 }
             }
+            Command::StopPartition { reason } => {
+                tracing::error!(error = %reason, "the partition cannot be read past: it stops for the group until an operator clears it (status says how); this worker serves the rest");
+                let stopped = self
+                    .d
+                    .store
+                    .stop_partition(
+                        self.d.group,
+                        &self.d.ctx.partition,
+                        &self.d.ctx.member,
+                        self.d.ctx.epoch,
+                        &reason,
+                    )
+                    .await;
+                if let Err(e) = &stopped {
+                    tracing::warn!(error = %e, "writing the partition's stop");
+                }
+                Event::StopWritten(answer(stopped))
+            }
             Command::Release => {
                 let released = self.grant.release().await;
                 if let Err(e) = &released {

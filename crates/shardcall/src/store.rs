@@ -59,7 +59,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// partitions' reports too ([`FailureReports`]), and restores in
 /// progress ([`RestoreReports`]).
 #[async_trait]
-pub trait CoordinationStore: FailureReports + RestoreReports {
+pub trait CoordinationStore: FailureReports + RestoreReports + crate::StoppedPartitions {
     /// The store's clock in milliseconds; leases and quarantines run on it.
     async fn now(&self) -> StoreResult<Millis>;
 

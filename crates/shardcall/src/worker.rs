@@ -721,10 +721,18 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         if options.balance.is_some() {
             self.loads.observe(&state, now);
         }
-        let held_back = self
+        let mut held_back = self
             .lineage
             .held_back(&discovered, &*w.store, group, &*w.source)
             .await?;
+        for (p, stop) in w.store.stopped_partitions(group).await? {
+            held_back.insert(
+                p,
+                shardcall_core::Standing::Stopped {
+                    reason: stop.reason,
+                },
+            );
+        }
         let plan = step_loaded(
             &state,
             now,
