@@ -84,10 +84,10 @@ impl Source for AnySource {
         &self,
         partition: &PartitionId,
         offset: u64,
-        max: usize,
+        limit: shardcall::FetchLimit,
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError> {
-        each!(self, s => s.fetch(partition, offset, max, wait).await)
+        each!(self, s => s.fetch(partition, offset, limit, wait).await)
     }
 
     async fn end_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {

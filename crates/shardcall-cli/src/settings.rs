@@ -723,6 +723,7 @@ impl Settings {
             name: self.name.clone(),
             host: host.clone(),
             max_batch: self.batch.max_records,
+            max_bytes: self.batch.max_bytes,
             call_deadline: self.handler.call_deadline,
             ..self.ticket.clone()
         };

@@ -77,7 +77,8 @@ release_on_backup_done = @           # end early once the backup is done
 initial_rebalance_delay = @          # a new group waits this long for its members
 
 [batch]
-max_records = @                      # most records a handler call gets (both modes)
+max_records = @                      # most records a handler call gets (both modes; at most 100000)
+max_bytes = @                        # ...and about the most bytes of keys and payloads (one larger record still goes alone; at most 256 MiB)
 fetch_wait = @                       # an idle partition waits this long for a record (one arriving, or a revoke, ends it)
 checkpoint_interval = @              # owned mode: busy partitions checkpoint this often (0s: every batch)
 max_attempts = @                     # owned mode: failed attempts before the dead letters (0: retry for ever)

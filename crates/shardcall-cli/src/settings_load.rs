@@ -230,7 +230,7 @@ pub fn load(
                 errors.push(format!(
                     "{}: {}",
                     at(&from(&path), &path),
-                    e.inner().message()
+                    in_words(&path, e.inner().message())
                 ));
                 if !remove_path(&mut table, &path) {
                     return Err(errors);
@@ -249,6 +249,37 @@ pub fn load(
         problems: errors,
         ..settings
     })
+}
+
+/// A reading error in the user's words: Rust's type names say what they
+/// mean, and a number too large for any setting (it reaches serde as
+/// text) says so, with the key's bound where it has one.
+fn in_words(path: &str, message: &str) -> String {
+    if let Some(digits) = message
+        .strip_prefix("invalid type: string \"")
+        .and_then(|rest| rest.split_once('"'))
+        .map(|(quoted, _)| quoted)
+        .filter(|q| !q.is_empty() && q.bytes().all(|b| b.is_ascii_digit()))
+    {
+        let most = match path {
+            "batch.max_records" => format!(" (the most is {})", shardcall::MAX_RECORDS_LIMIT),
+            "batch.max_bytes" => format!(" (the most is {})", shardcall::MAX_BYTES_LIMIT),
+            _ => String::new(),
+        };
+        return format!("{digits} is too large a number{most}");
+    }
+    let mut said = message.to_owned();
+    for (rust, words) in [
+        ("usize", "a whole number"),
+        ("u64", "a whole number"),
+        ("u32", "a whole number up to 4294967295"),
+        ("u16", "a whole number up to 65535"),
+        ("u8", "a whole number up to 255"),
+        ("i64", "a whole number"),
+    ] {
+        said = said.replace(&format!("expected {rust}"), &format!("expected {words}"));
+    }
+    said
 }
 
 /// Where a problem with `key` is: its origin, and the key unless the

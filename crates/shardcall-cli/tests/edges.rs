@@ -409,3 +409,72 @@ async fn a_segment_cut_short_is_damage_not_a_quiet_end() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_are_bounded_by_bytes_and_limits_are_stated() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 1);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    // Settings past the bounds are refused, each with its bound.
+    let empty = dir.path().join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    for (set, says) in [
+        (
+            "batch.max_records=1000000000",
+            "over the most allowed, 100000",
+        ),
+        (
+            "batch.max_records=18446744073709551615",
+            "too large a number (the most is 100000)",
+        ),
+        (
+            "batch.max_bytes=1000000000000",
+            "over the most allowed, 268435456",
+        ),
+        ("batch.max_bytes=0", "batch.max_bytes must be at least 1"),
+    ] {
+        let out = shardcall_command()
+            .args(["config", "check"])
+            .arg(&empty)
+            .args([
+                "--set",
+                "group=g",
+                "--set",
+                "redis.urls=[\"redis://127.0.0.1:1/\"]",
+            ])
+            .args(["--set", "source.log=/tmp", "--set", "topics=[{name=\"t\"}]"])
+            .args(["--set", set])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{set}: {said}");
+        assert!(said.contains(says), "{set}: {said}");
+    }
+    // 40 records of 100 kB with batch.max_bytes = 300 kB: no handler call
+    // gets more than 3 of them (a backlog of any size is cut by bytes too).
+    let mut p = rig.log.producer("t").unwrap();
+    let payload = vec![b'x'; 100_000];
+    for i in 0..40 {
+        p.send(Some(format!("k{i}").as_bytes()), &payload, 0)
+            .unwrap();
+    }
+    p.sync().unwrap();
+    drop(p);
+    let mut cmd = worker(&rig, "w");
+    cmd.arg("--log")
+        .arg(dir.path().join("log"))
+        .args(["--set", "batch.max_bytes=300000"])
+        // A checkpoint per batch: the oracle's lines are the handler calls.
+        .args(["--set", "batch.checkpoint_interval=0s"]);
+    rig.workers.start("w", cmd);
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
+    let batches = rig.workers.oracle();
+    let largest = batches
+        .iter()
+        .map(|b| b.last - b.first + 1)
+        .max()
+        .unwrap_or(0);
+    assert!(largest >= 2, "nothing to test: {batches:?}");
+    assert!(largest <= 3, "a batch of {largest} records of 100 kB");
+}

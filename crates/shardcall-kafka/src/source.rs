@@ -221,7 +221,7 @@ impl Reader {
 impl Slot {
     /// Up to `max` records for a reader at `offset`, from what the queue
     /// holds now (never waits).
-    fn take(&self, offset: u64, max: usize) -> Took {
+    fn take(&self, offset: u64, limit: shardcall::FetchLimit) -> Took {
         let mut guard = self.reader.lock().expect("reader lock");
         let Some(r) = guard.as_mut() else {
             return Took::Elsewhere;
@@ -233,8 +233,9 @@ impl Slot {
             return Took::OutOfRange;
         }
         let mut out = Vec::new();
+        let mut bytes = 0usize;
         let mut looked_again = false;
-        while out.len() < max {
+        while !limit.full(out.len(), bytes) {
             match self.queue.poll(Duration::ZERO) {
                 None if looked_again => break,
                 None => {
@@ -255,6 +256,7 @@ impl Slot {
                     r.delivered = at + 1;
                     let key = m.key().map(|k| copy_into(&mut r.arena, k));
                     let payload = copy_into(&mut r.arena, m.payload().unwrap_or_default());
+                    bytes += payload.len() + key.as_ref().map_or(0, |k| k.len());
                     out.push(Record {
                         offset: at,
                         timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
@@ -701,7 +703,7 @@ impl Source for KafkaSource {
         &self,
         partition: &PartitionId,
         offset: u64,
-        max: usize,
+        limit: shardcall::FetchLimit,
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError> {
         let deadline = tokio::time::Instant::now() + wait;
@@ -709,7 +711,7 @@ impl Source for KafkaSource {
             let slot = self.inner.slot(partition);
             let took = slot
                 .as_ref()
-                .map(|s| (s.take(offset, max), s.notify.clone()));
+                .map(|s| (s.take(offset, limit), s.notify.clone()));
             match took {
                 Some((Took::Records(records), _)) if !records.is_empty() => return Ok(records),
                 Some((Took::Records(_), notify)) => {

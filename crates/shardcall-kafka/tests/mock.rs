@@ -42,7 +42,12 @@ async fn read_n(src: &KafkaSource, p: &PartitionId, mut offset: u64, n: usize) -
             got.len()
         );
         let batch = src
-            .fetch(p, offset, 100, Duration::from_millis(100))
+            .fetch(
+                p,
+                offset,
+                shardcall::FetchLimit::records(100),
+                Duration::from_millis(100),
+            )
             .await
             .unwrap();
         if let Some(last) = batch.last() {
@@ -73,7 +78,15 @@ async fn reads_any_offset_in_order_and_discovers_partitions() {
     assert_eq!(src.initial_offset(&p0).await.unwrap(), 0);
     assert_eq!(src.end_offset(&p0).await.unwrap(), 200);
 
-    let first = src.fetch(&p0, 50, 5, Duration::from_secs(5)).await.unwrap();
+    let first = src
+        .fetch(
+            &p0,
+            50,
+            shardcall::FetchLimit::records(5),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
     assert_eq!(first[0].offset, 50);
     assert_eq!(&first[0].payload[..], b"r50");
     let rest = read_n(
@@ -92,7 +105,15 @@ async fn reads_any_offset_in_order_and_discovers_partitions() {
 
     // A reader that starts over elsewhere (a new owner's checkpoint) gets
     // exactly what it asks for.
-    let again = src.fetch(&p0, 10, 3, Duration::from_secs(5)).await.unwrap();
+    let again = src
+        .fetch(
+            &p0,
+            10,
+            shardcall::FetchLimit::records(3),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
     assert_eq!(
         again.iter().map(|r| r.offset).collect::<Vec<_>>(),
         vec![10, 11, 12]
@@ -131,7 +152,12 @@ async fn an_offset_outside_the_log_is_reset_to_the_configured_start() {
     })
     .unwrap();
     let none = src
-        .fetch(&p, 5_000, 10, Duration::from_secs(2))
+        .fetch(
+            &p,
+            5_000,
+            shardcall::FetchLimit::records(10),
+            Duration::from_secs(2),
+        )
         .await
         .unwrap();
     assert!(none.is_empty(), "{none:?}");
@@ -163,7 +189,12 @@ async fn a_slow_reader_holds_fetching_back_and_loses_nothing() {
     while seen.len() < N {
         assert!(Instant::now() < deadline, "only {} of {N}", seen.len());
         let batch = src
-            .fetch(&p, offset, 20, Duration::from_millis(200))
+            .fetch(
+                &p,
+                offset,
+                shardcall::FetchLimit::records(20),
+                Duration::from_millis(200),
+            )
             .await
             .unwrap();
         most = most.max(src.fetched_ahead(&p).unwrap_or(0));

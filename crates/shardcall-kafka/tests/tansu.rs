@@ -43,7 +43,12 @@ async fn a_slow_reader_holds_fetching_back_and_loses_nothing() {
             seen.len()
         );
         let batch = src
-            .fetch(&p, offset, 100, Duration::from_millis(200))
+            .fetch(
+                &p,
+                offset,
+                shardcall::FetchLimit::records(100),
+                Duration::from_millis(200),
+            )
             .await
             .unwrap();
         most = most.max(src.fetched_ahead(&p).unwrap_or(0));

@@ -386,9 +386,12 @@ impl Source for KinesisSource {
         &self,
         p: &PartitionId,
         from: u64,
-        max: usize,
+        limit: shardcall::FetchLimit,
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError> {
+        // Bounded by records; each GetRecords call returns 10 MB at most
+        // (Kinesis's own bound), so bytes need no bound of their own.
+        let max = limit.records;
         self.place(p, from)?;
         let deadline = Instant::now() + wait;
         loop {

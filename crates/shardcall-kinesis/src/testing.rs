@@ -265,7 +265,12 @@ pub async fn all_records(
         let mut all = Vec::new();
         loop {
             let batch = reader
-                .fetch(&shard, all.len() as u64, 1000, Duration::from_millis(300))
+                .fetch(
+                    &shard,
+                    all.len() as u64,
+                    shardcall::FetchLimit::records(1000),
+                    Duration::from_millis(300),
+                )
                 .await?;
             if batch.is_empty() {
                 break;

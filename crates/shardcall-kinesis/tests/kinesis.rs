@@ -13,8 +13,8 @@ use shardcall::oracle::{
 };
 use shardcall::settle::wait_settled;
 use shardcall::{
-    Checkpoint, CoordinationStore, MemoryStore, Source, SourceError, Worker, WorkerConfig,
-    WorkerHandle,
+    Checkpoint, CoordinationStore, MemoryStore, Source, SourceError, StoppedPartitions, Worker,
+    WorkerConfig, WorkerHandle,
 };
 use shardcall_core::{GroupConfig, PartitionId, UNKNOWN_END};
 use shardcall_kinesis::KinesisSource;
@@ -46,7 +46,12 @@ async fn offsets_are_dense_and_a_checkpoints_sequence_number_resumes_after_it() 
         "one open shard has no lineage"
     );
     let first = source
-        .fetch(&s0, 0, 4, Duration::from_secs(1))
+        .fetch(
+            &s0,
+            0,
+            shardcall::FetchLimit::records(4),
+            Duration::from_secs(1),
+        )
         .await
         .unwrap();
     let offsets: Vec<u64> = first.iter().map(|r| r.offset).collect();
@@ -66,7 +71,12 @@ async fn offsets_are_dense_and_a_checkpoints_sequence_number_resumes_after_it() 
     let other = KinesisSource::new(k.config(), vec!["s".into()]);
     other.resume(&s0, 3, Some(&at3)).await.unwrap();
     let rest = other
-        .fetch(&s0, 3, 100, Duration::from_secs(1))
+        .fetch(
+            &s0,
+            3,
+            shardcall::FetchLimit::records(100),
+            Duration::from_secs(1),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -76,7 +86,12 @@ async fn offsets_are_dense_and_a_checkpoints_sequence_number_resumes_after_it() 
     assert_eq!(rest.len(), 7);
     // A retry goes back to the last checkpoint's offset.
     let again = other
-        .fetch(&s0, 3, 100, Duration::from_secs(1))
+        .fetch(
+            &s0,
+            3,
+            shardcall::FetchLimit::records(100),
+            Duration::from_secs(1),
+        )
         .await
         .unwrap();
     assert_eq!(again.len(), 7);
@@ -125,7 +140,12 @@ async fn a_split_and_a_merge_show_as_lineage_and_a_parent_is_finished_only_at_it
         "5 records left"
     );
     let records = source
-        .fetch(&parent, 0, 3, Duration::from_secs(1))
+        .fetch(
+            &parent,
+            0,
+            shardcall::FetchLimit::records(3),
+            Duration::from_secs(1),
+        )
         .await
         .unwrap();
     assert_eq!(records.len(), 3);
@@ -143,7 +163,12 @@ async fn a_split_and_a_merge_show_as_lineage_and_a_parent_is_finished_only_at_it
             .unwrap()
     );
     let records = source
-        .fetch(&parent, 3, 10, Duration::from_secs(1))
+        .fetch(
+            &parent,
+            3,
+            shardcall::FetchLimit::records(10),
+            Duration::from_secs(1),
+        )
         .await
         .unwrap();
     assert_eq!(records.len(), 2);
@@ -286,7 +311,7 @@ async fn workers_keep_per_key_order_through_a_split_a_kill_and_a_merge() {
 /// no sequence number) cannot be resumed: the worker stops with the error
 /// naming the shard and the offset, once, instead of retrying it for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_checkpoint_with_no_sequence_number_stops_the_worker_with_the_error() {
+async fn a_checkpoint_with_no_sequence_number_stops_the_shard_with_the_error() {
     let k = Kinesalite::start().unwrap();
     let (mut c, admin_client) = Cluster::on_a_new_stream(&k, 1).await;
     Admin(&admin_client).produce("s", 10, 1, "a").await.unwrap();
@@ -295,13 +320,31 @@ async fn a_checkpoint_with_no_sequence_number_stops_the_worker_with_the_error() 
         .await
         .unwrap();
     c.add_worker();
-    let w = c.workers[0].take().unwrap();
-    let ended = tokio::time::timeout(Duration::from_secs(20), w.join())
-        .await
-        .expect("the worker kept retrying a position it can never find");
-    let why = ended.unwrap_err().to_string();
+    // The shard stops for the group with the reason (every member would
+    // fail the same way); the worker itself goes on.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let why = loop {
+        if let Some(stop) = c
+            .store
+            .stopped_partitions(GROUP)
+            .await
+            .unwrap()
+            .remove(&p("s", 0))
+        {
+            break stop.reason;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker kept retrying a position it can never find"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(why.contains("s/0"), "{why}");
     assert!(why.contains("offset 4"), "{why}");
+    assert!(
+        c.workers[0].as_ref().is_some_and(|w| !w.is_finished()),
+        "the worker stopped with its shard"
+    );
     assert!(
         c.oracle.batches().is_empty(),
         "a batch was processed from a position the source could not find"

@@ -72,8 +72,13 @@ impl Default for WorkerConfig {
 #[serde(default)]
 pub struct BatchConfig {
     /// Most records handed to the handler at once (ticket mode's batches
-    /// too).
+    /// too), at most [`MAX_RECORDS_LIMIT`].
     pub max_records: usize,
+    /// About the most bytes of keys and payloads handed to the handler at
+    /// once: a batch takes no more records once it holds this much (one
+    /// record larger than this still goes alone). At most
+    /// [`MAX_BYTES_LIMIT`]. (Kinesis bounds each read to 10 MB itself.)
+    pub max_bytes: usize,
     /// How long an idle partition's fetch waits for a new record before
     /// its task looks around again (never past the point where the lease
     /// runs short; a revoke and a new record end the wait at once). Longer
@@ -102,10 +107,18 @@ pub struct BatchConfig {
     pub give_up_after: u32,
 }
 
+/// [`BatchConfig::max_bytes`] unless set: 4 MiB.
+pub const DEFAULT_MAX_BYTES: usize = 4 << 20;
+/// The largest [`BatchConfig::max_records`] accepted.
+pub const MAX_RECORDS_LIMIT: usize = 100_000;
+/// The largest [`BatchConfig::max_bytes`] accepted: 256 MiB.
+pub const MAX_BYTES_LIMIT: usize = 256 << 20;
+
 impl Default for BatchConfig {
     fn default() -> Self {
         Self {
             max_records: 500,
+            max_bytes: DEFAULT_MAX_BYTES,
             fetch_wait: Duration::from_millis(1000),
             checkpoint_interval: Duration::from_millis(100),
             max_attempts: 0,
@@ -142,6 +155,16 @@ pub enum WorkerConfigError {
         /// The safety margin.
         margin: Duration,
     },
+    /// A count is above what a batch may hold.
+    #[error("{what} is {value}, over the most allowed, {max}")]
+    TooLarge {
+        /// Which setting.
+        what: &'static str,
+        /// Its value.
+        value: usize,
+        /// The most it may be.
+        max: usize,
+    },
     /// A snapshot setting of the local state stores cannot work.
     #[error("state.snapshots.{0}")]
     Snapshots(String),
@@ -175,12 +198,25 @@ impl WorkerConfig {
         }
         for (what, zero) in [
             ("batch.max_records", self.batch.max_records == 0),
+            ("batch.max_bytes", self.batch.max_bytes == 0),
             ("weight", self.weight == 0),
             ("call_deadline", self.call_deadline.is_zero()),
             ("batch.retry.first", self.batch.retry.first.is_zero()),
         ] {
             if zero {
                 out.push(WorkerConfigError::Zero(what));
+            }
+        }
+        for (what, value, max) in [
+            (
+                "batch.max_records",
+                self.batch.max_records,
+                MAX_RECORDS_LIMIT,
+            ),
+            ("batch.max_bytes", self.batch.max_bytes, MAX_BYTES_LIMIT),
+        ] {
+            if value > max {
+                out.push(WorkerConfigError::TooLarge { what, value, max });
             }
         }
         if self.batch.fetch_wait >= self.timing.safety_margin {

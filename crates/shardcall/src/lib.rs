@@ -75,7 +75,10 @@ pub use backup_dir::DirBackupStore;
 pub use backup_store::{
     BackupError, BackupResult, BackupStore, MemoryBackupStore, decode_manifest, encode_manifest,
 };
-pub use config::{BatchConfig, WorkerConfig, WorkerConfigError};
+pub use config::{
+    BatchConfig, DEFAULT_MAX_BYTES, MAX_BYTES_LIMIT, MAX_RECORDS_LIMIT, WorkerConfig,
+    WorkerConfigError,
+};
 pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use either_handler::{EitherFactory, EitherHandler};
 pub use error::WorkerError;
@@ -92,7 +95,7 @@ pub use restores::{
     RESTORE_REPORT_TTL, RestoreMeter, RestorePhase, RestoreProgress, RestoreReport, RestoreReports,
 };
 pub use running::RunningWorker;
-pub use source::{FileLogSource, Listing, Source, SourceError};
+pub use source::{FetchLimit, FileLogSource, Listing, Source, SourceError};
 pub use spooled::SpooledSource;
 pub use state_config::{
     DEFAULT_ROW_CACHE_BYTES, DEFAULT_WARM_UP_WAIT, SnapshotConfig, StateConfig, StateKind,

@@ -201,6 +201,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             warm: self.warm,
             moving: Some(self.moving.clone()),
             load: self.load.clone(),
+            max_bytes: self.batch.max_bytes,
         };
         let driven = drive(d, grant, rules).await;
         self.source.release(&self.ctx.partition).await;

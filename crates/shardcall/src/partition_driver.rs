@@ -29,7 +29,7 @@ use crate::handler::{
 use crate::handler_cell::{CallError, HandlerCell};
 use crate::lease::LocalLease;
 use crate::partition_state::{PartitionState, RestoreFailure, Restored};
-use crate::source::Source;
+use crate::source::{FetchLimit, Source};
 use crate::state_config::StateConfig;
 use crate::state_store::{Applied, WriteSet};
 use crate::store::{Checkpoint, CoordinationStore, Disposition, StoreError};
@@ -107,6 +107,8 @@ pub(crate) struct Drive<'a, S, Src, F: HandlerFactory> {
     /// Measures the partition's load, when its group balances by load
     /// (owned mode).
     pub load: Option<Arc<std::sync::Mutex<LoadMeter>>>,
+    /// About the most bytes of keys and payloads one fetch hands over.
+    pub max_bytes: usize,
 }
 
 /// A handler kept after a claim, valid while the partition's checkpoint is
@@ -660,7 +662,7 @@ where
     async fn fetch(&mut self, from: u64, max: usize, wait: Duration) -> Event {
         let p = &self.d.ctx.partition;
         let fetched = tokio::select! {
-            r = self.d.source.fetch(p, from, max, wait) => r,
+            r = self.d.source.fetch(p, from, FetchLimit { records: max, bytes: self.d.max_bytes }, wait) => r,
             _ = revoked(&mut self.d.revoke) => return Event::Interrupted,
         };
         match fetched {
@@ -1019,6 +1021,7 @@ mod tests {
             warm: None,
             moving: None,
             load: None,
+            max_bytes: crate::config::DEFAULT_MAX_BYTES,
             group: "g",
             ctx: PartitionContext {
                 partition: PartitionId::new("t", 0),

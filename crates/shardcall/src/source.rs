@@ -143,13 +143,14 @@ pub trait Source: Send + Sync + 'static {
     /// Where to start in a partition that has no checkpoint.
     async fn initial_offset(&self, partition: &PartitionId) -> Result<u64, SourceError>;
 
-    /// Up to `max` records of `partition` from `offset` on, in order, waiting
-    /// up to `wait` for the first one; empty if none came.
+    /// Records of `partition` from `offset` on, in order, within `limit`
+    /// (at least one record however large, when there is one), waiting up
+    /// to `wait` for the first one; empty if none came.
     async fn fetch(
         &self,
         partition: &PartitionId,
         offset: u64,
-        max: usize,
+        limit: FetchLimit,
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError>;
 
@@ -180,6 +181,33 @@ pub trait Source: Send + Sync + 'static {
     /// Told when this worker stops reading `partition` (revoked or lost), so
     /// the source stops fetching ahead for it.
     async fn release(&self, _partition: &PartitionId) {}
+}
+
+/// How much one fetch may hand back: at most `records` records, and no
+/// more records once their keys and payloads reach `bytes` — at least one
+/// record, however large, so a record over the bound still moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchLimit {
+    /// Most records.
+    pub records: usize,
+    /// About the most bytes of keys and payloads.
+    pub bytes: usize,
+}
+
+impl FetchLimit {
+    /// At most `records` records, and [`crate::BatchConfig`]'s default
+    /// byte bound.
+    pub fn records(records: usize) -> Self {
+        Self {
+            records,
+            bytes: crate::config::DEFAULT_MAX_BYTES,
+        }
+    }
+
+    /// Whether a batch of `n` records holding `bytes` bytes is full.
+    pub fn full(&self, n: usize, bytes: usize) -> bool {
+        n >= self.records || (n > 0 && bytes >= self.bytes)
+    }
 }
 
 /// The embedded file log as a source; other processes may write it. An
@@ -269,19 +297,19 @@ impl Reader {
         Ok(end)
     }
 
-    /// Up to `max` records from `offset`, waiting up to `wait` for the
+    /// Records from `offset` within `limit`, waiting up to `wait` for the
     /// first: on the bell where there is one, polling the files elsewhere.
     async fn fetch(
         &self,
         offset: u64,
-        max: usize,
+        limit: FetchLimit,
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError> {
         let Some(bell) = &self.bell else {
             let spool = self.spool.clone();
             return blocking(move || {
                 not_behind(&spool, offset, spool.end_offset()?)?;
-                read_or_wait(&spool, offset, max, wait)
+                read_or_wait(&spool, offset, limit, wait)
             })
             .await;
         };
@@ -300,7 +328,7 @@ impl Reader {
                     let end = spool.end_offset()?;
                     not_behind(&spool, offset, end)?;
                     let got = if end > offset {
-                        spool.read(offset, max, 4 << 20)?
+                        spool.read(offset, limit.records, limit.bytes)?
                     } else {
                         Vec::new()
                     };
@@ -338,19 +366,19 @@ fn not_behind(spool: &Spool, offset: u64, end: u64) -> Result<(), SourceError> {
     }))
 }
 
-/// Up to `max` records of `spool` from `offset`, waiting up to `wait` for
+/// Records of `spool` from `offset` within `limit`, waiting up to `wait` for
 /// the first one (blocking: call it off the async threads).
 pub(crate) fn read_or_wait(
     spool: &Spool,
     offset: u64,
-    max: usize,
+    limit: FetchLimit,
     wait: Duration,
 ) -> Result<Vec<Record>, SourceError> {
-    let got = spool.read(offset, max, 4 << 20)?;
+    let got = spool.read(offset, limit.records, limit.bytes)?;
     if !got.is_empty() || wait.is_zero() || !spool.wait_for(offset, wait)? {
         return Ok(got);
     }
-    Ok(spool.read(offset, max, 4 << 20)?)
+    Ok(spool.read(offset, limit.records, limit.bytes)?)
 }
 
 async fn blocking<T: Send + 'static>(
@@ -410,10 +438,10 @@ impl Source for FileLogSource {
         &self,
         partition: &PartitionId,
         offset: u64,
-        max: usize,
+        limit: FetchLimit,
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError> {
-        self.reader(partition)?.fetch(offset, max, wait).await
+        self.reader(partition)?.fetch(offset, limit, wait).await
     }
 
     async fn end_offset(&self, partition: &PartitionId) -> Result<u64, SourceError> {

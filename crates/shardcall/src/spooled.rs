@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use shardcall_core::PartitionId;
 use shardcall_spool::{NewRecord, Record, Retention, Spool, SpoolConfig};
 
-use crate::source::{Source, SourceError, read_or_wait};
+use crate::source::{FetchLimit, Source, SourceError, read_or_wait};
 
 /// Most records a pump asks the inner source for at once.
 const PUMP_BATCH: usize = 1000;
@@ -210,7 +210,10 @@ async fn pump<S: Source>(
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         }
-        let records = match inner.fetch(&p, next, PUMP_BATCH, PUMP_WAIT).await {
+        let records = match inner
+            .fetch(&p, next, FetchLimit::records(PUMP_BATCH), PUMP_WAIT)
+            .await
+        {
             Ok(r) if r.is_empty() => continue,
             Ok(r) => r,
             Err(e) => {
@@ -302,7 +305,7 @@ impl<S: Source> Source for SpooledSource<S> {
         &self,
         partition: &PartitionId,
         offset: u64,
-        max: usize,
+        limit: FetchLimit,
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError> {
         let pump = self.pump_for(partition, offset)?;
@@ -311,7 +314,7 @@ impl<S: Source> Source for SpooledSource<S> {
         }
         let at = pump.reader.lock().expect("reader lock").spool_next;
         let spool = pump.spool.clone();
-        let got = tokio::task::spawn_blocking(move || read_or_wait(&spool, at, max, wait))
+        let got = tokio::task::spawn_blocking(move || read_or_wait(&spool, at, limit, wait))
             .await
             .map_err(|source| SourceError::Task {
                 what: "spool read",

@@ -28,6 +28,10 @@ pub struct TicketConfig {
     /// Most records handed to the handler at once.
     #[serde(skip)]
     pub max_batch: usize,
+    /// About the most bytes of keys and payloads handed to the handler at
+    /// once (one larger record still goes alone).
+    #[serde(skip)]
+    pub max_bytes: usize,
     /// How long a slot keeps a ticket before giving it back, when the
     /// partition still has records (its time budget). A batch that starts
     /// inside the budget finishes.
@@ -84,6 +88,7 @@ impl Default for TicketConfig {
             host: "localhost".into(),
             slots: 2,
             max_batch: 100,
+            max_bytes: crate::config::DEFAULT_MAX_BYTES,
             budget: Duration::from_millis(200),
             claim_ttl: Duration::from_secs(10),
             safety_margin: Duration::from_secs(2),

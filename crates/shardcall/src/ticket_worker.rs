@@ -410,6 +410,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
         moving: None,
         // Ticket mode balances by claiming: no load to report.
         load: None,
+        max_bytes: c.max_bytes,
         group: &c.group,
         ctx,
         store: &*s.store,

@@ -46,7 +46,14 @@ async fn records_come_through_unchanged_and_the_backlog_is_bounded() {
         .unwrap();
 
     // Nobody reads: the pump stops at the backlog limit (plus one fetch).
-    src.fetch(&p, 0, 1, Duration::from_secs(5)).await.unwrap();
+    src.fetch(
+        &p,
+        0,
+        shardcall::FetchLimit::records(1),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let backlog = src.backlog(&p).unwrap();
     assert!(
@@ -61,7 +68,12 @@ async fn records_come_through_unchanged_and_the_backlog_is_bounded() {
     while (offset as usize) < want.len() {
         assert!(Instant::now() < deadline, "stuck at {offset}");
         let batch = src
-            .fetch(&p, offset, 200, Duration::from_millis(200))
+            .fetch(
+                &p,
+                offset,
+                shardcall::FetchLimit::records(200),
+                Duration::from_millis(200),
+            )
             .await
             .unwrap();
         if let Some(last) = batch.last() {
@@ -82,7 +94,15 @@ async fn records_come_through_unchanged_and_the_backlog_is_bounded() {
     assert!(segments < 20, "{segments} files left in the spool");
 
     // A reader elsewhere (a new owner's checkpoint) gets what it asks for.
-    let again = src.fetch(&p, 100, 3, Duration::from_secs(5)).await.unwrap();
+    let again = src
+        .fetch(
+            &p,
+            100,
+            shardcall::FetchLimit::records(3),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
     assert_eq!(
         again.iter().map(|r| r.offset).collect::<Vec<_>>(),
         vec![100, 101, 102]
@@ -190,7 +210,12 @@ async fn an_idle_file_log_partition_wakes_on_a_write_and_its_end_follows() {
     let began = std::time::Instant::now();
     assert!(
         source
-            .fetch(&p, 0, 10, Duration::from_millis(200))
+            .fetch(
+                &p,
+                0,
+                shardcall::FetchLimit::records(10),
+                Duration::from_millis(200)
+            )
             .await
             .unwrap()
             .is_empty()
@@ -209,7 +234,12 @@ async fn an_idle_file_log_partition_wakes_on_a_write_and_its_end_follows() {
     };
     let began = std::time::Instant::now();
     let got = source
-        .fetch(&p, 0, 10, Duration::from_secs(10))
+        .fetch(
+            &p,
+            0,
+            shardcall::FetchLimit::records(10),
+            Duration::from_secs(10),
+        )
         .await
         .unwrap();
     assert_eq!(got.len(), 1);

@@ -155,11 +155,11 @@ impl Source for Trimmed {
         &self,
         p: &PartitionId,
         offset: u64,
-        max: usize,
+        limit: shardcall::FetchLimit,
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError> {
         let from = offset.max(self.start_of(p));
-        self.inner.fetch(p, from, max, wait).await
+        self.inner.fetch(p, from, limit, wait).await
     }
     async fn end_offset(&self, p: &PartitionId) -> Result<u64, SourceError> {
         self.inner.end_offset(p).await

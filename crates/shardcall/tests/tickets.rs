@@ -23,6 +23,7 @@ fn config(name: &str) -> TicketConfig {
         host: "test".into(),
         slots: 2,
         max_batch: 20,
+        max_bytes: shardcall::BatchConfig::default().max_bytes,
         budget: Duration::from_millis(30),
         claim_ttl: Duration::from_millis(1500),
         safety_margin: Duration::from_millis(400),
