@@ -1006,6 +1006,49 @@ fn metrics_follow_the_truth_after_a_burst_and_after_a_move() {
     assert!(lag_series(&body).values().all(|&v| v == 0.0), "{body}");
 }
 
+/// A handler call that takes long (10 s here) keeps its partition's lag
+/// gauge exported and current, and shows its age: a hung handler must not
+/// look caught up, or gone, to Prometheus (the exporter forgets a gauge
+/// not set for 5 s).
+#[test]
+fn a_long_handler_call_keeps_its_partition_gauges_and_shows_its_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 1);
+    let port = shardcall_redis::testing::free_port();
+    // Answers the initialize, then sleeps 10 s in its first batch.
+    let handler = r#"read l; echo '{"action":"ok"}'; read l; sleep 10; while true; do echo '{"action":"processed","state":""}'; read l || exit 0; done"#;
+    let a = worker(
+        &redis.url(),
+        "ops",
+        &log_dir.display().to_string(),
+        "a",
+        "0",
+    )
+    .args(["--metrics-addr", &port.to_string(), "--exec", handler])
+    .spawn()
+    .unwrap();
+    let _procs = Killer(vec![a]);
+    produce_numbers(&log, 10);
+    std::thread::sleep(Duration::from_secs(2));
+    produce_numbers(&log, 50);
+    // Past the exporter's 5 s into the call, which still runs.
+    let deadline = Instant::now() + Duration::from_secs(12);
+    let body = loop {
+        let body = http_get(port, "/metrics").unwrap_or_default();
+        if metric(&body, "shardcall_handler_call_age_seconds") >= 6.0 {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no call age of 6 s: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        metric(&body, "shardcall_handler_call_age_seconds") < 10.5,
+        "{body}"
+    );
+    let lags = lag_series(&body);
+    assert_eq!(lags.get("t/0"), Some(&60.0), "{body}");
+}
+
 #[test]
 fn a_hung_exec_handler_is_killed_at_its_deadline_and_restarted_from_the_checkpoint() {
     use shardcall::oracle::DigestState;

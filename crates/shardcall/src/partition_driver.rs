@@ -111,6 +111,21 @@ pub(crate) struct Drive<'a, S, Src, F: HandlerFactory> {
     pub max_bytes: usize,
 }
 
+/// Keeps a partition's gauges current while its handler call runs; the
+/// call's age is zero again once it is dropped.
+struct CallGauges {
+    task: tokio::task::JoinHandle<()>,
+    group: String,
+    partition: PartitionId,
+}
+
+impl Drop for CallGauges {
+    fn drop(&mut self) {
+        self.task.abort();
+        crate::telemetry::call_age(&self.group, &self.partition, Duration::ZERO);
+    }
+}
+
 /// A handler kept after a claim, valid while the partition's checkpoint is
 /// still the one it saw.
 pub(crate) struct Kept<H> {
@@ -693,6 +708,7 @@ where
         if caught_up {
             self.lag_checked = Some(clock::now());
             crate::telemetry::lag(group, p, 0);
+            crate::telemetry::call_age(group, p, Duration::ZERO);
             if let Some(meter) = &self.d.load {
                 meter.lock().expect("load meter").lag(clock::now_ms(), 0);
             }
@@ -714,6 +730,31 @@ where
                 }
             }
         }));
+    }
+
+    /// While a handler call runs (until the guard is dropped), every
+    /// [`crate::telemetry::GAUGE_REFRESH`]: the lag from the batch's first
+    /// offset, and how long the call has run; the call's age goes back to
+    /// zero at the end.
+    fn gauges_during_call(&self, from: Option<u64>) -> Option<CallGauges> {
+        let from = from.filter(|_| self.d.lag_gauge)?;
+        let source = self.d.source.clone();
+        let (group, p) = (self.d.group.to_owned(), self.d.ctx.partition.clone());
+        let began = clock::now();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(crate::telemetry::GAUGE_REFRESH).await;
+                crate::telemetry::call_age(&group, &p, began.elapsed());
+                if let Ok(end) = source.end_offset(&p).await {
+                    crate::telemetry::lag(&group, &p, end.saturating_sub(from));
+                }
+            }
+        });
+        Some(CallGauges {
+            task,
+            group: self.d.group.to_owned(),
+            partition: self.d.ctx.partition.clone(),
+        })
     }
 
     async fn process(&mut self, records: Arc<Vec<Record>>) -> Event {
@@ -747,6 +788,9 @@ where
             (records.len() as u64, bytes as u64)
         });
         let last = records.last().map(|r| r.offset);
+        // The partition's gauges stay current while the call runs, however
+        // long: a hung handler must not look caught up, or gone.
+        let _gauges = self.gauges_during_call(records.first().map(|r| r.offset));
         let applied = Applied {
             offset: last.map_or(0, |l| l + 1),
             epoch: self.d.ctx.epoch,

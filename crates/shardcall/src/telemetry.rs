@@ -35,6 +35,11 @@ pub fn describe() {
         "Records between a held partition's position and the end of its log"
     );
     describe_gauge!(
+        "shardcall_handler_call_age_seconds",
+        Unit::Seconds,
+        "How long a held partition's handler call in progress has run (0: none runs)"
+    );
+    describe_gauge!(
         "shardcall_owned_partitions",
         Unit::Count,
         "Partitions this worker runs now (owned mode)"
@@ -129,6 +134,13 @@ pub fn batch_seconds(group: &str, d: Duration) {
 pub fn lag(group: &str, p: &PartitionId, records: u64) {
     metrics::gauge!("shardcall_lag_records", "group" => group.to_owned(), "partition" => p.to_string())
         .set(records as f64);
+}
+
+/// How long the partition's handler call in progress has run (zero: none
+/// runs).
+pub fn call_age(group: &str, p: &PartitionId, d: Duration) {
+    metrics::gauge!("shardcall_handler_call_age_seconds", "group" => group.to_owned(), "partition" => p.to_string())
+        .set(d.as_secs_f64());
 }
 
 /// Partitions this worker runs now.
