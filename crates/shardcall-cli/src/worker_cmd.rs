@@ -490,6 +490,22 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         })),
         None => None,
     };
+    // A group whose keys hold data shardcall cannot read, or that this
+    // Redis user may not use, is refused before anything is written (no
+    // key of shardcall's is left beside foreign ones), naming what.
+    if let Err(e) = store.preflight(&r.worker.group).await {
+        if e.is_final() {
+            tracing::error!(error = %e, redis = %redis.shown(), "cannot use the group");
+            eprintln!(
+                "error: Redis at {}, group {}: {e}",
+                redis.shown(),
+                r.worker.group
+            );
+            return Ok(ExitCode::from(2));
+        }
+        // Out of reach for a moment: the worker's own retries take over.
+        tracing::warn!(error = %e, "looking at the group's data");
+    }
     let store = Arc::new(store);
     // One destination (one Kafka producer) for both modes.
     let dead_letters = dead_letters(&r)?;

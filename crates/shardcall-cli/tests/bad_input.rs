@@ -89,6 +89,146 @@ fn a_foreign_key_in_the_group_is_fatal_and_named_for_every_command() {
     }
 }
 
+/// Every key of the group's slot in `server`.
+fn keys(server: &RedisServer) -> Vec<String> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &server.port.to_string(), "--scan"])
+        .output()
+        .unwrap();
+    let mut keys: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    keys.sort();
+    keys
+}
+
+/// A foreign value (not only a foreign type) in any key shardcall reads is
+/// named and fatal, and the worker writes nothing beside it first; one
+/// found in a partition's key during a run stops the worker at once.
+#[test]
+fn foreign_values_anywhere_are_named_fatal_and_leave_nothing_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log = log(dir.path());
+    let mut w = Workers::new(dir.path());
+    for (n, (key, value, said)) in [
+        (
+            "shardcall:{g}:version",
+            "abc",
+            "shardcall:{g}:version holds \"abc\"",
+        ),
+        (
+            "shardcall:{g}:members",
+            "hello",
+            "shardcall:{g}:members holds a string",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        redis_cli(&server, &["FLUSHALL"]);
+        redis_cli(&server, &["SET", key, value]);
+        let name = format!("w{n}");
+        w.start(&name, worker(&server.url(), &log));
+        let (status, took) = w
+            .wait_within(&name, Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("kept retrying on {key}: {}", w.log(&name)));
+        let log = w.log(&name);
+        assert_eq!(status.code(), Some(2), "{log}");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(log.contains(said), "{log}");
+        assert_eq!(keys(&server), vec![key.to_owned()], "written beside it");
+    }
+    // During a run: a partition's checkpoint key turns into a string.
+    redis_cli(&server, &["FLUSHALL"]);
+    w.start("run", worker(&server.url(), &log));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !keys(&server).contains(&"shardcall:{g/t/0}:cp".to_owned()) {
+        let mut p = FileLog::open(&log, SpoolConfig::default())
+            .unwrap()
+            .producer("t")
+            .unwrap();
+        p.send(Some(b"k"), b"v", 0).unwrap();
+        p.flush().unwrap();
+        assert!(std::time::Instant::now() < deadline, "{}", w.log("run"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    redis_cli(&server, &["DEL", "shardcall:{g/t/0}:cp"]);
+    redis_cli(&server, &["SET", "shardcall:{g/t/0}:cp", "foo"]);
+    let mut p = FileLog::open(&log, SpoolConfig::default())
+        .unwrap()
+        .producer("t")
+        .unwrap();
+    for i in 0..50 {
+        p.send(Some(format!("k{i}").as_bytes()), b"v", 0).unwrap();
+    }
+    p.flush().unwrap();
+    let (status, _) = w
+        .wait_within("run", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("retried a checkpoint key it cannot read: {}", w.log("run")));
+    let said = w.log("run");
+    assert_eq!(status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("shardcall:{g/t/0}:cp holds a string; shardcall keeps a hash there"),
+        "{said}"
+    );
+}
+
+/// An ACL user that may not read the group's keys, or may not run
+/// scripts, is refused at start (exit 2, naming the command and the key),
+/// and nothing is written.
+#[test]
+fn acl_users_with_partial_rights_are_refused_at_start_naming_what() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log = log(dir.path());
+    redis_cli(
+        &server,
+        &[
+            "ACL",
+            "SETUSER",
+            "elsewhere",
+            "on",
+            ">pw",
+            "resetkeys",
+            "~other*",
+            "+@all",
+        ],
+    );
+    redis_cli(
+        &server,
+        &[
+            "ACL",
+            "SETUSER",
+            "noscripts",
+            "on",
+            ">pw",
+            "resetkeys",
+            "~shardcall:{g*",
+            "+@all",
+            "-evalsha",
+            "-eval",
+        ],
+    );
+    let mut w = Workers::new(dir.path());
+    for (user, said) in [
+        ("elsewhere", "TYPE shardcall:{g}:version was refused"),
+        (
+            "noscripts",
+            "EVALSHA (a script) on shardcall:{g}:version was refused",
+        ),
+    ] {
+        let url = format!("redis://{user}:pw@127.0.0.1:{}/", server.port);
+        w.start(user, worker(&url, &log));
+        let (status, took) = w
+            .wait_within(user, Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("{user} retried for ever: {}", w.log(user)));
+        let log = w.log(user);
+        assert_eq!(status.code(), Some(2), "{log}");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(log.contains(said) && log.contains("ACL"), "{log}");
+        assert!(keys(&server).is_empty(), "written: {:?}", keys(&server));
+    }
+}
+
 #[test]
 fn a_refused_password_is_fatal_within_two_seconds_and_never_shown() {
     let dir = tempfile::tempdir().unwrap();
@@ -131,8 +271,11 @@ fn a_refused_password_is_fatal_within_two_seconds_and_never_shown() {
     );
 }
 
+/// A worker that cannot reach Redis retries with backoff, and stops on
+/// SIGTERM at once. (A user the ACL refuses is fatal at start instead:
+/// `acl_users_with_partial_rights_are_refused_at_start_naming_what`.)
 #[test]
-fn sigterm_stops_a_worker_that_cannot_reach_redis_or_cannot_join() {
+fn sigterm_stops_a_worker_that_cannot_reach_redis() {
     let dir = tempfile::tempdir().unwrap();
     let log = log(dir.path());
     let mut w = Workers::new(dir.path());
@@ -142,42 +285,18 @@ fn sigterm_stops_a_worker_that_cannot_reach_redis_or_cannot_join() {
         shardcall_redis::testing::free_port()
     );
     w.start("connecting", worker(&nobody, &log));
-    // A user that may not touch the group's keys: joining is refused and
-    // retried, as when Redis is lost (said in the log).
-    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
-    redis_cli(
-        &server,
-        &[
-            "ACL",
-            "SETUSER",
-            "elsewhere",
-            "on",
-            ">pw",
-            "~other*",
-            "+@all",
-        ],
-    );
-    let url = format!("redis://elsewhere:pw@127.0.0.1:{}/", server.port);
-    w.start("joining", worker(&url, &log));
     std::thread::sleep(Duration::from_millis(1500));
-    for name in ["connecting", "joining"] {
-        assert!(
-            w.wait_within(name, Duration::ZERO).is_none(),
-            "{name} ended early: {}",
-            w.log(name)
-        );
-        w.signal(name, "-TERM");
-        let (status, took) = w
-            .wait_within(name, Duration::from_secs(5))
-            .unwrap_or_else(|| panic!("{name} ignored SIGTERM: {}", w.log(name)));
-        assert!(status.success(), "{name}: {status:?} {}", w.log(name));
-        assert!(took < Duration::from_secs(3), "{name} took {took:?}");
-    }
-    let joining = w.log("joining");
     assert!(
-        joining.contains("NOPERM") || joining.contains("ACL"),
-        "{joining}"
+        w.wait_within("connecting", Duration::ZERO).is_none(),
+        "ended early: {}",
+        w.log("connecting")
     );
+    w.signal("connecting", "-TERM");
+    let (status, took) = w
+        .wait_within("connecting", Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("ignored SIGTERM: {}", w.log("connecting")));
+    assert!(status.success(), "{status:?} {}", w.log("connecting"));
+    assert!(took < Duration::from_secs(3), "took {took:?}");
 }
 
 #[test]

@@ -289,10 +289,10 @@ pub enum End {
     /// Fenced out or out of lease: stopped without releasing or giving
     /// back.
     Lost(String),
-    /// The source's data cannot be read past (damaged), in ticket mode:
-    /// what was processed before it is checkpointed, and the worker must
-    /// stop and say why (retrying cannot mend it, and another member would
-    /// hit it too).
+    /// The source's data cannot be read past (damaged), in ticket mode, or
+    /// the coordination store holds data that cannot be read (any mode):
+    /// the worker must stop and say why (retrying cannot mend it, and
+    /// another member would hit it too).
     Failed(String),
     /// The partition's data or state cannot be read past (owned mode):
     /// what was processed before is checkpointed, the partition is marked
@@ -402,6 +402,11 @@ pub enum Event {
     LeaseLapsed,
     /// Whether the stop was written ([`Command::StopPartition`]).
     StopWritten(StoreAnswer<()>),
+    /// The answer to any command that asked the coordination store: it
+    /// holds data this cannot read (another program's key, a record of an
+    /// incompatible version). Retrying cannot mend it, and it is the
+    /// group's data, not the partition's: the worker stops and says so.
+    StoreUnreadable(String),
 }
 
 /// Where the engine is.
@@ -556,10 +561,13 @@ impl PartitionEngine {
             self.moving_since = Some(env.now);
         }
         let awaited = self.awaiting.take();
-        if let Event::LeaseLapsed = event {
-            self.lose("the lease ran out before the batch was handed over");
-        } else {
-            self.absorb(awaited, event, env);
+        match event {
+            Event::LeaseLapsed => self.lose("the lease ran out before the batch was handed over"),
+            Event::StoreUnreadable(why) => {
+                self.queue.clear();
+                self.queue.push_back(Command::Done(End::Failed(why)));
+            }
+            event => self.absorb(awaited, event, env),
         }
         let next = match self.queue.pop_front() {
             // Records leave (to the handler, to the dead letters) only under

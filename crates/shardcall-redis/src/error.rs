@@ -84,8 +84,26 @@ pub fn map_error(e: &redis::RedisError) -> StoreError {
         {
             StoreError::unavailable("cannot reach Redis", e.clone())
         }
+        // A script met a value it cannot use where shardcall keeps its own
+        // (a counter that is not a number, a record that is not JSON):
+        // retrying cannot mend it.
+        _ if unreadable_value(&detail) || unreadable_value(&e.to_string()) => StoreError::corrupt(
+            "a key of this group",
+            format!("it holds a value shardcall cannot read: {e}"),
+        ),
         _ => StoreError::unavailable("Redis answered with an error", e.clone()),
     }
+}
+
+/// Whether Redis's words say a script found a value it cannot read.
+fn unreadable_value(said: &str) -> bool {
+    said.contains("not an integer or out of range")
+        || said.contains("not a valid float")
+        || said.contains("Expected value but found")
+        || said.contains("Expected object key")
+        || said.contains("attempt to index")
+        || said.contains("attempt to compare")
+        || said.contains("attempt to perform arithmetic")
 }
 
 /// What to check when Redis refuses the credentials.

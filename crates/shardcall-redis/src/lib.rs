@@ -17,5 +17,6 @@ mod store;
 pub mod testing;
 mod tickets;
 
+pub use foreign::Refused;
 pub use redact::{redact_url, redact_urls};
 pub use store::{CONNECT_TIMEOUT, RedisStore};

@@ -68,6 +68,8 @@ pub(crate) struct Scripts {
     set_policy: Script,
     pub(crate) report_failure: Script,
     pub(crate) stop_partition: Script,
+    /// Reads one key: whether the user may run scripts on the group.
+    pub(crate) probe: Script,
     pub(crate) clear_stop: Script,
     pub(crate) clear_failure: Script,
     pub(crate) report_restore: Script,
@@ -105,6 +107,7 @@ impl Scripts {
             set_policy: script(include_str!("../lua/set_policy.lua")),
             report_failure: script(include_str!("../lua/report_failure.lua")),
             stop_partition: script(include_str!("../lua/stop_partition.lua")),
+            probe: Script::new("return redis.call('EXISTS', KEYS[1])"),
             clear_stop: script(include_str!("../lua/clear_stop.lua")),
             report_restore: script(include_str!("../lua/report_restore.lua")),
             clear_restore: script(include_str!("../lua/clear_restore.lua")),
@@ -1128,13 +1131,13 @@ impl CoordinationStore for RedisStore {
     ) -> StoreResult<Option<Checkpoint>> {
         let mut c = self.conn.clone();
         #[allow(clippy::type_complexity)]
-        let (offset, state, epoch, backup, position): (
+        let read: StoreResult<(
             Option<u64>,
             Option<Vec<u8>>,
             Option<u64>,
             Option<Vec<u8>>,
             Option<String>,
-        ) = redis::cmd("HMGET")
+        )> = redis::cmd("HMGET")
             .arg(checkpoint_key(group, partition))
             .arg("offset")
             .arg("state")
@@ -1143,7 +1146,11 @@ impl CoordinationStore for RedisStore {
             .arg("position")
             .query_async(&mut c)
             .await
-            .map_err(|e| map_error(&e))?;
+            .map_err(|e| map_error(&e));
+        let (offset, state, epoch, backup, position) = match read {
+            Ok(fields) => fields,
+            Err(e) => return Err(self.explain_partition(group, partition, e).await),
+        };
         let mut cp = decode_checkpoint(partition, (offset, state, epoch), backup)?;
         if let Some(cp) = &mut cp {
             cp.position = position.filter(|p| !p.is_empty());
@@ -1166,7 +1173,7 @@ impl CoordinationStore for RedisStore {
             Err(e) => {
                 let err = map_error(&e).for_grant(member, partition, checkpoint.epoch);
                 if !err.is_fenced() {
-                    return Err(err);
+                    return Err(self.explain_partition(group, partition, err).await);
                 }
                 // The copy may be behind the table (a coordinator stopped
                 // between the two): heal it from the table, then try once more.

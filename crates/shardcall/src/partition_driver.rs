@@ -173,6 +173,8 @@ struct Driver<'a, S, Src, F: HandlerFactory, G> {
     open_write: Option<OpenWrite>,
     lag_checked: Option<Instant>,
     lag_task: Option<tokio::task::JoinHandle<()>>,
+    /// The last store answer held data that cannot be read (fatal).
+    unreadable_store: Option<String>,
     /// The partition's local state store, once opened.
     local: Option<PartitionState>,
 }
@@ -203,6 +205,7 @@ where
         open_write: None,
         lag_checked: None,
         lag_task: None,
+        unreadable_store: None,
         local: None,
     };
     let mut engine = PartitionEngine::new(rules);
@@ -211,7 +214,14 @@ where
         let env = driver.env();
         match engine.step(event, env) {
             Command::Done(end) => break end,
-            command => event = driver.carry_out(command, &engine).await,
+            command => {
+                event = driver.carry_out(command, &engine).await;
+                // The store answered with data nobody can read: that is the
+                // answer, whatever the command was.
+                if let Some(why) = driver.unreadable_store.take() {
+                    event = Event::StoreUnreadable(why);
+                }
+            }
         }
     };
     // Nothing of this partition outlives it (a lag look-up holds the
@@ -233,7 +243,7 @@ where
     match &end {
         End::Lost(why) => tracing::warn!(reason = %why, "partition stopped"),
         End::Failed(why) => {
-            tracing::error!(error = %why, "the partition's records cannot be read; the worker stops")
+            tracing::error!(error = %why, "the partition cannot go on here; the worker stops")
         }
         _ => {}
     }
@@ -270,14 +280,6 @@ async fn revoked(revoke: &mut watch::Receiver<bool>) {
         if *revoke.borrow_and_update() {
             return;
         }
-    }
-}
-
-fn answer<T>(r: Result<T, StoreError>) -> StoreAnswer<T> {
-    match r {
-        Ok(v) => StoreAnswer::Ok(v),
-        Err(StoreError::Fenced(f)) => StoreAnswer::Fenced(f.to_string()),
-        Err(e) => StoreAnswer::Failed(e.to_string()),
     }
 }
 
@@ -349,6 +351,21 @@ where
         }
     }
 
+    /// A store's result as the engine takes it; data the store holds but
+    /// nobody can read is remembered, and becomes the step's answer.
+    fn answer<T>(&mut self, r: Result<T, StoreError>) -> StoreAnswer<T> {
+        match r {
+            Ok(v) => StoreAnswer::Ok(v),
+            Err(StoreError::Fenced(f)) => StoreAnswer::Fenced(f.to_string()),
+            Err(e) => {
+                if e.disposition() == Disposition::Fatal {
+                    self.unreadable_store = Some(e.to_string());
+                }
+                StoreAnswer::Failed(e.to_string())
+            }
+        }
+    }
+
     fn cell(&mut self) -> &mut HandlerCell<F> {
         self.cell
             .as_mut()
@@ -376,7 +393,7 @@ where
                 if let Err(e) = &renewed {
                     tracing::warn!(error = %e, "renewing the claim");
                 }
-                Event::Renewed(answer(renewed))
+                Event::Renewed(self.answer(renewed))
             }
             Command::Fetch { from, max, wait } => self.fetch(from, max, wait).await,
             Command::CountDelivery { first, last } => {
@@ -384,7 +401,7 @@ where
                 if let Err(e) = &counted {
                     tracing::warn!(error = %e, "counting a delivery");
                 }
-                Event::Counted(answer(counted))
+                Event::Counted(self.answer(counted))
             }
             Command::Process { range } => {
                 let records = if range.len() == self.batch.len() {
@@ -448,14 +465,14 @@ where
                 if let Err(e) = &stopped {
                     tracing::warn!(error = %e, "writing the partition's stop");
                 }
-                Event::StopWritten(answer(stopped))
+                Event::StopWritten(self.answer(stopped))
             }
             Command::Release => {
                 let released = self.grant.release().await;
                 if let Err(e) = &released {
                     tracing::warn!(error = %e, "release failed");
                 }
-                Event::Released(answer(released))
+                Event::Released(self.answer(released))
             }
             Command::Backup { state_backed_up } => {
                 tracing::info!("partition released; the handler backs it up");
@@ -517,7 +534,7 @@ where
             Ok(cp) => cp,
             Err(e) => {
                 tracing::warn!(error = %e, "restoring the checkpoint");
-                return Event::Restored(answer(Err(e)));
+                return Event::Restored(self.answer(Err(e)));
             }
         };
         self.checkpoint = checkpoint.as_ref().map(|cp| (cp.offset, cp.epoch));
@@ -649,7 +666,7 @@ where
                 local.history_written().await;
                 Event::Snapshotted(StoreAnswer::Ok(()))
             }
-            Err(e) => Event::Snapshotted(answer(Err(e))),
+            Err(e) => Event::Snapshotted(self.answer(Err(e))),
         }
     }
 
@@ -944,6 +961,11 @@ where
                 };
                 self.tell_oracle(&write, outcome);
                 CheckpointAnswer::Fenced(f.to_string())
+            }
+            Ok(Err(e)) if e.disposition() == Disposition::Fatal => {
+                self.tell_oracle(&write, BatchOutcome::Refused);
+                self.unreadable_store = Some(e.to_string());
+                CheckpointAnswer::Failed(e.to_string())
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "checkpoint failed; retrying");
