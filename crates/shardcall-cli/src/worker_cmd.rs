@@ -547,12 +547,30 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
             }
             #[cfg(feature = "kinesis")]
             SourceChoice::Kinesis(k) => {
-                tracing::info!(endpoint = k.endpoint.as_deref().unwrap_or("AWS"), region = %k.region,
-                    streams = %topics.join(","), "consuming Kinesis");
-                start(AnySource::Kinesis(shardcall_kinesis::KinesisSource::new(
-                    k.clone(),
-                    topics.clone(),
-                )))?
+                let endpoint = k.endpoint.as_deref().unwrap_or("AWS");
+                tracing::info!(endpoint, region = %k.region, streams = %topics.join(","), "consuming Kinesis");
+                let source = shardcall_kinesis::KinesisSource::new(k.clone(), topics.clone());
+                // A wrong endpoint or a stream that does not exist is an
+                // error at start, said in one line, not a retry for ever.
+                let first_look = tokio::time::timeout(KINESIS_FIRST_LOOK, source.partitions()).await;
+                let refused = match first_look {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(_) => Some(format!(
+                        "no answer within {}s",
+                        KINESIS_FIRST_LOOK.as_secs()
+                    )),
+                };
+                if let Some(why) = refused {
+                    tracing::error!(error = %why, endpoint, "cannot read the streams");
+                    eprintln!(
+                        "error: Kinesis at {endpoint} ({}), streams {}: {why}",
+                        k.region,
+                        topics.join(",")
+                    );
+                    return Ok(ExitCode::from(2));
+                }
+                start(AnySource::Kinesis(source))?
             }
             #[cfg(not(feature = "kinesis"))]
             SourceChoice::Kinesis(_) => unreachable!("refused when the settings are resolved"),
@@ -629,6 +647,11 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+/// How long a Kinesis worker waits at start for the first listing of its
+/// streams' shards.
+#[cfg(feature = "kinesis")]
+const KINESIS_FIRST_LOOK: Duration = Duration::from_secs(10);
 
 /// What a graceful stop may take beyond the member lease (leaving the
 /// group, the last commit to Kafka).

@@ -50,6 +50,108 @@ fn spawn(workers: &mut Workers, redis: &str, k: &Kinesalite, name: &str) {
     workers.start(name, cmd);
 }
 
+/// A stream that does not exist, or an endpoint where nothing answers, is
+/// an error at start: exit 2 and one line that names it, within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_stream_or_a_wrong_endpoint_is_an_error_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kinesalite::start().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let endpoint = k.config().endpoint.expect("a local endpoint");
+    let nowhere = format!("http://127.0.0.1:{}", shardcall_redis::testing::free_port());
+    for (name, endpoint, says) in [
+        ("missing", endpoint.as_str(), "nosuchstream"),
+        ("nowhere", nowhere.as_str(), &nowhere[7..]),
+    ] {
+        let out = shardcall_command()
+            .args(["worker", "--redis", &redis.url(), "--group", GROUP])
+            .args(["--topic", "nosuchstream", "--name", name])
+            .args(["--set", "source.kind=\"kinesis\""])
+            .args(["--set", &format!("source.kinesis.endpoint=\"{endpoint}\"")])
+            .args(["--set", "source.kinesis.access_key_id=\"test\""])
+            .env(
+                "SHARDCALL_SOURCE__KINESIS__SECRET_ACCESS_KEY",
+                "test-secret",
+            )
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_else(|| panic!("{name}: no error line: {err}"));
+        assert!(line.contains(says), "{name}: {line}");
+        assert!(
+            !line.contains("ErrorMetadata") && !line.contains("Headers {"),
+            "{name}: a Debug dump: {line}"
+        );
+        assert!(!err.contains("test-secret"), "{name}: the secret was shown");
+    }
+}
+
+/// A stream that goes away during a run: its shard shows as failing in
+/// `status`, with the error, instead of looking owned and healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_gone_during_a_run_shows_as_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kinesalite::start().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let reader = KinesisSource::new(k.config(), vec![STREAM.into()]);
+    let admin = Admin(reader.client());
+    admin.create(STREAM, 1).await.unwrap();
+    admin.produce(STREAM, 20, 3, "a").await.unwrap();
+    let mut workers = Workers::new(dir.path());
+    spawn(&mut workers, &redis.url(), &k, "a");
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let shard = PartitionId::new(STREAM, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store
+        .load_checkpoint(GROUP, &shard)
+        .await
+        .unwrap()
+        .is_none_or(|c| c.offset < 20)
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", workers.log("a"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    admin.delete(STREAM).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let failing = loop {
+        let out = shardcall_command()
+            .args([
+                "status",
+                "--redis",
+                &redis.url(),
+                "--group",
+                GROUP,
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let row = doc["partitions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["partition"] == shard.to_string())
+            .cloned()
+            .unwrap_or_default();
+        if !row["failing"].is_null() {
+            break row["failing"].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shard never showed as failing: {doc:#}\n{}",
+            workers.log("a")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let error = failing["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("ResourceNotFound"), "{failing:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_processes_follow_a_split_and_a_merge_through_a_kill() {
     let dir = tempfile::tempdir().unwrap();

@@ -373,8 +373,14 @@ pub enum Event {
     HandlerStarted(Result<(), CallFailure>),
     /// The claim was renewed (the driver renewed its lease with it).
     Renewed(StoreAnswer<()>),
-    /// The records read, by offset (`None`: the source failed).
+    /// The records read, by offset (`None`: the source failed, and
+    /// nothing more is known).
     Fetched(Option<Vec<u64>>),
+    /// The source failed the fetch, and why (an endpoint that does not
+    /// answer, a stream that is gone): shown as failing from the first
+    /// time, and, in owned mode, given up after `give_up_after` in a row
+    /// so a member that can read it takes it.
+    FetchFailed(String),
     /// Deliveries of the batch so far, this one included.
     Counted(StoreAnswer<u32>),
     /// The handler call's outcome.
@@ -442,6 +448,7 @@ struct Isolation {
 const STUCK: &str = "its handler is stuck in a call";
 const FAILING: &str = "its handler failed too many times in a row here";
 const STORAGE: &str = "its local state store failed";
+const SOURCE: &str = "its source failed too many times in a row here";
 
 /// One partition's engine.
 #[derive(Debug, Clone)]
@@ -470,6 +477,9 @@ pub struct PartitionEngine {
     /// A renewal failed this round: fetch without trying again.
     renew_failed: bool,
     give_up: Option<&'static str>,
+    /// The source's failures are reported: the report is cleared once a
+    /// fetch succeeds.
+    source_failing: bool,
     /// Why the partition is being stopped for the group (its stop is
     /// written or being written; it ends at the release).
     stopping: Option<String>,
@@ -524,6 +534,7 @@ impl PartitionEngine {
             renew_failed: false,
             give_up: None,
             stopping: None,
+            source_failing: false,
             served: None,
             history,
             singles_until: None,
@@ -973,6 +984,7 @@ impl PartitionEngine {
                 StoreAnswer::Failed(_) => self.queue.push_back(Command::Pause(STORE_RETRY)),
             },
             (Some(Command::Pause(_) | Command::Fetch { .. }), Event::Interrupted) => {}
+            (Some(Command::Fetch { .. }), Event::FetchFailed(why)) => self.fetch_failed(why, env),
             (
                 Some(Command::Fetch { .. } | Command::FindStart | Command::Restore),
                 Event::Unreadable(why),
@@ -1016,10 +1028,44 @@ impl PartitionEngine {
         }
     }
 
+    /// The source failed a fetch, saying why: reported from the first
+    /// failure on, paused more and more, and (owned mode) given up after
+    /// `give_up_after` in a row.
+    fn fetch_failed(&mut self, why: String, env: Env) {
+        let pause = self.io_failed();
+        if self.ticket().is_some() {
+            self.finish(Served::Failed, pause);
+            return;
+        }
+        self.checkpoint_pending(env);
+        self.source_failing = true;
+        let attempts = self.io_failures;
+        let give_up_after = self.rules.give_up_after;
+        if give_up_after > 0 && attempts >= give_up_after {
+            self.queue.push_back(Command::ReportFailure {
+                attempts,
+                error: why,
+                retry_in: None,
+            });
+            self.give_up = Some(SOURCE);
+            self.finish(Served::Failed, STORE_RETRY);
+            return;
+        }
+        self.queue.push_back(Command::ReportFailure {
+            attempts,
+            error: why,
+            retry_in: Some(pause),
+        });
+        self.queue.push_back(Command::Pause(pause));
+    }
+
     fn fetched(&mut self, fetched: Option<Vec<u64>>, env: Env) {
         let ticket = self.ticket().is_some();
         if fetched.is_some() {
             self.io_failures = 0;
+            if std::mem::take(&mut self.source_failing) {
+                self.queue.push_back(Command::ClearFailure);
+            }
         }
         match fetched {
             None => {
@@ -2072,6 +2118,47 @@ mod tests {
         // Owned: stopped for the group and released, so this member serves
         // the rest.
         assert_eq!(end, End::Stopped("checksum mismatch at byte 7".into()));
+    }
+
+    #[test]
+    fn a_failing_source_is_reported_at_once_and_given_up_after_its_limit() {
+        let rules = PartitionRules {
+            give_up_after: 3,
+            ..owned()
+        };
+        let env = World::new(0).env();
+        let mut engine = PartitionEngine::new(rules);
+        let mut command = engine.step(Event::Start, env);
+        let mut reports = Vec::new();
+        let end = loop {
+            let event = match &command {
+                Command::Restore => Event::Restored(StoreAnswer::Ok(Some(0))),
+                Command::StartHandler => Event::HandlerStarted(Ok(())),
+                Command::Fetch { .. } => Event::FetchFailed("stream s not found".into()),
+                Command::ReportFailure {
+                    attempts, error, ..
+                } => {
+                    reports.push((*attempts, error.clone()));
+                    Event::Done
+                }
+                Command::Pause(_) | Command::ClearFailure => Event::Done,
+                Command::Release => Event::Released(StoreAnswer::Ok(())),
+                Command::Done(end) => break end.clone(),
+                other => panic!("{other:?}"),
+            };
+            command = engine.step(event, env);
+        };
+        assert_eq!(
+            end,
+            End::GivenUp(SOURCE),
+            "released for a member that can read it"
+        );
+        assert_eq!(
+            reports,
+            (1..=3)
+                .map(|n| (n, "stream s not found".to_string()))
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -47,10 +47,25 @@ where
         operation,
         partition: p.cloned(),
         source: Box::new(CallFailed {
-            text: aws_sdk_kinesis::error::DisplayErrorContext(&e).to_string(),
+            text: readable(&e),
             cause: e,
         }),
     }
+}
+
+/// An SDK error in one readable line: each cause's own words, joined (the
+/// SDK's `DisplayErrorContext` ends with a Debug dump of the response).
+fn readable(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut at = Some(e);
+    while let Some(err) = at {
+        let said = err.to_string();
+        if !said.is_empty() && !parts.iter().any(|p| p.contains(&said)) {
+            parts.push(said);
+        }
+        at = err.source();
+    }
+    parts.join(": ").replace('\n', " ")
 }
 
 /// An SDK error that prints its whole chain (the SDK's own display says

@@ -119,6 +119,17 @@ impl Admin<'_> {
         self.active(stream).await
     }
 
+    /// Deletes `stream` (its readers' calls fail from then on).
+    pub async fn delete(&self, stream: &str) -> Result<(), KinesaliteError> {
+        self.0
+            .delete_stream()
+            .stream_name(stream)
+            .send()
+            .await
+            .map_err(call)?;
+        Ok(())
+    }
+
     async fn active(&self, stream: &str) -> Result<(), KinesaliteError> {
         for _ in 0..200 {
             let d = self

@@ -94,7 +94,7 @@ pub(crate) async fn report<S: FailureReports + ?Sized>(
     crate::telemetry::handler_failure(group, &ctx.partition);
     tracing::warn!(attempt = attempts,
         retry_in_ms = retry_in.map(|d| d.as_millis() as u64), error = %error,
-        "handler call failed; the batch will be delivered again");
+        "failing (the handler or the source); tried again after a pause");
     if let Err(e) = store
         .report_failure(
             group,

@@ -707,7 +707,7 @@ where
             Err(e) if e.disposition() == Disposition::Fatal => Event::Unreadable(e.to_string()),
             Err(e) => {
                 tracing::warn!(error = %e, "fetch failed; retrying");
-                Event::Fetched(None)
+                Event::FetchFailed(e.to_string())
             }
         }
     }
