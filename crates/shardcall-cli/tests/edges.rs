@@ -478,3 +478,40 @@ async fn batches_are_bounded_by_bytes_and_limits_are_stated() {
     assert!(largest >= 2, "nothing to test: {batches:?}");
     assert!(largest <= 3, "a batch of {largest} records of 100 kB");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_partition_backs_up_its_last_changes_on_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 1);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    let mut cmd = worker(&rig, "w");
+    cmd.arg("--log")
+        .arg(dir.path().join("log"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--backup-dir")
+        .arg(dir.path().join("backups"))
+        .args(["--set", "state.snapshots.every=2s"]);
+    rig.workers.start("w", cmd);
+    // One burst, processed at once (before the interval is up), then
+    // nothing more comes: its changes must still reach the backup.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    rig.produce(100, "a");
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
+    let p = PartitionId::new("t", 0);
+    let end = rig.ends()[&p];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let cp = store.load_checkpoint(GROUP, &p).await.unwrap().unwrap();
+        if cp.backup.first().is_some_and(|b| b.offset == end) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle partition's last changes were never backed up: {:?}\n{}",
+            cp.backup,
+            rig.workers.log("w")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -664,14 +664,14 @@ impl PartitionEngine {
                     state: StateOf::Processed,
                 });
             }
-            // Nothing pending: an ending partition, or one moving
-            // elsewhere, snapshots and writes the pointer itself.
-            None if (ending || self.moving_snapshot_due()) && self.snapshot_due(env, ending) => {
-                self.queue.push_back(Command::Snapshot {
-                    write_pointer: true,
-                    delta_only: ending || self.moving_since.is_some(),
-                })
-            }
+            // Nothing pending: an ending partition, one moving elsewhere,
+            // or an idle one whose changes are due for a backup (no batch
+            // will come to carry its pointer) snapshots and writes the
+            // pointer itself.
+            None if self.snapshot_due(env, ending) => self.queue.push_back(Command::Snapshot {
+                write_pointer: true,
+                delta_only: ending || self.moving_since.is_some(),
+            }),
             None => {}
         }
     }
@@ -1719,6 +1719,50 @@ mod tests {
         let mut w = World::new(20);
         w.run(owned());
         assert_eq!(w.count(|c| matches!(c, Command::Snapshot { .. })), 0);
+    }
+
+    #[test]
+    fn an_idle_partition_backs_up_its_last_changes_on_the_interval() {
+        // One batch, checkpointed as it catches up; then nothing comes.
+        let rules = with_state(Duration::from_secs(30), Duration::ZERO);
+        let mut engine = PartitionEngine::new(rules);
+        let mut env = World::new(0).env();
+        let mut command = engine.step(Event::Start, env);
+        let mut fetches = 0;
+        let snapshot = loop {
+            env.now += 1000;
+            let event = match &command {
+                Command::Restore => Event::Restored(StoreAnswer::Ok(Some(0))),
+                Command::StartHandler => Event::HandlerStarted(Ok(())),
+                Command::Fetch { .. } => {
+                    fetches += 1;
+                    assert!(fetches < 100, "never backed up");
+                    Event::Fetched(Some(if fetches == 1 { vec![0, 1, 2] } else { vec![] }))
+                }
+                Command::Process { .. } => {
+                    env.unsnapshotted = 30;
+                    Event::Processed(Ok(()))
+                }
+                Command::Checkpoint { .. } => Event::Checkpointed(CheckpointAnswer::Committed),
+                Command::Snapshot { .. } => break command.clone(),
+                other => panic!("{other:?}"),
+            };
+            command = engine.step(event, env);
+        };
+        assert_eq!(
+            snapshot,
+            Command::Snapshot {
+                write_pointer: true,
+                delta_only: false
+            }
+        );
+        // The engine began at 0: on the 30 s interval, not before, nor
+        // long after.
+        assert!(
+            (30_000..=32_000).contains(&env.now),
+            "at {} ms, after {fetches} looks",
+            env.now
+        );
     }
 
     #[test]
