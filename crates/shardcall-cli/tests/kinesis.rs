@@ -119,31 +119,13 @@ async fn a_stream_gone_during_a_run_shows_as_failing() {
     admin.delete(STREAM).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let failing = loop {
-        let out = shardcall_command()
-            .args([
-                "status",
-                "--redis",
-                &redis.url(),
-                "--group",
-                GROUP,
-                "--json",
-            ])
-            .output()
-            .unwrap();
-        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        let row = doc["partitions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|r| r["partition"] == shard.to_string())
-            .cloned()
-            .unwrap_or_default();
+        let row = common::status_row(&redis.url(), GROUP, &shard.to_string());
         if !row["failing"].is_null() {
             break row["failing"].clone();
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the shard never showed as failing: {doc:#}\n{}",
+            "the shard never showed as failing: {row:#}\n{}",
             workers.log("a")
         );
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -44,28 +44,40 @@ const COUNTERS: &[&str] = &["version", "lockseq"];
 const RECORD_HASHES: &[&str] = &["members", "table", "stopped"];
 
 impl RedisStore {
+    /// Each of `keys` (with the type shardcall keeps there) that holds
+    /// another type, as "KEY holds a T; shardcall keeps a U there"; one
+    /// pipelined round trip.
+    async fn wrong_types(&self, keys: &[(String, &str)]) -> Result<Vec<String>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (key, _) in keys {
+            pipe.cmd("TYPE").arg(key);
+        }
+        let mut c = self.conn.clone();
+        let types: Vec<String> = pipe.query_async(&mut c).await.map_err(|e| map_error(&e))?;
+        Ok(keys
+            .iter()
+            .zip(types)
+            .filter(|((_, want), got)| got != "none" && got != want)
+            .map(|((key, want), got)| {
+                format!("{key} holds a {got}; shardcall keeps a {want} there")
+            })
+            .collect())
+    }
+
     /// Every key of `group` that holds data shardcall cannot read: another
     /// type than it keeps there ("KEY holds a T; shardcall keeps a U
     /// there"), a count that is not a number, a record that is not JSON —
     /// in the group's slot and in each partition's that its table names.
     pub async fn foreign_keys(&self, group: &str) -> Result<Vec<String>, StoreError> {
-        let mut c = self.conn.clone();
-        let mut pipe = redis::pipe();
-        for (name, _) in GROUP_KEYS {
-            pipe.cmd("TYPE").arg(group_key(group, name));
-        }
-        let types: Vec<String> = pipe.query_async(&mut c).await.map_err(|e| map_error(&e))?;
-        let mut found: Vec<String> = GROUP_KEYS
+        let group_keys: Vec<(String, &str)> = GROUP_KEYS
             .iter()
-            .zip(types)
-            .filter(|((_, want), got)| got != "none" && got != want)
-            .map(|((name, want), got)| {
-                format!(
-                    "{} holds a {got}; shardcall keeps a {want} there",
-                    group_key(group, name)
-                )
-            })
+            .map(|(name, want)| (group_key(group, name), *want))
             .collect();
+        let mut found = self.wrong_types(&group_keys).await?;
+        let mut c = self.conn.clone();
         if !found.is_empty() {
             return Ok(found);
         }
@@ -106,34 +118,21 @@ impl RedisStore {
             }
         }
         // Each partition's own keys (in its own slot).
-        let mut pipe = redis::pipe();
         let mut asked = Vec::new();
         for field in &partitions {
-            let Ok(p) = parse_partition_field(field) else {
-                found.push(format!(
+            match parse_partition_field(field) {
+                Ok(p) => asked.extend(
+                    PARTITION_KEYS
+                        .iter()
+                        .map(|(name, want)| (partition_key(group, &p, name), *want)),
+                ),
+                Err(_) => found.push(format!(
                     "{} field {field:?} is not topic/partition",
                     group_key(group, "table")
-                ));
-                continue;
-            };
-            for (name, want) in PARTITION_KEYS {
-                let key = partition_key(group, &p, name);
-                pipe.cmd("TYPE").arg(&key);
-                asked.push((key, *want));
+                )),
             }
         }
-        if !asked.is_empty() {
-            let types: Vec<String> = pipe.query_async(&mut c).await.map_err(|e| map_error(&e))?;
-            found.extend(
-                asked
-                    .into_iter()
-                    .zip(types)
-                    .filter(|((_, want), got)| got != "none" && got != want)
-                    .map(|((key, want), got)| {
-                        format!("{key} holds a {got}; shardcall keeps a {want} there")
-                    }),
-            );
-        }
+        found.extend(self.wrong_types(&asked).await?);
         Ok(found)
     }
 
@@ -160,26 +159,13 @@ impl RedisStore {
         if !matches!(e, StoreError::Corrupt { .. }) {
             return e;
         }
-        let mut pipe = redis::pipe();
-        for (name, _) in PARTITION_KEYS {
-            pipe.cmd("TYPE").arg(partition_key(group, partition, name));
-        }
-        let mut c = self.conn.clone();
-        let types: Vec<String> = match pipe.query_async(&mut c).await {
-            Ok(t) => t,
-            Err(_) => return e,
-        };
-        let keys: Vec<String> = PARTITION_KEYS
+        let asked: Vec<(String, &str)> = PARTITION_KEYS
             .iter()
-            .zip(types)
-            .filter(|((_, want), got)| got != "none" && got != want)
-            .map(|((name, want), got)| {
-                format!(
-                    "{} holds a {got}; shardcall keeps a {want} there",
-                    partition_key(group, partition, name)
-                )
-            })
+            .map(|(name, want)| (partition_key(group, partition, name), *want))
             .collect();
+        let Ok(keys) = self.wrong_types(&asked).await else {
+            return e;
+        };
         if keys.is_empty() {
             return self.explain(group, e).await;
         }

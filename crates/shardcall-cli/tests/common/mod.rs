@@ -159,6 +159,23 @@ impl Drop for Workers {
     }
 }
 
+/// The row of `partition` in `shardcall status --json` of `group` (null
+/// while the group does not exist or has no such row).
+pub fn status_row(redis_url: &str, group: &str, partition: &str) -> serde_json::Value {
+    let out = shardcall_command()
+        .args(["status", "--redis", redis_url, "--group", group, "--json"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    doc["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["partition"] == partition)
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// The end offset of each partition of `topic` in `log`.
 pub fn file_log_ends(log: &FileLog, topic: &str) -> BTreeMap<PartitionId, u64> {
     (0..log.partition_count(topic).unwrap())
