@@ -105,7 +105,7 @@ pub(crate) fn actor(given: &Option<String>) -> String {
 pub fn drain(args: &DrainArgs) -> anyhow::Result<ExitCode> {
     let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
-        let g = store.load_group(&args.group).await?;
+        let g = crate::group_check::existing_group(&store, &args.group).await?;
         let prefix = format!("{}-", args.member);
         let matches: Vec<&shardcall_core::MemberId> = g
             .members
@@ -214,7 +214,8 @@ pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
             None => (0..count).collect(),
         };
         let store = args.redis.connect().await?;
-        let group = store.load_group(&args.group).await?;
+        // A reset never makes a group: a mistyped name is said, not created.
+        let group = crate::group_check::existing_group(&store, &args.group).await?;
         let mut refused = 0;
         let mut replays_with_state = 0;
         let progress = crate::progress::bar(Some(parts.len() as u64), "partitions");
@@ -489,6 +490,7 @@ async fn status_once(
     log: &mut Option<(Vec<String>, Log)>,
 ) -> anyhow::Result<String> {
     use std::fmt::Write;
+    crate::group_check::valid_name(&args.group)?;
     let g: GroupState = store.load_group(&args.group).await?;
     let tickets = store.ticket_view(&args.group).await?;
     let policy = store.load_policy(&args.group).await?;
@@ -502,10 +504,8 @@ async fn status_once(
         && tickets.workers.is_empty()
         && policy.is_none()
     {
-        anyhow::bail!(
-            "group {:?} does not exist in this Redis (no member, partition, ticket or quarantine rule); check --group",
-            args.group
-        );
+        // Said as every command says it.
+        crate::group_check::existing_group(store, &args.group).await?;
     }
     let mut parts: Vec<PartitionId> = g.partitions.keys().cloned().collect();
     parts.extend(tickets.partitions());
@@ -997,7 +997,7 @@ const WARM: &str = " (warm)";
 pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
-        let g = store.load_group(&args.group).await?;
+        let g = crate::group_check::existing_group(&store, &args.group).await?;
         let now = store.now().await?;
         let mut discovered: Vec<PartitionId> = g.partitions.keys().cloned().collect();
         let mut held_back = BTreeMap::new();
@@ -1217,7 +1217,7 @@ pub fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
     let actor = actor(&args.actor);
     let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
-        let g = store.load_group(&args.group).await?;
+        let g = crate::group_check::existing_group(&store, &args.group).await?;
         // Each argument is TOPIC/PARTITION, or TOPIC for every quarantined
         // partition of the topic.
         let mut chosen = Vec::new();
@@ -1260,7 +1260,14 @@ pub fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
                 Err(e) => {
                     refused += 1;
                     let phase = g.partitions.get(&p).map_or("unknown", |r| r.phase.name());
-                    println!("{p}: not released: it is {phase}, not quarantined ({e})");
+                    // A partition in another phase is said once; any other
+                    // refusal with its reason.
+                    match e {
+                        StoreError::Refused(shardcall::Refusal::State(
+                            shardcall_core::StateError::WrongPhase { .. },
+                        )) => println!("{p}: not released: it is {phase}, not quarantined"),
+                        e => println!("{p}: not released: {e}"),
+                    }
                 }
             }
         }

@@ -64,6 +64,7 @@ impl PolicyArgs {
 pub fn run(args: &PolicyArgs) -> anyhow::Result<ExitCode> {
     let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
+        crate::group_check::valid_name(&args.group)?;
         let now = store.now().await?;
         let current = store.load_policy(&args.group).await?;
         let base = current.as_ref().map(|c| c.policy).unwrap_or_default();
@@ -77,6 +78,8 @@ pub fn run(args: &PolicyArgs) -> anyhow::Result<ExitCode> {
                     ago(now, c.set_at)
                 ),
                 None => {
+                    // An unknown group is said as every command says it.
+                    crate::group_check::existing_group(&store, &args.group).await?;
                     eprintln!(
                         "{}: no quarantine policy yet (the group's first worker sets it)",
                         args.group

@@ -123,6 +123,13 @@ fn commands_end_quietly_when_the_pipe_closes() {
     let big = dir.path().join("big");
     let many = FileLog::open(&big, SpoolConfig::default()).unwrap();
     many.ensure_topic("wide", 3000).unwrap();
+    // The group exists (a reset never makes one): its rule is set first.
+    let out = shardcall_command()
+        .args(["policy", "--redis", &server.url(), "--group", "g"])
+        .args(["--quarantine-ms", "1000"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
     let mut reset = shardcall_command();
     reset
         .args([
@@ -421,5 +428,54 @@ fn groups_are_listed_and_a_group_nobody_runs_can_be_deleted() {
         text(&out.stderr).contains("does not exist"),
         "{}",
         text(&out.stderr)
+    );
+}
+
+/// A mistyped group gets one answer from every operator command: exit 2,
+/// "does not exist", and nothing created (a reset once made the group it
+/// was mistyped for); a name no group can have is said to be invalid.
+#[test]
+fn an_unknown_or_invalid_group_gets_one_answer_from_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log = log_with(dir.path(), 10);
+    let url = server.url();
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["status"],
+        vec!["audit"],
+        vec!["plan"],
+        vec!["policy"],
+        vec!["release", "t"],
+        vec!["drain", "w1"],
+        vec![
+            "reset-offsets",
+            "--topic",
+            "t",
+            "--to",
+            "earliest",
+            "--log",
+            &log,
+        ],
+    ];
+    for (group, says) in [("billling", "does not exist"), ("a}b", "is invalid")] {
+        for cmd in &commands {
+            let out = shardcall_command()
+                .args(cmd)
+                .args(["--redis", &url, "--group", group])
+                .output()
+                .unwrap();
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd:?} {group}: {err}");
+            assert!(err.contains(says), "{cmd:?} {group}: {err}");
+        }
+    }
+    let out = shardcall_command()
+        .args(["groups", "--redis", &url])
+        .output()
+        .unwrap();
+    assert!(
+        !text(&out.stdout).contains("billling"),
+        "a mistyped group was created: {}",
+        text(&out.stdout)
     );
 }

@@ -170,6 +170,12 @@ pub enum WorkerConfigError {
     Snapshots(String),
 }
 
+/// Whether `s` may name a group or a worker: 1 to 100 characters from
+/// A-Z a-z 0-9 . _ - (what a store key can hold unquoted).
+pub fn is_valid_name(s: &str) -> bool {
+    good_name(s)
+}
+
 pub(crate) fn good_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 100

@@ -77,7 +77,7 @@ pub use backup_store::{
 };
 pub use config::{
     BatchConfig, DEFAULT_MAX_BYTES, MAX_BYTES_LIMIT, MAX_RECORDS_LIMIT, WorkerConfig,
-    WorkerConfigError,
+    WorkerConfigError, is_valid_name,
 };
 pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use either_handler::{EitherFactory, EitherHandler};
