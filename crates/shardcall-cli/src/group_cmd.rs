@@ -175,13 +175,26 @@ pub struct ResetArgs {
     partition: Option<u32>,
     /// Where to: earliest, latest, an offset, or @MILLIS for the first
     /// record stamped at or after that time (ms since the Unix epoch).
-    #[arg(long)]
-    to: String,
+    #[arg(long, required_unless_present_any = ["to_datetime", "shift_by"], conflicts_with_all = ["to_datetime", "shift_by"])]
+    to: Option<String>,
+    /// Where to: the first record stamped at or after this date-time
+    /// (RFC 3339, e.g. 2026-12-03T06:00:00Z), as Kafka's --to-datetime.
+    #[arg(long, conflicts_with = "shift_by")]
+    to_datetime: Option<String>,
+    /// Move each partition this many records from its checkpoint
+    /// (negative: back), within the log, as Kafka's --shift-by.
+    #[arg(long, allow_negative_numbers = true)]
+    shift_by: Option<i64>,
     /// Also reset partitions a member holds (it keeps its own position
     /// until the partition next moves; drain it first to avoid that).
     #[arg(long)]
     force: bool,
-    /// Show what would change without changing it (refusals included).
+    /// Carry the reset out; without it the plan is shown and nothing
+    /// changes (as Kafka's tool does).
+    #[arg(long, conflicts_with = "dry_run")]
+    execute: bool,
+    /// Show what would change without changing it (refusals included);
+    /// what happens without --execute too.
     #[arg(long)]
     dry_run: bool,
     /// Also empty each partition's state bytes (otherwise kept, as Kafka
@@ -201,6 +214,21 @@ pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
         "give the log the group consumes: --log DIR or --kafka BROKERS"
     );
     let who = actor(&args.actor);
+    let dry_run = !args.execute;
+    let to = match (&args.to, &args.to_datetime) {
+        (Some(to), _) => Some(to.clone()),
+        (None, Some(at)) => {
+            let at = humantime::parse_rfc3339_weak(at).with_context(|| {
+                format!("--to-datetime {at}: a date-time such as 2026-12-03T06:00:00Z")
+            })?;
+            let ms = at
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis();
+            Some(format!("@{ms}"))
+        }
+        (None, None) => None,
+    };
     let result = runtime()?.block_on(async {
         let topics = vec![args.topic.clone()];
         let log = args.log.open(&topics)?;
@@ -222,15 +250,29 @@ pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
         for p in parts {
             progress.inc(1);
             let id = PartitionId::new(&args.topic, p);
-            let offset = log.target(&id, &args.to).await?;
             let checkpoint = store.load_checkpoint(&args.group, &id).await?;
+            let offset = match (&to, args.shift_by) {
+                (Some(to), _) => log.target(&id, to).await?,
+                (None, Some(by)) => {
+                    let at = checkpoint.as_ref().map_or(0, |c| c.offset);
+                    let (start, end) = (log.target(&id, "earliest").await?, log.target(&id, "latest").await?);
+                    at.saturating_add_signed(by).clamp(start, end)
+                }
+                (None, None) => unreachable!("clap requires --to, --to-datetime or --shift-by"),
+            };
+            // A reset that changes nothing is said, and writes nothing
+            // (no audit entry).
+            if checkpoint.as_ref().is_some_and(|c| c.offset == offset) && !args.reset_state {
+                println!("{id}: already at {offset}, unchanged");
+                continue;
+            }
             if checkpoint
                 .as_ref()
                 .is_some_and(|c| offset < c.offset && !c.state.is_empty())
             {
                 replays_with_state += 1;
             }
-            if args.dry_run {
+            if dry_run {
                 // What the real run would do: held partitions are refused
                 // unless forced.
                 let held = match group.partitions.get(&id).map(|r| &r.phase) {
@@ -276,6 +318,9 @@ pub fn reset(args: &ResetArgs) -> anyhow::Result<ExitCode> {
                     println!("{id}: not reset: {e}");
                 }
             }
+        }
+        if dry_run {
+            eprintln!("nothing was reset: this is the plan; add --execute to carry it out");
         }
         if replays_with_state > 0 && !args.reset_state {
             eprintln!(
@@ -931,7 +976,7 @@ async fn status_once(
         }
         writeln!(
             out,
-            "  way out: mend the cause (put the damaged file back from a copy, or restore an older backup), or skip past it: `shardcall reset-offsets --group {} --topic TOPIC --partition N --to earliest|OFFSET` (a reset clears the stop)",
+            "  way out: mend the cause (put the damaged file back from a copy, or restore an older backup), or skip past it: `shardcall reset-offsets --group {} --topic TOPIC --partition N --to earliest|OFFSET --execute` (a reset clears the stop)",
             args.group
         )?;
     }

@@ -365,7 +365,7 @@ async fn a_segment_cut_short_is_damage_not_a_quiet_end() {
             "--topic",
             "t",
         ])
-        .args(["--partition", "0", "--to", "latest", "--log"])
+        .args(["--partition", "0", "--to", "latest", "--execute", "--log"])
         .arg(dir.path().join("log"))
         .output()
         .unwrap();

@@ -373,6 +373,9 @@ async fn status_shows_kafka_lag_and_reset_offsets_uses_the_broker() {
             to,
         ];
         args.extend_from_slice(extra);
+        if !extra.contains(&"--dry-run") {
+            args.push("--execute");
+        }
         shardcall(&args);
     };
     reset("earliest", &[]);

@@ -479,3 +479,98 @@ fn an_unknown_or_invalid_group_gets_one_answer_from_every_command() {
         text(&out.stdout)
     );
 }
+
+/// `reset-offsets` as Kafka's tool: the plan unless `--execute`, a reset
+/// that changes nothing writes no audit entry, `--shift-by` and
+/// `--to-datetime`.
+#[test]
+fn reset_offsets_shows_the_plan_unless_executed_as_kafkas_tool_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let url = server.url();
+    let log = log_with(dir.path(), 40);
+    let mut w = Workers::new(dir.path());
+    let mut cmd = worker(&url, "g", &log);
+    cmd.args(["--topic", "t", "--name", "a", "--quarantine-ms", "0"]);
+    w.start("a", cmd);
+    let end = shardcall_spool::FileLog::open(&log, SpoolConfig::default())
+        .unwrap()
+        .open_partition_read_only("t", 0)
+        .unwrap()
+        .end_offset()
+        .unwrap();
+    assert!(end >= 5, "nothing to test: t/0 has {end} records");
+    let offset = || common::status_row(&url, "g", "t/0")["offset"].as_u64();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while offset() != Some(end) {
+        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    w.signal("a", "-TERM");
+    assert!(w.wait("a").success());
+    let reset = |extra: &[&str]| {
+        shardcall_command()
+            .args([
+                "reset-offsets",
+                "--redis",
+                &url,
+                "--group",
+                "g",
+                "--log",
+                &log,
+            ])
+            .args(["--topic", "t", "--partition", "0"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let audited = || {
+        let out = shardcall_command()
+            .args(["audit", "--redis", &url, "--group", "g", "--json"])
+            .output()
+            .unwrap();
+        text(&out.stdout).lines().count()
+    };
+    // Without --execute: the plan, and nothing changes.
+    let out = reset(&["--to", "earliest"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("-> 0 (dry run)"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stderr).contains("--execute"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        offset(),
+        Some(end),
+        "a reset without --execute changed the offset"
+    );
+    // --shift-by moves from the checkpoint.
+    let out = reset(&["--shift-by", "-3", "--execute"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(offset(), Some(end - 3));
+    // A reset that changes nothing is said and not audited.
+    let before = audited();
+    let out = reset(&["--shift-by", "0", "--execute"]);
+    assert!(
+        text(&out.stdout).contains("already at"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        audited(),
+        before,
+        "a reset that changed nothing was audited"
+    );
+    // --to-datetime: the first record at or after it (none: the end).
+    let out = reset(&["--to-datetime", "2100-01-01T00:00:00Z", "--execute"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(offset(), Some(end));
+    let out = reset(&["--to-datetime", "1970-01-01T00:00:00Z", "--execute"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(offset(), Some(0));
+}
