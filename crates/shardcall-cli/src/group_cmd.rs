@@ -373,6 +373,17 @@ fn ago(now: Millis, t: Millis) -> String {
     format!("{:.1}s", now.saturating_sub(t) as f64 / 1000.0)
 }
 
+/// `text` cut to at most `max` characters at a word's end, with "…" when
+/// cut (a table cell, not the whole message: `--json` has that).
+fn clip_words(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let cut: String = text.chars().take(max).collect();
+    let at = cut.rfind(char::is_whitespace).unwrap_or(cut.len());
+    format!("{}…", cut[..at].trim_end())
+}
+
 fn left(now: Millis, t: Millis) -> String {
     if t > now {
         format!("{:.1}s", (t - now) as f64 / 1000.0)
@@ -589,10 +600,13 @@ async fn status_once(
         let stop = stopped.get(p);
         rows.push(json!({
             "partition": p.to_string(),
+            "topic": p.topic.to_string(),
+            "partition_number": p.partition,
             // A stopped partition that its finder let go of is failed,
             // whatever its quarantine says.
-            "phase": match (&r.phase, stop) {
-                (Phase::Free | Phase::Quarantined { .. }, Some(_)) => "failed",
+            "phase": match (&r.phase, stop, held_back.get(p)) {
+                (Phase::Free | Phase::Quarantined { .. }, Some(_), _) => "failed",
+                (Phase::Free, None, Some(Standing::Finished)) => "finished",
                 _ => r.phase.name(),
             },
             "stopped": stop.map(|s| json!({
@@ -710,12 +724,11 @@ async fn status_once(
     }
     let mut out = String::new();
     let coord = g.coordinator.as_ref().map_or("none".to_string(), |c| {
-        format!(
-            "{} (epoch {}, {} left)",
-            c.holder,
-            c.epoch,
-            left(now, c.expires_at)
-        )
+        let lease = match left(now, c.expires_at) {
+            l if l == "lapsed" => "its lease lapsed".to_string(),
+            l => format!("{l} left"),
+        };
+        format!("{} (epoch {}, {lease})", c.holder, c.epoch)
     });
     let ticket_only = g.members.is_empty()
         && g.partitions.is_empty()
@@ -870,6 +883,12 @@ async fn status_once(
                 state
             )?;
         }
+        if !args.log.given() && !rows.is_empty() {
+            writeln!(
+                out,
+                "(no LOG END or LAG without the log: add --log DIR, --kafka BROKERS or --kinesis REGION)"
+            )?;
+        }
         for r in rows.iter().filter(|r| !r["restore"].is_null()) {
             writeln!(
                 out,
@@ -936,12 +955,7 @@ async fn status_once(
         )?;
         for r in failing {
             let f = &r["failing"];
-            let error: String = f["last_error"]
-                .as_str()
-                .unwrap_or("")
-                .chars()
-                .take(100)
-                .collect();
+            let error = clip_words(f["last_error"].as_str().unwrap_or(""), 100);
             writeln!(
                 out,
                 "{:<pw$} {:<mw$} {:>8} {:>9}  {}",
@@ -1411,6 +1425,15 @@ fn write_ticket_workers(out: &mut String, workers: &[serde_json::Value]) -> std:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_error_is_cut_at_a_word_not_in_one() {
+        let error = "the handler reported an error: connection to the payments service refused";
+        assert_eq!(clip_words(error, 200), error);
+        let cut = clip_words(error, 40);
+        assert_eq!(cut, "the handler reported an error:…");
+        assert!(error.starts_with(cut.trim_end_matches('…')));
+    }
 
     #[test]
     fn a_restore_in_progress_shows_who_what_how_far_and_how_long() {

@@ -70,6 +70,12 @@ impl LogOpts {
     /// Opens the log for `topics` (Kafka needs them named).
     pub fn open(&self, topics: &[String]) -> anyhow::Result<Log> {
         if let Some(dir) = &self.log {
+            // A mistyped folder is an error, not a new empty log.
+            anyhow::ensure!(
+                dir.is_dir(),
+                "--log {}: not a folder (the file log the group consumes)",
+                dir.display()
+            );
             let log = FileLog::open(dir, SpoolConfig::default())
                 .with_context(|| format!("opening file log {}", dir.display()))?;
             return Ok(Log::File(log));

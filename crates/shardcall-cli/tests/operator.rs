@@ -574,3 +574,60 @@ fn reset_offsets_shows_the_plan_unless_executed_as_kafkas_tool_does() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(offset(), Some(0));
 }
+
+/// `status` says what it cannot show and why: a mistyped `--log` is an
+/// error (not a new folder), without a log it says how to get lag, a
+/// coordinator whose lease lapsed reads so, and JSON rows carry the topic
+/// and the partition number apart.
+#[test]
+fn status_says_what_it_cannot_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let url = server.url();
+    let log = log_with(dir.path(), 20);
+    let mut w = Workers::new(dir.path());
+    let mut cmd = worker(&url, "g", &log);
+    cmd.args(["--topic", "t", "--name", "a", "--ttl-ms", "1000"])
+        .args(["--heartbeat-ms", "200", "--margin-ms", "400"]);
+    w.start("a", cmd);
+    let status = |extra: &[&str]| {
+        shardcall_command()
+            .args(["status", "--redis", &url, "--group", "g"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while common::status_row(&url, "g", "t/3")["phase"] != "owned" {
+        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let typo = dir.path().join("lgo");
+    let out = status(&["--log", typo.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not a folder"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!typo.exists(), "the mistyped folder was created");
+    let out = status(&[]);
+    assert!(
+        text(&out.stdout).contains("add --log"),
+        "{}",
+        text(&out.stdout)
+    );
+    let row = common::status_row(&url, "g", "t/3");
+    assert_eq!(
+        (row["topic"].as_str(), row["partition_number"].as_u64()),
+        (Some("t"), Some(3)),
+        "{row:#}"
+    );
+    // The only member, and so the coordinator, is killed: its lease lapses.
+    w.kill_9("a");
+    std::thread::sleep(Duration::from_millis(1500));
+    let said = text(&status(&[]).stdout);
+    let header = said.lines().next().unwrap_or_default();
+    assert!(header.contains("its lease lapsed"), "{header}");
+    assert!(!header.contains("lapsed left"), "{header}");
+}
