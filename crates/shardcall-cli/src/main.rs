@@ -15,6 +15,7 @@ mod bench_target;
 mod consume;
 mod demo;
 mod demo_ticket;
+mod flag_values;
 mod group_check;
 mod group_cmd;
 mod groups_cmd;

@@ -19,14 +19,21 @@ pub struct PolicyArgs {
     #[arg(long)]
     group: String,
     /// Set the minimum quarantine of a revoked partition, in milliseconds.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "quarantine", allow_negative_numbers = true, value_parser = crate::flag_values::whole_number)]
     quarantine_ms: Option<u64>,
+    /// Set the minimum quarantine as a duration with its unit, as in the
+    /// configuration (`5s`, `500ms`).
+    #[arg(long, value_parser = crate::flag_values::duration)]
+    quarantine: Option<std::time::Duration>,
     /// Set whether a quarantine also waits for the old owner's backup.
     #[arg(long)]
     wait_for_backup: Option<bool>,
     /// Set the longest wait for a backup, in milliseconds.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "quarantine_max", allow_negative_numbers = true, value_parser = crate::flag_values::whole_number)]
     quarantine_max_ms: Option<u64>,
+    /// Set the longest wait for a backup as a duration with its unit.
+    #[arg(long, value_parser = crate::flag_values::duration)]
+    quarantine_max: Option<std::time::Duration>,
     /// Set whether a quarantine ends as soon as the backup is done.
     #[arg(long)]
     release_on_backup_done: Option<bool>,
@@ -40,7 +47,8 @@ impl PolicyArgs {
     fn changed(&self, current: QuarantinePolicy) -> Option<QuarantinePolicy> {
         let mut p = current;
         let mut any = false;
-        if let Some(v) = self.quarantine_ms {
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        if let Some(v) = self.quarantine_ms.or(self.quarantine.map(ms)) {
             p.min_ms = v;
             any = true;
         }
@@ -48,7 +56,7 @@ impl PolicyArgs {
             p.wait_for_backup = v;
             any = true;
         }
-        if let Some(v) = self.quarantine_max_ms {
+        if let Some(v) = self.quarantine_max_ms.or(self.quarantine_max.map(ms)) {
             p.max_ms = v;
             any = true;
         }

@@ -47,6 +47,11 @@ impl RedisOpts {
     /// Connects once, for one-shot commands: failing to reach Redis is the
     /// command's error.
     pub async fn connect(&self) -> anyhow::Result<RedisStore> {
+        for u in &self.redis {
+            if let Some(problem) = url_problem(u) {
+                anyhow::bail!("--redis {problem}");
+            }
+        }
         let ca = self.ca()?;
         self.connect_with(ca.as_deref())
             .await
@@ -57,4 +62,21 @@ impl RedisOpts {
     pub fn shown(&self) -> String {
         shardcall_redis::redact_urls(&self.redis)
     }
+}
+
+/// What is wrong with `url` as a Redis URL, said with the fix (the
+/// password hidden); `None` when it has a redis:// or rediss:// scheme.
+pub fn url_problem(url: &str) -> Option<String> {
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        return None;
+    }
+    let shown = shardcall_redis::redact_url(url);
+    Some(if url.contains("://") {
+        format!("{shown:?} is not a redis:// or rediss:// URL")
+    } else {
+        format!(
+            "{shown:?} has no scheme: write redis://{}/ (rediss:// for TLS)",
+            shown.trim_end_matches('/')
+        )
+    })
 }

@@ -661,11 +661,8 @@ impl Settings {
             errors.push("redis.urls: required (e.g. [\"redis://127.0.0.1:6379/\"])".into());
         }
         for (i, u) in self.redis.urls.iter().enumerate() {
-            if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
-                errors.push(format!(
-                    "redis.urls[{i}]: {:?} is not a redis:// or rediss:// URL",
-                    shardcall_redis::redact_url(u)
-                ));
+            if let Some(problem) = crate::redis_opts::url_problem(u) {
+                errors.push(format!("redis.urls[{i}]: {problem}"));
             }
         }
         if self.topics.is_empty() {

@@ -167,6 +167,31 @@ format = @                           # text | json
 /// The column comments start at, where the value leaves room.
 const COMMENT_COLUMN: usize = 37;
 
+/// Every key the example names, as a path (`batch.max_records`; an
+/// array of tables' keys as `topics.mode`): what an unknown key is
+/// compared with for a suggestion.
+pub fn keys() -> Vec<String> {
+    let mut table = String::new();
+    let mut out = Vec::new();
+    for line in TEMPLATE.lines() {
+        let bare = line.trim_start_matches("# ");
+        if let Some(name) = bare
+            .strip_prefix('[')
+            .map(|h| h.trim_start_matches('[').split(']').next().unwrap_or(""))
+        {
+            table = name.to_owned();
+        }
+        if let Some((key, _)) = bare.split_once(" = @") {
+            out.push(if table.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{table}.{key}")
+            });
+        }
+    }
+    out
+}
+
 /// The example file, with every `@` replaced by its default.
 pub fn example() -> String {
     let defaults = toml::Table::try_from(Settings::default()).expect("the defaults serialize");

@@ -241,7 +241,7 @@ pub fn load(
     errors.extend(
         unknown
             .iter()
-            .map(|path| format!("{}: unknown key {path}", from(path))),
+            .map(|path| format!("{}: unknown key {path}{}", from(path), nearest_key(path))),
     );
     // What was read well is checked too, so one run names every problem.
     Ok(Settings {
@@ -249,6 +249,51 @@ pub fn load(
         problems: errors,
         ..settings
     })
+}
+
+/// " (did you mean KEY?)" with the known key nearest to `path`, when one
+/// is a likely typo of it (a few letters apart); else nothing.
+fn nearest_key(path: &str) -> String {
+    // `topics[1].mode` is compared as `topics.mode`.
+    let bare: String = {
+        let mut out = String::new();
+        let mut skip = false;
+        for c in path.chars() {
+            match c {
+                '[' => skip = true,
+                ']' => skip = false,
+                c if !skip => out.push(c),
+                _ => {}
+            }
+        }
+        out
+    };
+    let best = crate::settings_example::keys()
+        .into_iter()
+        .map(|k| (edit_distance(&bare, &k), k))
+        .min();
+    match best {
+        Some((d, key)) if d > 0 && d <= 1 + bare.len() / 6 => format!(" (did you mean {key}?)"),
+        _ => String::new(),
+    }
+}
+
+/// The Levenshtein distance between `a` and `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(prev + usize::from(ca != *cb));
+            prev = here;
+        }
+    }
+    row[b.len()]
 }
 
 /// A reading error in the user's words: Rust's type names say what they
@@ -511,17 +556,33 @@ fn line_of(text: &str, path: &str) -> Option<usize> {
         Some((t, k)) => (Some(t), k),
         None => (None, path),
     };
+    // An entry of an array of tables (`topics[1]`) is the second
+    // `[[topics]]` header's table.
+    let entry = table.and_then(|t| {
+        let (name, rest) = t.split_once('[')?;
+        Some((name, rest.strip_suffix(']')?.parse::<usize>().ok()?))
+    });
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     let mut in_table = table.is_none();
     for (i, line) in text.lines().enumerate() {
         let l = line.trim();
         if let Some(header) = l.strip_prefix('[') {
+            let array = header.starts_with('[');
             let name = header
                 .trim_start_matches('[')
                 .split(']')
                 .next()
                 .unwrap_or("")
                 .trim();
-            in_table = table.is_some_and(|t| t == name || t.split('.').next() == Some(name));
+            in_table = match entry {
+                Some((base, index)) if array => {
+                    let n = seen.entry(name.to_owned()).or_default();
+                    *n += 1;
+                    base == name && *n == index + 1
+                }
+                Some(_) => false,
+                None => table.is_some_and(|t| t == name || t.split('.').next() == Some(name)),
+            };
             continue;
         }
         let set = l.split('=').next().unwrap_or("").trim().trim_matches('"');

@@ -71,7 +71,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     slots: Option<usize>,
     /// Ticket mode: a claim's lease, in milliseconds (default 10000).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flag_values::whole_number)]
     claim_ttl_ms: Option<u64>,
     /// The topic failing batches go to after `ticket.max_attempts` tries
     /// (ticket mode) or `batch.max_attempts` tries (owned mode, off unless
@@ -85,19 +85,19 @@ pub struct WorkerArgs {
     #[arg(long)]
     weight: Option<u32>,
     /// Member lease, in milliseconds (default 10000).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flag_values::whole_number)]
     ttl_ms: Option<u64>,
     /// Heartbeat interval, in milliseconds (default 2000).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flag_values::whole_number)]
     heartbeat_ms: Option<u64>,
     /// Stop partitions this long before the lease could lapse, in ms (default 3000).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flag_values::whole_number)]
     margin_ms: Option<u64>,
     /// Coordinator tick, in milliseconds (default 500).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flag_values::whole_number)]
     tick_ms: Option<u64>,
     /// Minimum quarantine of a revoked partition, in milliseconds (default 5000).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flag_values::whole_number)]
     quarantine_ms: Option<u64>,
     /// Keep each partition's state in a local state store under this folder
     /// (state.dir), snapshotted to --backup-dir or [state.s3].

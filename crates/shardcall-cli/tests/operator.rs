@@ -631,3 +631,71 @@ fn status_says_what_it_cannot_show() {
     assert!(header.contains("its lease lapsed"), "{header}");
     assert!(!header.contains("lapsed left"), "{header}");
 }
+
+/// Mistakes a new user makes are said in their words: a Redis URL with no
+/// scheme, a negative count on a flag, a mistyped key (with the nearest
+/// one), a bad value in the second `[[topics]]` (with its line), and
+/// `policy` takes durations as the configuration does.
+#[test]
+fn mistakes_are_said_in_the_users_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log = log_with(dir.path(), 1);
+    let run = |args: &[&str]| shardcall_command().args(args).output().unwrap();
+    let bare = format!("127.0.0.1:{}", server.port);
+    let out = run(&["status", "--redis", &bare, "--group", "g"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains(&format!("has no scheme: write redis://{bare}/")),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&[
+        "worker",
+        "--redis",
+        &server.url(),
+        "--group",
+        "g",
+        "--log",
+        &log,
+        "--topic",
+        "t",
+        "--ttl-ms",
+        "-5000",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("-5000 is negative"),
+        "{}",
+        text(&out.stderr)
+    );
+    let file = dir.path().join("c.toml");
+    std::fs::write(
+        &file,
+        "group = \"g\"\n[redis]\nurls = [\"redis://127.0.0.1:1/\"]\n[source]\nlog = \"/tmp\"\n[[topics]]\nname = \"s\"\n[[topics]]\nname = \"t\"\nmode = \"tiket\"\n[batch]\nmax_recrods = 5\n",
+    )
+    .unwrap();
+    let out = run(&["config", "check", file.to_str().unwrap()]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("max_recrods (did you mean batch.max_records?)"),
+        "{said}"
+    );
+    assert!(said.contains("c.toml:10: topics[1].mode"), "{said}");
+    let out = run(&[
+        "policy",
+        "--redis",
+        &server.url(),
+        "--group",
+        "g",
+        "--quarantine",
+        "5s",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("at least 5000 ms"),
+        "{}",
+        text(&out.stdout)
+    );
+}
