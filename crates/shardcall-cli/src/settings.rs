@@ -392,11 +392,25 @@ pub struct MetricsSettings {
 }
 
 /// `[log]`
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct LogSettings {
     /// `text` or `json`.
     pub format: LogFormat,
+    /// How often a running worker logs one line of progress (records
+    /// processed since the last one, partitions held, their lag), caught
+    /// up or not, so a quiet worker is seen to be alive (`0s`: never).
+    #[serde(with = "shardcall_core::duration_text::serde")]
+    pub progress_every: std::time::Duration,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::default(),
+            progress_every: std::time::Duration::from_secs(60),
+        }
+    }
 }
 
 impl Default for Settings {
@@ -528,6 +542,8 @@ pub struct Resolved {
     pub metrics: Option<SocketAddr>,
     /// JSON logs?
     pub json_logs: bool,
+    /// How often the worker logs its progress (zero: never).
+    pub progress_every: std::time::Duration,
     /// Notes on older key spellings that were read.
     pub renamed: Vec<String>,
     /// Local state stores, if configured.
@@ -831,6 +847,7 @@ impl Settings {
             },
             metrics,
             json_logs: self.log.format == LogFormat::Json,
+            progress_every: self.log.progress_every,
             renamed: self.renamed.clone(),
             state,
         })

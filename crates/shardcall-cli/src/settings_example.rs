@@ -162,6 +162,7 @@ digest_work = @                      # the built-in handler's simulated work per
 
 [log]
 format = @                           # text | json
+progress_every = @                   # a running worker logs one line of progress this often (0s: never)
 "#;
 
 /// The column comments start at, where the value leaves room.

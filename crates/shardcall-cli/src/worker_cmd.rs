@@ -593,7 +593,9 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         });
     }
     // Until a signal, or until a worker ends on its own (an error or a
-    // panic): then the process stops and says why instead of idling.
+    // panic): then the process stops and says why instead of idling. Now
+    // and then one line of progress, so a quiet worker is seen alive.
+    let mut progress = Progress::new(r.progress_every);
     loop {
         tokio::select! {
             _ = signals.next() => break,
@@ -603,6 +605,7 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
             tracing::error!("a worker stopped on its own; stopping the others");
             break;
         }
+        progress.maybe_log(&running);
     }
     // A graceful stop finishes the batches in hand, checkpoints, releases
     // and leaves, in every state (connecting, joining, retrying, holding,
@@ -645,6 +648,50 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
             tracing::error!("the graceful stop outlasted its bound; stopping at once");
             Ok(ExitCode::from(1))
         }
+    }
+}
+
+/// A running worker's progress line, at most once per its interval.
+struct Progress {
+    every: Duration,
+    last: tokio::time::Instant,
+    processed: u64,
+}
+
+impl Progress {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: tokio::time::Instant::now(),
+            processed: 0,
+        }
+    }
+
+    fn maybe_log(&mut self, running: &[RunningWorker]) {
+        if self.every.is_zero() || self.last.elapsed() < self.every {
+            return;
+        }
+        self.last = tokio::time::Instant::now();
+        let processed: u64 = running.iter().map(RunningWorker::processed).sum();
+        let (mut held, mut lag) = (0, None::<u64>);
+        for (h, l) in running.iter().map(RunningWorker::holding) {
+            held += h;
+            if let Some(l) = l {
+                *lag.get_or_insert(0) += l;
+            }
+        }
+        let records = processed.saturating_sub(self.processed);
+        self.processed = processed;
+        let lag = lag.map_or_else(|| "-".to_string(), |l| l.to_string());
+        tracing::info!(
+            records,
+            partitions = held,
+            lag = %lag,
+            "progress: {records} {} processed in the last {}, {held} {} held, lag {lag}",
+            if records == 1 { "record" } else { "records" },
+            shardcall_core::duration_text::format(self.every),
+            if held == 1 { "partition" } else { "partitions" },
+        );
     }
 }
 

@@ -699,3 +699,37 @@ fn mistakes_are_said_in_the_users_words() {
         text(&out.stdout)
     );
 }
+
+/// A running worker, caught up or not, logs a line of progress on its
+/// interval: records since the last line, partitions held, their lag.
+#[test]
+fn a_quiet_worker_logs_its_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let log = log_with(dir.path(), 40);
+    let mut w = Workers::new(dir.path());
+    let mut cmd = worker(&server.url(), "g", &log);
+    cmd.args([
+        "--topic",
+        "t",
+        "--name",
+        "a",
+        "--set",
+        "log.progress_every=1s",
+    ]);
+    w.start("a", cmd);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let line = loop {
+        // The first lines may come before the partitions are granted.
+        if let Some(l) = w
+            .log("a")
+            .lines()
+            .find(|l| l.contains("progress:") && l.contains("4 partitions held, lag 0"))
+        {
+            break l.to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(line.contains("records processed in the last 1s"), "{line}");
+}

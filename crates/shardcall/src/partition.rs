@@ -62,6 +62,8 @@ pub struct PartitionTask<S, Src, F> {
     pub dead_letters: Option<Arc<dyn DeadLetters>>,
     /// Records processed, for statistics.
     pub processed: Arc<std::sync::atomic::AtomicU64>,
+    /// Where the partition's lag is kept, for statistics.
+    pub lags: Arc<std::sync::Mutex<std::collections::BTreeMap<shardcall_core::PartitionId, u64>>>,
     /// The worker's handler slots, when limited: one is held per handler call.
     pub slots: Option<Arc<tokio::sync::Semaphore>>,
     /// Told the partition once it is released: the task then only runs the
@@ -194,6 +196,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             slots: self.slots.clone(),
             revoke: self.revoke.clone(),
             processed: &self.processed,
+            lags: Some(self.lags.clone()),
             dead_lettered: None,
             lag_gauge: true,
             log_start: true,
@@ -204,6 +207,10 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             max_bytes: self.batch.max_bytes,
         };
         let driven = drive(d, grant, rules).await;
+        self.lags
+            .lock()
+            .expect("lags lock")
+            .remove(&self.ctx.partition);
         self.source.release(&self.ctx.partition).await;
         match driven.end {
             End::Released => TaskEnd::Released,

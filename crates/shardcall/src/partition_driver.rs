@@ -89,6 +89,8 @@ pub(crate) struct Drive<'a, S, Src, F: HandlerFactory> {
     pub revoke: watch::Receiver<bool>,
     /// Records processed and checkpointed, for statistics.
     pub processed: &'a AtomicU64,
+    /// Where the partition's lag is kept as it is measured, for statistics.
+    pub lags: Option<Arc<std::sync::Mutex<std::collections::BTreeMap<PartitionId, u64>>>>,
     /// Records dead-lettered, for statistics.
     pub dead_lettered: Option<&'a AtomicU64>,
     /// Whether to keep the lag gauge (owned mode: the partition stays here).
@@ -726,6 +728,9 @@ where
             self.lag_checked = Some(clock::now());
             crate::telemetry::lag(group, p, 0);
             crate::telemetry::call_age(group, p, Duration::ZERO);
+            if let Some(lags) = &self.d.lags {
+                lags.lock().expect("lags lock").insert(p.clone(), 0);
+            }
             if let Some(meter) = &self.d.load {
                 meter.lock().expect("load meter").lag(clock::now_ms(), 0);
             }
@@ -738,10 +743,14 @@ where
         let source = self.d.source.clone();
         let (group, p) = (group.to_owned(), p.clone());
         let meter = self.d.load.clone();
+        let lags = self.d.lags.clone();
         self.lag_task = Some(tokio::spawn(async move {
             if let Ok(end) = source.end_offset(&p).await {
                 let lag = end.saturating_sub(at);
                 crate::telemetry::lag(&group, &p, lag);
+                if let Some(lags) = lags {
+                    lags.lock().expect("lags lock").insert(p.clone(), lag);
+                }
                 if let Some(meter) = meter {
                     meter.lock().expect("load meter").lag(clock::now_ms(), lag);
                 }
@@ -1105,6 +1114,7 @@ mod tests {
             slots: None,
             revoke: revoke_rx,
             processed: &processed,
+            lags: None,
             dead_lettered: None,
             lag_gauge: false,
             log_start: false,

@@ -39,6 +39,18 @@ impl RunningWorker {
         }
     }
 
+    /// Partitions it runs now, and (owned mode) their lag added up as their
+    /// tasks last measured it: for a worker's progress line.
+    pub fn holding(&self) -> (usize, Option<u64>) {
+        match self {
+            Self::Owned(h) => (
+                h.stats.running.lock().expect("stats lock").len(),
+                Some(h.stats.lags.lock().expect("lags lock").values().sum()),
+            ),
+            Self::Ticket(_) => (0, None),
+        }
+    }
+
     /// Records processed and checkpointed so far.
     pub fn processed(&self) -> u64 {
         match self {

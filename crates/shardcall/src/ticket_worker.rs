@@ -423,6 +423,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
         slots: None,
         revoke: stop.clone(),
         processed: &s.stats.processed,
+        lags: None,
         dead_lettered: Some(&s.stats.dead_lettered),
         lag_gauge: false,
         log_start: false,

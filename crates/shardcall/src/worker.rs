@@ -48,6 +48,9 @@ pub struct WorkerStats {
     pub rebalances: Mutex<Vec<RebalanceStat>>,
     /// Records processed and checkpointed.
     pub processed: Arc<AtomicU64>,
+    /// Each running partition's lag as its task last measured it (owned
+    /// mode), for the progress line of a worker.
+    pub lags: Arc<Mutex<std::collections::BTreeMap<PartitionId, u64>>>,
     /// Times this worker was fenced out and rejoined.
     pub rejoins: AtomicU64,
 }
@@ -812,6 +815,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             moving: moving_rx,
             dead_letters: w.dead_letters.clone(),
             processed: self.stats.processed.clone(),
+            lags: self.stats.lags.clone(),
             slots: self.slots.clone(),
             load: w.config.balance.map(|_| {
                 self.meters
