@@ -130,7 +130,7 @@ impl Log {
                 }
                 out
             }
-            Log::Kafka(k) => k.partitions().await?,
+            Log::Kafka(k) => answered(k.partitions()).await?,
             #[cfg(feature = "kinesis")]
             Log::Kinesis(k) => k.partitions().await?,
         })
@@ -164,6 +164,13 @@ impl Log {
     /// The log end of each of `parts` that exists.
     pub async fn ends(&self, parts: &[PartitionId]) -> anyhow::Result<BTreeMap<PartitionId, u64>> {
         let mut out = BTreeMap::new();
+        // Brokers that do not answer are said once, within a bound, not
+        // waited for partition after partition.
+        if let (Log::Kafka(k), false) = (self, parts.is_empty()) {
+            answered(k.partitions())
+                .await
+                .context("reading the log ends from Kafka")?;
+        }
         for p in parts {
             match self {
                 Log::None => {}
@@ -172,11 +179,16 @@ impl Log {
                         out.insert(p.clone(), spool.end_offset()?);
                     }
                 }
-                Log::Kafka(k) => {
-                    if let Ok(end) = k.end_offset(p).await {
+                // A broker that does not answer is said within a bound,
+                // once, not waited for partition after partition.
+                Log::Kafka(k) => match tokio::time::timeout(KAFKA_ANSWER, k.end_offset(p)).await {
+                    Ok(Ok(end)) => {
                         out.insert(p.clone(), end);
                     }
-                }
+                    // A partition the broker does not know: no log end.
+                    Ok(Err(_)) => {}
+                    Err(_) => anyhow::bail!(NO_ANSWER),
+                },
                 // Kinesis counts no records ahead of a reader: no log end.
                 #[cfg(feature = "kinesis")]
                 Log::Kinesis(_) => {}
@@ -254,5 +266,23 @@ fn first_at_or_after(
             return Ok(r.offset);
         }
         offset = batch.last().map_or(end, |r| r.offset + 1);
+    }
+}
+
+/// How long an operator command waits for Kafka's brokers to answer.
+const KAFKA_ANSWER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What an operator command says when they do not.
+const NO_ANSWER: &str =
+    "Kafka's brokers gave no answer within 10s (check --kafka and that they run)";
+
+/// `call`'s answer, or an error when the brokers say nothing within
+/// [`KAFKA_ANSWER`].
+async fn answered<T>(
+    call: impl std::future::Future<Output = Result<T, shardcall::SourceError>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(KAFKA_ANSWER, call).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => anyhow::bail!(NO_ANSWER),
     }
 }

@@ -733,3 +733,34 @@ fn a_quiet_worker_logs_its_progress() {
     };
     assert!(line.contains("records processed in the last 1s"), "{line}");
 }
+
+/// `status --kafka` with no broker there answers within a bound (it said
+/// nothing for 90 s and more), with exit 2 and what to check.
+#[test]
+fn status_with_no_kafka_broker_answers_within_a_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let url = server.url();
+    let log = log_with(dir.path(), 4);
+    let mut w = Workers::new(dir.path());
+    let mut cmd = worker(&url, "g", &log);
+    cmd.args(["--topic", "t", "--name", "a"]);
+    w.start("a", cmd);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while common::status_row(&url, "g", "t/0")["phase"] != "owned" {
+        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let nobody = format!("127.0.0.1:{}", shardcall_redis::testing::free_port());
+    let began = std::time::Instant::now();
+    let out = shardcall_command()
+        .args([
+            "status", "--redis", &url, "--group", "g", "--kafka", &nobody,
+        ])
+        .output()
+        .unwrap();
+    let took = began.elapsed();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    assert!(text(&out.stderr).contains("Kafka"), "{}", text(&out.stderr));
+}
