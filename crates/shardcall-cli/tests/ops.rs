@@ -1622,8 +1622,10 @@ fn a_split_shows_in_plan_and_status_children_wait_for_their_parent() {
                 .find(|r| r["partition"] == p)
                 .map(|r| r["phase"].clone())
         };
+        // A finished parent shows as finished (not free, as if waiting
+        // for an owner).
         if doc["lineage"]["t/0"]["standing"] == "finished"
-            && phase("t/0") == Some("free".into())
+            && phase("t/0") == Some("finished".into())
             && phase("t/1") == Some("owned".into())
             && phase("t/2") == Some("owned".into())
         {
