@@ -91,6 +91,15 @@ fn worker(url: &str, group: &str, log: &str) -> Command {
     c
 }
 
+/// Waits until `partition` of group `g` is owned (worker `a` of `w` runs).
+fn wait_owned(url: &str, partition: &str, w: &Workers) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while common::status_row(url, "g", partition)["phase"] != "owned" {
+        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Runs `cmd` with its stdout read for one line, then closed (as `| head -1`
 /// does): its exit status and stderr.
 fn head_1(mut cmd: Command) -> (std::process::ExitStatus, String, String) {
@@ -597,11 +606,7 @@ fn status_says_what_it_cannot_show() {
             .output()
             .unwrap()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while common::status_row(&url, "g", "t/3")["phase"] != "owned" {
-        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_owned(&url, "t/3", &w);
     let typo = dir.path().join("lgo");
     let out = status(&["--log", typo.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
@@ -746,11 +751,7 @@ fn status_with_no_kafka_broker_answers_within_a_bound() {
     let mut cmd = worker(&url, "g", &log);
     cmd.args(["--topic", "t", "--name", "a"]);
     w.start("a", cmd);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while common::status_row(&url, "g", "t/0")["phase"] != "owned" {
-        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_owned(&url, "t/0", &w);
     let nobody = format!("127.0.0.1:{}", shardcall_redis::testing::free_port());
     let began = std::time::Instant::now();
     let out = shardcall_command()
