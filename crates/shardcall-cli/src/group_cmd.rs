@@ -1066,9 +1066,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             discovered.extend(log.partitions(&args.topic).await?);
             held_back = log.held_back(&args.topic, &store, &args.group).await?;
         }
-        for (p, stop) in store.stopped_partitions(&args.group).await? {
-            held_back.insert(p, Standing::Stopped { reason: stop.reason });
-        }
+        shardcall::hold_back_stopped(&mut held_back, &store, &args.group).await?;
         // As the coordinator decides: with the loads reported, and what the
         // lineage holds back.
         let step_with = |g: &GroupState, now, discovered: &[PartitionId], options: &StepOptions| {

@@ -81,6 +81,25 @@ pub async fn lineage_held_back<S: CoordinationStore, Src: Source>(
         .await
 }
 
+/// Adds to `held_back` the partitions stopped for `group`
+/// (`Standing::Stopped`): what a coordinator holds back besides the
+/// lineage, the worker's and `plan`'s alike.
+pub async fn hold_back_stopped<S: CoordinationStore + ?Sized>(
+    held_back: &mut BTreeMap<PartitionId, Standing>,
+    store: &S,
+    group: &str,
+) -> StoreResult<()> {
+    for (p, stop) in store.stopped_partitions(group).await? {
+        held_back.insert(
+            p,
+            Standing::Stopped {
+                reason: stop.reason,
+            },
+        );
+    }
+    Ok(())
+}
+
 /// How often the source is asked again whether a closed partition is
 /// finished (a Kinesis source reads the shard to answer).
 const ASK_EVERY: Duration = Duration::from_secs(1);

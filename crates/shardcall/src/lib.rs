@@ -29,7 +29,7 @@ pub mod conformance_tickets;
 mod dead_letters;
 pub mod digest;
 mod discovery;
-pub use discovery::lineage_held_back;
+pub use discovery::{hold_back_stopped, lineage_held_back};
 mod either_handler;
 mod error;
 pub mod exec;

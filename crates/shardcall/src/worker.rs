@@ -728,14 +728,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             .lineage
             .held_back(&discovered, &*w.store, group, &*w.source)
             .await?;
-        for (p, stop) in w.store.stopped_partitions(group).await? {
-            held_back.insert(
-                p,
-                shardcall_core::Standing::Stopped {
-                    reason: stop.reason,
-                },
-            );
-        }
+        crate::discovery::hold_back_stopped(&mut held_back, &*w.store, group).await?;
         let plan = step_loaded(
             &state,
             now,
