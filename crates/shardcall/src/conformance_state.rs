@@ -16,6 +16,10 @@ macro_rules! __state_checks {
             a_cut_hands_out_each_changed_key_once,
             a_failed_cut_forgets_nothing,
             an_export_is_a_new_base,
+            commits_during_a_cut_go_to_the_next_cut,
+            an_export_hands_the_contents_at_its_freeze,
+            a_thawed_cut_gives_its_changes_to_the_next,
+            a_failed_export_forgets_nothing,
             clear_empties_everything,
             a_loaded_run_is_not_a_change,
             a_load_cut_short_leaves_no_mark,
@@ -194,6 +198,102 @@ pub fn an_export_is_a_new_base<S: StateStore>(store: &S) {
     assert_eq!((stats.entries, stats.bytes), (2, 4));
     assert_eq!(store.run_mark().unwrap().unwrap().run, "base");
     assert!(cut(store, "r2").is_empty());
+}
+
+fn export_all<S: StateStore>(store: &S, run: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    store
+        .export(run, &mut |k, v| {
+            out.push(format!(
+                "{}={}",
+                String::from_utf8_lossy(k),
+                String::from_utf8_lossy(v)
+            ));
+            Ok(())
+        })
+        .unwrap();
+    out
+}
+
+/// A cut hands out the keys as they were at its freeze and marks the
+/// freeze's position; what is committed after the freeze (a key again, a
+/// new key) is the next cut's, with its newer value.
+pub fn commits_during_a_cut_go_to_the_next_cut<S: StateStore>(store: &S) {
+    assert_eq!(
+        store.freeze_cut().unwrap(),
+        None,
+        "an empty store: nothing to cut"
+    );
+    store
+        .commit(&writes(&[("a", "1"), ("b", "1")], &[]), at(5))
+        .unwrap();
+    assert_eq!(store.freeze_cut().unwrap(), Some(at(5)));
+    store
+        .commit(&writes(&[("b", "2"), ("c", "2")], &[]), at(9))
+        .unwrap();
+    assert_eq!(store.freeze_cut().unwrap(), Some(at(5)), "the same freeze");
+    assert_eq!(cut(store, "r1"), ["a=1", "b=1"]);
+    assert_eq!(
+        store.run_mark().unwrap(),
+        Some(RunMark {
+            run: "r1".into(),
+            applied: at(5)
+        })
+    );
+    assert_eq!(store.applied().unwrap(), Some(at(9)));
+    assert_eq!(all(store), ["a=1", "b=2", "c=2"]);
+    assert_eq!(cut(store, "r2"), ["b=2", "c=2"]);
+    assert!(cut(store, "r3").is_empty());
+}
+
+/// An export hands out the contents as they were at its freeze, however
+/// the store changed after it; the changes after the freeze stay for the
+/// next cut.
+pub fn an_export_hands_the_contents_at_its_freeze<S: StateStore>(store: &S) {
+    store
+        .commit(&writes(&[("a", "1"), ("b", "1")], &[]), at(5))
+        .unwrap();
+    store.freeze_cut().unwrap();
+    store.commit(&writes(&[("c", "2")], &["a"]), at(7)).unwrap();
+    assert_eq!(export_all(store, "base"), ["a=1", "b=1"]);
+    assert_eq!(store.run_mark().unwrap().unwrap().applied, at(5));
+    assert_eq!(cut(store, "r2"), ["a-", "c=2"]);
+}
+
+/// A thawed cut's changes go to the next cut, beside the ones committed
+/// while it was frozen; a key committed again is handed out once, with
+/// its newer value.
+pub fn a_thawed_cut_gives_its_changes_to_the_next<S: StateStore>(store: &S) {
+    store.thaw_cut().unwrap();
+    store
+        .commit(&writes(&[("a", "1"), ("b", "1")], &[]), at(5))
+        .unwrap();
+    store.freeze_cut().unwrap();
+    store
+        .commit(&writes(&[("b", "2"), ("c", "2")], &[]), at(6))
+        .unwrap();
+    store.thaw_cut().unwrap();
+    assert_eq!(store.run_mark().unwrap(), None);
+    assert_eq!(store.freeze_cut().unwrap(), Some(at(6)), "a new freeze");
+    assert_eq!(cut(store, "r1"), ["a=1", "b=2", "c=2"]);
+}
+
+/// An export whose output fails forgets nothing: the next cut hands out
+/// the changes it held.
+pub fn a_failed_export_forgets_nothing<S: StateStore>(store: &S) {
+    store
+        .commit(&writes(&[("a", "1"), ("b", "1")], &[]), at(5))
+        .unwrap();
+    let failed = store.export("base", &mut |_, _| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            "disk full",
+        ))
+    });
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(store.run_mark().unwrap(), None);
+    store.commit(&writes(&[("c", "1")], &[]), at(6)).unwrap();
+    assert_eq!(cut(store, "r1"), ["a=1", "b=1", "c=1"]);
 }
 
 /// Clear leaves nothing: no entries, changes, position or mark.

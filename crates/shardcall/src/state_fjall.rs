@@ -4,16 +4,25 @@
 //! over a large state, one transaction per batch, and the bulk load of a
 //! restore.
 //!
-//! Three keyspaces in one database, so that one write batch covers all of
-//! them atomically: `data` (the state), `changes` (each key written since
-//! the last cut, with its new value or its deletion) and `meta` (the
-//! position and the run mark).
+//! Four keyspaces in one database, so that one write batch covers all of
+//! them atomically: `data` (the state), two change keyspaces (each key
+//! written since the last cut, with its new value or its deletion) and
+//! `meta` (the position, the run mark and which change keyspace is
+//! active).
+//!
+//! The change keyspaces take turns. Commits write to the active one; a
+//! freeze makes the other one active (one small write, under the lock that
+//! commits take) and pins a read view of the data, so that the cut then
+//! reads the frozen changes, or the whole state as it was, while commits go
+//! on. Clearing the frozen keyspace at the end of a cut never touches a
+//! change committed after the freeze. A crash mid-cut leaves the inactive
+//! keyspace holding changes: opening folds them back into the active one.
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{RwLock, RwLockReadGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
-use fjall::{Database, Keyspace, KeyspaceCreateOptions};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, Readable};
 
 use crate::state_rows::RowCache;
 use crate::state_store::{
@@ -23,14 +32,40 @@ use crate::state_store::{
 
 const APPLIED: &[u8] = b"applied";
 const MARK: &[u8] = b"mark";
+/// Which change keyspace commits write to: `0` or `1`.
+const ACTIVE: &[u8] = b"active_changes";
 /// Entries written per batch while a run loads.
 const LOAD_BATCH: usize = 4096;
 
 struct Open {
     db: Database,
     data: Keyspace,
-    changes: Keyspace,
+    /// The change keyspaces: commits write to the active one, a frozen
+    /// cut reads the other.
+    changes: [Keyspace; 2],
     meta: Keyspace,
+    /// Taken by every commit: a freeze switches keyspaces between two
+    /// commits, never during one.
+    cut: Mutex<Cut>,
+}
+
+/// Which change keyspace is active, and the cut frozen, if any.
+struct Cut {
+    active: usize,
+    frozen: Option<Frozen>,
+}
+
+/// A frozen cut: the position it covers and a view of the data then.
+struct Frozen {
+    applied: Applied,
+    view: fjall::Snapshot,
+}
+
+impl Open {
+    fn cut(&self) -> MutexGuard<'_, Cut> {
+        // A panic under the lock leaves the two fields whole.
+        self.cut.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// One partition's state in a directory of its own.
@@ -107,18 +142,58 @@ impl FjallStateStore {
     /// records the run already holds, which the next cut hands out again
     /// with their current values (the same or newer), which is harmless;
     /// the other order could lose changes.
-    fn mark_and_forget_changes(
-        &self,
-        open: &Open,
-        run: &str,
-        applied: Option<Applied>,
-    ) -> StateResult<()> {
+    fn mark_and_forget_changes(&self, open: &Open, run: &str, applied: Applied) -> StateResult<()> {
         let mut mark = open.db.batch();
-        mark_as(&mut mark, open, run, applied);
+        mark_as(&mut mark, open, run, Some(applied));
         mark.commit().map_err(self.fail("marking a cut"))?;
-        open.changes
+        let frozen = 1 - open.cut().active;
+        open.changes[frozen]
             .clear()
-            .map_err(self.fail("forgetting cut changes"))
+            .map_err(self.fail("forgetting cut changes"))?;
+        open.cut().frozen = None;
+        Ok(())
+    }
+
+    /// Freezes a cut (or gives the one frozen): its position and view.
+    fn freeze(&self, open: &Open) -> StateResult<Option<(Applied, fjall::Snapshot)>> {
+        let mut cut = open.cut();
+        if let Some(f) = &cut.frozen {
+            return Ok(Some((f.applied, f.view.clone())));
+        }
+        let Some(applied) = self.meta_record::<Applied>(open, APPLIED)? else {
+            return Ok(None);
+        };
+        // The other keyspace is empty: a cut's changes are forgotten, or
+        // folded back, before the next freeze.
+        let next = 1 - cut.active;
+        open.meta
+            .insert(ACTIVE, [b'0' + next as u8])
+            .map_err(self.fail("freezing a cut"))?;
+        let view = open.db.snapshot();
+        cut.active = next;
+        cut.frozen = Some(Frozen {
+            applied,
+            view: view.clone(),
+        });
+        Ok(Some((applied, view)))
+    }
+
+    /// Gives the frozen cut's changes back to the active keyspace.
+    fn thaw(&self, open: &Open) -> StateResult<()> {
+        let mut cut = open.cut();
+        if cut.frozen.is_none() {
+            return Ok(());
+        }
+        // Under the lock: a commit between a key's check and its copy
+        // would be overwritten by the older value.
+        fold(
+            &open.changes[1 - cut.active],
+            &open.changes[cut.active],
+            &open.db,
+        )
+        .map_err(self.fail("giving a cut's changes back"))?;
+        cut.frozen = None;
+        Ok(())
     }
 
     fn forget_rows(&self) {
@@ -223,12 +298,52 @@ fn open_at(path: &Path, cache_bytes: u64) -> StateResult<Open> {
         })
         .map_err(|e| engine_error(path, "opening a keyspace", e))
     };
+    let changes = [keyspace("changes", false)?, keyspace("changes_b", false)?];
+    let meta = keyspace("meta", true)?;
+    let active = match meta
+        .get(ACTIVE)
+        .map_err(|e| engine_error(path, "reading its active changes", e))?
+    {
+        Some(v) if &*v == b"1" => 1,
+        _ => 0,
+    };
+    // A cut that a crash cut short left its changes frozen: they go back
+    // to the next cut.
+    fold(&changes[1 - active], &changes[active], &db)
+        .map_err(|e| engine_error(path, "giving a cut's changes back", e))?;
     Ok(Open {
         data: keyspace("data", true)?,
-        changes: keyspace("changes", false)?,
-        meta: keyspace("meta", true)?,
+        changes,
+        meta,
         db,
+        cut: Mutex::new(Cut {
+            active,
+            frozen: None,
+        }),
     })
+}
+
+/// Moves the change records of `from` that `to` lacks into `to` (a record
+/// in `to` is newer), then empties `from`.
+fn fold(from: &Keyspace, to: &Keyspace, db: &Database) -> fjall::Result<()> {
+    if from.is_empty()? {
+        return Ok(());
+    }
+    let mut batch = db.batch();
+    let mut in_batch = 0;
+    for item in from.iter() {
+        let (key, record) = item.into_inner()?;
+        if !to.contains_key(&key)? {
+            batch.insert(to, key, record);
+            in_batch += 1;
+        }
+        if in_batch == LOAD_BATCH {
+            std::mem::replace(&mut batch, db.batch()).commit()?;
+            in_batch = 0;
+        }
+    }
+    batch.commit()?;
+    from.clear()
 }
 
 fn io_error(path: &Path, action: &'static str, e: std::io::Error) -> StateStoreError {
@@ -343,6 +458,8 @@ impl StateStore for FjallStateStore {
     fn commit(&self, writes: &WriteSet, applied: Applied) -> StateResult<()> {
         let guard = self.read()?;
         let open = guard.as_ref().expect("checked");
+        let cut = open.cut();
+        let changes = &open.changes[cut.active];
         let mut batch = open.db.batch();
         for (key, value) in writes.iter() {
             match value {
@@ -352,22 +469,37 @@ impl StateStore for FjallStateStore {
             // The change keeps the value too, so that a cut reads its
             // changes in one sequential pass (not a lookup per key, which
             // over a large state is what a cut would spend its time on).
-            batch.insert(&open.changes, key, change_record(value));
+            batch.insert(changes, key, change_record(value));
         }
         batch.insert(&open.meta, APPLIED, json(&applied));
         batch.commit().map_err(self.fail("committing a batch"))?;
+        drop(cut);
         if let Some(rows) = &self.rows {
             rows.committed(writes);
         }
         Ok(())
     }
 
+    fn freeze_cut(&self) -> StateResult<Option<Applied>> {
+        let guard = self.read()?;
+        let open = guard.as_ref().expect("checked");
+        Ok(self.freeze(open)?.map(|(applied, _)| applied))
+    }
+
+    fn thaw_cut(&self) -> StateResult<()> {
+        let guard = self.read()?;
+        self.thaw(guard.as_ref().expect("checked"))
+    }
+
     fn take_changes(&self, run: &str, out: &mut ChangeSink<'_>) -> StateResult<RunStats> {
         let guard = self.read()?;
         let open = guard.as_ref().expect("checked");
-        let applied: Option<Applied> = self.meta_record(open, APPLIED)?;
+        let Some((applied, _)) = self.freeze(open)? else {
+            return Ok(RunStats::default());
+        };
+        let frozen = open.changes[1 - open.cut().active].clone();
         let mut stats = RunStats::default();
-        for item in open.changes.iter() {
+        let handed = frozen.iter().try_for_each(|item| {
             let (key, record) = item
                 .into_inner()
                 .map_err(self.fail("reading its changes"))?;
@@ -386,6 +518,11 @@ impl StateStore for FjallStateStore {
             };
             out(&key, value).map_err(|e| io_error(&self.path, "writing a run", e))?;
             stats.add(&key, value);
+            Ok(())
+        });
+        if let Err(e) = handed {
+            self.thaw(open)?;
+            return Err(e);
         }
         self.mark_and_forget_changes(open, run, applied)?;
         Ok(stats)
@@ -394,12 +531,19 @@ impl StateStore for FjallStateStore {
     fn export(&self, run: &str, out: &mut EntrySink<'_>) -> StateResult<RunStats> {
         let guard = self.read()?;
         let open = guard.as_ref().expect("checked");
-        let applied: Option<Applied> = self.meta_record(open, APPLIED)?;
+        let Some((applied, view)) = self.freeze(open)? else {
+            return Ok(RunStats::default());
+        };
         let mut stats = RunStats::default();
-        for item in open.data.iter() {
+        let handed = view.iter(&open.data).try_for_each(|item| {
             let (k, v) = item.into_inner().map_err(self.fail("exporting"))?;
             out(&k, &v).map_err(|e| io_error(&self.path, "writing a run", e))?;
             stats.add(&k, Some(&v));
+            Ok(())
+        });
+        if let Err(e) = handed {
+            self.thaw(open)?;
+            return Err(e);
         }
         self.mark_and_forget_changes(open, run, applied)?;
         Ok(stats)
@@ -477,6 +621,41 @@ mod tests {
             })
             .unwrap();
         assert_eq!(changed, vec![(b"a".to_vec(), None)]);
+    }
+
+    #[test]
+    fn a_cut_a_crash_cut_short_gives_its_changes_to_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p0");
+        {
+            let store = FjallStateStore::open(&path, 1 << 20).unwrap();
+            let mut w = WriteSet::new();
+            w.put(b"a", b"1").unwrap();
+            w.put(b"b", b"1").unwrap();
+            store.commit(&w, at(5)).unwrap();
+            store.freeze_cut().unwrap();
+            let mut w = WriteSet::new();
+            w.put(b"b", b"2").unwrap();
+            store.commit(&w, at(6)).unwrap();
+            // The process ends here, mid-cut.
+        }
+        let store = FjallStateStore::open(&path, 1 << 20).unwrap();
+        assert_eq!(store.run_mark().unwrap(), None);
+        let mut changed = Vec::new();
+        store
+            .take_changes("r1", &mut |k, v| {
+                changed.push((k.to_vec(), v.map(<[u8]>::to_vec)));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            changed,
+            vec![
+                (b"a".to_vec(), Some(b"1".to_vec())),
+                (b"b".to_vec(), Some(b"2".to_vec()))
+            ]
+        );
+        assert_eq!(store.run_mark().unwrap().unwrap().applied, at(6));
     }
 
     #[test]

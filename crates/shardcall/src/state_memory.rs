@@ -17,6 +17,51 @@ struct Inner {
     changed: BTreeSet<Vec<u8>>,
     applied: Option<Applied>,
     mark: Option<RunMark>,
+    frozen: Option<Frozen>,
+}
+
+/// A frozen cut: the changed keys with their values then, and the whole
+/// contents then (a copy: this store serves tests and small states).
+#[derive(Debug)]
+struct Frozen {
+    applied: Applied,
+    changes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    data: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl Inner {
+    fn freeze(&mut self) -> Option<&Frozen> {
+        if self.frozen.is_none() {
+            let applied = self.applied?;
+            let changes = std::mem::take(&mut self.changed)
+                .into_iter()
+                .map(|k| {
+                    let v = self.data.get(&k).cloned();
+                    (k, v)
+                })
+                .collect();
+            self.frozen = Some(Frozen {
+                applied,
+                changes,
+                data: self.data.clone(),
+            });
+        }
+        self.frozen.as_ref()
+    }
+
+    fn thaw(&mut self) {
+        if let Some(f) = self.frozen.take() {
+            self.changed.extend(f.changes.into_keys());
+        }
+    }
+
+    fn cut_into(&mut self, run: &str) {
+        let applied = self.frozen.take().expect("frozen").applied;
+        self.mark = Some(RunMark {
+            run: run.to_owned(),
+            applied,
+        });
+    }
 }
 
 /// One partition's state in memory.
@@ -88,34 +133,50 @@ impl StateStore for MemoryStateStore {
         Ok(())
     }
 
+    fn freeze_cut(&self) -> StateResult<Option<Applied>> {
+        Ok(self.lock().freeze().map(|f| f.applied))
+    }
+
+    fn thaw_cut(&self) -> StateResult<()> {
+        self.lock().thaw();
+        Ok(())
+    }
+
     fn take_changes(&self, run: &str, out: &mut ChangeSink<'_>) -> StateResult<RunStats> {
         let mut inner = self.lock();
+        let Some(frozen) = inner.freeze() else {
+            return Ok(RunStats::default());
+        };
         let mut stats = RunStats::default();
-        for key in &inner.changed {
-            let value = inner.data.get(key).map(Vec::as_slice);
-            out(key, value).map_err(io_failed)?;
-            stats.add(key, value);
-        }
-        inner.changed.clear();
-        inner.mark = inner.applied.map(|applied| RunMark {
-            run: run.to_owned(),
-            applied,
+        let handed = frozen.changes.iter().try_for_each(|(key, value)| {
+            out(key, value.as_deref())?;
+            stats.add(key, value.as_deref());
+            Ok(())
         });
+        if let Err(e) = handed {
+            inner.thaw();
+            return Err(io_failed(e));
+        }
+        inner.cut_into(run);
         Ok(stats)
     }
 
     fn export(&self, run: &str, out: &mut EntrySink<'_>) -> StateResult<RunStats> {
         let mut inner = self.lock();
+        let Some(frozen) = inner.freeze() else {
+            return Ok(RunStats::default());
+        };
         let mut stats = RunStats::default();
-        for (key, value) in &inner.data {
-            out(key, value).map_err(io_failed)?;
+        let handed = frozen.data.iter().try_for_each(|(key, value)| {
+            out(key, value)?;
             stats.add(key, Some(value));
-        }
-        inner.changed.clear();
-        inner.mark = inner.applied.map(|applied| RunMark {
-            run: run.to_owned(),
-            applied,
+            Ok(())
         });
+        if let Err(e) = handed {
+            inner.thaw();
+            return Err(io_failed(e));
+        }
+        inner.cut_into(run);
         Ok(stats)
     }
 

@@ -265,15 +265,31 @@ pub trait StateStore: Send + Sync + 'static {
     /// written are remembered for the next [`Self::take_changes`].
     fn commit(&self, writes: &WriteSet, applied: Applied) -> StateResult<()>;
 
-    /// Hands every key changed since the last cut to `out` (its current
-    /// value, or `None` if deleted), in key order, then forgets them and
-    /// marks the contents as cut into `run`. Commits must not run
-    /// meanwhile. If `out` fails, nothing is forgotten.
+    /// Freezes a cut: the changes committed so far, and the contents as
+    /// they are now, are what the next [`Self::take_changes`] or
+    /// [`Self::export`] hands out, however long it takes; commits may go on
+    /// meanwhile and are remembered for the cut after. Gives the position
+    /// the cut covers (`None`: the store is empty, nothing to cut). While a
+    /// cut is frozen, calling it again gives the same freeze.
+    fn freeze_cut(&self) -> StateResult<Option<Applied>>;
+
+    /// Gives a frozen cut up (its run could not be written): its changes
+    /// go to the next cut, ahead of nothing committed since. Nothing if no
+    /// cut is frozen.
+    fn thaw_cut(&self) -> StateResult<()>;
+
+    /// Hands every key changed before the freeze (freezing first if no cut
+    /// is frozen) to `out` (its value then, or `None` if deleted), in key
+    /// order, then forgets them and marks the contents as cut into `run` at
+    /// the freeze's position. Commits may run meanwhile. If `out` fails,
+    /// the cut is thawed: nothing is forgotten.
     fn take_changes(&self, run: &str, out: &mut ChangeSink<'_>) -> StateResult<RunStats>;
 
-    /// Hands every entry to `out` in key order, forgets the changes since
-    /// the last cut (the export holds them) and marks the contents as cut
-    /// into `run`: a new base that makes every earlier run unnecessary.
+    /// Hands every entry as it was at the freeze (freezing first if no cut
+    /// is frozen) to `out` in key order, forgets the changes before the
+    /// freeze (the export holds them) and marks the contents as cut into
+    /// `run`: a new base that makes every earlier run unnecessary. Commits
+    /// may run meanwhile. If `out` fails, the cut is thawed.
     fn export(&self, run: &str, out: &mut EntrySink<'_>) -> StateResult<RunStats>;
 
     /// Empties the store: contents, changes, position and mark.
