@@ -120,6 +120,12 @@ pub struct StateRules {
     /// snapshot and replays the log from there, instead of retrying the
     /// batch on whatever the handler left.
     pub rewind_on_failure: bool,
+    /// A running partition's snapshots are cut and uploaded while it goes
+    /// on processing (the runtime's own store, which freezes a cut in a
+    /// moment); else between batches, processing waiting (a handler's own
+    /// directory, whose files are only still between calls). A partition
+    /// that is ending waits for its final snapshot either way.
+    pub in_background: bool,
 }
 
 impl PartitionRules {
@@ -259,7 +265,26 @@ pub enum Command {
         /// long as the whole state takes to write and upload; a later
         /// snapshot rebases.
         delta_only: bool,
+        /// Only freeze the cut and start writing and uploading it beside
+        /// processing: the answer is [`Event::SnapshotBegun`], and the
+        /// upload's outcome comes later, through
+        /// [`PartitionEngine::snapshot_uploaded`] or an
+        /// [`Command::AwaitSnapshot`]. `write_pointer` is then unused: the
+        /// engine asks for [`Command::WriteHistory`] when it is needed.
+        background: bool,
     },
+    /// Wait for the snapshot uploading in the background, at most
+    /// `within`, before the partition ends or takes its final snapshot.
+    /// Answer: [`Event::Snapshotted`] with the upload's outcome, or
+    /// [`Event::StillUploading`].
+    AwaitSnapshot {
+        /// The longest wait.
+        within: Duration,
+    },
+    /// Write the snapshot history (with a new snapshot's pointer) with the
+    /// last checkpoint's offset: a snapshot finished uploading and no
+    /// checkpoint is coming to carry it. Answer: [`Event::Snapshotted`].
+    WriteHistory,
     /// Mark the partition stopped for the group, with `reason` (owned
     /// mode; its data or state cannot be read past): no member is granted
     /// it again until an operator clears the stop. Answer:
@@ -394,6 +419,12 @@ pub enum Event {
     /// The snapshot's outcome (a pointer write that was refused is
     /// `Fenced`).
     Snapshotted(StoreAnswer<()>),
+    /// A background snapshot's cut was frozen and its upload began
+    /// (`true`), or there was nothing to cut (`false`).
+    SnapshotBegun(StoreAnswer<bool>),
+    /// The background snapshot did not end within an
+    /// [`Command::AwaitSnapshot`]'s wait; it goes on uploading.
+    StillUploading,
     /// A command without an answer of its own is done.
     Done,
     /// A revoke cut a fetch or a pause short.
@@ -508,6 +539,11 @@ pub struct PartitionEngine {
     /// A batch failed on a state the handler owns, and the snapshot has not
     /// been restored since: no snapshot may be taken of what it left.
     state_unknown: bool,
+    /// A snapshot is being written and uploaded beside processing.
+    uploading: bool,
+    /// The end did not wait for an upload any longer: it runs on, and no
+    /// other snapshot may be cut beside it.
+    upload_left_running: bool,
 }
 
 impl PartitionEngine {
@@ -544,7 +580,35 @@ impl PartitionEngine {
             moving_since: None,
             rewound_at: None,
             state_unknown: false,
+            uploading: false,
+            upload_left_running: false,
         }
+    }
+
+    /// The snapshot uploading in the background ended, noticed by the
+    /// driver after a step (so after the step that took its
+    /// [`Event::SnapshotBegun`]) and before carrying out the command that
+    /// step gave, unless that command is the [`Command::AwaitSnapshot`]
+    /// whose answer is this outcome. On success its pointer is kept for
+    /// the next checkpoint, or written at once when none is pending; on
+    /// failure its changes go to the next snapshot, at the next interval.
+    pub fn snapshot_uploaded(&mut self, answer: StoreAnswer<()>, env: Env) {
+        if !std::mem::take(&mut self.uploading) {
+            return;
+        }
+        match answer {
+            StoreAnswer::Ok(()) => {
+                if self.pending.is_none() {
+                    self.queue.push_front(Command::WriteHistory);
+                }
+            }
+            StoreAnswer::Failed(_) | StoreAnswer::Fenced(_) => self.last_snapshot = Some(env.now),
+        }
+    }
+
+    /// Whether a snapshot is being uploaded in the background.
+    pub fn uploading(&self) -> bool {
+        self.uploading
     }
 
     /// Where reading goes on (for the driver's lag gauge and logs).
@@ -594,6 +658,23 @@ impl PartitionEngine {
             }
             Some(c) => c,
             None => self.decide(env),
+        };
+        // The end, and a final snapshot, wait for the upload under way:
+        // its pointer is written, and a second cut never runs beside it.
+        let next = match next {
+            Command::Snapshot {
+                background: false, ..
+            }
+            | Command::Release
+            | Command::GiveBack { .. }
+                if self.uploading =>
+            {
+                self.queue.push_front(next);
+                Command::AwaitSnapshot {
+                    within: self.final_snapshot_wait().min(env.lease_left),
+                }
+            }
+            next => next,
         };
         if let Command::Done(_) = next {
             self.stage = Stage::Ended;
@@ -656,6 +737,7 @@ impl PartitionEngine {
                     self.queue.push_back(Command::Snapshot {
                         write_pointer: false,
                         delta_only: ending || self.moving_since.is_some(),
+                        background: self.in_background(ending),
                     });
                 }
                 self.queue.push_back(Command::Checkpoint {
@@ -669,21 +751,40 @@ impl PartitionEngine {
             // will come to carry its pointer) snapshots and writes the
             // pointer itself.
             None if self.snapshot_due(env, ending) => self.queue.push_back(Command::Snapshot {
-                write_pointer: true,
+                write_pointer: !self.in_background(ending),
                 delta_only: ending || self.moving_since.is_some(),
+                background: self.in_background(ending),
             }),
             None => {}
         }
     }
 
+    /// Whether a snapshot now runs beside processing.
+    fn in_background(&self, ending: bool) -> bool {
+        !ending && self.rules.state.as_ref().is_some_and(|r| r.in_background)
+    }
+
+    /// How long an ending partition waits for its final snapshot.
+    fn final_snapshot_wait(&self) -> Duration {
+        self.rules
+            .state
+            .as_ref()
+            .map_or(Duration::ZERO, |r| r.final_snapshot_wait)
+    }
+
     /// Whether the local state store (if any) is to snapshot now: it
     /// changed, and the partition is ending, or the interval has passed,
-    /// or enough bytes changed.
+    /// or enough bytes changed. While one uploads, the next waits (an
+    /// ending partition's final one waits for it).
     fn snapshot_due(&self, env: Env, ending: bool) -> bool {
         let Some(rules) = &self.rules.state else {
             return false;
         };
-        if env.unsnapshotted == 0 || self.state_unknown {
+        if env.unsnapshotted == 0
+            || self.state_unknown
+            || self.upload_left_running
+            || (self.uploading && !ending)
+        {
             return false;
         }
         let since = env
@@ -707,11 +808,7 @@ impl PartitionEngine {
     /// and tries at the next interval.
     fn snapshot_failed(&mut self, write_pointer: bool, env: Env) {
         let ending = self.stage == Stage::Releasing;
-        let wait = self
-            .rules
-            .state
-            .as_ref()
-            .map_or(Duration::ZERO, |r| r.final_snapshot_wait);
+        let wait = self.final_snapshot_wait();
         if !ending {
             self.last_snapshot = Some(env.now);
             return;
@@ -731,6 +828,7 @@ impl PartitionEngine {
         self.queue.push_front(Command::Snapshot {
             write_pointer,
             delta_only: true,
+            background: false,
         });
         self.queue.push_front(Command::Pause(pause));
     }
@@ -948,6 +1046,68 @@ impl PartitionEngine {
                     }
                 }
             }
+            (Some(Command::Snapshot { .. }), Event::SnapshotBegun(answer)) => match answer {
+                StoreAnswer::Ok(begun) => {
+                    self.uploading = begun;
+                    self.last_snapshot = Some(env.now);
+                }
+                StoreAnswer::Fenced(why) => self.lose(format!("snapshot refused: {why}")),
+                StoreAnswer::Failed(_) => self.snapshot_failed(false, env),
+            },
+            (Some(Command::AwaitSnapshot { .. }), Event::Snapshotted(answer)) => {
+                self.uploading = false;
+                match answer {
+                    // A final snapshot next writes the pointer, or the
+                    // pending checkpoint carries it; else it is written now.
+                    StoreAnswer::Ok(()) => {
+                        let carried = self.pending.is_some()
+                            || self.queue.iter().any(|c| {
+                                matches!(
+                                    c,
+                                    Command::Snapshot {
+                                        write_pointer: true,
+                                        ..
+                                    }
+                                )
+                            });
+                        if !carried {
+                            self.queue.push_front(Command::WriteHistory);
+                        }
+                    }
+                    StoreAnswer::Fenced(why) => self.lose(format!("snapshot refused: {why}")),
+                    // Its changes are back with the next cut: the final
+                    // snapshot (queued, or needed now) takes them.
+                    StoreAnswer::Failed(_) => {
+                        let queued = self
+                            .queue
+                            .iter()
+                            .any(|c| matches!(c, Command::Snapshot { .. }));
+                        if !queued && self.snapshot_due(env, true) {
+                            self.queue.push_front(Command::Snapshot {
+                                write_pointer: self.pending.is_none(),
+                                delta_only: true,
+                                background: false,
+                            });
+                        }
+                    }
+                }
+            }
+            // Not done in time: the partition ends without its final
+            // snapshot (a second cut never runs beside the first) and says
+            // its backup is incomplete.
+            (Some(Command::AwaitSnapshot { .. }), Event::StillUploading) => {
+                self.queue
+                    .retain(|c| !matches!(c, Command::Snapshot { .. }));
+                self.final_snapshot.get_or_insert((env.now, 1));
+                self.uploading = false;
+                self.upload_left_running = true;
+            }
+            (Some(Command::WriteHistory), Event::Snapshotted(answer)) => match answer {
+                StoreAnswer::Ok(()) => {}
+                StoreAnswer::Fenced(why) => self.lose(format!("snapshot pointer refused: {why}")),
+                // The next checkpoint carries it.
+                StoreAnswer::Failed(_) => {}
+            },
             (Some(Command::Snapshot { write_pointer, .. }), Event::Snapshotted(answer)) => {
                 match answer {
                     StoreAnswer::Ok(()) => {
@@ -1415,6 +1575,20 @@ mod tests {
         /// Bytes the local state store took since its last snapshot (each
         /// processed record writes 10).
         unsnapshotted: u64,
+        /// A background snapshot uploads: the steps it has left, and the
+        /// records it covers.
+        uploading: Option<(u32, Vec<u64>)>,
+        /// Steps a background upload takes.
+        upload_steps: u32,
+        /// Background uploads fail.
+        uploads_fail: bool,
+        /// Handler calls made while a snapshot uploaded.
+        calls_while_uploading: u32,
+        /// The records the snapshot history written holds (each snapshot
+        /// covers what the handler processed before it).
+        history_written: Vec<u64>,
+        /// A snapshot uploaded whose pointer no checkpoint wrote yet.
+        history_fresh: Option<Vec<u64>>,
         /// The next this many snapshots fail.
         failing_snapshots: u32,
         /// The local store's commits fail from this call on.
@@ -1462,6 +1636,19 @@ mod tests {
             for _ in 0..100_000 {
                 self.now += 1;
                 let command = engine.step(event, self.env());
+                // An upload ending is told between commands, unless the
+                // command waits for it and takes its outcome as the answer.
+                if let Some((left, covered)) = &mut self.uploading
+                    && !matches!(command, Command::AwaitSnapshot { .. })
+                {
+                    *left = left.saturating_sub(1);
+                    if *left == 0 {
+                        let covered = std::mem::take(covered);
+                        self.uploading = None;
+                        let answer = self.upload_ended(covered);
+                        engine.snapshot_uploaded(answer, self.env());
+                    }
+                }
                 self.commands.push(command.clone());
                 event = match command {
                     Command::Done(end) => return end,
@@ -1512,6 +1699,7 @@ mod tests {
                 }
                 Command::Process { range } => {
                     self.calls += 1;
+                    self.calls_while_uploading += u32::from(self.uploading.is_some());
                     let records = &engine.batch()[range];
                     if self.stuck_on.is_some_and(|s| records.contains(&s)) {
                         return Event::Processed(Err(CallFailure::Stuck("hung".into())));
@@ -1559,6 +1747,7 @@ mod tests {
                         }
                     }
                     self.checkpoint = Some(last + 1);
+                    self.write_history();
                     Event::Checkpointed(CheckpointAnswer::Committed)
                 }
                 Command::DeadLetter { range, .. } => {
@@ -1577,13 +1766,70 @@ mod tests {
                     self.failing_snapshots -= 1;
                     Event::Snapshotted(StoreAnswer::Failed("backup store down".into()))
                 }
-                Command::Snapshot { .. } => {
+                Command::Snapshot {
+                    background: true, ..
+                } => {
+                    assert!(self.uploading.is_none(), "one cut at a time");
+                    if self.unsnapshotted == 0 {
+                        return Event::SnapshotBegun(StoreAnswer::Ok(false));
+                    }
+                    self.unsnapshotted = 0;
+                    let covered = self.committed_and_processed();
+                    self.uploading = Some((self.upload_steps.max(1), covered));
+                    Event::SnapshotBegun(StoreAnswer::Ok(true))
+                }
+                Command::Snapshot { write_pointer, .. } => {
+                    assert!(self.uploading.is_none(), "one cut at a time");
                     self.unsnapshotted = 0;
                     self.snapshot_dir = self.dir.clone();
                     self.snapshots_unrevoked += usize::from(!self.revoked);
+                    self.history_fresh = Some(self.committed_and_processed());
+                    if write_pointer {
+                        self.write_history();
+                    }
+                    Event::Snapshotted(StoreAnswer::Ok(()))
+                }
+                Command::AwaitSnapshot { within } => match self.uploading.take() {
+                    Some((left, covered)) if u64::from(left) <= within.as_millis() as u64 => {
+                        self.now += u64::from(left);
+                        Event::Snapshotted(self.upload_ended(covered))
+                    }
+                    Some(still) => {
+                        self.now += within.as_millis() as u64;
+                        self.uploading = Some(still);
+                        Event::StillUploading
+                    }
+                    None => panic!("awaited with nothing uploading"),
+                },
+                Command::WriteHistory => {
+                    self.write_history();
                     Event::Snapshotted(StoreAnswer::Ok(()))
                 }
                 Command::Done(_) => unreachable!(),
+            }
+        }
+
+        /// The records a snapshot taken now covers.
+        fn committed_and_processed(&self) -> Vec<u64> {
+            let mut all = self.committed.clone();
+            all.extend(&self.processed);
+            all
+        }
+
+        fn upload_ended(&mut self, covered: Vec<u64>) -> StoreAnswer<()> {
+            if self.uploads_fail {
+                // Its changes go back to the next cut.
+                self.unsnapshotted += 10 * covered.len() as u64;
+                return StoreAnswer::Failed("backup store down".into());
+            }
+            self.snapshots_unrevoked += usize::from(!self.revoked);
+            self.history_fresh = Some(covered);
+            StoreAnswer::Ok(())
+        }
+
+        fn write_history(&mut self) {
+            if let Some(h) = self.history_fresh.take() {
+                self.history_written = h;
             }
         }
 
@@ -1599,6 +1845,7 @@ mod tests {
                 snapshot_bytes: u64::MAX,
                 final_snapshot_wait: wait,
                 rewind_on_failure: false,
+                in_background: false,
             }),
             ..owned()
         }
@@ -1683,11 +1930,15 @@ mod tests {
                 Command::Snapshot {
                     write_pointer,
                     delta_only,
+                    background,
                 } => Some(format!(
-                    "snapshot{}{}",
+                    "snapshot{}{}{}",
+                    if *background { "-begun" } else { "" },
                     if *write_pointer { "+pointer" } else { "" },
                     if *delta_only { "(delta)" } else { "" }
                 )),
+                Command::AwaitSnapshot { .. } => Some("await".into()),
+                Command::WriteHistory => Some("history".into()),
                 Command::Checkpoint { .. } => Some("checkpoint".into()),
                 Command::Release => Some("release".into()),
                 Command::Backup { state_backed_up } => Some(if *state_backed_up {
@@ -1753,7 +2004,8 @@ mod tests {
             snapshot,
             Command::Snapshot {
                 write_pointer: true,
-                delta_only: false
+                delta_only: false,
+                background: false,
             }
         );
         // The engine began at 0: on the 30 s interval, not before, nor
@@ -1813,6 +2065,131 @@ mod tests {
         );
         assert_eq!(w.snapshots_unrevoked, 1, "taken before the revoke");
         assert_eq!(w.committed.len(), 20);
+    }
+
+    fn in_background(every: Duration, wait: Duration) -> PartitionRules {
+        let mut rules = with_state(every, wait);
+        rules.state.as_mut().unwrap().in_background = true;
+        rules
+    }
+
+    #[test]
+    fn processing_goes_on_while_a_snapshot_uploads_and_a_checkpoint_carries_its_pointer() {
+        let mut w = World::new(60);
+        w.upload_steps = 15;
+        assert_eq!(
+            w.run(in_background(Duration::ZERO, Duration::from_secs(60))),
+            End::Released
+        );
+        assert!(w.calls_while_uploading > 2, "{}", w.calls_while_uploading);
+        let trace = backup_trace(&w);
+        assert!(
+            trace.iter().filter(|t| *t == "snapshot-begun").count() >= 2,
+            "{trace:?}"
+        );
+        // The end waits for the upload under way, then snapshots what came
+        // after its freeze: the history written covers every record.
+        let release = trace.iter().position(|t| t == "release").unwrap();
+        assert!(trace[..release].contains(&"await".to_string()), "{trace:?}");
+        assert_eq!(w.history_written, w.log, "{trace:?}");
+        assert_eq!(w.committed, w.log);
+        assert!(
+            w.count(|c| matches!(
+                c,
+                Command::Backup {
+                    state_backed_up: true
+                }
+            )) == 1
+        );
+    }
+
+    #[test]
+    fn an_upload_that_outlasts_the_final_wait_ends_the_partition_without_its_backup() {
+        let mut w = World::new(20);
+        w.upload_steps = 1_000_000;
+        let wait = Duration::from_millis(500);
+        assert_eq!(w.run(in_background(Duration::ZERO, wait)), End::Released);
+        let trace = backup_trace(&w);
+        assert_eq!(
+            trace.iter().filter(|t| t.starts_with("snapshot")).count(),
+            1,
+            "no second cut beside the first: {trace:?}"
+        );
+        assert_eq!(w.committed.len(), 20, "nothing processed was lost");
+        assert!(
+            w.count(|c| matches!(
+                c,
+                Command::Backup {
+                    state_backed_up: false
+                }
+            )) == 1,
+            "{trace:?}"
+        );
+    }
+
+    #[test]
+    fn an_upload_that_ends_while_idle_has_its_pointer_written_at_once() {
+        // One batch, then nothing: the upload ends with no checkpoint
+        // pending, so the engine writes the history itself.
+        let rules = in_background(Duration::ZERO, Duration::ZERO);
+        let mut engine = PartitionEngine::new(rules);
+        let mut env = World::new(0).env();
+        let mut command = engine.step(Event::Start, env);
+        let mut fetches = 0;
+        let mut began = false;
+        loop {
+            env.now += 10;
+            let event = match &command {
+                Command::Restore => Event::Restored(StoreAnswer::Ok(Some(0))),
+                Command::StartHandler => Event::HandlerStarted(Ok(())),
+                Command::Fetch { .. } => {
+                    fetches += 1;
+                    assert!(fetches < 50, "the pointer was never written");
+                    if began && fetches == 5 {
+                        engine.snapshot_uploaded(StoreAnswer::Ok(()), env);
+                    }
+                    Event::Fetched(Some(if fetches == 1 { vec![0, 1, 2] } else { vec![] }))
+                }
+                Command::Process { .. } => {
+                    env.unsnapshotted = 30;
+                    Event::Processed(Ok(()))
+                }
+                Command::Checkpoint { .. } => Event::Checkpointed(CheckpointAnswer::Committed),
+                Command::Snapshot {
+                    background: true, ..
+                } => {
+                    assert!(!began, "one upload at a time");
+                    began = true;
+                    env.unsnapshotted = 0;
+                    Event::SnapshotBegun(StoreAnswer::Ok(true))
+                }
+                Command::WriteHistory => break,
+                other => panic!("{other:?}"),
+            };
+            command = engine.step(event, env);
+        }
+        assert!(began && fetches >= 5);
+    }
+
+    proptest! {
+        #[test]
+        fn background_snapshots_back_every_record_up_by_the_end(
+            records in 0u64..60,
+            upload_steps in 1u32..40,
+            uploads_fail in any::<bool>(),
+            every_ms in 0u64..5,
+        ) {
+            let mut w = World::new(records);
+            w.upload_steps = upload_steps;
+            w.uploads_fail = uploads_fail;
+            let end = w.run(in_background(Duration::from_millis(every_ms), Duration::from_secs(3600)));
+            prop_assert_eq!(end, End::Released);
+            prop_assert_eq!(&w.committed, &w.log);
+            prop_assert!(w.uploading.is_none(), "the end waited for the upload");
+            if records > 0 {
+                prop_assert_eq!(&w.history_written, &w.log, "{:?}", backup_trace(&w));
+            }
+        }
     }
 
     #[test]
