@@ -174,6 +174,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 snapshot_bytes: s.snapshots.bytes,
                 final_snapshot_wait: s.snapshots.final_wait,
                 rewind_on_failure: s.kind == crate::StateKind::Directory,
+                in_background: s.kind == crate::StateKind::Store,
             }),
         };
         let grant = OwnedGrant {

@@ -6,6 +6,7 @@
 //! the [`GrantPort`], through which the grant (or claim) is restored,
 //! checkpointed, renewed and ended.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use shardcall_core::LoadMeter;
 use shardcall_core::partition_engine::Command;
+use shardcall_core::state_plan::BackupPointer;
 use shardcall_core::{
     CallFailure, CheckpointAnswer, End, Env, Epoch, Event, PartitionEngine, PartitionId,
     PartitionRules, StateOf, StoreAnswer, state_plan,
@@ -29,6 +31,7 @@ use crate::handler::{
 use crate::handler_cell::{CallError, HandlerCell};
 use crate::lease::LocalLease;
 use crate::partition_state::{PartitionState, RestoreFailure, Restored};
+use crate::snapshot::{SnapshotError, SnapshotReport};
 use crate::source::{FetchLimit, Source};
 use crate::state_config::StateConfig;
 use crate::state_store::{Applied, WriteSet};
@@ -179,6 +182,14 @@ struct Driver<'a, S, Src, F: HandlerFactory, G> {
     unreadable_store: Option<String>,
     /// The partition's local state store, once opened.
     local: Option<PartitionState>,
+    /// The snapshot being written and uploaded beside processing.
+    uploading: Option<Uploading>,
+}
+
+/// A snapshot running beside processing.
+struct Uploading {
+    job: tokio::task::JoinHandle<Result<SnapshotReport, SnapshotError>>,
+    began: Instant,
 }
 
 /// Runs one partition under `rules` to its end.
@@ -209,6 +220,7 @@ where
         lag_task: None,
         unreadable_store: None,
         local: None,
+        uploading: None,
     };
     let mut engine = PartitionEngine::new(rules);
     let mut event = Event::Start;
@@ -217,6 +229,11 @@ where
         match engine.step(event, env) {
             Command::Done(end) => break end,
             command => {
+                if !matches!(command, Command::AwaitSnapshot { .. })
+                    && let Some(answer) = driver.upload_ended().await
+                {
+                    engine.snapshot_uploaded(answer, driver.env());
+                }
                 event = driver.carry_out(command, &engine).await;
                 // The store answered with data nobody can read: that is the
                 // answer, whatever the command was.
@@ -226,6 +243,10 @@ where
             }
         }
     };
+    // An upload the end did not wait for (it outlasted the final wait, or
+    // the partition was lost) goes on by itself: its manifest is never
+    // listed, and the next owner's collection removes it.
+    drop(driver.uploading.take());
     // Nothing of this partition outlives it (a lag look-up holds the
     // source); a write the oracle was not told of may have landed.
     if let Some(t) = driver.lag_task.take() {
@@ -505,9 +526,17 @@ where
                 Event::Done
             }
             Command::Snapshot {
+                delta_only,
+                background: true,
+                ..
+            } => self.begin_snapshot(delta_only).await,
+            Command::Snapshot {
                 write_pointer,
                 delta_only,
+                background: false,
             } => self.snapshot(write_pointer, delta_only).await,
+            Command::AwaitSnapshot { within } => self.await_snapshot(within).await,
+            Command::WriteHistory => self.write_history().await,
             Command::GiveBack { delay } => {
                 self.grant.give_back(delay).await;
                 Event::Done
@@ -627,8 +656,8 @@ where
     }
 
     /// Cuts and uploads a snapshot of the local state store (a delta only
-    /// when `delta_only`); with `write_pointer`, writes its pointer now with
-    /// the last checkpoint.
+    /// when `delta_only`), processing waiting; with `write_pointer`, writes
+    /// its pointer now with the last checkpoint.
     async fn snapshot(&mut self, write_pointer: bool, delta_only: bool) -> Event {
         let epoch = self.d.ctx.epoch;
         let Some(local) = self.local.as_mut() else {
@@ -643,29 +672,126 @@ where
                 return Event::Snapshotted(StoreAnswer::Failed(e.to_string()));
             }
         };
+        self.snapshot_taken(&pointer, began);
+        if !write_pointer {
+            return Event::Snapshotted(StoreAnswer::Ok(()));
+        }
+        self.write_history().await
+    }
+
+    /// Freezes a cut of the local state store and starts writing and
+    /// uploading it beside processing.
+    async fn begin_snapshot(&mut self, delta_only: bool) -> Event {
+        let epoch = self.d.ctx.epoch;
+        let Some(local) = self.local.as_mut() else {
+            return Event::SnapshotBegun(StoreAnswer::Ok(false));
+        };
+        match local.begin_snapshot(epoch, !delta_only).await {
+            Ok(Some(job)) => {
+                self.uploading = Some(Uploading {
+                    job: tokio::spawn(job.run()),
+                    began: clock::now(),
+                });
+                Event::SnapshotBegun(StoreAnswer::Ok(true))
+            }
+            Ok(None) => Event::SnapshotBegun(StoreAnswer::Ok(false)),
+            Err(e) => {
+                tracing::warn!(error = %e, "snapshot failed; processing goes on");
+                Event::SnapshotBegun(StoreAnswer::Failed(e.to_string()))
+            }
+        }
+    }
+
+    /// The background snapshot's outcome, if it ended (without waiting).
+    async fn upload_ended(&mut self) -> Option<StoreAnswer<()>> {
+        if !self.uploading.as_ref()?.job.is_finished() {
+            return None;
+        }
+        let up = self.uploading.take().expect("checked");
+        let report = up.job.await;
+        Some(self.finish_upload(report, up.began))
+    }
+
+    /// Waits up to `within` for the background snapshot to end.
+    async fn await_snapshot(&mut self, within: Duration) -> Event {
+        let Some(up) = self.uploading.as_mut() else {
+            return Event::Snapshotted(StoreAnswer::Ok(()));
+        };
+        let Ok(report) = tokio::time::timeout(within, &mut up.job).await else {
+            tracing::warn!(
+                waited_ms = within.as_millis() as u64,
+                "the snapshot under way did not finish in time; the partition ends without its final snapshot"
+            );
+            return Event::StillUploading;
+        };
+        let began = self.uploading.take().expect("checked").began;
+        Event::Snapshotted(self.finish_upload(report, began))
+    }
+
+    /// Takes the ended background snapshot's outcome into the partition's
+    /// history.
+    fn finish_upload(
+        &mut self,
+        report: Result<Result<SnapshotReport, SnapshotError>, tokio::task::JoinError>,
+        began: Instant,
+    ) -> StoreAnswer<()> {
+        let report = report.unwrap_or_else(|e| {
+            Err(SnapshotError::Local {
+                path: PathBuf::new(),
+                cause: std::io::Error::other(e),
+            })
+        });
+        let local = self.local.as_mut().expect("a snapshot of a local store");
+        match local.snapshot_finished(report) {
+            Ok(pointer) => {
+                self.snapshot_taken(&pointer, began);
+                StoreAnswer::Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "snapshot failed; processing goes on");
+                StoreAnswer::Failed(e.to_string())
+            }
+        }
+    }
+
+    /// Logs a new snapshot and tells the load meter what moving the
+    /// partition would transfer (the load-aware assignment's cost of a
+    /// move).
+    fn snapshot_taken(&self, pointer: &BackupPointer, began: Instant) {
         tracing::debug!(manifest = %pointer.manifest, offset = pointer.offset,
             ms = began.elapsed().as_millis() as u64, "snapshot taken");
-        // What moving the partition would transfer, for the load-aware
-        // assignment's cost of a move.
         if let Some(meter) = &self.d.load {
             meter
                 .lock()
                 .expect("load meter")
                 .state_bytes(pointer.state_bytes);
         }
-        let Some((offset, _)) = self.checkpoint.filter(|_| write_pointer) else {
+    }
+
+    /// Writes the snapshot history with the last checkpoint's offset
+    /// (nothing to write before the first checkpoint: the next one
+    /// carries it).
+    async fn write_history(&mut self) -> Event {
+        let epoch = self.d.ctx.epoch;
+        let (Some(local), Some((offset, _))) = (self.local.as_mut(), self.checkpoint) else {
             return Event::Snapshotted(StoreAnswer::Ok(()));
         };
+        let backup = local.history_to_write();
+        if backup.is_empty() {
+            return Event::Snapshotted(StoreAnswer::Ok(()));
+        }
         let checkpoint = Checkpoint {
             offset,
             state: Vec::new(),
             epoch,
-            backup: local.history_to_write(),
+            backup,
             position: self.d.source.position(&self.d.ctx.partition, offset),
         };
         match self.grant.save(&checkpoint).await {
             Ok(()) => {
-                local.history_written().await;
+                if let Some(local) = self.local.as_mut() {
+                    local.history_written().await;
+                }
                 Event::Snapshotted(StoreAnswer::Ok(()))
             }
             Err(e) => Event::Snapshotted(self.answer(Err(e))),

@@ -75,6 +75,9 @@ pub(crate) struct PartitionState {
     /// the history.
     fresh: bool,
     unsnapshotted: u64,
+    /// Bytes the snapshot under way covers: back to `unsnapshotted` if it
+    /// fails.
+    frozen_bytes: u64,
     last_manifest: Option<Manifest>,
     /// How far the restore under way has got.
     meter: Arc<RestoreMeter>,
@@ -167,6 +170,7 @@ impl PartitionState {
             history: Vec::new(),
             fresh: false,
             unsnapshotted: 0,
+            frozen_bytes: 0,
             last_manifest: None,
             meter: Arc::default(),
         })
@@ -456,14 +460,14 @@ impl PartitionState {
         may_rebase: bool,
     ) -> Result<Option<BackupPointer>, SnapshotError> {
         let report = match &self.local {
-            Local::Store { store, runs_dir } => {
-                let (store, runs_dir) = (store.clone(), runs_dir.clone());
-                self.snapshot_store(store, runs_dir, epoch, may_rebase)
-                    .await?
-            }
+            Local::Store { .. } => match self.begin_snapshot(epoch, may_rebase).await? {
+                Some(job) => job.run().await,
+                None => return Ok(None),
+            },
             // Taken between batches: the handler is not writing now.
             Local::Directory { files, applied } => match applied {
-                Some(applied) => Some(
+                Some(applied) => {
+                    self.frozen_bytes = std::mem::take(&mut self.unsnapshotted);
                     snapshot::snapshot(
                         &*self.config.backups,
                         &self.scope,
@@ -471,14 +475,71 @@ impl PartitionState {
                         epoch,
                         applied.offset,
                     )
-                    .await?,
-                ),
-                None => None,
+                    .await
+                }
+                None => return Ok(None),
             },
         };
-        let Some(report) = report else {
+        self.snapshot_finished(report).map(Some)
+    }
+
+    /// Freezes a cut of the runtime's store (a moment's work, on a
+    /// blocking thread): the job that writes and uploads it may then run
+    /// beside processing; its outcome goes to [`Self::snapshot_finished`].
+    /// `None` when the store has nothing, or the state is the handler's
+    /// own directory (snapshotted between batches only).
+    pub(crate) async fn begin_snapshot(
+        &mut self,
+        epoch: Epoch,
+        may_rebase: bool,
+    ) -> Result<Option<SnapshotJob>, SnapshotError> {
+        let Local::Store { store, runs_dir } = &self.local else {
             return Ok(None);
         };
+        let freezing = store.clone();
+        let frozen = tokio::task::spawn_blocking(move || freezing.freeze_cut())
+            .await
+            .map_err(|e| SnapshotError::Local {
+                path: runs_dir.clone(),
+                cause: std::io::Error::other(e),
+            })?
+            .map_err(|e| SnapshotError::Local {
+                path: runs_dir.clone(),
+                cause: std::io::Error::other(e),
+            })?;
+        let Some(applied) = frozen else {
+            return Ok(None);
+        };
+        self.frozen_bytes = std::mem::take(&mut self.unsnapshotted);
+        Ok(Some(SnapshotJob {
+            store: store.clone(),
+            runs_dir: runs_dir.clone(),
+            backups: self.config.backups.clone(),
+            scope: self.scope.clone(),
+            epoch,
+            applied,
+            rebase_ratio: self.config.snapshots.rebase_ratio,
+            max_runs: self.config.snapshots.max_runs,
+            may_rebase,
+            known: self.last_manifest.clone(),
+        }))
+    }
+
+    /// A snapshot's outcome: its pointer joins the history the next
+    /// checkpoint writes; a failed one's changes count again as
+    /// unsnapshotted (the store gave them back to the next cut).
+    pub(crate) fn snapshot_finished(
+        &mut self,
+        report: Result<SnapshotReport, SnapshotError>,
+    ) -> Result<BackupPointer, SnapshotError> {
+        let report = match report {
+            Ok(report) => report,
+            Err(e) => {
+                self.unsnapshotted += std::mem::take(&mut self.frozen_bytes);
+                return Err(e);
+            }
+        };
+        self.frozen_bytes = 0;
         crate::telemetry::state_uploaded(report.uploaded_bytes);
         let pointer = BackupPointer {
             manifest: report.name.clone(),
@@ -489,47 +550,8 @@ impl PartitionState {
         self.history =
             state_plan::push_pointer(&self.history, pointer.clone(), self.config.snapshots.keep);
         self.fresh = true;
-        self.unsnapshotted = 0;
         self.last_manifest = Some(report.manifest);
-        Ok(Some(pointer))
-    }
-
-    /// [`Self::snapshot`] of the runtime's store: cuts the next run, then
-    /// uploads the runs' chunks the backup store lacks.
-    async fn snapshot_store(
-        &self,
-        store: Arc<FjallStateStore>,
-        runs_dir: PathBuf,
-        epoch: Epoch,
-        may_rebase: bool,
-    ) -> Result<Option<SnapshotReport>, SnapshotError> {
-        let (ratio, max_runs) = (
-            self.config.snapshots.rebase_ratio,
-            self.config.snapshots.max_runs,
-        );
-        let dir = runs_dir.clone();
-        let cut = tokio::task::spawn_blocking(move || {
-            cut_run(&*store, &dir, epoch, ratio, max_runs, may_rebase)
-        })
-        .await
-        .map_err(|e| SnapshotError::Local {
-            path: PathBuf::new(),
-            cause: std::io::Error::other(e),
-        })??;
-        let Some((applied, stats, base)) = cut else {
-            return Ok(None);
-        };
-        crate::telemetry::state_snapshot(stats.bytes, base);
-        let report = snapshot::snapshot_immutable(
-            &*self.config.backups,
-            &self.scope,
-            &runs_dir,
-            epoch,
-            applied.offset,
-            self.last_manifest.as_ref(),
-        )
-        .await?;
-        Ok(Some(report))
+        Ok(pointer)
     }
 
     /// [`Self::restore`] of one snapshot into the handler's directory;
@@ -568,6 +590,76 @@ impl PartitionState {
             Local::Store { runs_dir, .. } => runs_dir,
             Local::Directory { files, .. } => files,
         }
+    }
+}
+
+/// The part of a snapshot of the runtime's store that runs beside
+/// processing: writing the frozen cut into a run file, then uploading the
+/// runs the backup store lacks.
+pub(crate) struct SnapshotJob {
+    store: Arc<FjallStateStore>,
+    runs_dir: PathBuf,
+    backups: Arc<dyn crate::BackupStore>,
+    scope: String,
+    epoch: Epoch,
+    /// The position the frozen cut covers.
+    applied: Applied,
+    rebase_ratio: f64,
+    max_runs: usize,
+    may_rebase: bool,
+    /// The last snapshot's manifest: its runs are not read again.
+    known: Option<Manifest>,
+}
+
+impl SnapshotJob {
+    /// Writes the run and uploads; the frozen cut is given back to the
+    /// store if the run cannot be written.
+    pub(crate) async fn run(self) -> Result<SnapshotReport, SnapshotError> {
+        let Self {
+            store,
+            runs_dir,
+            backups,
+            scope,
+            epoch,
+            applied,
+            rebase_ratio,
+            max_runs,
+            may_rebase,
+            known,
+        } = self;
+        let dir = runs_dir.clone();
+        let (stats, base) = tokio::task::spawn_blocking(move || {
+            let cut = cut_run(
+                &*store,
+                &dir,
+                epoch,
+                applied,
+                rebase_ratio,
+                max_runs,
+                may_rebase,
+            );
+            if cut.is_err() {
+                // Whatever failed before the store handed the cut out: its
+                // changes go to the next cut.
+                let _ = store.thaw_cut();
+            }
+            cut
+        })
+        .await
+        .map_err(|e| SnapshotError::Local {
+            path: runs_dir.clone(),
+            cause: std::io::Error::other(e),
+        })??;
+        crate::telemetry::state_snapshot(stats.bytes, base);
+        snapshot::snapshot_immutable(
+            &*backups,
+            &scope,
+            &runs_dir,
+            epoch,
+            applied.offset,
+            known.as_ref(),
+        )
+        .await
     }
 }
 
@@ -671,17 +763,18 @@ fn load_runs(
     Ok(())
 }
 
-/// Writes the next run into `dir` (blocking): a delta, or a new base that
-/// replaces every earlier run. Returns the position it covers, what it
-/// holds and whether it is a base, or `None` for an empty store.
+/// Writes the frozen cut, which covers the store up to `applied`, into
+/// the next run in `dir` (blocking): a delta, or a new base that replaces
+/// every earlier run. Returns what it holds and whether it is a base.
 fn cut_run(
     store: &dyn StateStore,
     dir: &Path,
     epoch: Epoch,
+    applied: Applied,
     ratio: f64,
     max_runs: usize,
     may_rebase: bool,
-) -> Result<Option<(Applied, RunStats, bool)>, SnapshotError> {
+) -> Result<(RunStats, bool), SnapshotError> {
     let local = |path: &Path| {
         let path = path.to_owned();
         move |cause| SnapshotError::Local { path, cause }
@@ -689,9 +782,6 @@ fn cut_run(
     let engine = |e: StateStoreError| SnapshotError::Local {
         path: dir.to_owned(),
         cause: std::io::Error::other(e),
-    };
-    let Some(applied) = store.applied().map_err(engine)? else {
-        return Ok(None);
     };
     let runs = runs_in(dir).map_err(local(dir))?;
     let mark = store.run_mark().map_err(engine)?;
@@ -738,5 +828,5 @@ fn cut_run(
             std::fs::remove_file(dir.join(old)).map_err(local(dir))?;
         }
     }
-    Ok(Some((applied, stats, rebase)))
+    Ok((stats, rebase))
 }

@@ -176,6 +176,9 @@ struct Counted {
     inner: DirBackupStore,
     read: AtomicU64,
     down: std::sync::atomic::AtomicBool,
+    /// Uploads (chunks and manifests) wait while this is set, as on a
+    /// backup store that has become very slow.
+    uploads_held: std::sync::atomic::AtomicBool,
     /// Each chunk read takes this many milliseconds more.
     slow_reads_ms: AtomicU64,
     /// The group, to tell the bytes a member read for a partition before
@@ -189,6 +192,12 @@ struct Counted {
 }
 
 impl Counted {
+    async fn upload_slot(&self) {
+        while self.uploads_held.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn up(&self) -> BackupResult<()> {
         if self.down.load(Ordering::Relaxed) {
             return Err(shardcall::BackupError::Unavailable {
@@ -203,6 +212,7 @@ impl Counted {
 #[async_trait]
 impl BackupStore for Counted {
     async fn put_chunk(&self, scope: &str, id: &str, bytes: Bytes) -> BackupResult<()> {
+        self.upload_slot().await;
         self.up()?;
         self.inner.put_chunk(scope, id, bytes).await
     }
@@ -298,6 +308,7 @@ impl Cluster {
                 inner: DirBackupStore::new(root.join("backups")).unwrap(),
                 read: AtomicU64::new(0),
                 down: Default::default(),
+                uploads_held: Default::default(),
                 slow_reads_ms: AtomicU64::new(0),
                 coord: store,
                 split_for: Mutex::default(),
@@ -895,7 +906,9 @@ async fn with_the_backup_store_down_processing_goes_on_and_a_handover_replays_fr
     c.produce(300);
     c.add_worker_on(0);
     c.settle(Duration::from_secs(20)).await;
-    let before: Vec<_> = current_pointers(&c).await;
+    // Snapshots upload beside processing: their pointers are written once
+    // the last uploads end.
+    let before = settled_pointers(&c).await;
     // The backup store goes down: batches still commit locally and
     // checkpoint, snapshots fail and are tried again.
     c.backups.down.store(true, Ordering::Relaxed);
@@ -922,6 +935,58 @@ async fn with_the_backup_store_down_processing_goes_on_and_a_handover_replays_fr
     c.stop(1).await;
     c.check_states(&c.read_states(1));
     assert!(c.violations.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processing_goes_on_while_a_snapshot_uploads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.snapshots.every = Duration::from_millis(1);
+    c.produce(100);
+    c.add_worker_on(0);
+    c.settle(Duration::from_secs(20)).await;
+    let before = settled_pointers(&c).await;
+    // Uploads hang: each partition's snapshot under way waits, and its
+    // records go on being processed and checkpointed meanwhile.
+    c.backups.uploads_held.store(true, Ordering::Relaxed);
+    c.produce(300);
+    c.settle(Duration::from_secs(20)).await;
+    assert_eq!(
+        current_pointers(&c).await,
+        before,
+        "nothing could be uploaded while held"
+    );
+    c.backups.uploads_held.store(false, Ordering::Relaxed);
+    let after = settled_pointers(&c).await;
+    for (b, a) in before.iter().zip(&after) {
+        assert_ne!(b, a, "the held snapshots were uploaded once let go");
+    }
+    c.stop(0).await;
+    // A machine with an empty disk restores every partition from those
+    // snapshots and processes on: the exact state.
+    let i = c.add_worker_on(7);
+    c.produce(40);
+    c.settle_by(Duration::from_secs(20), true).await;
+    c.stop(i).await;
+    c.check_states(&c.read_states(7));
+    assert!(c.violations.lock().unwrap().is_empty());
+    c.check_oracle(QUARANTINE);
+}
+
+/// Every partition's snapshot pointer once each has one and none moved
+/// for half a second (the uploads under way ended and were written).
+async fn settled_pointers(c: &Cluster) -> Vec<Option<String>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = current_pointers(c).await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = current_pointers(c).await;
+        if now == last && now.iter().all(Option::is_some) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "pointers never settled: {now:?}");
+        last = now;
+    }
 }
 
 /// Every partition's current snapshot pointer.
