@@ -363,14 +363,57 @@ impl Rig {
         group: &str,
         payloads: impl Iterator<Item = String>,
     ) -> anyhow::Result<f64> {
+        Ok(self.timed_run(store, group, payloads).await?.rate)
+    }
+
+    /// [`Self::timed`], with when the run began and ended on the oracle's
+    /// clock.
+    async fn timed_run(
+        &self,
+        store: &RedisStore,
+        group: &str,
+        payloads: impl Iterator<Item = String>,
+    ) -> anyhow::Result<Run> {
         self.owned(store, group, Duration::from_secs(60)).await?;
         let before = self.end(group)?;
         let t = Instant::now();
         self.produce(group, payloads)?;
+        let from_us = self.oracle.now_us();
         let end = self.end(group)?;
         self.settle(store, group, end, Duration::from_secs(3600))
             .await?;
-        Ok((end - before) as f64 / t.elapsed().as_secs_f64())
+        Ok(Run {
+            rate: (end - before) as f64 / t.elapsed().as_secs_f64(),
+            from_us,
+            to_us: self.oracle.now_us(),
+        })
+    }
+
+    /// The longest and the median gap, in ms, between a batch of `group`
+    /// returning and the next one starting, over the batches of `run`
+    /// (records were waiting all along: a gap is processing paused).
+    fn pauses_ms(&self, group: &str, run: &Run) -> (f64, f64) {
+        let mut batches: Vec<_> = self
+            .oracle
+            .batches()
+            .into_iter()
+            .filter(|b| {
+                b.partition.topic.as_ref() == group
+                    && b.started_us >= run.from_us
+                    && b.started_us <= run.to_us
+            })
+            .collect();
+        batches.sort_by_key(|b| b.started_us);
+        let mut gaps: Vec<u64> = batches
+            .windows(2)
+            .map(|w| w[1].started_us.saturating_sub(w[0].processed_us))
+            .collect();
+        gaps.sort_unstable();
+        let ms = |us: u64| us as f64 / 1000.0;
+        (
+            gaps.last().copied().map_or(0.0, ms),
+            gaps.get(gaps.len() / 2).copied().map_or(0.0, ms),
+        )
     }
 
     /// When `member` first started a batch of `group` (the oracle's clock).
@@ -399,6 +442,63 @@ impl Rig {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// A timed run: its rate and when it ran (the oracle's clock).
+struct Run {
+    rate: f64,
+    from_us: u64,
+    to_us: u64,
+}
+
+/// The update handler over `--exec`: a Python child doing what
+/// [`Aggregates`] does, each key read and written through the protocol.
+const EXEC_AGGREGATES: &str = r#"
+import base64, json, sys
+KEYS = max(int(sys.argv[1]), 1)
+M = (1 << 64) - 1
+def chosen(seq):
+    x = (seq + 0x9E3779B97F4A7C15) & M
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M
+    return (x ^ (x >> 31)) % KEYS
+def send(o):
+    sys.stdout.write(json.dumps(o) + "\n")
+    sys.stdout.flush()
+while True:
+    line = sys.stdin.readline()
+    if not line:
+        break
+    msg = json.loads(line)
+    action = msg.get("action")
+    if action != "process":
+        send({"action": "ok"})
+        continue
+    for r in msg["records"]:
+        v = r.get("value") or ""
+        if not v.startswith("u:"):
+            continue
+        k = base64.b64encode(b"agg/key/" + chosen(int(v[2:])).to_bytes(8, "big")).decode()
+        send({"action": "get", "key": k})
+        got = json.loads(sys.stdin.readline()).get("value")
+        cur = bytearray(base64.b64decode(got)) if got else bytearray(100)
+        cur[:8] = (int.from_bytes(cur[:8], "little") + 1).to_bytes(8, "little")
+        send({"action": "put", "key": k, "value": base64.b64encode(bytes(cur)).decode()})
+    send({"action": "processed"})
+"#;
+
+/// A labelled counter's value in the recorder's rendering.
+fn labelled(
+    metrics: &metrics_exporter_prometheus::PrometheusHandle,
+    name: &str,
+    label: &str,
+) -> f64 {
+    metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 async fn used_memory(url: &str) -> anyhow::Result<u64> {
@@ -505,6 +605,27 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     let empty_rate = rig.timed(&store_empty, "base", updates()).await?;
     w.shutdown();
     w.join().await?;
+    // The same over `--exec`, fewer records (each key goes through a pipe).
+    let script = dir.join("aggregates.py");
+    std::fs::write(&script, EXEC_AGGREGATES)?;
+    let exec = shardcall::exec::ExecFactory {
+        command: format!("python3 {} {keys}", script.display()),
+    };
+    let exec_records = (args.records / 5).max(1000);
+    let exec_updates = |from: u64| (from..from + exec_records).map(|j| format!("u:{j}"));
+    eprintln!("empty state over --exec: {exec_records} updates");
+    let w = rig.worker(
+        &store_empty,
+        "base",
+        "empty",
+        exec.clone(),
+        Some(state("empty")),
+    )?;
+    let exec_empty_rate = rig
+        .timed(&store_empty, "base", exec_updates(args.records))
+        .await?;
+    w.shutdown();
+    w.join().await?;
 
     // 2. The large state: loaded, then the same updates.
     eprintln!(
@@ -517,10 +638,70 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     );
     let a = big_worker("a")?;
     rig.caught_up(&store_big, "big").await?;
-    let big_rate = rig.timed(&store_big, "big", updates()).await?;
+    let big_run = rig.timed_run(&store_big, "big", updates()).await?;
+    let big_rate = big_run.rate;
     let uploaded = counter(&metrics, "shardcall_state_uploaded_bytes_total") - uploaded0;
     let changed = counter(&metrics, "shardcall_state_changed_bytes_total") - changed0;
     let upload_ratio = uploaded / changed.max(1.0);
+    let (delta_pause_ms, delta_median_gap_ms) = rig.pauses_ms("big", &big_run);
+    let delta_snapshots = labelled(&metrics, "shardcall_state_snapshots_total", "delta");
+    a.shutdown();
+    a.join().await?;
+
+    // 2b. The large state over `--exec`, on the same machine (its store is
+    // current: nothing to download).
+    eprintln!("large state over --exec: {exec_records} updates");
+    let x = rig.worker(&store_big, "big", "a", exec.clone(), Some(state("a")))?;
+    let exec_big_rate = rig
+        .timed(&store_big, "big", exec_updates(args.records + 2000))
+        .await?;
+    x.shutdown();
+    x.join().await?;
+
+    // 2c. A rebase of the whole state while records wait: at most two runs
+    // kept, so the first snapshot exports a new base (frozen in a moment,
+    // written and uploaded beside processing).
+    let rebase_records = (args.records / 2).max(1000);
+    eprintln!("a rebase of the large state during {rebase_records} updates");
+    let mut rebasing = state("a");
+    rebasing.snapshots.max_runs = 2;
+    rebasing.snapshots.bytes = 1 << 20;
+    let bases0 = labelled(&metrics, "shardcall_state_snapshots_total", "base");
+    let r = rig.worker(
+        &store_big,
+        "big",
+        "a",
+        AggregatesFactory { keys },
+        Some(rebasing),
+    )?;
+    let from = args.records + 2000 + exec_records;
+    let rebase_run = rig
+        .timed_run(
+            &store_big,
+            "big",
+            (from..from + rebase_records).map(|j| format!("u:{j}")),
+        )
+        .await?;
+    let (rebase_pause_ms, _) = rig.pauses_ms("big", &rebase_run);
+    // How long the rebase's cut took (from the run's start to the base
+    // written): processing stood still that long when snapshots were taken
+    // between batches.
+    let rebase_cut_ms = loop {
+        if labelled(&metrics, "shardcall_state_snapshots_total", "base") > bases0 {
+            break (rig.oracle.now_us() - rebase_run.from_us) as f64 / 1000.0;
+        }
+        anyhow::ensure!(
+            rig.oracle.now_us() - rebase_run.from_us < 3_600_000_000,
+            "no rebase in an hour"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let a = r;
+    rig.produce(
+        "big",
+        (from + rebase_records..from + rebase_records + 100).map(|j| format!("u:{j}")),
+    )?;
+    rig.caught_up(&store_big, "big").await?;
 
     // 3. A graceful handover to a machine with an empty disk: the old
     // owner's machine is drained (as an operator moves work off it); the
@@ -641,6 +822,7 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     }
 
     let ratio = big_rate / empty_rate;
+    let exec_ratio = exec_big_rate / exec_empty_rate;
     let mem_ratio = mem_big as f64 / mem_empty as f64;
     let targets = vec![
         target(
@@ -648,6 +830,24 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
             Goal::AtLeast,
             0.8,
             ratio,
+        ),
+        target(
+            "over --exec: throughput with the large state / with an empty one",
+            Goal::AtLeast,
+            0.8,
+            exec_ratio,
+        ),
+        target(
+            "longest processing pause while delta snapshots ran (ms)",
+            Goal::AtMost,
+            500.0,
+            delta_pause_ms,
+        ),
+        target(
+            "longest processing pause while the whole state rebased (ms)",
+            Goal::AtMost,
+            500.0,
+            rebase_pause_ms,
         ),
         target(
             "bytes uploaded / bytes changed, over the run",
@@ -685,6 +885,11 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
                        "backup_store": "directory", "partitions": 1},
             "measured": {
                 "large_state_records_per_s": big_rate,
+                "exec_large_state_records_per_s": exec_big_rate,
+                "delta_snapshot_longest_pause_ms": delta_pause_ms,
+                "delta_snapshots": delta_snapshots,
+                "rebase_longest_pause_ms": rebase_pause_ms,
+                "rebase_cut_ms": rebase_cut_ms,
                 "uploaded_bytes": uploaded, "changed_bytes": changed,
                 "handover_ms": handover_ms, "final_delta_bytes": final_delta,
                 "move_ms": move_ms,
@@ -694,6 +899,8 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
             },
             "baselines": {
                 "empty_state_records_per_s": empty_rate,
+                "exec_empty_state_records_per_s": exec_empty_rate,
+                "median_gap_between_batches_ms": delta_median_gap_ms,
                 "backup_read_mib_per_s": read_mib_s, "full_download_ms": full_read_s * 1000.0,
                 "full_snapshot_bytes": full_bytes,
                 "redis_used_memory_no_state": mem_empty,
@@ -701,6 +908,8 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
                 "handover_bound_ms": handover_bound_ms, "failover_bound_ms": failover_bound_ms,
             },
             "ratios": {"large_vs_empty_throughput": ratio, "uploaded_per_changed": upload_ratio,
+                       "exec_large_vs_empty_throughput": exec_ratio,
+                       "rebase_pause_vs_rebase_cut": rebase_pause_ms / rebase_cut_ms.max(1e-9),
                        "handover_vs_bound": handover_ms / handover_bound_ms,
                        "failover_vs_bound": failover_ms / failover_bound_ms,
                        "redis_memory_large_vs_none": mem_ratio},
@@ -715,6 +924,12 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     );
     println!("  empty state:                  {empty_rate:>10.0} records/s");
     println!("  large state:                  {big_rate:>10.0} records/s   {ratio:.2} x empty");
+    println!(
+        "  over --exec: empty {exec_empty_rate:.0} records/s, large {exec_big_rate:.0} records/s   {exec_ratio:.2} x empty"
+    );
+    println!(
+        "  longest pause: {delta_pause_ms:.0} ms while {delta_snapshots} delta snapshots ran (median gap {delta_median_gap_ms:.1} ms); {rebase_pause_ms:.0} ms while the whole state rebased (its cut took {rebase_cut_ms:.0} ms)"
+    );
     for (bytes, rate) in &blob_rates {
         println!(
             "  {:>2} MiB state bytes in Redis: {rate:>10.0} records/s",
