@@ -476,6 +476,13 @@ while True:
         continue
     for r in msg["records"]:
         v = r.get("value") or ""
+        if v.startswith("load:"):
+            i = int(v[5:])
+            value = base64.b64encode(bytes([7]) * 100).decode()
+            for k in range(i * 200, min((i + 1) * 200, KEYS)):
+                key = base64.b64encode(b"agg/key/" + k.to_bytes(8, "big")).decode()
+                send({"action": "put", "key": key, "value": value})
+            continue
         if not v.startswith("u:"):
             continue
         k = base64.b64encode(b"agg/key/" + chosen(int(v[2:])).to_bytes(8, "big")).decode()
@@ -546,7 +553,7 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     };
     let keys = (args.state_mib << 20) / (KEY_LEN + VALUE_LEN as u64);
     let loads = keys.div_ceil(LOAD_KEYS);
-    for topic in ["base", "big", "blob1", "blob10"] {
+    for topic in ["base", "big", "bigx", "blob1", "blob10"] {
         rig.log.ensure_topic(topic, 1)?;
     }
     let updates = || (0..args.records).map(|j| format!("u:{j}"));
@@ -648,12 +655,18 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     a.shutdown();
     a.join().await?;
 
-    // 2b. The large state over `--exec`, on the same machine (its store is
-    // current: nothing to download).
-    eprintln!("large state over --exec: {exec_records} updates");
-    let x = rig.worker(&store_big, "big", "a", exec.clone(), Some(state("a")))?;
+    // 2b. The same over `--exec`: a group of its own whose large state the
+    // child loads (so its worker's caches are as warm as the native one's),
+    // then the updates.
+    eprintln!(
+        "large state over --exec: loading {} MiB, then {exec_records} updates",
+        args.state_mib
+    );
+    rig.produce("bigx", (0..loads).map(|i| format!("load:{i}")))?;
+    let x = rig.worker(&store_big, "bigx", "x", exec.clone(), Some(state("x")))?;
+    rig.caught_up(&store_big, "bigx").await?;
     let exec_big_rate = rig
-        .timed(&store_big, "big", exec_updates(args.records + 2000))
+        .timed(&store_big, "bigx", exec_updates(args.records))
         .await?;
     x.shutdown();
     x.join().await?;
@@ -674,7 +687,7 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
         AggregatesFactory { keys },
         Some(rebasing),
     )?;
-    let from = args.records + 2000 + exec_records;
+    let from = args.records + 2000;
     let rebase_run = rig
         .timed_run(
             &store_big,

@@ -582,6 +582,7 @@ async fn status_once(
         .await?;
     let checkpoints = load_checkpoints(store, &args.group, &parts).await?;
     let stopped = store.stopped_partitions(&args.group).await?;
+    let dead_letters = shardcall::DeadLetterCounts::dead_letter_counts(store, &args.group).await?;
     let failures = load_failures(store, &args.group, &parts).await?;
     let restores = load_restores(store, &args.group, &parts).await?;
     let load = crate::load_view::LoadView::of(&g, now);
@@ -620,6 +621,7 @@ async fn status_once(
             "offset": offset,
             "log_end": end,
             "lag": end.map(|e| e.saturating_sub(offset.unwrap_or(0))),
+            "dead_letters": dead_letters.get(p).copied().unwrap_or(0),
             "quarantine_left_ms": quarantine_left(&r.phase, &g.policy, now).map(|d| d.as_millis() as u64),
             "backup_done": matches!(r.phase, Phase::Quarantined { backup_done: true, .. }),
             "state_bytes": cp.as_ref().map(|c| c.state.len()),
@@ -677,6 +679,7 @@ async fn status_once(
             "offset": offset,
             "log_end": end,
             "lag": end.map(|e| e.saturating_sub(offset.unwrap_or(0))),
+            "dead_letters": dead_letters.get(p).copied().unwrap_or(0),
             "failing": failing_json(failures.get(p), epoch, now),
         }));
     }
@@ -993,6 +996,24 @@ async fn status_once(
             "  way out: mend the cause (put the damaged file back from a copy, or restore an older backup), or skip past it: `shardcall reset-offsets --group {} --topic TOPIC --partition N --to earliest|OFFSET --execute` (a reset clears the stop)",
             args.group
         )?;
+    }
+    let poisoned: Vec<(&str, u64)> = rows
+        .iter()
+        .chain(&ticket_rows)
+        .filter_map(|r| {
+            let n = r["dead_letters"].as_u64().filter(|n| *n > 0)?;
+            Some((r["partition"].as_str().unwrap_or("-"), n))
+        })
+        .collect();
+    if !poisoned.is_empty() {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "DEAD LETTERS (records sent to the dead-letter topic; the partitions went on)"
+        )?;
+        for (p, n) in poisoned {
+            writeln!(out, "  {p}: {}", crate::plural(n, "record"))?;
+        }
     }
     if !held_back.is_empty() {
         writeln!(

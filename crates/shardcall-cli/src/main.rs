@@ -33,7 +33,10 @@ mod settings_example;
 mod settings_load;
 mod spool_cmd;
 mod topic_cmd;
+mod words;
 mod worker_cmd;
+
+pub(crate) use words::plural;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -77,7 +77,9 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<ExitCode> {
                 let parsed: JsonLine = serde_json::from_str(&line).with_context(|| {
                     format!(
                         "line {line_no} is not a JSON object with \"value\" (and optional \"key\"); \
-                         {produced} records before it were produced"
+                         the {} before it {} produced",
+                        crate::plural(produced, "record"),
+                        if produced == 1 { "was" } else { "were" }
                     )
                 })?;
                 let value = match parsed.value {
@@ -96,7 +98,9 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<ExitCode> {
                 producer.sync()?;
                 return Err(e).with_context(|| {
                     format!(
-                        "line {line_no} refused; the {produced} records before it were produced"
+                        "line {line_no} refused; the {} before it {} produced",
+                        crate::plural(produced, "record"),
+                        if produced == 1 { "was" } else { "were" }
                     )
                 });
             }
@@ -110,10 +114,11 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<ExitCode> {
     producer.sync()?;
     progress.finish_and_clear();
     println!(
-        "produced {produced} records to {}/{} ({} partitions):",
+        "produced {} to {}/{} ({}):",
+        crate::plural(produced, "record"),
         args.log.display(),
         args.topic,
-        partitions
+        crate::plural(partitions as u64, "partition")
     );
     // Only the partitions written to.
     for (p, n) in per_partition.iter().enumerate().filter(|(_, n)| **n > 0) {

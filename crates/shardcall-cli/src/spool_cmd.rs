@@ -101,12 +101,12 @@ fn verify_any(dir: &Path) -> anyhow::Result<ExitCode> {
             (None, None) => "ok".to_string(),
         };
         println!(
-            "{label}: offsets {}..{} in {} segments ({} records, {} bytes, {} archived){}: {status}",
+            "{label}: offsets {}..{} in {} ({}, {}, {} archived){}: {status}",
             r.start_offset,
             r.end_offset,
-            r.segments,
-            r.records,
-            r.bytes,
+            crate::plural(r.segments as u64, "segment"),
+            crate::plural(r.records, "record"),
+            crate::plural(r.bytes, "byte"),
             r.archived_segments,
             if r.cursors.is_empty() {
                 String::new()
@@ -122,7 +122,12 @@ fn verify_any(dir: &Path) -> anyhow::Result<ExitCode> {
             }
         );
     }
-    println!("total: {segments} segments, {records} records, {bytes} bytes, {bad} corrupt");
+    println!(
+        "total: {}, {}, {}, {bad} corrupt",
+        crate::plural(segments as u64, "segment"),
+        crate::plural(records, "record"),
+        crate::plural(bytes, "byte")
+    );
     Ok(if bad == 0 {
         ExitCode::SUCCESS
     } else {

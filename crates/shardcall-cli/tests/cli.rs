@@ -129,6 +129,34 @@ fn oversized_line_is_refused_and_earlier_lines_kept() {
 }
 
 #[test]
+fn one_record_and_one_partition_are_said_in_the_singular() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log_arg(dir.path());
+    let out = shardcall(
+        &[
+            "produce",
+            "--log",
+            &log,
+            "--topic",
+            "t",
+            "--partitions",
+            "1",
+        ],
+        "only\n",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.contains("produced 1 record to"), "{said}");
+    assert!(said.contains("(1 partition)"), "{said}");
+    let out = shardcall(&["spool", "verify", &log], "");
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("in 1 segment (1 record,") && said.contains("total: 1 segment, 1 record,"),
+        "{said}"
+    );
+}
+
+#[test]
 fn bad_json_line_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let log = log_arg(dir.path());

@@ -290,11 +290,45 @@ async fn a_poison_pill_that_crashes_workers_ends_in_the_dead_letters() {
     // The poison (and its batch-mates) are in the dead letters; every other
     // record is in the final state once.
     let mut dead: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    let mut sent: BTreeMap<String, u64> = BTreeMap::new();
     let letters = shardcall::FileLogDeadLetters::new(rig.log.clone(), "t.dead");
     for d in letters.read_all().unwrap() {
         assert!(d.error.contains("without an answer"), "{d:?}");
         dead.entry(d.stored_in).or_default().insert(d.offset);
+        *sent.entry(d.source.to_string()).or_default() += 1;
     }
+    // `status` counts them per partition, as the dead-letter topic holds
+    // them, and says so in its text.
+    let status = |json: bool| {
+        let mut cmd = shardcall_command();
+        cmd.args(["status", "--redis", &rig.redis.url(), "--group", GROUP]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let doc: serde_json::Value = serde_json::from_str(&status(true)).unwrap();
+    let counted: BTreeMap<String, u64> = doc["tickets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["dead_letters"].as_u64().unwrap() > 0)
+        .map(|t| {
+            (
+                t["partition"].as_str().unwrap().to_owned(),
+                t["dead_letters"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(counted, sent, "{doc:#}");
+    let text = status(false);
+    assert!(text.contains("DEAD LETTERS"), "{text}");
     for p in rig.ends().keys() {
         let records = rig
             .log

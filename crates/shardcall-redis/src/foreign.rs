@@ -21,6 +21,7 @@ const GROUP_KEYS: &[(&str, &str)] = &[
     ("table", "hash"),
     ("audit", "list"),
     ("stopped", "hash"),
+    ("dead_letters", "hash"),
     ("tickets:queue", "zset"),
     ("tickets:claims", "hash"),
     ("tickets:leases", "zset"),

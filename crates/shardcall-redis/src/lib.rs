@@ -3,6 +3,7 @@
 //! epoch; leases run on the server's clock (`TIME` inside the scripts).
 
 mod codec;
+mod dead_letter_counts;
 mod error;
 mod failures;
 mod foreign;

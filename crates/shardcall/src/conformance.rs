@@ -45,6 +45,7 @@ macro_rules! __store_checks {
             failure_reports_clear_by_epoch,
             restore_reports_keep_their_start_and_clear_by_member,
             a_holder_stops_a_partition_audited,
+            dead_letters_are_counted_per_partition,
             only_the_holder_stops_a_partition,
         }
     };
@@ -786,6 +787,22 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
             .offset,
         10
     );
+}
+
+/// Dead-letter counts add up per partition, from any caller, and are the
+/// group's own.
+pub async fn dead_letters_are_counted_per_partition<S: CoordinationStore>(store: &S, group: &str) {
+    assert!(store.dead_letter_counts(group).await.unwrap().is_empty());
+    store.count_dead_letters(group, &p(1), 3).await.unwrap();
+    store.count_dead_letters(group, &p(1), 2).await.unwrap();
+    store.count_dead_letters(group, &p(0), 1).await.unwrap();
+    let counts = store.dead_letter_counts(group).await.unwrap();
+    assert_eq!(
+        counts.into_iter().collect::<Vec<_>>(),
+        vec![(p(0), 1), (p(1), 5)]
+    );
+    let other = format!("{group}-other");
+    assert!(store.dead_letter_counts(&other).await.unwrap().is_empty());
 }
 
 /// The holder stops a partition: the group's stops list it with who, the

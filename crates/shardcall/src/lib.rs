@@ -26,6 +26,7 @@ pub mod conformance_backup;
 pub mod conformance_state;
 #[cfg(feature = "testkit")]
 pub mod conformance_tickets;
+mod dead_letter_counts;
 mod dead_letters;
 pub mod digest;
 mod discovery;
@@ -79,6 +80,7 @@ pub use config::{
     BatchConfig, DEFAULT_MAX_BYTES, MAX_BYTES_LIMIT, MAX_RECORDS_LIMIT, WorkerConfig,
     WorkerConfigError, is_valid_name,
 };
+pub use dead_letter_counts::DeadLetterCounts;
 pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use either_handler::{EitherFactory, EitherHandler};
 pub use error::WorkerError;

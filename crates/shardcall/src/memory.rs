@@ -35,6 +35,8 @@ pub(crate) struct Inner {
     failures: HashMap<(String, PartitionId), FailureReport>,
     /// Partitions stopped for their group.
     stopped: HashMap<String, std::collections::BTreeMap<PartitionId, crate::StoppedPartition>>,
+    /// Records each partition sent to the dead letters.
+    dead_letters: HashMap<String, std::collections::BTreeMap<PartitionId, u64>>,
     /// Restores in progress, each with when it expires.
     restores: HashMap<(String, PartitionId), (RestoreReport, Millis)>,
     /// Ticket mode: rung when a ticket becomes due at once.
@@ -205,6 +207,33 @@ impl FailureReports for MemoryStore {
             .failures
             .get(&(group.to_owned(), partition.clone()))
             .cloned())
+    }
+}
+
+#[async_trait]
+impl crate::DeadLetterCounts for MemoryStore {
+    async fn count_dead_letters(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        records: u64,
+    ) -> StoreResult<()> {
+        let mut inner = self.inner.lock().expect("store lock");
+        *inner
+            .dead_letters
+            .entry(group.to_owned())
+            .or_default()
+            .entry(partition.clone())
+            .or_default() += records;
+        Ok(())
+    }
+
+    async fn dead_letter_counts(
+        &self,
+        group: &str,
+    ) -> StoreResult<std::collections::BTreeMap<PartitionId, u64>> {
+        let inner = self.inner.lock().expect("store lock");
+        Ok(inner.dead_letters.get(group).cloned().unwrap_or_default())
     }
 }
 

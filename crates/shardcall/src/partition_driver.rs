@@ -1015,6 +1015,17 @@ where
         }
         tracing::error!(first, last, attempts, error = %why,
             "records sent to the dead letters; the partition moves on");
+        crate::telemetry::dead_lettered(self.d.group, &self.d.ctx.partition, records.len() as u64);
+        // For status: a count the group keeps; a failure to count loses
+        // only the count.
+        if let Err(e) = self
+            .d
+            .store
+            .count_dead_letters(self.d.group, &self.d.ctx.partition, records.len() as u64)
+            .await
+        {
+            tracing::warn!(error = %e, "counting the dead-lettered records");
+        }
         if let Some(n) = &self.d.dead_lettered {
             n.fetch_add(records.len() as u64, Ordering::Relaxed);
         }

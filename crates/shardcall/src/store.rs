@@ -59,7 +59,9 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// partitions' reports too ([`FailureReports`]), and restores in
 /// progress ([`RestoreReports`]).
 #[async_trait]
-pub trait CoordinationStore: FailureReports + RestoreReports + crate::StoppedPartitions {
+pub trait CoordinationStore:
+    FailureReports + RestoreReports + crate::StoppedPartitions + crate::DeadLetterCounts
+{
     /// The store's clock in milliseconds; leases and quarantines run on it.
     async fn now(&self) -> StoreResult<Millis>;
 

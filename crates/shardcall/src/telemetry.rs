@@ -29,6 +29,11 @@ pub fn describe() {
         Unit::Seconds,
         "One batch's handler call (waiting for a handler slot included)"
     );
+    describe_counter!(
+        "shardcall_dead_letters_total",
+        Unit::Count,
+        "Records a partition sent to the dead letters"
+    );
     describe_gauge!(
         "shardcall_lag_records",
         Unit::Count,
@@ -118,10 +123,30 @@ pub fn describe() {
 
 use shardcall_core::PartitionId;
 
+/// A partition's labels: the group, the partition as `topic/number`, and
+/// the topic and the number apart (for dashboards that group by topic).
+fn partition_labels(group: &str, p: &PartitionId) -> Vec<metrics::Label> {
+    vec![
+        metrics::Label::new("group", group.to_owned()),
+        metrics::Label::new("partition", p.to_string()),
+        metrics::Label::new("topic", p.topic.to_string()),
+        metrics::Label::new("partition_number", p.partition.to_string()),
+    ]
+}
+
+/// Records a partition sent to the dead letters.
+pub fn dead_lettered(group: &str, p: &PartitionId, records: u64) {
+    metrics::counter!("shardcall_dead_letters_total", partition_labels(group, p))
+        .increment(records);
+}
+
 /// Records processed and checkpointed.
 pub fn processed(group: &str, p: &PartitionId, n: u64) {
-    metrics::counter!("shardcall_records_processed_total", "group" => group.to_owned(), "partition" => p.to_string())
-        .increment(n);
+    metrics::counter!(
+        "shardcall_records_processed_total",
+        partition_labels(group, p)
+    )
+    .increment(n);
 }
 
 /// One batch's handler call (waiting for a handler slot included).
@@ -132,15 +157,17 @@ pub fn batch_seconds(group: &str, d: Duration) {
 
 /// Records between the checkpoint and the end of the partition.
 pub fn lag(group: &str, p: &PartitionId, records: u64) {
-    metrics::gauge!("shardcall_lag_records", "group" => group.to_owned(), "partition" => p.to_string())
-        .set(records as f64);
+    metrics::gauge!("shardcall_lag_records", partition_labels(group, p)).set(records as f64);
 }
 
 /// How long the partition's handler call in progress has run (zero: none
 /// runs).
 pub fn call_age(group: &str, p: &PartitionId, d: Duration) {
-    metrics::gauge!("shardcall_handler_call_age_seconds", "group" => group.to_owned(), "partition" => p.to_string())
-        .set(d.as_secs_f64());
+    metrics::gauge!(
+        "shardcall_handler_call_age_seconds",
+        partition_labels(group, p)
+    )
+    .set(d.as_secs_f64());
 }
 
 /// Partitions this worker runs now.
@@ -163,8 +190,10 @@ pub fn load_imbalance(group: &str, ratio: f64) {
 
 /// A held partition's smoothed arrival rate.
 pub fn arriving(group: &str, p: &PartitionId, per_second: f64) {
-    metrics::gauge!("shardcall_partition_arriving_records_per_second",
-        "group" => group.to_owned(), "partition" => p.to_string())
+    metrics::gauge!(
+        "shardcall_partition_arriving_records_per_second",
+        partition_labels(group, p)
+    )
     .set(per_second);
 }
 
@@ -186,8 +215,11 @@ pub fn store_seconds(op: &'static str, d: Duration) {
 
 /// A handler call that failed (an error, a panic, a crashed child).
 pub fn handler_failure(group: &str, p: &PartitionId) {
-    metrics::counter!("shardcall_handler_failures_total", "group" => group.to_owned(), "partition" => p.to_string())
-        .increment(1);
+    metrics::counter!(
+        "shardcall_handler_failures_total",
+        partition_labels(group, p)
+    )
+    .increment(1);
 }
 
 /// A handler call that outlived its deadline and could not be stopped.
