@@ -58,8 +58,9 @@ enum Command {
     /// join, one is killed, one stops; then the run is checked against the
     /// design's properties.
     Demo(demo::DemoArgs),
-    /// Run one worker of a group coordinated in Redis, consuming a file log or
-    /// Kafka, in owned mode (--topic) and/or ticket mode (--ticket-topic).
+    /// Run one worker of a group coordinated in Redis, consuming a file log,
+    /// Kafka or Kinesis, in owned mode (--topic, --stream) and/or ticket mode
+    /// (--ticket-topic).
     Worker(Box<worker_cmd::WorkerArgs>),
     /// Show a group: members, and each partition's phase, owner, epoch,
     /// offset, lag and quarantine time left.

@@ -710,6 +710,12 @@ impl Settings {
                 if self.source.spool.is_some() {
                     errors.push("source.spool: only with kind = \"kafka\"".into());
                 }
+                // The KCL's default, which cannot be met here: a shard's
+                // offsets count its records from its oldest, and a read at
+                // LATEST cannot say how many lie before it.
+                if self.source.start == StartPosition::Latest {
+                    errors.push("source.start = \"latest\": a Kinesis shard without a checkpoint starts at its oldest record (TRIM_HORIZON) here; LATEST is not supported (remove source.start, or start the group and then `shardcall reset-offsets` a shard past what it should skip)".into());
+                }
                 if self.topics.iter().any(|t| t.mode == TopicMode::Ticket) {
                     errors.push("topics: a Kinesis stream's shards split and merge; ticket mode does not follow that lineage, so consume Kinesis in owned mode".into());
                 }
@@ -1092,6 +1098,26 @@ mod tests {
             "the Kafka group defaults to the shardcall group"
         );
         assert_eq!(k.start, shardcall_kafka::StartPosition::Latest);
+        // Kinesis cannot start at LATEST: refused, never ignored.
+        let kinesis = load(
+            None,
+            Vec::<(String, String)>::new(),
+            &[
+                "group=g".into(),
+                "redis.urls=[\"redis://h:1/\"]".into(),
+                "source.kind=kinesis".into(),
+                "source.start=latest".into(),
+                "topics=[{name = \"orders\"}]".into(),
+            ],
+        )
+        .unwrap();
+        let errors = kinesis.resolve().unwrap_err();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("source.start") && e.contains("TRIM_HORIZON")),
+            "{errors:?}"
+        );
         assert_eq!(k.topics, vec!["orders"]);
         let props: Vec<(&str, &str)> = k
             .properties

@@ -44,7 +44,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     group: Option<String>,
     /// Folder of the file log to consume (it must exist, unless --create-log).
-    #[arg(long, conflicts_with = "kafka")]
+    #[arg(long, conflicts_with_all = ["kafka", "kinesis"])]
     log: Option<Dir>,
     /// Create the file log's folder if it does not exist.
     #[arg(long, requires = "log")]
@@ -54,8 +54,21 @@ pub struct WorkerArgs {
     #[arg(long)]
     give_up_after: Option<u32>,
     /// Consume Kafka: the bootstrap brokers (host:port, comma separated).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "kinesis")]
     kafka: Option<String>,
+    /// Consume Kinesis streams (--stream) in this AWS region, as the
+    /// Kinesis Client Library does: each shard is a partition, split and
+    /// merged shards followed parent first. Credentials come from
+    /// source.kinesis.access_key_id and SHARDCALL_SOURCE__KINESIS__SECRET_ACCESS_KEY.
+    #[arg(long, value_name = "REGION")]
+    kinesis: Option<String>,
+    /// A Kinesis-compatible endpoint to use instead of AWS's (a local
+    /// Kinesis, say): http://host:port.
+    #[arg(long, value_name = "URL", requires = "kinesis")]
+    kinesis_endpoint: Option<String>,
+    /// The Kinesis streams to consume (comma separated; the same as --topic).
+    #[arg(long, value_delimiter = ',', requires = "kinesis")]
+    stream: Vec<String>,
     /// A librdkafka client property, KEY=VALUE (repeatable), e.g.
     /// security.protocol=SASL_SSL; same as `kafka.KEY` in the config file.
     #[arg(long = "kafka-property", value_name = "KEY=VALUE", requires = "kafka")]
@@ -161,8 +174,19 @@ impl WorkerArgs {
                 None => return Err(vec![format!("--kafka-property {p}: use KEY=VALUE")]),
             }
         }
-        if !self.topic.is_empty() || !self.ticket_topic.is_empty() {
-            let owned = self.topic.iter().map(|t| (t, TopicMode::Owned));
+        if let Some(region) = &self.kinesis {
+            s.source.kind = settings::SourceKind::Kinesis;
+            s.source.kinesis.region = region.clone();
+        }
+        if let Some(url) = &self.kinesis_endpoint {
+            s.source.kinesis.endpoint = Some(url.clone());
+        }
+        if !self.topic.is_empty() || !self.ticket_topic.is_empty() || !self.stream.is_empty() {
+            let owned = self
+                .topic
+                .iter()
+                .chain(&self.stream)
+                .map(|t| (t, TopicMode::Owned));
             let ticket = self.ticket_topic.iter().map(|t| (t, TopicMode::Ticket));
             s.topics = owned
                 .chain(ticket)

@@ -627,3 +627,42 @@ fn assert_targets(doc: &serde_json::Value, n: usize) {
         assert_eq!(t["met"].as_bool(), Some(met), "{t}");
     }
 }
+
+#[test]
+fn worker_help_names_every_source_and_refuses_two_at_once() {
+    let out = shardcall(&["worker", "--help"], "");
+    let help = text(&out.stdout);
+    for flag in [
+        "--kinesis <REGION>",
+        "--kinesis-endpoint <URL>",
+        "--stream",
+        "--kafka",
+        "--log",
+    ] {
+        assert!(help.contains(flag), "{flag}: {help}");
+    }
+    let out = shardcall(&["help"], "");
+    assert!(
+        text(&out.stdout).contains("Kafka or Kinesis"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = shardcall(
+        &[
+            "worker",
+            "--kinesis",
+            "us-east-1",
+            "--kafka",
+            "localhost:9092",
+            "--stream",
+            "s",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("cannot be used with"),
+        "{}",
+        text(&out.stderr)
+    );
+}

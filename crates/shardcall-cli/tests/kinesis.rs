@@ -30,23 +30,22 @@ const QUARANTINE_MS: u64 = 400;
 fn spawn(workers: &mut Workers, redis: &str, k: &Kinesalite, name: &str) {
     let endpoint = k.config().endpoint.expect("a local endpoint");
     let mut cmd = shardcall_command();
-    cmd.args([
-        "worker", "--redis", redis, "--group", GROUP, "--topic", STREAM,
-    ])
-    .args(["--name", name, "--ttl-ms", "1500", "--heartbeat-ms", "200"])
-    .args(["--margin-ms", "500", "--tick-ms", "100"])
-    .args(["--quarantine-ms", &QUARANTINE_MS.to_string()])
-    .args(["--set", "source.kind=\"kinesis\""])
-    .args(["--set", &format!("source.kinesis.endpoint=\"{endpoint}\"")])
-    .args(["--set", "source.kinesis.access_key_id=\"test\""])
-    .args(["--set", "source.kinesis.list_every=\"300ms\""])
-    .args(["--set", "source.kinesis.poll_every=\"50ms\""])
-    .args(["--set", "batch.max_records=5"])
-    // The secret from the environment, as the docs advise.
-    .env(
-        "SHARDCALL_SOURCE__KINESIS__SECRET_ACCESS_KEY",
-        "test-secret",
-    );
+    // As a KCL user starts a worker: the region, the endpoint, the stream.
+    cmd.args(["worker", "--redis", redis, "--group", GROUP])
+        .args(["--kinesis", "us-east-1", "--kinesis-endpoint", &endpoint])
+        .args(["--stream", STREAM])
+        .args(["--name", name, "--ttl-ms", "1500", "--heartbeat-ms", "200"])
+        .args(["--margin-ms", "500", "--tick-ms", "100"])
+        .args(["--quarantine-ms", &QUARANTINE_MS.to_string()])
+        .args(["--set", "source.kinesis.access_key_id=\"test\""])
+        .args(["--set", "source.kinesis.list_every=\"300ms\""])
+        .args(["--set", "source.kinesis.poll_every=\"50ms\""])
+        .args(["--set", "batch.max_records=5"])
+        // The secret from the environment, as the docs advise.
+        .env(
+            "SHARDCALL_SOURCE__KINESIS__SECRET_ACCESS_KEY",
+            "test-secret",
+        );
     workers.start(name, cmd);
 }
 
@@ -88,6 +87,84 @@ async fn a_missing_stream_or_a_wrong_endpoint_is_an_error_at_start() {
             "{name}: a Debug dump: {line}"
         );
         assert!(!err.contains("test-secret"), "{name}: the secret was shown");
+    }
+}
+
+/// An `--exec` handler gets each record's sequence number (and its
+/// subsequence, 0: records are not de-aggregated) as Kinesis gave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_handler_gets_each_record_s_sequence_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kinesalite::start().unwrap();
+    let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let reader = KinesisSource::new(k.config(), vec![STREAM.into()]);
+    let admin = Admin(reader.client());
+    admin.create(STREAM, 1).await.unwrap();
+    let mut given = Vec::new();
+    for i in 0..12 {
+        let seq = admin
+            .put_numbered(STREAM, &format!("key{i}"), format!("r {i}").as_bytes())
+            .await
+            .unwrap();
+        given.push(seq);
+    }
+    let seen = dir.path().join("seen.jsonl");
+    let script = dir.path().join("handler.py");
+    std::fs::write(
+        &script,
+        r#"import json, sys
+out = open(sys.argv[1], "a")
+for line in sys.stdin:
+    m = json.loads(line)
+    if m["action"] == "process":
+        for r in m["records"]:
+            out.write(json.dumps([r["offset"], r.get("sequence_number"), r.get("sub_sequence_number")]) + "\n")
+        out.flush()
+        print(json.dumps({"action": "processed", "state": ""}), flush=True)
+    else:
+        print(json.dumps({"action": "ok"}), flush=True)
+"#,
+    )
+    .unwrap();
+    let endpoint = k.config().endpoint.expect("a local endpoint");
+    let mut workers = Workers::new(dir.path());
+    let mut cmd = shardcall_command();
+    cmd.args(["worker", "--redis", &redis.url(), "--group", GROUP])
+        .args(["--kinesis", "us-east-1", "--kinesis-endpoint", &endpoint])
+        .args(["--stream", STREAM, "--name", "a"])
+        .args(["--set", "source.kinesis.access_key_id=\"test\""])
+        .args(["--set", "source.kinesis.poll_every=\"50ms\""])
+        .arg("--exec")
+        .arg(format!("python3 {} {}", script.display(), seen.display()))
+        .env(
+            "SHARDCALL_SOURCE__KINESIS__SECRET_ACCESS_KEY",
+            "test-secret",
+        );
+    workers.start("a", cmd);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let got: BTreeMap<u64, (String, u64)> = loop {
+        let text = std::fs::read_to_string(&seen).unwrap_or_default();
+        let got: BTreeMap<u64, (String, u64)> = text
+            .lines()
+            .map(|l| {
+                let (offset, seq, sub): (u64, String, u64) = serde_json::from_str(l).unwrap();
+                (offset, (seq, sub))
+            })
+            .collect();
+        if got.len() == given.len() {
+            break got;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the handler saw {} of {} records",
+            got.len(),
+            given.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    drop(workers);
+    for (offset, seq) in given.iter().enumerate() {
+        assert_eq!(got[&(offset as u64)], (seq.clone(), 0), "offset {offset}");
     }
 }
 

@@ -262,6 +262,7 @@ impl Slot {
                         timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
                         key,
                         payload,
+                        sequence: None,
                     });
                 }
                 Some(Err(KafkaError::MessageConsumption(

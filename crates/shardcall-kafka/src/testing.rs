@@ -262,6 +262,7 @@ pub fn read_partition(
                 timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
                 key: m.key().map(bytes::Bytes::copy_from_slice),
                 payload: bytes::Bytes::copy_from_slice(m.payload().unwrap_or_default()),
+                sequence: None,
             }),
             Some(Err(e)) => return Err(BrokerError::Kafka(e.to_string())),
             None => {}

@@ -405,6 +405,7 @@ async fn dead_letters_reach_their_topic_with_their_origin() {
             timestamp_ms: 1_700_000_000_000 + i as i64,
             key: Some(bytes::Bytes::from(format!("k{i}"))),
             payload: bytes::Bytes::from(format!("bad order {i}")),
+            sequence: None,
         })
         .collect();
     dl.send(&PartitionId::new("orders", 7), &records, 5, "cannot parse")

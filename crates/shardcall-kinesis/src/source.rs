@@ -285,6 +285,7 @@ fn record(offset: u64, r: &aws_sdk_kinesis::types::Record) -> Record {
             .unwrap_or(0),
         key: Some(r.partition_key().as_bytes().to_vec().into()),
         payload: r.data().as_ref().to_vec().into(),
+        sequence: Some(r.sequence_number().into()),
     }
 }
 

@@ -170,6 +170,25 @@ impl Admin<'_> {
         Ok(out.shard_id().to_owned())
     }
 
+    /// Puts one record; returns the sequence number Kinesis gave it.
+    pub async fn put_numbered(
+        &self,
+        stream: &str,
+        key: &str,
+        data: &[u8],
+    ) -> Result<String, KinesaliteError> {
+        let out = self
+            .0
+            .put_record()
+            .stream_name(stream)
+            .partition_key(key)
+            .data(Blob::new(data))
+            .send()
+            .await
+            .map_err(call)?;
+        Ok(out.sequence_number().to_owned())
+    }
+
     /// Puts `n` records, keyed over `keys` keys (`key0`, `key1`, ...), with
     /// payloads `TAG I`.
     pub async fn produce(

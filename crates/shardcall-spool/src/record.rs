@@ -40,6 +40,10 @@ pub struct Record {
     pub key: Option<Bytes>,
     /// The record's contents.
     pub payload: Bytes,
+    /// The source's own name for the record, where its offset is only
+    /// shardcall's count (a Kinesis sequence number); `None` for the file
+    /// log and Kafka, whose offsets are the source's.
+    pub sequence: Option<std::sync::Arc<str>>,
 }
 
 /// A decoded record borrowing the bytes it was decoded from.
@@ -64,6 +68,7 @@ impl RecordView<'_> {
             timestamp_ms: self.timestamp_ms,
             key: self.key.map(|k| owner.slice_ref(k)),
             payload: owner.slice_ref(self.payload),
+            sequence: None,
         }
     }
 }

@@ -188,6 +188,7 @@ mod tests {
             timestamp_ms: 1,
             key: Some(Bytes::from_static(b"k")),
             payload: Bytes::from_static(b"bad"),
+            sequence: None,
         };
         let p = PartitionId::new("t", 2);
         letters.send(&p, &[r], 3, "boom").await.unwrap();

@@ -11,6 +11,8 @@
 //! <- {"action":"ok"}
 //! -> {"action":"process","records":[{"offset":0,"timestamp_ms":0,"key":"<b64>"|null,
 //!                                     "value_b64":"<b64>","value":"text"|null}, …]}
+//!    (from Kinesis, each record also has "sequence_number":"…" and
+//!     "sub_sequence_number":0, as the KCL names them)
 //! <- {"action":"processed","state":"<b64>"}
 //! -> {"action":"revoked"}            (the partition was released; back up now)
 //! <- {"action":"ok"}
@@ -376,13 +378,20 @@ fn field_bytes(v: &Value, name: &str) -> Result<Vec<u8>, String> {
 }
 
 fn record_json(r: &Record) -> Value {
-    json!({
+    let mut out = json!({
         "offset": r.offset,
         "timestamp_ms": r.timestamp_ms,
         "key": r.key.as_ref().map(|k| B64.encode(k)),
         "value_b64": B64.encode(&r.payload),
         "value": std::str::from_utf8(&r.payload).ok(),
-    })
+    });
+    // A Kinesis record's names, as the KCL gives them: records are not
+    // de-aggregated, so each is its own subsequence 0.
+    if let Some(seq) = &r.sequence {
+        out["sequence_number"] = json!(seq);
+        out["sub_sequence_number"] = json!(0);
+    }
+    out
 }
 
 impl PartitionHandler for ExecHandler {
@@ -459,6 +468,7 @@ mod tests {
             timestamp_ms: 0,
             key: None,
             payload: Bytes::from_static(b"x"),
+            sequence: None,
         }]
     }
 

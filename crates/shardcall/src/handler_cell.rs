@@ -334,6 +334,7 @@ mod tests {
                     timestamp_ms: 0,
                     key: None,
                     payload: Bytes::from_static(p.as_bytes()),
+                    sequence: None,
                 })
                 .collect(),
         )

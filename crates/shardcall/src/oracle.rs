@@ -389,6 +389,7 @@ mod tests {
             timestamp_ms: 0,
             key: None,
             payload: Bytes::from_static(payload),
+            sequence: None,
         }
     }
 

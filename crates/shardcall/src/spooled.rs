@@ -93,6 +93,7 @@ fn decode(r: Record) -> Result<Record, SourceError> {
         timestamp_ms: r.timestamp_ms,
         key: (key[8] == 1).then(|| key.slice(9..)),
         payload: r.payload,
+        sequence: None,
     })
 }
 
