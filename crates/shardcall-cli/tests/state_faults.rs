@@ -178,6 +178,85 @@ async fn state_survives_kill_9_a_zombie_and_a_graceful_stop_and_restores_on_an_e
     assert!(logs.contains("local state store restored"), "{logs}");
 }
 
+/// Snapshots upload beside processing: with the S3 server hung (SIGSTOP:
+/// connections accepted, nothing answered), a worker keeps processing and
+/// checkpointing; once the server answers again its snapshots land, and a
+/// worker with an empty disk restores the exact state from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_backup_store_does_not_stop_processing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(dir.path(), 4);
+    let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
+    let s3 = shardcall_s3::testing::S3Server::start(dir.path().join("s3")).unwrap();
+    let c = s3.config("state");
+    let on_s3 = |rig: &Rig, name: &str| {
+        let mut cmd = shardcall_command();
+        cmd.args([
+            "worker",
+            "--redis",
+            &rig.redis.url(),
+            "--group",
+            GROUP,
+            "--topic",
+            "t",
+        ])
+        .arg("--log")
+        .arg(rig.dir.join("log"))
+        .arg("--state-dir")
+        .arg(rig.state_dir(name))
+        .args([
+            "--set",
+            &format!("state.s3.endpoint=\"{}\"", c.endpoint.clone().unwrap()),
+        ])
+        .args(["--set", &format!("state.s3.bucket=\"{}\"", c.bucket)])
+        .args([
+            "--set",
+            &format!("state.s3.access_key_id=\"{}\"", c.access_key_id),
+        ])
+        .env(
+            "SHARDCALL_STATE__S3__SECRET_ACCESS_KEY",
+            &c.secret_access_key,
+        )
+        .args(["--set", "state.snapshots.every=1ms"])
+        .args(["--set", "batch.max_records=20"])
+        .args(["--name", name, "--ttl-ms", &TTL_MS.to_string()])
+        .args([
+            "--heartbeat-ms",
+            "200",
+            "--margin-ms",
+            "500",
+            "--tick-ms",
+            "100",
+        ])
+        .args(["--quarantine-ms", &QUARANTINE_MS.to_string()]);
+        cmd
+    };
+    rig.produce(200, "a");
+    let cmd = on_s3(&rig, "a");
+    rig.workers.start("a", cmd);
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
+    s3.pause();
+    // 5 batches a partition, each after a snapshot is due (one at every
+    // checkpoint): with snapshots between batches, the first would wait on
+    // the hung server.
+    rig.produce(400, "b");
+    rig.settle(&store, GROUP, Duration::from_secs(10)).await;
+    s3.resume();
+    rig.produce(40, "c");
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
+    rig.workers.signal("a", "-TERM");
+    assert!(rig.workers.wait("a").success(), "{}", rig.workers.log("a"));
+    let cmd = on_s3(&rig, "z");
+    rig.workers.start("z", cmd);
+    rig.produce(20, "d");
+    rig.settle(&store, GROUP, Duration::from_secs(30)).await;
+    rig.workers.signal("z", "-TERM");
+    assert!(rig.workers.wait("z").success());
+    rig.check_states(&store, &["z"]).await;
+    let logs = rig.workers.log("z");
+    assert!(logs.contains("local state store restored"), "{logs}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_handler_owning_its_directory_keeps_each_record_once_through_lost_answers_kill_9_and_a_handover()
  {

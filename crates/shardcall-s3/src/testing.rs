@@ -84,6 +84,25 @@ impl S3Server {
         self.wait_ready(&log)
     }
 
+    /// Freezes the process (SIGSTOP): the kernel still accepts connections
+    /// on its port, and nothing answers them — a hung server.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status();
+        }
+    }
+
     /// Kills the process (the folder stays).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

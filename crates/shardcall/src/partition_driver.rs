@@ -790,7 +790,7 @@ where
         match self.grant.save(&checkpoint).await {
             Ok(()) => {
                 if let Some(local) = self.local.as_mut() {
-                    local.history_written().await;
+                    local.history_written();
                 }
                 Event::Snapshotted(StoreAnswer::Ok(()))
             }
@@ -1093,7 +1093,7 @@ where
             Ok(Ok(())) => {
                 self.tell_oracle(&write, BatchOutcome::Committed);
                 if let Some(local) = self.local.as_mut() {
-                    local.history_written().await;
+                    local.history_written();
                 }
                 self.committed(first, last, checkpoint).await;
                 CheckpointAnswer::Committed

@@ -78,6 +78,9 @@ pub(crate) struct PartitionState {
     /// Bytes the snapshot under way covers: back to `unsnapshotted` if it
     /// fails.
     frozen_bytes: u64,
+    /// The snapshots the written history lists, when older ones may be
+    /// collected (by the next snapshot).
+    collect_due: Option<std::collections::BTreeSet<String>>,
     last_manifest: Option<Manifest>,
     /// How far the restore under way has got.
     meter: Arc<RestoreMeter>,
@@ -171,6 +174,7 @@ impl PartitionState {
             fresh: false,
             unsnapshotted: 0,
             frozen_bytes: 0,
+            collect_due: None,
             last_manifest: None,
             meter: Arc::default(),
         })
@@ -229,20 +233,13 @@ impl PartitionState {
     }
 
     /// The checkpoint carrying the history was written: its snapshot is
-    /// current, and the ones the history dropped may be collected.
-    pub(crate) async fn history_written(&mut self) {
-        if !std::mem::take(&mut self.fresh) {
-            return;
-        }
-        let listed = state_plan::listed(&self.history);
-        match snapshot::collect_unlisted(&*self.config.backups, &self.scope, &listed).await {
-            Ok(c) if !c.manifests.is_empty() => tracing::debug!(
-                manifests = c.manifests.len(),
-                chunks = c.chunks.len(),
-                "old snapshots collected"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "collecting old snapshots failed; next time"),
+    /// current, and the ones the history dropped may be collected — by the
+    /// next snapshot, before it uploads. Never beside an upload: a chunk the
+    /// upload found stored, and so did not send again, may be one only a
+    /// dropped snapshot names.
+    pub(crate) fn history_written(&mut self) {
+        if std::mem::take(&mut self.fresh) {
+            self.collect_due = Some(state_plan::listed(&self.history));
         }
     }
 
@@ -468,6 +465,9 @@ impl PartitionState {
             Local::Directory { files, applied } => match applied {
                 Some(applied) => {
                     self.frozen_bytes = std::mem::take(&mut self.unsnapshotted);
+                    if let Some(listed) = self.collect_due.take() {
+                        collect(&*self.config.backups, &self.scope, &listed).await;
+                    }
                     snapshot::snapshot(
                         &*self.config.backups,
                         &self.scope,
@@ -522,6 +522,7 @@ impl PartitionState {
             max_runs: self.config.snapshots.max_runs,
             may_rebase,
             known: self.last_manifest.clone(),
+            collect: self.collect_due.take(),
         }))
     }
 
@@ -609,6 +610,9 @@ pub(crate) struct SnapshotJob {
     may_rebase: bool,
     /// The last snapshot's manifest: its runs are not read again.
     known: Option<Manifest>,
+    /// The snapshots the written history lists: the others are collected
+    /// first.
+    collect: Option<std::collections::BTreeSet<String>>,
 }
 
 impl SnapshotJob {
@@ -626,7 +630,11 @@ impl SnapshotJob {
             max_runs,
             may_rebase,
             known,
+            collect: listed,
         } = self;
+        if let Some(listed) = listed {
+            collect(&*backups, &scope, &listed).await;
+        }
         let dir = runs_dir.clone();
         let (stats, base) = tokio::task::spawn_blocking(move || {
             let cut = cut_run(
@@ -660,6 +668,25 @@ impl SnapshotJob {
             known.as_ref(),
         )
         .await
+    }
+}
+
+/// Collects the snapshots of `scope` that `listed` does not name, and the
+/// chunks only they name; a failure is tried again after the next
+/// history is written.
+async fn collect(
+    backups: &dyn crate::BackupStore,
+    scope: &str,
+    listed: &std::collections::BTreeSet<String>,
+) {
+    match snapshot::collect_unlisted(backups, scope, listed).await {
+        Ok(c) if !c.manifests.is_empty() => tracing::debug!(
+            manifests = c.manifests.len(),
+            chunks = c.chunks.len(),
+            "old snapshots collected"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "collecting old snapshots failed; next time"),
     }
 }
 

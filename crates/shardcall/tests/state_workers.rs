@@ -971,6 +971,16 @@ async fn processing_goes_on_while_a_snapshot_uploads() {
     c.check_states(&c.read_states(7));
     assert!(c.violations.lock().unwrap().is_empty());
     c.check_oracle(QUARANTINE);
+    // Dozens of snapshots a partition, yet the older ones were collected
+    // (by the snapshots after, never beside an upload).
+    for p in 0..PARTITIONS {
+        let names = c
+            .backups
+            .manifest_names(&format!("{GROUP}/t/{p}"))
+            .await
+            .unwrap();
+        assert!(names.len() <= 5, "t/{p}: {} manifests kept", names.len());
+    }
 }
 
 /// Every partition's snapshot pointer once each has one and none moved
