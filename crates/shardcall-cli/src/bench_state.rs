@@ -647,13 +647,14 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     rig.caught_up(&store_big, "big").await?;
     let big_run = rig.timed_run(&store_big, "big", updates()).await?;
     let big_rate = big_run.rate;
+    let (delta_pause_ms, delta_median_gap_ms) = rig.pauses_ms("big", &big_run);
+    let delta_snapshots = labelled(&metrics, "shardcall_state_snapshots_total", "delta");
+    // Counted once the uploads under way ended (the stop waits for them).
+    a.shutdown();
+    a.join().await?;
     let uploaded = counter(&metrics, "shardcall_state_uploaded_bytes_total") - uploaded0;
     let changed = counter(&metrics, "shardcall_state_changed_bytes_total") - changed0;
     let upload_ratio = uploaded / changed.max(1.0);
-    let (delta_pause_ms, delta_median_gap_ms) = rig.pauses_ms("big", &big_run);
-    let delta_snapshots = labelled(&metrics, "shardcall_state_snapshots_total", "delta");
-    a.shutdown();
-    a.join().await?;
 
     // 2b. The same over `--exec`: a group of its own whose large state the
     // child loads (so its worker's caches are as warm as the native one's),

@@ -237,7 +237,7 @@ fn bench_state_json_has_figures_baselines_ratios_and_targets() {
             .len(),
         2
     );
-    assert_targets(&doc, 5);
+    assert_targets(&doc, 8);
 }
 
 #[test]

@@ -861,7 +861,7 @@ fn a_panicking_handler_shows_as_failing_in_status_and_in_metrics() {
     assert!(
         metric(
             &body,
-            "shardcall_handler_failures_total{group=\"ops\",partition=\"t/0\"}"
+            "shardcall_handler_failures_total{group=\"ops\",partition=\"t/0\",topic=\"t\",partition_number=\"0\"}"
         ) >= 3.0,
         "{body}"
     );
