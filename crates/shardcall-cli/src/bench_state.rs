@@ -521,12 +521,7 @@ async fn used_memory(url: &str) -> anyhow::Result<u64> {
 
 /// A counter's value in the recorder's rendering (summed over its labels).
 fn counter(metrics: &metrics_exporter_prometheus::PrometheusHandle, name: &str) -> f64 {
-    metrics
-        .render()
-        .lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    labelled(metrics, name, "")
 }
 
 /// Runs the command.

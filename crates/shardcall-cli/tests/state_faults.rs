@@ -52,6 +52,14 @@ impl Rig {
     }
 
     fn worker_command(&self, name: &str) -> std::process::Command {
+        let mut cmd = self.worker_without_backups(name, "100ms");
+        cmd.arg("--backup-dir").arg(self.dir.join("backups"));
+        cmd
+    }
+
+    /// A worker with its state under its own folder, snapshotting `every`
+    /// to wherever the caller says.
+    fn worker_without_backups(&self, name: &str, every: &str) -> std::process::Command {
         let mut cmd = shardcall_command();
         cmd.args([
             "worker",
@@ -66,9 +74,7 @@ impl Rig {
         .arg(self.dir.join("log"))
         .arg("--state-dir")
         .arg(self.state_dir(name))
-        .arg("--backup-dir")
-        .arg(self.dir.join("backups"))
-        .args(["--set", "state.snapshots.every=100ms"])
+        .args(["--set", &format!("state.snapshots.every={every}")])
         .args(["--set", "state.snapshots.final_wait=2s"])
         .args(["--set", "batch.max_records=20"])
         .args(["--name", name, "--ttl-ms", &TTL_MS.to_string()])
@@ -189,22 +195,10 @@ async fn a_hung_backup_store_does_not_stop_processing() {
     let store = RedisStore::connect(&rig.redis.url()).await.unwrap();
     let s3 = shardcall_s3::testing::S3Server::start(dir.path().join("s3")).unwrap();
     let c = s3.config("state");
+    // A snapshot at every checkpoint, to the S3 server.
     let on_s3 = |rig: &Rig, name: &str| {
-        let mut cmd = shardcall_command();
+        let mut cmd = rig.worker_without_backups(name, "1ms");
         cmd.args([
-            "worker",
-            "--redis",
-            &rig.redis.url(),
-            "--group",
-            GROUP,
-            "--topic",
-            "t",
-        ])
-        .arg("--log")
-        .arg(rig.dir.join("log"))
-        .arg("--state-dir")
-        .arg(rig.state_dir(name))
-        .args([
             "--set",
             &format!("state.s3.endpoint=\"{}\"", c.endpoint.clone().unwrap()),
         ])
@@ -216,19 +210,7 @@ async fn a_hung_backup_store_does_not_stop_processing() {
         .env(
             "SHARDCALL_STATE__S3__SECRET_ACCESS_KEY",
             &c.secret_access_key,
-        )
-        .args(["--set", "state.snapshots.every=1ms"])
-        .args(["--set", "batch.max_records=20"])
-        .args(["--name", name, "--ttl-ms", &TTL_MS.to_string()])
-        .args([
-            "--heartbeat-ms",
-            "200",
-            "--margin-ms",
-            "500",
-            "--tick-ms",
-            "100",
-        ])
-        .args(["--quarantine-ms", &QUARANTINE_MS.to_string()]);
+        );
         cmd
     };
     rig.produce(200, "a");

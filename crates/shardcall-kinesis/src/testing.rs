@@ -158,16 +158,11 @@ impl Admin<'_> {
         key: &str,
         data: &[u8],
     ) -> Result<String, KinesaliteError> {
-        let out = self
-            .0
-            .put_record()
-            .stream_name(stream)
-            .partition_key(key)
-            .data(Blob::new(data))
-            .send()
-            .await
-            .map_err(call)?;
-        Ok(out.shard_id().to_owned())
+        Ok(self
+            .put_record(stream, key, data)
+            .await?
+            .shard_id()
+            .to_owned())
     }
 
     /// Puts one record; returns the sequence number Kinesis gave it.
@@ -177,16 +172,24 @@ impl Admin<'_> {
         key: &str,
         data: &[u8],
     ) -> Result<String, KinesaliteError> {
-        let out = self
-            .0
+        let out = self.put_record(stream, key, data).await?;
+        Ok(out.sequence_number().to_owned())
+    }
+
+    async fn put_record(
+        &self,
+        stream: &str,
+        key: &str,
+        data: &[u8],
+    ) -> Result<aws_sdk_kinesis::operation::put_record::PutRecordOutput, KinesaliteError> {
+        self.0
             .put_record()
             .stream_name(stream)
             .partition_key(key)
             .data(Blob::new(data))
             .send()
             .await
-            .map_err(call)?;
-        Ok(out.sequence_number().to_owned())
+            .map_err(call)
     }
 
     /// Puts `n` records, keyed over `keys` keys (`key0`, `key1`, ...), with

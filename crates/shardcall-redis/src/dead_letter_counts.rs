@@ -33,12 +33,7 @@ impl DeadLetterCounts for RedisStore {
 
     async fn dead_letter_counts(&self, group: &str) -> StoreResult<BTreeMap<PartitionId, u64>> {
         let key = group_key(group, "dead_letters");
-        let mut c = self.conn.clone();
-        let raw: BTreeMap<String, String> = redis::cmd("HGETALL")
-            .arg(&key)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+        let raw = self.hash_all(&key).await?;
         raw.into_iter()
             .map(|(field, count)| {
                 let p = parse_partition_field(&field)?;

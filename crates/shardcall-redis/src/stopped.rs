@@ -10,7 +10,6 @@ use shardcall::{StoppedPartition, StoppedPartitions, StoreError, StoreResult, cl
 use shardcall_core::{Epoch, MemberId, PartitionId};
 
 use crate::codec::{parse_partition_field, partition_field};
-use crate::error::map_error;
 use crate::store::{RedisStore, group_key};
 
 /// A stop as the script keeps it.
@@ -55,12 +54,7 @@ impl StoppedPartitions for RedisStore {
         group: &str,
     ) -> StoreResult<BTreeMap<PartitionId, StoppedPartition>> {
         let key = group_key(group, "stopped");
-        let mut c = self.conn.clone();
-        let raw: BTreeMap<String, String> = redis::cmd("HGETALL")
-            .arg(&key)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
+        let raw = self.hash_all(&key).await?;
         raw.into_iter()
             .map(|(field, json)| {
                 let p = parse_partition_field(&field)?;

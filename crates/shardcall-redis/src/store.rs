@@ -490,6 +490,20 @@ impl RedisStore {
         call.invoke_async(&mut c).await.map_err(|e| map_error(&e))
     }
 
+    /// Every field and value of the hash `key` (none: empty), in one
+    /// command.
+    pub(crate) async fn hash_all(
+        &self,
+        key: &str,
+    ) -> StoreResult<std::collections::BTreeMap<String, String>> {
+        let mut c = self.conn.clone();
+        redis::cmd("HGETALL")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_error(&e))
+    }
+
     /// Requests sent to Redis so far by this store and its clones (a
     /// pipeline or a script call is one; a script that Redis had forgotten
     /// costs one more to send it again).

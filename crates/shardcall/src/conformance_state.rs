@@ -2,7 +2,9 @@
 //! must do, one check a function; [`crate::conformance_tests!`]`(state:
 //! ...)` makes one test of each. Each check gets a fresh, empty store.
 
-use crate::state_store::{Applied, RunEntry, RunMark, StateStore, StateStoreError, WriteSet};
+use crate::state_store::{
+    Applied, RunEntry, RunMark, RunStats, StateStore, StateStoreError, WriteSet,
+};
 
 /// Names every check of this suite (see [`crate::__store_checks`]).
 #[doc(hidden)]
@@ -164,12 +166,7 @@ pub fn a_failed_cut_forgets_nothing<S: StateStore>(store: &S) {
     store
         .commit(&writes(&[("a", "1"), ("b", "1")], &[]), at(5))
         .unwrap();
-    let failed = store.take_changes("r1", &mut |_, _| {
-        Err(std::io::Error::new(
-            std::io::ErrorKind::StorageFull,
-            "disk full",
-        ))
-    });
+    let failed = store.take_changes("r1", &mut |_, _| Err(disk_full()));
     assert!(failed.is_err(), "{failed:?}");
     assert_eq!(store.run_mark().unwrap(), None);
     assert_eq!(cut(store, "r1"), ["a=1", "b=1"]);
@@ -183,26 +180,21 @@ pub fn an_export_is_a_new_base<S: StateStore>(store: &S) {
         .unwrap();
     cut(store, "r1");
     store.commit(&writes(&[("c", "1")], &["a"]), at(8)).unwrap();
-    let mut out = Vec::new();
-    let stats = store
-        .export("base", &mut |k, v| {
-            out.push(format!(
-                "{}={}",
-                String::from_utf8_lossy(k),
-                String::from_utf8_lossy(v)
-            ));
-            Ok(())
-        })
-        .unwrap();
+    let (out, stats) = export_all(store, "base");
     assert_eq!(out, ["b=1", "c=1"]);
     assert_eq!((stats.entries, stats.bytes), (2, 4));
     assert_eq!(store.run_mark().unwrap().unwrap().run, "base");
     assert!(cut(store, "r2").is_empty());
 }
 
-fn export_all<S: StateStore>(store: &S, run: &str) -> Vec<String> {
+/// A write that fails as on a full disk.
+fn disk_full() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::StorageFull, "disk full")
+}
+
+fn export_all<S: StateStore>(store: &S, run: &str) -> (Vec<String>, RunStats) {
     let mut out = Vec::new();
-    store
+    let stats = store
         .export(run, &mut |k, v| {
             out.push(format!(
                 "{}={}",
@@ -212,7 +204,7 @@ fn export_all<S: StateStore>(store: &S, run: &str) -> Vec<String> {
             Ok(())
         })
         .unwrap();
-    out
+    (out, stats)
 }
 
 /// A cut hands out the keys as they were at its freeze and marks the
@@ -255,7 +247,7 @@ pub fn an_export_hands_the_contents_at_its_freeze<S: StateStore>(store: &S) {
         .unwrap();
     store.freeze_cut().unwrap();
     store.commit(&writes(&[("c", "2")], &["a"]), at(7)).unwrap();
-    assert_eq!(export_all(store, "base"), ["a=1", "b=1"]);
+    assert_eq!(export_all(store, "base").0, ["a=1", "b=1"]);
     assert_eq!(store.run_mark().unwrap().unwrap().applied, at(5));
     assert_eq!(cut(store, "r2"), ["a-", "c=2"]);
 }
@@ -284,12 +276,7 @@ pub fn a_failed_export_forgets_nothing<S: StateStore>(store: &S) {
     store
         .commit(&writes(&[("a", "1"), ("b", "1")], &[]), at(5))
         .unwrap();
-    let failed = store.export("base", &mut |_, _| {
-        Err(std::io::Error::new(
-            std::io::ErrorKind::StorageFull,
-            "disk full",
-        ))
-    });
+    let failed = store.export("base", &mut |_, _| Err(disk_full()));
     assert!(failed.is_err(), "{failed:?}");
     assert_eq!(store.run_mark().unwrap(), None);
     store.commit(&writes(&[("c", "1")], &[]), at(6)).unwrap();

@@ -496,17 +496,15 @@ impl PartitionState {
         let Local::Store { store, runs_dir } = &self.local else {
             return Ok(None);
         };
+        let failed = |e: Box<dyn std::error::Error + Send + Sync>| SnapshotError::Local {
+            path: runs_dir.clone(),
+            cause: std::io::Error::other(e),
+        };
         let freezing = store.clone();
         let frozen = tokio::task::spawn_blocking(move || freezing.freeze_cut())
             .await
-            .map_err(|e| SnapshotError::Local {
-                path: runs_dir.clone(),
-                cause: std::io::Error::other(e),
-            })?
-            .map_err(|e| SnapshotError::Local {
-                path: runs_dir.clone(),
-                cause: std::io::Error::other(e),
-            })?;
+            .map_err(|e| failed(e.into()))?
+            .map_err(|e| failed(e.into()))?;
         let Some(applied) = frozen else {
             return Ok(None);
         };
