@@ -300,7 +300,12 @@ impl Scripted for Demo {
         let name = self.workers[i].0.clone();
         let h = self.workers[i].1.take().expect("running");
         self.say(format!(
-            "- {name} stops gracefully: finishes, checkpoints, releases at once"
+            "- {name} stops gracefully: finishes, checkpoints, {}releases at once",
+            if self.state.is_some() {
+                "cuts and uploads a final snapshot of each partition's store, "
+            } else {
+                ""
+            }
         ));
         h.shutdown();
         h.join().await?;
@@ -747,6 +752,11 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         loads.into_values().collect()
     };
     // Graceful stop of everyone still running.
+    d.say(if d.state.is_some() {
+        "the workers stop: each partition cuts and uploads its final snapshot, then is released"
+    } else {
+        "the workers stop"
+    });
     for (_, h) in d.workers.iter().filter(|(_, h)| h.is_some()) {
         h.as_ref().expect("some").shutdown();
     }
@@ -754,6 +764,9 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         if let Some(h) = h.take() {
             h.join().await?;
         }
+    }
+    if d.state.is_some() {
+        d.say("checking: each partition's final store against a replay of its records");
     }
     let ok = verify(&d, produced, &rebalances, &live_loads, interrupted).await?;
     Ok(if ok {

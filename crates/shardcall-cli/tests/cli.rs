@@ -337,6 +337,14 @@ fn demo_with_state_moves_local_stores_through_the_script_exactly_once() {
         "{stdout}"
     );
     assert!(stdout.contains("handovers with their state"), "{stdout}");
+    // Its long waits are said before they begin.
+    for waits in [
+        "cuts and uploads a final snapshot of each partition's store",
+        "each partition cuts and uploads its final snapshot, then is released",
+        "checking: each partition's final store against a replay of its records",
+    ] {
+        assert!(stdout.contains(waits), "{waits}: {stdout}");
+    }
 }
 
 #[test]
