@@ -74,7 +74,7 @@ def main():
             for key, n in counts.items():
                 put(key, struct.pack("<Q", n))
             send({"action": "processed"})
-        elif action == "revoked":
+        elif action in ("revoked", "shard_ended"):
             send({"action": "ok"})
         else:
             send({"action": "error", "message": "unknown action %r" % action})

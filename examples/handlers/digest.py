@@ -55,7 +55,7 @@ def main():
                 count += 1
             answer({"action": "processed",
                     "state": base64.b64encode(struct.pack("<QQ", count, digest)).decode()})
-        elif action == "revoked":
+        elif action in ("revoked", "shard_ended"):
             # The partition was released: back up here, then confirm.
             answer({"action": "ok"})
         else:

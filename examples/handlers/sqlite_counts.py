@@ -85,7 +85,7 @@ def main():
             if lose_answer_here(partition, msg["records"]):
                 os._exit(3)
             send({"action": "processed"})
-        elif action == "revoked":
+        elif action in ("revoked", "shard_ended"):
             send({"action": "ok"})
         else:
             send({"action": "error", "message": "unknown action %r" % action})

@@ -206,6 +206,7 @@ async fn measure_round_trips(store: &RedisStore) -> anyhow::Result<Vec<(String, 
                 epoch,
                 backup: Vec::new(),
                 position: None,
+                store_bytes: None,
             };
             store.save_checkpoint(g, &m, &parts[0], &cp).await?;
             let n = round_trips(store, || async {
@@ -491,6 +492,7 @@ async fn measure_checkpoint_rate(
                     epoch,
                     backup: Vec::new(),
                     position: None,
+                    store_bytes: None,
                 };
                 store.save_checkpoint(g, &m, &p, &cp).await?;
                 n += 1;

@@ -13,6 +13,7 @@ use shardcall_core::{
     Command, GroupState, Millis, PartitionId, Phase, Standing, StepOptions, step_loaded,
 };
 
+use crate::lineage_view::{LineageView, held_back_line, lineage_json};
 use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
 
@@ -574,12 +575,9 @@ async fn status_once(
         *log = Some((topics.clone(), args.log.open(&topics)?));
     }
     let ends = log.as_ref().expect("opened above").1.ends(&parts).await?;
-    let held_back = log
-        .as_ref()
-        .expect("opened above")
-        .1
-        .held_back(&topics, store, &args.group)
-        .await?;
+    let lineage =
+        LineageView::read(log.as_ref().map(|(_, l)| l), &topics, store, &args.group).await?;
+    let held_back = &lineage.standings;
     let checkpoints = load_checkpoints(store, &args.group, &parts).await?;
     let stopped = store.stopped_partitions(&args.group).await?;
     let dead_letters = shardcall::DeadLetterCounts::dead_letter_counts(store, &args.group).await?;
@@ -625,6 +623,8 @@ async fn status_once(
             "quarantine_left_ms": quarantine_left(&r.phase, &g.policy, now).map(|d| d.as_millis() as u64),
             "backup_done": matches!(r.phase, Phase::Quarantined { backup_done: true, .. }),
             "state_bytes": cp.as_ref().map(|c| c.state.len()),
+            // A local state store's size, as its owner last checkpointed it.
+            "store_bytes": cp.as_ref().and_then(|c| c.store_bytes),
             // A local state store's last snapshot that became current.
             "snapshot": cp.and_then(|c| c.backup.first()).map(|b| json!({
                 "manifest": b.manifest,
@@ -714,7 +714,8 @@ async fn status_once(
             "partitions": rows,
             "tickets": ticket_rows,
             "ticket_workers": ticket_workers,
-            "lineage": lineage_json(&held_back),
+            "lineage": lineage_json(held_back),
+            "lineage_found": lineage.found_json(now),
         });
         return Ok(format!(
             "{}\n",
@@ -849,19 +850,26 @@ async fn status_once(
                 Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
                 None => "-".into(),
             };
-            // A local state store's snapshot: its size, offset and age;
-            // else the checkpointed state bytes.
-            let state = match r["snapshot"].as_object() {
-                Some(snap) => format!(
+            // A local state store: its size (as its owner last
+            // checkpointed it, else as its last snapshot held it) and that
+            // snapshot's offset and age; else the checkpointed state bytes.
+            let store = r["store_bytes"].as_u64();
+            let state = match (r["snapshot"].as_object(), store) {
+                (Some(snap), _) => format!(
                     "{} @{} {} ago",
-                    crate::progress::human_bytes(snap["state_bytes"].as_u64().unwrap_or(0)),
+                    crate::progress::human_bytes(
+                        store.or(snap["state_bytes"].as_u64()).unwrap_or(0)
+                    ),
                     snap["offset"],
                     ago(
                         now,
                         now.saturating_sub(snap["age_ms"].as_u64().unwrap_or(0))
                     )
                 ),
-                None => r["state_bytes"]
+                (None, Some(bytes)) => {
+                    format!("{} (no snapshot yet)", crate::progress::human_bytes(bytes))
+                }
+                (None, None) => r["state_bytes"]
                     .as_u64()
                     .map_or("-".into(), |b| format!("{b} B")),
             };
@@ -1018,56 +1026,14 @@ async fn status_once(
     if !held_back.is_empty() {
         writeln!(
             out,
-            "\nLINEAGE (split and merged partitions the group does not process now)"
+            "\nLINEAGE (split and merged partitions the group does not process now; {})",
+            lineage.found_words(now)
         )?;
-        for (p, s) in &held_back {
+        for (p, s) in held_back {
             writeln!(out, "  {}", held_back_line(p, s))?;
         }
     }
     Ok(out)
-}
-
-/// What the lineage holds back, as JSON: partition -> `{"standing":
-/// "waiting", "parents": ["t/0"]}` or `{"standing": "finished"}`.
-fn lineage_json(held_back: &BTreeMap<PartitionId, Standing>) -> serde_json::Value {
-    held_back
-        .iter()
-        .map(|(p, s)| {
-            let v = match s {
-                Standing::Waiting { parents } => json!({
-                    "standing": "waiting",
-                    "parents": parents.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                }),
-                Standing::Finished => json!({"standing": "finished"}),
-                Standing::Stopped { reason } => json!({"standing": "stopped", "reason": reason}),
-            };
-            (p.to_string(), v)
-        })
-        .collect::<serde_json::Map<_, _>>()
-        .into()
-}
-
-/// Why the lineage holds `p` back, in words.
-fn held_back_line(p: &PartitionId, s: &Standing) -> String {
-    match s {
-        Standing::Waiting { parents } => format!(
-            "hold {p}: it waits until {} {} processed to the end (per-key order across the split or merge)",
-            parents
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(" and "),
-            if parents.len() == 1 { "is" } else { "are" }
-        ),
-        Standing::Finished => {
-            format!(
-                "{p} is finished (closed and processed to its end): released, never assigned again"
-            )
-        }
-        Standing::Stopped { reason } => {
-            format!("hold {p}: stopped for the group until an operator clears it ({reason})")
-        }
-    }
 }
 
 /// Marks, in `status`, a next owner that has warmed the partition's state up.
@@ -1080,13 +1046,15 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         let g = crate::group_check::existing_group(&store, &args.group).await?;
         let now = store.now().await?;
         let mut discovered: Vec<PartitionId> = g.partitions.keys().cloned().collect();
-        let mut held_back = BTreeMap::new();
+        let mut log = None;
         if args.log.given() {
             anyhow::ensure!(!args.topic.is_empty(), "--log, --kafka and --kinesis need --topic");
-            let log = args.log.open(&args.topic)?;
-            discovered.extend(log.partitions(&args.topic).await?);
-            held_back = log.held_back(&args.topic, &store, &args.group).await?;
+            let opened = args.log.open(&args.topic)?;
+            discovered.extend(opened.partitions(&args.topic).await?);
+            log = Some(opened);
         }
+        let lineage = LineageView::read(log.as_ref(), &args.topic, &store, &args.group).await?;
+        let mut held_back = lineage.standings.clone();
         shardcall::hold_back_stopped(&mut held_back, &store, &args.group).await?;
         // As the coordinator decides: with the loads reported, and what the
         // lineage holds back.
@@ -1205,6 +1173,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
                 "state_bytes_moved": transfers,
                 "awaiting_warm_up": plan.awaiting_warm_up,
                 "lineage": lineage_json(&held_back),
+                "lineage_found": lineage.found_json(now),
                 "balance_by": by,
                 "load": plan.load,
                 "explained": lines,

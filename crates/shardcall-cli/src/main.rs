@@ -19,6 +19,7 @@ mod flag_values;
 mod group_check;
 mod group_cmd;
 mod groups_cmd;
+mod lineage_view;
 mod load_view;
 mod log_format;
 mod log_opts;

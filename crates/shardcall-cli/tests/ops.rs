@@ -1278,6 +1278,15 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
             .unwrap();
         python_caught_up(&store, &log, 2).await;
     });
+    // While it runs, status shows each store's size, snapshot or not.
+    let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
+        .args(["status", "--redis", &redis.url(), "--group", "py", "--json"])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for row in status["partitions"].as_array().unwrap() {
+        assert!(row["store_bytes"].as_u64().unwrap() > 0, "{row}");
+    }
     // A graceful stop takes the final snapshots; status shows them.
     let _ = Command::new("kill").arg(child.id().to_string()).status();
     assert!(child.wait().unwrap().success());
@@ -1605,6 +1614,8 @@ fn a_split_shows_in_plan_and_status_children_wait_for_their_parent() {
     assert_eq!(doc["lineage"]["t/1"]["standing"], "waiting", "{doc:#}");
     let doc = status_json(&url, &log_arg);
     assert_eq!(doc["lineage"]["t/2"]["parents"][0], "t/0", "{doc:#}");
+    // No coordinator ran since the split: the commands worked it out.
+    assert!(doc["lineage_found"].is_null(), "{doc:#}");
 
     // A worker processes the parent to its end: it is finished and
     // released, and the children are owned.
@@ -1641,8 +1652,25 @@ fn a_split_shows_in_plan_and_status_children_wait_for_their_parent() {
         "status", "--redis", &url, "--group", "ops", "--log", &log_arg,
     ]);
     assert!(
-        text(&out.stdout).contains("LINEAGE"),
+        text(&out.stdout).contains("LINEAGE") && text(&out.stdout).contains("as coordinator b-"),
         "{}",
         text(&out.stdout)
+    );
+    // The coordinator's finding, without the log: what the assignment
+    // follows, not what each command works out.
+    let out = shardcall(&["plan", "--redis", &url, "--group", "ops"]);
+    assert!(
+        text(&out.stdout).contains("t/0 is finished"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = shardcall(&["status", "--redis", &url, "--group", "ops", "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["lineage"]["t/0"]["standing"], "finished", "{doc:#}");
+    assert!(
+        doc["lineage_found"]["coordinator"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("b-")),
+        "{doc:#}"
     );
 }

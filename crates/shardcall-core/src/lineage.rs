@@ -75,7 +75,7 @@ pub struct Lineage {
 
 /// Why a partition is held back from assignment (by its lineage, or
 /// stopped for the group).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "standing")]
 pub enum Standing {
     /// Not assignable until these parents are finished.

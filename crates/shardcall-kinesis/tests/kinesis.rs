@@ -155,6 +155,7 @@ async fn a_split_and_a_merge_show_as_lineage_and_a_parent_is_finished_only_at_it
         epoch: 1,
         backup: Vec::new(),
         position: source.position(&parent, offset),
+        store_bytes: None,
     };
     assert!(
         !source

@@ -22,6 +22,7 @@ const GROUP_KEYS: &[(&str, &str)] = &[
     ("audit", "list"),
     ("stopped", "hash"),
     ("dead_letters", "hash"),
+    ("lineage", "string"),
     ("tickets:queue", "zset"),
     ("tickets:claims", "hash"),
     ("tickets:leases", "zset"),

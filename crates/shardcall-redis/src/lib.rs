@@ -8,6 +8,7 @@ mod error;
 mod failures;
 mod foreign;
 mod groups;
+mod lineage;
 mod redact;
 mod restores;
 mod stopped;

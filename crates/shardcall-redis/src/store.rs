@@ -10,6 +10,9 @@
 //! shardcall:{G}:policy        json  the quarantine rule, who set it and when
 //! shardcall:{G}:table         hash  "topic/partition" -> {phase, holder, epoch, since, target, ...}
 //! shardcall:{G}:audit         list  operator actions
+//! shardcall:{G}:stopped       hash  "topic/partition" -> why and by whom it was stopped
+//! shardcall:{G}:dead_letters  hash  "topic/partition" -> records sent to the dead letters
+//! shardcall:{G}:lineage       json  the lineage the coordinator last found
 //! shardcall:{G/T/P}:grant     hash  holder, epoch, held?, coordinator epoch (a copy for fencing)
 //! shardcall:{G/T/P}:cp        hash  offset, state, epoch (the checkpoint)
 //! shardcall:{G/T/P}:failing   hash  member, epoch, attempts, since, last error of a failing handler
@@ -68,6 +71,7 @@ pub(crate) struct Scripts {
     set_policy: Script,
     pub(crate) report_failure: Script,
     pub(crate) stop_partition: Script,
+    pub(crate) record_lineage: Script,
     /// Reads one key: whether the user may run scripts on the group.
     pub(crate) probe: Script,
     pub(crate) clear_stop: Script,
@@ -107,6 +111,7 @@ impl Scripts {
             set_policy: script(include_str!("../lua/set_policy.lua")),
             report_failure: script(include_str!("../lua/report_failure.lua")),
             stop_partition: script(include_str!("../lua/stop_partition.lua")),
+            record_lineage: script(include_str!("../lua/record_lineage.lua")),
             probe: Script::new("return redis.call('EXISTS', KEYS[1])"),
             clear_stop: script(include_str!("../lua/clear_stop.lua")),
             report_restore: script(include_str!("../lua/report_restore.lua")),
@@ -197,6 +202,7 @@ pub(crate) fn decode_checkpoint(
             epoch,
             backup: history,
             position: None,
+            store_bytes: None,
         })),
         _ => Err(StoreError::corrupt(
             format!("the checkpoint of {partition}"),
@@ -597,6 +603,7 @@ impl RedisStore {
                 serde_json::to_string(&cp.backup).expect("pointers serialize")
             })
             .arg(cp.position.as_deref().unwrap_or(""))
+            .arg(cp.store_bytes.map_or(String::new(), |b| b.to_string()))
             .invoke_async(&mut c)
             .await?;
         Ok(())
@@ -1151,6 +1158,7 @@ impl CoordinationStore for RedisStore {
             Option<u64>,
             Option<Vec<u8>>,
             Option<String>,
+            Option<u64>,
         )> = redis::cmd("HMGET")
             .arg(checkpoint_key(group, partition))
             .arg("offset")
@@ -1158,16 +1166,18 @@ impl CoordinationStore for RedisStore {
             .arg("epoch")
             .arg("backup")
             .arg("position")
+            .arg("store_bytes")
             .query_async(&mut c)
             .await
             .map_err(|e| map_error(&e));
-        let (offset, state, epoch, backup, position) = match read {
+        let (offset, state, epoch, backup, position, store_bytes) = match read {
             Ok(fields) => fields,
             Err(e) => return Err(self.explain_partition(group, partition, e).await),
         };
         let mut cp = decode_checkpoint(partition, (offset, state, epoch), backup)?;
         if let Some(cp) = &mut cp {
             cp.position = position.filter(|p| !p.is_empty());
+            cp.store_bytes = store_bytes;
         }
         Ok(cp)
     }

@@ -48,6 +48,7 @@ async fn the_store_works_across_a_three_master_cluster() {
             epoch: 1,
             backup: Vec::new(),
             position: None,
+            store_bytes: None,
         };
         store.save_checkpoint(group, &m, p, &cp).await.unwrap();
     }

@@ -38,6 +38,7 @@ async fn operations_cost_what_they_should() {
         epoch: e,
         backup: Vec::new(),
         position: None,
+        store_bytes: None,
     };
     // Warm the script cache, then count.
     store.renew(g, &m, ttl).await.unwrap();

@@ -47,6 +47,8 @@ macro_rules! __store_checks {
             a_holder_stops_a_partition_audited,
             dead_letters_are_counted_per_partition,
             only_the_holder_stops_a_partition,
+            the_coordinator_records_the_lineage_it_found,
+            only_the_coordinator_records_the_lineage,
         }
     };
 }
@@ -317,6 +319,7 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
         epoch: epochs[0],
         backup: Vec::new(),
         position: None,
+        store_bytes: None,
     };
     store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
     match store
@@ -620,6 +623,7 @@ pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: Coordinatio
         epoch,
         backup,
         position: None,
+        store_bytes: None,
     };
     let history = vec![pointer("m2", 8), pointer("m1", 4)];
     store
@@ -660,9 +664,10 @@ pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: Coordinatio
     );
 }
 
-/// A source's position (a Kinesis sequence number) is written with the
-/// offset, replaced or cleared by the next checkpoint, never by a refused
-/// one, and cleared by an operator's reset.
+/// A source's position (a Kinesis sequence number) and the local state
+/// store's size are written with the offset, replaced or cleared by the
+/// next checkpoint, never by a refused one, and cleared by an operator's
+/// reset.
 pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
     store: &S,
     group: &str,
@@ -677,6 +682,7 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         epoch: epochs[0],
         backup: Vec::new(),
         position: position.map(str::to_owned),
+        store_bytes: position.map(|p| p.len() as u64),
     };
     let long = "4959033827149025660855969253836157109592157598913658889".to_string();
     let read = || async { store.load_checkpoint(group, &p(0)).await.unwrap().unwrap() };
@@ -685,6 +691,7 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         .await
         .unwrap();
     assert_eq!(read().await.position.as_deref(), Some(long.as_str()));
+    assert_eq!(read().await.store_bytes, Some(long.len() as u64));
     let zombie = store
         .save_checkpoint(group, &b, &p(0), &cp(9, Some("9")))
         .await;
@@ -695,9 +702,9 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         .await
         .unwrap();
     assert_eq!(
-        read().await.position,
-        None,
-        "a checkpoint without one kept the old"
+        (read().await.position, read().await.store_bytes),
+        (None, None),
+        "a checkpoint without them kept the old"
     );
     store
         .save_checkpoint(group, &a, &p(0), &cp(7, Some("77")))
@@ -708,9 +715,9 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         .await
         .unwrap();
     assert_eq!(
-        read().await.position,
-        None,
-        "a reset kept the source's position"
+        (read().await.position, read().await.store_bytes),
+        (None, None),
+        "a reset kept the source's position or the store's size"
     );
 }
 
@@ -727,6 +734,7 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
         epoch,
         backup: Vec::new(),
         position: None,
+        store_bytes: None,
     };
     assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), None);
     store
@@ -869,6 +877,114 @@ pub async fn only_the_holder_stops_a_partition<S: CoordinationStore>(store: &S, 
         Err(StoreError::Fenced(Fenced::LeaseExpired(_)))
     ));
     assert!(store.stopped_partitions(group).await.unwrap().is_empty());
+}
+
+/// The standings a lineage holds back: 0 finished, 1 and 2 waiting for it.
+fn standings() -> std::collections::BTreeMap<PartitionId, shardcall_core::Standing> {
+    use shardcall_core::Standing;
+    let waiting = || Standing::Waiting {
+        parents: vec![p(0)],
+    };
+    [
+        (p(0), Standing::Finished),
+        (p(1), waiting()),
+        (p(2), waiting()),
+    ]
+    .into_iter()
+    .collect()
+}
+
+/// What the coordinator records is read back whole, with who found it,
+/// under which epoch and when; a later finding replaces it; another
+/// group has none.
+pub async fn the_coordinator_records_the_lineage_it_found<S: CoordinationStore>(
+    store: &S,
+    group: &str,
+) {
+    let a = m("a");
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    assert_eq!(store.found_lineage(group).await.unwrap(), None);
+    let lease = store
+        .acquire_coordinator(group, &a, LONG)
+        .await
+        .unwrap()
+        .expect("free lock");
+    let before = store.now().await.unwrap();
+    store
+        .record_lineage(group, &a, lease.epoch, &standings())
+        .await
+        .unwrap();
+    let found = store.found_lineage(group).await.unwrap().expect("recorded");
+    assert_eq!(
+        (&found.by, found.epoch, &found.standings),
+        (&a, lease.epoch, &standings())
+    );
+    assert!(found.at_ms >= before, "{found:?}");
+    assert!(found.finished(&p(0)) && !found.finished(&p(1)) && !found.finished(&p(3)));
+    // The children's parent finished: they are open, and no longer named.
+    let only_parent: std::collections::BTreeMap<_, _> = standings().into_iter().take(1).collect();
+    store
+        .record_lineage(group, &a, lease.epoch, &only_parent)
+        .await
+        .unwrap();
+    let found = store.found_lineage(group).await.unwrap().unwrap();
+    assert_eq!(found.standings, only_parent);
+    let other = format!("{group}-other");
+    assert_eq!(store.found_lineage(&other).await.unwrap(), None);
+}
+
+/// A member without the coordinator lock, a deposed coordinator and one
+/// whose lock lapsed record nothing: the finding stays the holder's.
+pub async fn only_the_coordinator_records_the_lineage<S: CoordinationStore>(
+    store: &S,
+    group: &str,
+) {
+    let (a, b) = (m("a"), m("b"));
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    store.join(group, &b, 1, "h", LONG).await.unwrap();
+    let first = store
+        .acquire_coordinator(group, &a, TTL)
+        .await
+        .unwrap()
+        .expect("free lock");
+    let refused = |r: Result<(), StoreError>| {
+        assert!(
+            matches!(r, Err(StoreError::Fenced(Fenced::StaleCoordinator(_)))),
+            "{r:?}"
+        )
+    };
+    refused(
+        store
+            .record_lineage(group, &b, first.epoch, &standings())
+            .await,
+    );
+    refused(
+        store
+            .record_lineage(group, &a, first.epoch + 1, &standings())
+            .await,
+    );
+    tokio::time::sleep(TTL + Duration::from_millis(150)).await;
+    refused(
+        store
+            .record_lineage(group, &a, first.epoch, &standings())
+            .await,
+    );
+    let second = store
+        .acquire_coordinator(group, &b, LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    refused(
+        store
+            .record_lineage(group, &a, first.epoch, &standings())
+            .await,
+    );
+    assert_eq!(store.found_lineage(group).await.unwrap(), None);
+    store
+        .record_lineage(group, &b, second.epoch, &standings())
+        .await
+        .unwrap();
+    assert_eq!(store.found_lineage(group).await.unwrap().unwrap().by, b);
 }
 
 /// Release quarantines; the quarantine cannot end early; backup-done and
@@ -1131,6 +1247,7 @@ pub async fn checkpoint_bytes_round_trip<S: CoordinationStore>(store: &S, group:
             epoch: epochs[0],
             backup: Vec::new(),
             position: None,
+            store_bytes: None,
         };
         store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
         assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), Some(cp));

@@ -240,6 +240,7 @@ pub async fn a_lapsed_claim_returns_and_is_fenced<S: TicketStore>(store: &S, gro
         epoch: renewed.epoch,
         backup: Vec::new(),
         position: None,
+        store_bytes: None,
     };
     fenced(
         store.save_ticket_checkpoint(group, &renewed, &cp).await,
@@ -261,6 +262,7 @@ pub async fn checkpoints_follow_the_newest_claim<S: TicketStore>(store: &S, grou
         epoch,
         backup: Vec::new(),
         position: None,
+        store_bytes: None,
     };
     store
         .save_ticket_checkpoint(group, &a, &cp(10, a.epoch))

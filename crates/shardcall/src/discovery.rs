@@ -112,6 +112,9 @@ const ASK_EVERY: Duration = Duration::from_secs(1);
 pub(crate) struct LineageBook {
     finished: BTreeSet<PartitionId>,
     asked: BTreeMap<PartitionId, tokio::time::Instant>,
+    /// What this coordinator last recorded for the group, under which
+    /// coordinator epoch: recorded again only when it changes.
+    recorded: Option<(u64, BTreeMap<PartitionId, Standing>)>,
 }
 
 impl LineageBook {
@@ -150,5 +153,30 @@ impl LineageBook {
             }
         }
         Ok(lineage.held_back(&self.finished))
+    }
+
+    /// Records `standings` (what [`Self::held_back`] found) for `group` as
+    /// coordinator `by` found them under `epoch`, so that operators' tools
+    /// and the owners of finished partitions read the coordinator's word;
+    /// only when they differ from the last record of this book, or under a
+    /// new epoch. A log that never split records nothing.
+    pub async fn record<S: CoordinationStore>(
+        &mut self,
+        store: &S,
+        group: &str,
+        by: &shardcall_core::MemberId,
+        epoch: u64,
+        standings: &BTreeMap<PartitionId, Standing>,
+    ) -> StoreResult<()> {
+        let unchanged = match &self.recorded {
+            Some((e, last)) => *e == epoch && last == standings,
+            None => standings.is_empty(),
+        };
+        if unchanged {
+            return Ok(());
+        }
+        store.record_lineage(group, by, epoch, standings).await?;
+        self.recorded = Some((epoch, standings.clone()));
+        Ok(())
     }
 }

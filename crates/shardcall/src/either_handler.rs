@@ -76,6 +76,10 @@ impl<A: PartitionHandler, B: PartitionHandler> PartitionHandler for EitherHandle
         each!(self, h => h.revoked(ctx))
     }
 
+    fn shard_ended(&mut self, ctx: &PartitionContext) -> Result<(), HandlerError> {
+        each!(self, h => h.shard_ended(ctx))
+    }
+
     fn interrupter(&self) -> Option<Arc<dyn Interrupt>> {
         each!(self, h => h.interrupter())
     }

@@ -16,6 +16,8 @@
 //! <- {"action":"processed","state":"<b64>"}
 //! -> {"action":"revoked"}            (the partition was released; back up now)
 //! <- {"action":"ok"}
+//! -> {"action":"shard_ended"}        (instead of "revoked": the partition is closed and
+//! <- {"action":"ok"}                  processed to its end, as the KCL's shardEnded)
 //! <- {"action":"error","message":"…"}   (instead of any answer: the batch is retried)
 //! ```
 //!
@@ -171,6 +173,15 @@ impl ExecHandler {
             let _ = child.wait();
             crate::child_guard::release(&child);
         }
+    }
+
+    /// The partition's last call (`revoked` or `shard_ended`): the child
+    /// answers `ok` once it backed up, and is stopped either way.
+    fn last_call(&mut self, action: &str) -> Result<(), HandlerError> {
+        self.ensure_started()?;
+        let out = self.call(&json!({ "action": action }), "ok").map(|_| ());
+        self.stop();
+        out
     }
 
     /// A failure: the child is stopped (the runtime pauses and retries).
@@ -436,10 +447,11 @@ impl PartitionHandler for ExecHandler {
     }
 
     fn revoked(&mut self, _ctx: &PartitionContext) -> Result<(), HandlerError> {
-        self.ensure_started()?;
-        let out = self.call(&json!({"action": "revoked"}), "ok").map(|_| ());
-        self.stop();
-        out
+        self.last_call("revoked")
+    }
+
+    fn shard_ended(&mut self, _ctx: &PartitionContext) -> Result<(), HandlerError> {
+        self.last_call("shard_ended")
     }
 
     fn interrupter(&self) -> Option<Arc<dyn Interrupt>> {
@@ -516,6 +528,30 @@ mod tests {
         let err = h.process(&ctx(), &batch()).unwrap_err();
         assert!(err.0.contains("exit status: 3"), "{}", err.0);
         assert!(err.0.contains("no such table: orders"), "{}", err.0);
+    }
+
+    /// The last call names why the partition went: `shard_ended` for one
+    /// processed to its end, `revoked` for one that moved; a child that
+    /// answers anything but `ok` fails it.
+    #[test]
+    fn the_last_call_says_whether_the_partition_ended_or_moved() {
+        // Answers ok to the initialize and to `shard_ended` only.
+        let script = r#"read l; echo '{"action":"ok"}'; read l
+            case "$l" in
+              *'"action":"shard_ended"'*) echo '{"action":"ok"}';;
+              *'"action":"revoked"'*) echo '{"action":"error","message":"told revoked"}';;
+            esac"#;
+        let child = || {
+            let mut h = ExecFactory {
+                command: script.into(),
+            }
+            .create(&ctx());
+            h.assigned(&ctx(), None).unwrap();
+            h
+        };
+        child().shard_ended(&ctx()).unwrap();
+        let err = child().revoked(&ctx()).unwrap_err();
+        assert!(err.0.contains("told revoked"), "{}", err.0);
     }
 
     #[test]

@@ -91,6 +91,17 @@ pub trait PartitionHandler: Send + 'static {
         Ok(())
     }
 
+    /// The partition is closed and processed to its end (a Kinesis shard
+    /// after a split or merge; the Kinesis Client Library's `shardEnded`):
+    /// the group's coordinator found it finished, so it is never granted
+    /// again and its children go on from here. As for a revoke, the final
+    /// state is checkpointed and the partition released before this call;
+    /// returning reports the backup done. By default it is handled as
+    /// [`Self::revoked`].
+    fn shard_ended(&mut self, ctx: &PartitionContext) -> Result<(), HandlerError> {
+        self.revoked(ctx)
+    }
+
     /// What can stop a call of this handler from another thread when it
     /// outlives its deadline (an `--exec` handler kills its child). Without
     /// one (the default) such a call is abandoned: a thread cannot be

@@ -269,14 +269,21 @@ impl<F: HandlerFactory> HandlerCell<F> {
     }
 
     /// The partition was released: tells a handler that exists (one that
-    /// failed has nothing left to back up beyond the checkpoint).
-    pub(crate) async fn revoked(&mut self) -> Result<(), HandlerError> {
+    /// failed has nothing left to back up beyond the checkpoint) that it
+    /// was revoked, or, when `ended`, that it is processed to its end.
+    pub(crate) async fn released(&mut self, ended: bool) -> Result<(), HandlerError> {
         let Some(handler) = self.handler.take() else {
             return Ok(());
         };
         let ctx = self.ctx.clone();
-        let (handler, result) =
-            call(handler, &self.ctx, self.deadline, move |h| h.revoked(&ctx)).await;
+        let (handler, result) = call(handler, &self.ctx, self.deadline, move |h| {
+            if ended {
+                h.shard_ended(&ctx)
+            } else {
+                h.revoked(&ctx)
+            }
+        })
+        .await;
         self.handler = handler;
         result.map_err(|f| match f {
             Failure::Failed(e) | Failure::Stuck(e) => e,

@@ -35,6 +35,7 @@ mod either_handler;
 mod error;
 pub mod exec;
 mod failures;
+mod found_lineage;
 mod handler;
 mod handler_cell;
 mod lease;
@@ -85,6 +86,7 @@ pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_
 pub use either_handler::{EitherFactory, EitherHandler};
 pub use error::WorkerError;
 pub use failures::{FailureReport, FailureReports, MAX_ERROR_CHARS, RetryBackoff, clip_error};
+pub use found_lineage::{FoundLineage, LineageFindings};
 pub use handler::{
     BatchObserver, BatchOutcome, BatchRecord, HandlerError, HandlerFactory, PartitionContext,
     PartitionHandler,

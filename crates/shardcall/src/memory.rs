@@ -37,6 +37,8 @@ pub(crate) struct Inner {
     stopped: HashMap<String, std::collections::BTreeMap<PartitionId, crate::StoppedPartition>>,
     /// Records each partition sent to the dead letters.
     dead_letters: HashMap<String, std::collections::BTreeMap<PartitionId, u64>>,
+    /// What each group's coordinator last found of its lineage.
+    lineages: HashMap<String, crate::FoundLineage>,
     /// Restores in progress, each with when it expires.
     restores: HashMap<(String, PartitionId), (RestoreReport, Millis)>,
     /// Ticket mode: rung when a ticket becomes due at once.
@@ -307,6 +309,43 @@ impl crate::StoppedPartitions for MemoryStore {
 }
 
 #[async_trait]
+impl crate::LineageFindings for MemoryStore {
+    async fn record_lineage(
+        &self,
+        group: &str,
+        by: &MemberId,
+        epoch: u64,
+        standings: &std::collections::BTreeMap<PartitionId, shardcall_core::Standing>,
+    ) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        let mut inner = self.inner.lock().expect("store lock");
+        let holds = inner
+            .groups
+            .get(group)
+            .and_then(|g| g.coordinator.as_ref())
+            .is_some_and(|c| c.holder == *by && c.epoch == epoch && now < c.expires_at);
+        if !holds {
+            return Err(StoreError::Fenced(Fenced::StaleCoordinator(epoch)));
+        }
+        inner.lineages.insert(
+            group.to_owned(),
+            crate::FoundLineage {
+                by: by.clone(),
+                epoch,
+                at_ms: now,
+                standings: standings.clone(),
+            },
+        );
+        Ok(())
+    }
+
+    async fn found_lineage(&self, group: &str) -> StoreResult<Option<crate::FoundLineage>> {
+        let inner = self.inner.lock().expect("store lock");
+        Ok(inner.lineages.get(group).cloned())
+    }
+}
+
+#[async_trait]
 impl RestoreReports for MemoryStore {
     async fn report_restore(
         &self,
@@ -560,6 +599,7 @@ impl CoordinationStore for MemoryStore {
             epoch: 0,
             backup: Vec::new(),
             position: None,
+            store_bytes: None,
         });
         cp.offset = offset;
         // The position is the operator's now: no grant's local state store
@@ -567,6 +607,7 @@ impl CoordinationStore for MemoryStore {
         cp.epoch = 0;
         cp.backup.clear();
         cp.position = None;
+        cp.store_bytes = None;
         if clear_state {
             cp.state.clear();
         }

@@ -288,6 +288,20 @@ where
     }
 }
 
+/// Whether the group's coordinator found the partition processed to
+/// its end (a closed parent after a split or merge): then its handler
+/// is told the partition ended, not that it moved. Unknown (the store
+/// did not answer) counts as moved: a revoke is the safe thing to say.
+async fn ended<S: CoordinationStore>(store: &S, group: &str, partition: &PartitionId) -> bool {
+    match store.found_lineage(group).await {
+        Ok(found) => found.is_some_and(|f| f.finished(partition)),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading whether the partition ended; told as revoked");
+            false
+        }
+    }
+}
+
 /// Resolves when the partition becomes revoked; never when it already is
 /// (the engine knows, and a pause while releasing must still pause) nor
 /// when the sender is gone (the worker dropped the partition: the lease
@@ -505,6 +519,8 @@ where
                          so a quarantine that waits for it runs to its maximum"
                     );
                 }
+                let ended = self.cell.is_some()
+                    && ended(self.d.store, self.d.group, &self.d.ctx.partition).await;
                 let Some(cell) = self.cell.as_mut() else {
                     // Revoked before a handler was made: nothing but the
                     // restored state, which is backed up already.
@@ -513,7 +529,7 @@ where
                     }
                     return Event::Done;
                 };
-                match cell.revoked().await {
+                match cell.released(ended).await {
                     Ok(()) if state_backed_up => {
                         self.grant.backup_done().await;
                         tracing::info!("backup done");
@@ -702,6 +718,12 @@ where
         }
     }
 
+    /// The local state store's size, written with each checkpoint so that
+    /// `status` shows it before the first snapshot too.
+    fn store_bytes(&self) -> Option<u64> {
+        self.local.as_ref().and_then(PartitionState::store_bytes)
+    }
+
     /// The background snapshot's outcome, if it ended (without waiting).
     async fn upload_ended(&mut self) -> Option<StoreAnswer<()>> {
         if !self.uploading.as_ref()?.job.is_finished() {
@@ -786,6 +808,7 @@ where
             epoch,
             backup,
             position: self.d.source.position(&self.d.ctx.partition, offset),
+            store_bytes: self.store_bytes(),
         };
         match self.grant.save(&checkpoint).await {
             Ok(()) => {
@@ -1070,6 +1093,7 @@ where
                 .as_ref()
                 .map_or_else(Vec::new, PartitionState::history_to_write),
             position: self.d.source.position(&self.d.ctx.partition, last + 1),
+            store_bytes: self.store_bytes(),
         };
         let mut write = self.open_write.take().unwrap_or(OpenWrite {
             first,

@@ -212,6 +212,15 @@ impl PartitionState {
         }
     }
 
+    /// The store's size as it estimates it, for the checkpoint (`None`: a
+    /// directory of the handler's own, or a store that cannot say).
+    pub(crate) fn store_bytes(&self) -> Option<u64> {
+        match &self.local {
+            Local::Store { store, .. } => store.size().ok(),
+            Local::Directory { .. } => None,
+        }
+    }
+
     /// What the restore under way counts (for its progress reports).
     pub(crate) fn meter(&self) -> Arc<RestoreMeter> {
         self.meter.clone()

@@ -37,6 +37,12 @@ pub struct Checkpoint {
     /// Written with the offset, replacing the stored one; an operator's
     /// reset clears it.
     pub position: Option<String>,
+    /// The size of the partition's local state store when this was
+    /// written, as its owner estimates it (tables on disk and what is
+    /// still in memory), for `status`; `None` for a partition without one.
+    /// Written with each checkpoint, replacing the stored one; an
+    /// operator's reset clears it.
+    pub store_bytes: Option<u64>,
 }
 
 /// A group's quarantine rule and who set it when: group state, created by
@@ -60,7 +66,11 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// progress ([`RestoreReports`]).
 #[async_trait]
 pub trait CoordinationStore:
-    FailureReports + RestoreReports + crate::StoppedPartitions + crate::DeadLetterCounts
+    FailureReports
+    + RestoreReports
+    + crate::StoppedPartitions
+    + crate::DeadLetterCounts
+    + crate::LineageFindings
 {
     /// The store's clock in milliseconds; leases and quarantines run on it.
     async fn now(&self) -> StoreResult<Millis>;

@@ -728,6 +728,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             .lineage
             .held_back(&discovered, &*w.store, group, &*w.source)
             .await?;
+        self.lineage
+            .record(&*w.store, group, &self.id, lease.epoch, &held_back)
+            .await?;
         crate::discovery::hold_back_stopped(&mut held_back, &*w.store, group).await?;
         let plan = step_loaded(
             &state,

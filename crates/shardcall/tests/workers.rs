@@ -12,7 +12,7 @@ use shardcall::oracle::{
 };
 use shardcall::{
     CoordinationStore, DeadLetters, FailureReports, FileLogDeadLetters, FileLogSource,
-    HandlerFactory, MemoryStore, RetryBackoff, Worker, WorkerConfig, WorkerHandle,
+    HandlerFactory, LineageFindings, MemoryStore, RetryBackoff, Worker, WorkerConfig, WorkerHandle,
 };
 use shardcall_core::{GroupConfig, PartitionId, Phase};
 use shardcall_spool::{FileLog, SpoolConfig};
@@ -609,4 +609,122 @@ async fn a_split_and_a_merge_while_workers_run_keep_per_key_order_across_the_lin
     for w in c.workers.into_iter().flatten() {
         w.join().await.unwrap();
     }
+}
+
+/// What each partition's handler was told when it went, in order.
+type Told = Arc<std::sync::Mutex<Vec<(PartitionId, &'static str)>>>;
+
+/// Digest handlers that note their last call.
+struct TellingFactory(Told);
+
+struct Telling {
+    inner: shardcall::oracle::DigestHandler,
+    told: Told,
+}
+
+impl HandlerFactory for TellingFactory {
+    type Handler = Telling;
+    fn create(&self, ctx: &shardcall::PartitionContext) -> Telling {
+        Telling {
+            inner: DigestFactory::default().create(ctx),
+            told: self.0.clone(),
+        }
+    }
+}
+
+impl shardcall::PartitionHandler for Telling {
+    fn assigned(
+        &mut self,
+        ctx: &shardcall::PartitionContext,
+        state: Option<&[u8]>,
+    ) -> Result<(), shardcall::HandlerError> {
+        self.inner.assigned(ctx, state)
+    }
+
+    fn process(
+        &mut self,
+        ctx: &shardcall::PartitionContext,
+        batch: &[shardcall_spool::Record],
+    ) -> Result<Vec<u8>, shardcall::HandlerError> {
+        self.inner.process(ctx, batch)
+    }
+
+    fn revoked(
+        &mut self,
+        ctx: &shardcall::PartitionContext,
+    ) -> Result<(), shardcall::HandlerError> {
+        self.told
+            .lock()
+            .unwrap()
+            .push((ctx.partition.clone(), "revoked"));
+        Ok(())
+    }
+
+    fn shard_ended(
+        &mut self,
+        ctx: &shardcall::PartitionContext,
+    ) -> Result<(), shardcall::HandlerError> {
+        self.told
+            .lock()
+            .unwrap()
+            .push((ctx.partition.clone(), "shard_ended"));
+        Ok(())
+    }
+}
+
+/// A parent processed to its end after a split is told `shard_ended` (the
+/// coordinator recorded it finished), never `revoked`; its children, let go
+/// at the worker's stop, are told `revoked`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_parent_is_told_its_shard_ended_and_a_moved_partition_that_it_was_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 1);
+    let told = Told::default();
+    c.produce(100, "a");
+    c.add_worker_full(|_| {}, TellingFactory(told.clone()), None);
+    c.settle(Duration::from_secs(10)).await;
+    let [x, y] = c.log.split("t", 0).unwrap();
+    c.produce(100, "b");
+    let shards = c.source.lineage().await.unwrap();
+    shardcall::settle::wait_settled(
+        &*c.store,
+        GROUP,
+        &c.ends(),
+        &shards,
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+    let (parent, children) = (
+        PartitionId::new("t", 0),
+        [PartitionId::new("t", x), PartitionId::new("t", y)],
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !told.lock().unwrap().iter().any(|(p, _)| *p == parent) {
+        assert!(Instant::now() < deadline, "the parent was never let go");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let found = c
+        .store
+        .found_lineage(GROUP)
+        .await
+        .unwrap()
+        .expect("recorded");
+    assert!(found.finished(&parent), "{found:?}");
+    assert_eq!(found.by.as_str().split('-').next(), Some("w0"), "{found:?}");
+    for w in c.workers.iter().flatten() {
+        w.shutdown();
+    }
+    for w in c.workers.into_iter().flatten() {
+        w.join().await.unwrap();
+    }
+    let mut told = told.lock().unwrap().clone();
+    told.sort();
+    let mut expected = vec![
+        (parent, "shard_ended"),
+        (children[0].clone(), "revoked"),
+        (children[1].clone(), "revoked"),
+    ];
+    expected.sort();
+    assert_eq!(told, expected);
 }
