@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
-use std::time::Instant;
 
 use serde_json::json;
 
@@ -60,7 +59,7 @@ pub fn settled_group_with_a_late_join(
 pub fn median_ms(mut f: impl FnMut(), repeat: usize) -> f64 {
     let mut times: Vec<f64> = (0..repeat.max(1))
         .map(|_| {
-            let t = Instant::now();
+            let t = shardcall::clock::now();
             f();
             t.elapsed().as_secs_f64() * 1e3
         })

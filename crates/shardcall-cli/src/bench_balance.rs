@@ -95,7 +95,7 @@ impl Capacity {
     fn spend(&self, records: usize) {
         let until = {
             let mut free = self.free_at.lock().expect("capacity clock");
-            let now = Instant::now();
+            let now = shardcall::clock::now();
             // Idle a while: the clock starts from now, not from the past.
             let start = if *free + Duration::from_millis(5) < now {
                 now
@@ -105,7 +105,7 @@ impl Capacity {
             *free = start + self.cost * records as u32;
             *free
         };
-        std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        std::thread::sleep(until.saturating_duration_since(shardcall::clock::now()));
     }
 }
 
@@ -187,7 +187,7 @@ fn bench_rules() -> BalanceRules {
 fn produce(log: FileLog, rates: Vec<f64>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut p = log.producer(TOPIC).expect("producer");
-        let began = Instant::now();
+        let began = shardcall::clock::now();
         let mut written = vec![0u64; rates.len()];
         while !stop.load(Ordering::Relaxed) {
             let t = began.elapsed().as_secs_f64();
@@ -218,7 +218,7 @@ async fn run_mode(args: &BenchBalanceArgs, by_load: bool) -> anyhow::Result<Run>
     for i in 0..args.workers {
         let capacity = Arc::new(Capacity {
             cost: Duration::from_micros(args.cost_us),
-            free_at: Mutex::new(Instant::now()),
+            free_at: Mutex::new(shardcall::clock::now()),
         });
         let handle = Worker {
             config: WorkerConfig {
@@ -266,7 +266,7 @@ async fn run_mode(args: &BenchBalanceArgs, by_load: bool) -> anyhow::Result<Run>
             .sum()
     };
     let (moves_before, processed_before) = (moves(&workers), processed(&workers));
-    let began = Instant::now();
+    let began = shardcall::clock::now();
     let parts = PartitionId::range(TOPIC, args.partitions);
     let mut lags: Vec<u64> = Vec::new();
     while began.elapsed() < Duration::from_secs(args.measure_seconds) {

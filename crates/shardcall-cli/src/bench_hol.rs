@@ -175,7 +175,7 @@ async fn run_mode(
 ) -> anyhow::Result<Measured> {
     let source = Arc::new(FileLogSource::new(log.clone(), vec!["hol".into()]));
     let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
-    let began = Instant::now();
+    let began = shardcall::clock::now();
     let factory = Arc::new(SleeperFactory {
         fast_ms: a.fast_ms,
         began,

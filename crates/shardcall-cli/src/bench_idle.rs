@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::json;
@@ -185,14 +185,14 @@ async fn measure(args: &BenchIdleArgs, partitions: u32) -> anyhow::Result<Measur
             .0
             .push(spawn_worker(&exe, &server.url(), &log_dir, dir.path(), i)?);
     }
-    let began = Instant::now();
+    let began = shardcall::clock::now();
     let within = Duration::from_secs(60 + u64::from(partitions) / 50);
     settled(&store, &log, partitions, &[], within).await?;
     let settle = began.elapsed();
     // Quiet: nothing is written; every worker holds its share.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before: Vec<u64> = procs.0.iter().map(cpu_ticks).collect::<Result<_, _>>()?;
-    let window = Instant::now();
+    let window = shardcall::clock::now();
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
     let after: Vec<u64> = procs.0.iter().map(cpu_ticks).collect::<Result<_, _>>()?;
     let secs = window.elapsed().as_secs_f64();
@@ -204,7 +204,7 @@ async fn measure(args: &BenchIdleArgs, partitions: u32) -> anyhow::Result<Measur
         .collect();
     // kill -9 of one worker, then a record for every partition: failover
     // ends when each has been owned and processed it.
-    let killed = Instant::now();
+    let killed = shardcall::clock::now();
     procs.0[0].kill()?;
     procs.0[0].wait()?;
     one_record_each(&log, partitions)?;
@@ -267,7 +267,7 @@ async fn settled(
     not_by: &[String],
     within: Duration,
 ) -> anyhow::Result<()> {
-    let deadline = Instant::now() + within;
+    let deadline = shardcall::clock::now() + within;
     let parts: Vec<PartitionId> = PartitionId::range(TOPIC, partitions);
     let ends: BTreeMap<PartitionId, u64> = parts
         .iter()
@@ -296,7 +296,7 @@ async fn settled(
             }
         }
         anyhow::ensure!(
-            Instant::now() < deadline,
+            shardcall::clock::now() < deadline,
             "the group did not settle within {within:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

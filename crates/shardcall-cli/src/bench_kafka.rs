@@ -96,7 +96,7 @@ impl PartitionHandler for Noop {
         Ok(())
     }
     fn process(&mut self, _: &PartitionContext, _: &[Record]) -> Result<Vec<u8>, HandlerError> {
-        self.0.get_or_init(Instant::now);
+        self.0.get_or_init(shardcall::clock::now);
         Ok(Vec::new())
     }
     fn blocks(&self) -> bool {
@@ -161,7 +161,7 @@ fn plain_consumer(
     for p in 0..partitions {
         consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(10))?;
     }
-    let began = Instant::now();
+    let began = shardcall::clock::now();
     consumer.assign(&tpl)?;
     let (mut n, mut bytes) = (0usize, 0usize);
     let mut first = None;
@@ -225,7 +225,7 @@ async fn through_shardcall(
         source.watermarks(&PartitionId::new(topic, p)).await?;
     }
     let first_handled = Arc::new(OnceLock::new());
-    let began = Instant::now();
+    let began = shardcall::clock::now();
     let handle = Worker {
         config,
         store: store.clone(),

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::json;
@@ -360,13 +360,16 @@ async fn measure_failover(
     let wait = |n: usize| {
         let store = store.clone();
         async move {
-            let deadline = Instant::now() + Duration::from_secs(30);
+            let deadline = shardcall::clock::now() + Duration::from_secs(30);
             loop {
                 let g = store.load_group("failover").await?;
                 if balanced(&g, n) {
                     return anyhow::Ok(());
                 }
-                anyhow::ensure!(Instant::now() < deadline, "the group did not balance");
+                anyhow::ensure!(
+                    shardcall::clock::now() < deadline,
+                    "the group did not balance"
+                );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
@@ -391,9 +394,9 @@ async fn measure_failover(
         .map(|(p, _)| p.clone())
         .collect();
     let killed_us = oracle.now_us();
-    let killed = Instant::now();
+    let killed = shardcall::clock::now();
     victim.kill();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = shardcall::clock::now() + Duration::from_secs(30);
     let failover_ms = loop {
         let batches = oracle.batches();
         let done = orphans.iter().all(|p| {
@@ -408,7 +411,7 @@ async fn measure_failover(
             break killed.elapsed().as_secs_f64() * 1e3;
         }
         anyhow::ensure!(
-            Instant::now() < deadline,
+            shardcall::clock::now() < deadline,
             "the victim's partitions were not taken over"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -416,7 +419,7 @@ async fn measure_failover(
     wait(args.workers - 1).await?;
 
     // A join.
-    let joined = Instant::now();
+    let joined = shardcall::clock::now();
     workers.push(spawn(
         "joiner".into(),
         store.clone(),
@@ -483,7 +486,7 @@ async fn measure_checkpoint_rate(
     for (p, epoch) in epochs {
         let (store, m) = (store.clone(), m.clone());
         tasks.push(tokio::spawn(async move {
-            let start = Instant::now();
+            let start = shardcall::clock::now();
             let mut n = 0u64;
             while start.elapsed() < run {
                 let cp = Checkpoint {
@@ -509,7 +512,7 @@ async fn measure_checkpoint_rate(
     for i in 0..32 {
         let mut c = raw.clone();
         tasks.push(tokio::spawn(async move {
-            let start = Instant::now();
+            let start = shardcall::clock::now();
             let mut n = 0u64;
             let key = format!("bench:{{raw/{i}}}:cp");
             while start.elapsed() < run {

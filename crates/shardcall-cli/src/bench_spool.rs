@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::json;
@@ -151,7 +151,7 @@ fn append_case(
         .map(|i| (i.wrapping_mul(0x9e37_79b9) >> 7) as u8)
         .collect();
     let progress = crate::progress::bar(Some(records), &format!("{size} B {policy}"));
-    let start = Instant::now();
+    let start = shardcall::clock::now();
     let mut done = 0u64;
     let mut buf: Vec<NewRecord<'_>> = Vec::with_capacity(batch);
     while done < records {
@@ -188,7 +188,7 @@ struct ReadBack {
 
 fn read_back(dir: &Path, config: SpoolConfig, records: u64) -> anyhow::Result<ReadBack> {
     let spool = Spool::open(dir, config)?;
-    let start = Instant::now();
+    let start = shardcall::clock::now();
     let (mut at, mut hint, mut seen, mut size) = (0u64, None, 0u64, 0usize);
     loop {
         let (got, next) = spool.read_at(at, hint, 10_000, 4 << 20)?;
@@ -224,7 +224,7 @@ const PAIRS: usize = 3;
 fn dd_once(dir: &Path, bytes: u64) -> anyhow::Result<f64> {
     let mib = bytes.div_ceil(1 << 20);
     let out = dir.join("dd.bin");
-    let start = Instant::now();
+    let start = shardcall::clock::now();
     let status = Command::new("dd")
         .arg("if=/dev/zero")
         .arg(format!("of={}", out.display()))

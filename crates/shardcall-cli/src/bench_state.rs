@@ -14,7 +14,7 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::json;
@@ -253,7 +253,7 @@ impl Rig {
         p: &PartitionId,
         within: Duration,
     ) -> anyhow::Result<()> {
-        let deadline = Instant::now() + within;
+        let deadline = shardcall::clock::now() + within;
         let prefix = format!("{name}-");
         loop {
             let g = store.load_group(group).await?;
@@ -264,7 +264,10 @@ impl Rig {
             if warm {
                 return Ok(());
             }
-            anyhow::ensure!(Instant::now() < deadline, "{name} never warmed {p} up");
+            anyhow::ensure!(
+                shardcall::clock::now() < deadline,
+                "{name} never warmed {p} up"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -277,7 +280,7 @@ impl Rig {
         end: u64,
         within: Duration,
     ) -> anyhow::Result<()> {
-        let deadline = Instant::now() + within;
+        let deadline = shardcall::clock::now() + within;
         let p = PartitionId::new(group, 0);
         loop {
             let at = store
@@ -288,7 +291,7 @@ impl Rig {
                 return Ok(());
             }
             anyhow::ensure!(
-                Instant::now() < deadline,
+                shardcall::clock::now() < deadline,
                 "{group} did not reach offset {end} (at {at})"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -297,7 +300,7 @@ impl Rig {
 
     /// Waits until a member owns the group's partition.
     async fn owned(&self, store: &RedisStore, group: &str, within: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + within;
+        let deadline = shardcall::clock::now() + within;
         let p = PartitionId::new(group, 0);
         loop {
             let g = store.load_group(group).await?;
@@ -307,7 +310,7 @@ impl Rig {
             ) {
                 return Ok(());
             }
-            anyhow::ensure!(Instant::now() < deadline, "nobody took {group}");
+            anyhow::ensure!(shardcall::clock::now() < deadline, "nobody took {group}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -320,7 +323,7 @@ impl Rig {
         group: &str,
         within: Duration,
     ) -> anyhow::Result<u64> {
-        let deadline = Instant::now() + within;
+        let deadline = shardcall::clock::now() + within;
         let p = PartitionId::new(group, 0);
         let first = store.load_group(group).await?;
         let Some(shardcall_core::Phase::Owned { member: owner, .. }) =
@@ -344,7 +347,10 @@ impl Rig {
                 return Ok(still_at_us);
             }
             still_at_us = looked_us;
-            anyhow::ensure!(Instant::now() < deadline, "{group} was never revoked");
+            anyhow::ensure!(
+                shardcall::clock::now() < deadline,
+                "{group} was never revoked"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -376,7 +382,7 @@ impl Rig {
     ) -> anyhow::Result<Run> {
         self.owned(store, group, Duration::from_secs(60)).await?;
         let before = self.end(group)?;
-        let t = Instant::now();
+        let t = shardcall::clock::now();
         self.produce(group, payloads)?;
         let from_us = self.oracle.now_us();
         let end = self.end(group)?;
@@ -430,13 +436,13 @@ impl Rig {
 
     /// Waits until `member` has started a batch of `group`.
     async fn wait_first(&self, group: &str, member: &str, within: Duration) -> anyhow::Result<u64> {
-        let deadline = Instant::now() + within;
+        let deadline = shardcall::clock::now() + within;
         loop {
             if let Some(us) = self.first_batch_us(group, member) {
                 return Ok(us);
             }
             anyhow::ensure!(
-                Instant::now() < deadline,
+                shardcall::clock::now() < deadline,
                 "{member} never processed {group}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -553,7 +559,7 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     }
     let updates = || (0..args.records).map(|j| format!("u:{j}"));
     rig.produce("big", (0..loads).map(|i| format!("load:{i}")))?;
-    let started = Instant::now();
+    let started = shardcall::clock::now();
     let redis_empty = RedisServer::start(dir.join("redis-empty"), &[])
         .context("starting redis-server (install it: apt-get install redis-server)")?;
     let redis_big = RedisServer::start(dir.join("redis-big"), &[])?;
@@ -759,7 +765,7 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     let (full_bytes, full_read_s) = match &pointer {
         Some(pointer) => {
             let manifest = backups.get_manifest("big/big/0", &pointer.manifest).await?;
-            let t = Instant::now();
+            let t = shardcall::clock::now();
             let mut bytes = 0u64;
             for c in manifest.chunks() {
                 bytes += backups.get_chunk("big/big/0", &c.id).await?.len() as u64;

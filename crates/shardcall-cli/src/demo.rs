@@ -89,9 +89,9 @@ impl ProducerPause {
     /// (within two seconds).
     fn hold(&self) -> bool {
         self.wanted.store(true, Ordering::SeqCst);
-        let deadline = Instant::now() + Duration::from_secs(2);
+        let deadline = shardcall::clock::now() + Duration::from_secs(2);
         while !self.paused.load(Ordering::SeqCst) {
-            if Instant::now() > deadline {
+            if shardcall::clock::now() > deadline {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -441,7 +441,7 @@ impl Demo {
         let rate =
             (processed.saturating_sub(*last_processed)) as f64 / since.elapsed().as_secs_f64();
         *last_processed = processed;
-        *since = Instant::now();
+        *since = shardcall::clock::now();
         let g = self.store.load_group(GROUP).await?;
         let now = self.store.now().await?;
         let ends = self.ends()?;
@@ -592,7 +592,7 @@ pub(crate) async fn run_script(
             d.say("every record is processed");
             return Ok(false);
         }
-        if Instant::now() > deadline {
+        if shardcall::clock::now() > deadline {
             d.say("time is up before the workers caught up");
             return Ok(false);
         }
@@ -666,7 +666,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     let log = FileLog::open(&dir, SpoolConfig::default())?;
     log.ensure_topic(TOPIC, args.partitions)?;
     let mut d = Demo {
-        started: Instant::now(),
+        started: shardcall::clock::now(),
         source: Arc::new(FileLogSource::new(log.clone(), vec![TOPIC.into()])),
         log,
         store: Arc::new(MemoryStore::default()),
@@ -674,7 +674,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         timing: timing.clone(),
         workers: Vec::new(),
         stats: Vec::new(),
-        last_status: (0, Instant::now()),
+        last_status: (0, shardcall::clock::now()),
         pause: Arc::new(ProducerPause::default()),
         state: match args.state {
             Some(_) => Some((

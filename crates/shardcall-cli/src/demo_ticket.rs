@@ -127,7 +127,7 @@ impl Demo {
     async fn status_line(&self, last: &mut u64, since: &mut Instant) -> anyhow::Result<bool> {
         let processed = self.sum(|s| &s.processed);
         let rate = processed.saturating_sub(*last) as f64 / since.elapsed().as_secs_f64();
-        (*last, *since) = (processed, Instant::now());
+        (*last, *since) = (processed, shardcall::clock::now());
         let mut lag = 0;
         for (p, end) in self.ends()? {
             let at = self
@@ -180,7 +180,7 @@ pub async fn demo(args: &DemoArgs, dir: &std::path::Path) -> anyhow::Result<Exit
     let log = FileLog::open(dir, SpoolConfig::default())?;
     log.ensure_topic(TOPIC, args.partitions)?;
     let mut d = Demo {
-        started: Instant::now(),
+        started: shardcall::clock::now(),
         source: Arc::new(FileLogSource::new(log.clone(), vec![TOPIC.into()])),
         log,
         store: Arc::new(MemoryStore::default()),
@@ -188,7 +188,7 @@ pub async fn demo(args: &DemoArgs, dir: &std::path::Path) -> anyhow::Result<Exit
         claim_ttl: Duration::from_millis(args.ttl_ms),
         workers: Vec::new(),
         stats: Vec::new(),
-        last_status: (0, Instant::now()),
+        last_status: (0, shardcall::clock::now()),
     };
     println!(
         "shardcall demo --mode ticket: {} partitions in a file log at {}, an in-process store, {} workers x 2 slots",

@@ -2,7 +2,6 @@
 
 use std::io::BufRead;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::ValueEnum;
@@ -57,9 +56,7 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<ExitCode> {
     let mut producer = log.producer(&args.topic)?;
     // Unkeyed lines spread over the partitions across runs too (as Kafka's
     // default partitioner picks a random start).
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos() ^ std::process::id());
+    let nanos = shardcall::clock::wall_since_epoch().subsec_nanos() ^ std::process::id();
     producer.start_round_robin_at(nanos);
     let mut per_partition = vec![0u64; partitions as usize];
     let mut produced = 0u64;
@@ -89,9 +86,7 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<ExitCode> {
                 (parsed.key.map(String::into_bytes), value)
             }
         };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
+        let now = shardcall::clock::wall_since_epoch().as_millis() as i64;
         let partition = match producer.send(key.as_deref(), &value, now) {
             Ok(p) => p,
             Err(e) => {

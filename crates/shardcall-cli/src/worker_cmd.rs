@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 use shardcall::{
@@ -307,9 +307,7 @@ struct FileOracle {
 
 impl BatchObserver for FileOracle {
     fn now_us(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64)
+        shardcall::clock::wall_since_epoch().as_micros() as u64
     }
 
     fn batch(&self, record: BatchRecord) {
@@ -686,7 +684,7 @@ impl Progress {
     fn new(every: Duration) -> Self {
         Self {
             every,
-            last: tokio::time::Instant::now(),
+            last: shardcall::clock::timer_now(),
             processed: 0,
         }
     }
@@ -695,7 +693,7 @@ impl Progress {
         if self.every.is_zero() || self.last.elapsed() < self.every {
             return;
         }
-        self.last = tokio::time::Instant::now();
+        self.last = shardcall::clock::timer_now();
         let processed: u64 = running.iter().map(RunningWorker::processed).sum();
         let (mut held, mut lag) = (0, None::<u64>);
         for (h, l) in running.iter().map(RunningWorker::holding) {

@@ -568,10 +568,10 @@ impl Inner {
     /// here only if a partition's queue was bypassed; they are not lost:
     /// that partition is read again from where its reader is.
     fn poll_loop(&self) {
-        let mut committed_at = Instant::now();
+        let mut committed_at = shardcall::clock::now();
         while !self.stop.load(Ordering::Relaxed) {
             if self.config.commit_offsets && committed_at.elapsed() >= self.config.commit_interval {
-                committed_at = Instant::now();
+                committed_at = shardcall::clock::now();
                 if let Err(e) = self.commit_checkpointed(None) {
                     tracing::warn!(error = %e, "committing offsets to the kafka group");
                 }
@@ -669,7 +669,7 @@ impl Inner {
         }
         known.missing = missing;
         known.partitions.extend(found);
-        known.refreshed = Some(Instant::now());
+        known.refreshed = Some(shardcall::clock::now());
         Ok(known.partitions.iter().cloned().collect())
     }
 }
@@ -707,7 +707,7 @@ impl Source for KafkaSource {
         limit: shardcall::FetchLimit,
         wait: Duration,
     ) -> Result<Vec<Record>, SourceError> {
-        let deadline = tokio::time::Instant::now() + wait;
+        let deadline = shardcall::clock::timer_now() + wait;
         loop {
             let slot = self.inner.slot(partition);
             let took = slot

@@ -5,7 +5,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
@@ -78,8 +78,8 @@ impl TansuBroker {
     }
 
     fn wait_ready(&mut self) -> Result<(), BrokerError> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
+        let deadline = shardcall::clock::now() + Duration::from_secs(30);
+        while shardcall::clock::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(BrokerError::Start(format!(
                     "exited with {status}; see {}",
@@ -248,9 +248,9 @@ pub fn read_partition(
         .assign(&tpl)
         .map_err(|e| BrokerError::Kafka(e.to_string()))?;
     let mut out = Vec::with_capacity(count);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = shardcall::clock::now() + Duration::from_secs(60);
     while out.len() < count {
-        if Instant::now() > deadline {
+        if shardcall::clock::now() > deadline {
             return Err(BrokerError::Kafka(format!(
                 "{topic}/{partition}: only {} of {count} records after 60 s",
                 out.len()

@@ -141,7 +141,7 @@ impl KinesisSource {
             }
         }
         *listing = Some(Listing {
-            at: Instant::now(),
+            at: shardcall::clock::timer_now(),
             shards: shards.clone(),
         });
         Ok(shards)
@@ -394,7 +394,7 @@ impl Source for KinesisSource {
         // (Kinesis's own bound), so bytes need no bound of their own.
         let max = limit.records;
         self.place(p, from)?;
-        let deadline = Instant::now() + wait;
+        let deadline = shardcall::clock::timer_now() + wait;
         loop {
             let (iterator, after, ended) = {
                 let shards = self.shards.lock().expect("shards lock");
@@ -441,7 +441,7 @@ impl Source for KinesisSource {
             if let Some(batch) = self.handed_out(p, &out) {
                 return Ok(batch);
             }
-            let now = Instant::now();
+            let now = shardcall::clock::timer_now();
             if now >= deadline {
                 return Ok(Vec::new());
             }

@@ -6,7 +6,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::primitives::Blob;
@@ -71,9 +71,9 @@ impl Kinesalite {
             .spawn()
             .map_err(|e| KinesaliteError::Start(format!("{}: {e}", bin.display())))?;
         let server = Self { port, child };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = shardcall::clock::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
+            if shardcall::clock::now() > deadline {
                 return Err(KinesaliteError::Start(format!(
                     "not listening on {port} after 20 s"
                 )));

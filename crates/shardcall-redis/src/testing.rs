@@ -4,7 +4,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A `redis-server` child process; killed when dropped.
 #[derive(Debug)]
@@ -55,8 +55,8 @@ impl RedisServer {
     }
 
     fn wait_ready(&self) -> std::io::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
+        let deadline = shardcall::clock::now() + Duration::from_secs(10);
+        while shardcall::clock::now() < deadline {
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return Ok(());
             }
@@ -278,7 +278,7 @@ impl RedisCluster {
                 String::from_utf8_lossy(&out.stdout)
             )));
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = shardcall::clock::now() + Duration::from_secs(20);
         loop {
             let ok = nodes.iter().all(|n| {
                 Command::new("redis-cli")
@@ -290,7 +290,7 @@ impl RedisCluster {
             if ok {
                 return Ok(Self { nodes });
             }
-            if Instant::now() > deadline {
+            if shardcall::clock::now() > deadline {
                 return Err(std::io::Error::other("the cluster did not become ok"));
             }
             std::thread::sleep(Duration::from_millis(100));

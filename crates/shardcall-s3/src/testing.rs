@@ -4,7 +4,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::S3Config;
 
@@ -112,8 +112,8 @@ impl S3Server {
     }
 
     fn wait_ready(&mut self, log: &Path) -> Result<(), ServerError> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
+        let deadline = shardcall::clock::now() + Duration::from_secs(30);
+        while shardcall::clock::now() < deadline {
             if let Some(child) = &mut self.child
                 && let Ok(Some(status)) = child.try_wait()
             {

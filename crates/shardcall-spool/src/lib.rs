@@ -9,6 +9,7 @@
 //! cuts a torn tail but reports corruption. A [`FileLog`] is a folder of
 //! topics whose partitions are spools.
 
+mod clock;
 mod config;
 mod cursor;
 mod error;

@@ -326,12 +326,12 @@ impl Spool {
         if self.inner.writer.is_some() {
             return Ok(self.inner.marks.wait_beyond(offset, timeout));
         }
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = crate::clock::now() + timeout;
         loop {
             if self.end_offset()? > offset {
                 return Ok(true);
             }
-            let now = std::time::Instant::now();
+            let now = crate::clock::now();
             if now >= deadline {
                 return Ok(false);
             }
@@ -803,7 +803,7 @@ impl Spool {
             layout::sync_dir(&layout.archive)?;
             layout::sync_dir(&layout.data)?;
         }
-        self.enforce_retention(std::time::SystemTime::now())
+        self.enforce_retention(crate::clock::wall())
     }
 
     /// Deletes archived segments the retention rule no longer keeps, as of `now`.

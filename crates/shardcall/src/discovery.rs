@@ -131,7 +131,7 @@ impl LineageBook {
         if lineage.shards.is_empty() {
             return Ok(BTreeMap::new());
         }
-        let now = tokio::time::Instant::now();
+        let now = crate::clock::timer_now();
         for (p, end) in lineage.closed() {
             if self.finished.contains(p)
                 || self.asked.get(p).is_some_and(|at| now < *at + ASK_EVERY)

@@ -194,11 +194,11 @@ pub async fn check_run_settled(
     quarantine_us: u64,
     within: std::time::Duration,
 ) -> (Vec<BatchRecord>, Vec<Violation>) {
-    let deadline = Instant::now() + within;
+    let deadline = crate::clock::now() + within;
     loop {
         let batches = read();
         let v = check_run(&batches, ends, quarantine_us);
-        if v.is_empty() || Instant::now() > deadline {
+        if v.is_empty() || crate::clock::now() > deadline {
             return (batches, v);
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -165,7 +165,7 @@ pub(crate) async fn reported<T>(
     let (group, partition, member) = at;
     let mut restore = std::pin::pin!(restore);
     let mut every = tokio::time::interval_at(
-        tokio::time::Instant::now() + Duration::from_secs(1),
+        crate::clock::timer_now() + Duration::from_secs(1),
         Duration::from_secs(1),
     );
     let mut reported = false;

@@ -3,7 +3,7 @@
 //! released and the open ones owned. Part of the `testkit` feature.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shardcall_core::{PartitionId, Phase, Shard};
 
@@ -19,7 +19,7 @@ pub async fn wait_settled<S: CoordinationStore + ?Sized>(
     lineage: &BTreeMap<PartitionId, Shard>,
     within: Duration,
 ) -> Result<(), String> {
-    let deadline = Instant::now() + within;
+    let deadline = crate::clock::now() + within;
     loop {
         let g = store.load_group(group).await.map_err(|e| e.to_string())?;
         let mut done = true;
@@ -39,7 +39,7 @@ pub async fn wait_settled<S: CoordinationStore + ?Sized>(
         if done {
             return Ok(());
         }
-        if Instant::now() > deadline {
+        if crate::clock::now() > deadline {
             return Err(format!("{group} did not settle: {g:#?}"));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
