@@ -183,6 +183,7 @@ pub enum Command {
 /// Why a fenced request was refused. The requester must stop what it does
 /// for the grant concerned: this is never retryable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Fenced {
     /// The member's lease ran out (or it never joined / already left).
     #[error("member {0} has no live lease")]
@@ -204,6 +205,7 @@ pub enum Fenced {
 
 /// Why a change was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StateError {
     /// The requester is fenced out.
     #[error(transparent)]

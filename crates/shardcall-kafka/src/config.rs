@@ -113,6 +113,7 @@ impl Default for KafkaConfig {
 
 /// A Kafka configuration that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KafkaConfigError {
     /// No brokers.
     #[error("kafka brokers are empty: give host:port[,host:port...]")]

@@ -15,6 +15,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 
 /// Why a test broker could not be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BrokerError {
     /// The `tansu` binary is not installed.
     #[error(

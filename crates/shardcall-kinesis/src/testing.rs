@@ -16,6 +16,7 @@ use crate::KinesisConfig;
 
 /// Why the test server could not be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KinesaliteError {
     /// kinesalite is not installed.
     #[error(

@@ -10,6 +10,7 @@ use crate::S3Config;
 
 /// Why a test server could not be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServerError {
     /// The `s3s-fs` binary is not installed.
     #[error(

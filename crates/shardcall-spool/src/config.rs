@@ -105,6 +105,7 @@ impl Default for SpoolConfig {
 
 /// A configuration value that cannot work, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// `max_record_bytes` is 0 or above the frame format's limit.
     #[error("max_record_bytes must be between 1 and {max}, got {got}")]
