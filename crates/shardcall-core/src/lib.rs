@@ -38,6 +38,7 @@ pub mod load;
 pub mod member_engine;
 pub mod membership;
 pub mod partition_engine;
+pub mod rejoin;
 pub mod retry;
 pub mod standby;
 pub mod state;
@@ -60,6 +61,7 @@ pub use partition_engine::{
     CallFailure, CheckpointAnswer, End, Env, Event, Grant, PartitionEngine, PartitionRules, Served,
     StateOf, StateRules, StoreAnswer, TicketHistory, TicketRules,
 };
+pub use rejoin::{Attempt, Rejoin, RejoinStep};
 pub use retry::RetryBackoff;
 pub use state::{
     AuditEntry, Command, CoordinatorLease, Fenced, GroupState, MemberRecord, MemberView,

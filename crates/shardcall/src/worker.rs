@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shardcall_core::{
-    CoordinatorLease, Epoch, LeaseRule, LoadBook, LoadMeter, MemberCommand, MemberEngine,
-    MemberEvent, MemberId, MemberRules, Millis, PartitionId, Phase, step_loaded,
+    Attempt, CoordinatorLease, Epoch, LeaseRule, LoadBook, LoadMeter, MemberCommand, MemberEngine,
+    MemberEvent, MemberId, MemberRules, Millis, PartitionId, Phase, Rejoin, RejoinStep,
+    step_loaded,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -163,8 +164,12 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
         let cfg = &self.config;
         let group = cfg.group.as_str();
         let timing = &cfg.timing;
-        loop {
-            match self
+        let mut rejoin = Rejoin::new(timing);
+        while let RejoinStep::EnsurePolicy { after } = rejoin.next() {
+            if stopped_while_waiting(&mut stop, after).await {
+                return Ok(());
+            }
+            let attempt = match self
                 .store
                 .ensure_policy(group, timing.quarantine(), &cfg.name)
                 .await
@@ -175,58 +180,65 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
                             set_by = %set.set_by, "this worker's quarantine setting differs from the group's; \
                             running under the group's (an operator changes it with `shardcall policy`)");
                     }
-                    break;
+                    Attempt::Done
                 }
                 Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
                 Err(e) => {
                     tracing::warn!(error = %e, "configuring the group; retrying");
-                    if stopped_while_waiting(&mut stop, timing.heartbeat_interval).await {
-                        return Ok(());
-                    }
+                    Attempt::Failed
                 }
-            }
+            };
+            rejoin.answered(attempt, clock::now_ms());
         }
         let (discovery, discovered) = crate::discovery::discover(
             self.source.clone(),
             timing.tick_interval,
             self.config.child_order,
         );
-        let ended = self.incarnations(&mut stop, &stats, discovered).await;
+        let ended = self
+            .incarnations(&mut stop, &stats, discovered, rejoin)
+            .await;
         // The worker is done when nothing it started still holds the source.
         discovery.stop().await;
         ended
     }
 
     /// Joins as a new member (one incarnation) each time the last was fenced
-    /// out, until shut down.
+    /// out, until shut down, pausing as `rejoin` says.
     async fn incarnations(
         &self,
         stop: &mut watch::Receiver<Stop>,
         stats: &WorkerStats,
         discovered: crate::discovery::DiscoveredRx,
+        mut rejoin: Rejoin,
     ) -> Result<(), WorkerError> {
         let cfg = &self.config;
         let group = cfg.group.as_str();
         let timing = &cfg.timing;
         let slots = (cfg.slots > 0).then(|| Arc::new(tokio::sync::Semaphore::new(cfg.slots)));
         loop {
+            let (RejoinStep::Join { after } | RejoinStep::EnsurePolicy { after }) = rejoin.next();
+            if stopped_while_waiting(stop, after).await {
+                return Ok(());
+            }
             let id = incarnation_id(&cfg.name);
             let sent = clock::now_ms();
-            match self
+            let attempt = match self
                 .store
                 .join(group, &id, cfg.weight, &cfg.host, timing.member_ttl)
                 .await
             {
-                Ok(_) => {}
-                Err(StoreError::Fenced(_) | StoreError::Refused(_)) => continue,
+                Ok(_) => Attempt::Done,
+                Err(StoreError::Fenced(_) | StoreError::Refused(_)) => Attempt::Refused,
                 Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
                 Err(e) => {
                     tracing::warn!(member = %id, error = %e, "joining; retrying");
-                    if stopped_while_waiting(stop, timing.heartbeat_interval).await {
-                        return Ok(());
-                    }
-                    continue;
+                    Attempt::Failed
                 }
+            };
+            rejoin.answered(attempt, sent);
+            if attempt != Attempt::Done {
+                continue;
             }
             tracing::info!(member = %id, "joined");
             *stats.member.lock().expect("stats lock") = Some(id.clone());
@@ -262,6 +274,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
             match outcome {
                 Ended::Shutdown => return Ok(()),
                 Ended::Fenced => {
+                    rejoin.fenced(clock::now_ms());
                     stats.rejoins.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(member = %id, "fenced out; rejoining as a new member");
                 }
@@ -275,6 +288,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
 async fn stopped_while_waiting(stop: &mut watch::Receiver<Stop>, d: Duration) -> bool {
     if *stop.borrow() == Stop::Graceful {
         return true;
+    }
+    if d.is_zero() {
+        return false;
     }
     tokio::select! {
         _ = tokio::time::sleep(d) => {}
