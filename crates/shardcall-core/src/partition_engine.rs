@@ -235,8 +235,8 @@ pub enum Command {
     },
     /// Calls succeed again: clear the report. Answer: [`Event::Done`].
     ClearFailure,
-    /// Wait this long; a revoke may cut it short. Answer: [`Event::Done`]
-    /// or [`Event::Interrupted`].
+    /// Wait this long (never longer than the lease has left); a revoke may
+    /// cut it short. Answer: [`Event::Done`] or [`Event::Interrupted`].
     Pause(Duration),
     /// Give the grant back to the coordinator (owned). Answer:
     /// [`Event::Released`].
@@ -674,6 +674,9 @@ impl PartitionEngine {
                     within: self.final_snapshot_wait().min(env.lease_left),
                 }
             }
+            // A pause never outlasts the lease: what comes after it (a
+            // renewal, or the end of a lapsed grant) is decided in time.
+            Command::Pause(d) => Command::Pause(d.min(env.lease_left)),
             next => next,
         };
         if let Command::Done(_) = next {
@@ -2411,6 +2414,32 @@ mod tests {
             })
             .collect();
         assert_eq!(pauses, [100, 200, 400], "a doubling pause between attempts");
+    }
+
+    #[test]
+    fn a_pause_never_outlasts_the_lease() {
+        let mut w = World::new(10);
+        w.flaky = u32::MAX;
+        w.lease_left = Duration::from_millis(150);
+        let rules = PartitionRules {
+            give_up_after: 4,
+            dead_letters: false,
+            ..owned()
+        };
+        w.run(rules);
+        let pauses: Vec<u128> = w
+            .commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Pause(d) => Some(d.as_millis()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            pauses,
+            [100, 150, 150],
+            "cut to the 150 ms the lease has left"
+        );
     }
 
     #[test]

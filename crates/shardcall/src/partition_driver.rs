@@ -479,8 +479,7 @@ where
                 failures::recovered(self.d.store, self.d.group, &self.d.ctx).await;
                 Event::Done
             }
-            Command::Pause(d) => {
-                let pause = d.min(self.grant.lease().remaining());
+            Command::Pause(pause) => {
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => Event::Done,
                     _ = revoked(&mut self.d.revoke) => Event::Interrupted,
