@@ -1,11 +1,11 @@
 //! What the source has: its partitions and their lineage, listed in the
 //! background, and what the lineage holds back from the coordinator.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardcall_core::{ChildOrder, Lineage, PartitionId, Shard, Standing};
+use shardcall_core::{ChildOrder, Lineage, LineageWatch, PartitionId, Shard, Standing};
 use tokio::sync::watch;
 
 use crate::source::Source;
@@ -100,21 +100,12 @@ pub async fn hold_back_stopped<S: CoordinationStore + ?Sized>(
     Ok(())
 }
 
-/// How often the source is asked again whether a closed partition is
-/// finished (a Kinesis source reads the shard to answer).
-const ASK_EVERY: Duration = Duration::from_secs(1);
-
-/// What a coordinator remembers of a lineage between ticks: the closed
-/// partitions it found processed to their end, and when it last asked of
-/// the others. Finished stays finished (a closed partition gets no
-/// records), so each is found once; a new coordinator finds them again.
+/// A coordinator's lineage between ticks: the core's [`LineageWatch`]
+/// decides which closed partitions to ask the source of and when to record
+/// the standings; this asks and records.
 #[derive(Debug, Default)]
 pub(crate) struct LineageBook {
-    finished: BTreeSet<PartitionId>,
-    asked: BTreeMap<PartitionId, tokio::time::Instant>,
-    /// What this coordinator last recorded for the group, under which
-    /// coordinator epoch: recorded again only when it changes.
-    recorded: Option<(u64, BTreeMap<PartitionId, Standing>)>,
+    watch: LineageWatch,
 }
 
 impl LineageBook {
@@ -131,20 +122,12 @@ impl LineageBook {
         if lineage.shards.is_empty() {
             return Ok(BTreeMap::new());
         }
-        let now = crate::clock::timer_now();
-        for (p, end) in lineage.closed() {
-            if self.finished.contains(p)
-                || self.asked.get(p).is_some_and(|at| now < *at + ASK_EVERY)
-            {
-                continue;
-            }
-            self.asked.insert(p.clone(), now);
-            let checkpoint = store.load_checkpoint(group, p).await?;
-            match source.finished(p, end, checkpoint.as_ref()).await {
+        for (p, end) in self.watch.to_ask(lineage, crate::clock::now_ms()) {
+            let checkpoint = store.load_checkpoint(group, &p).await?;
+            match source.finished(&p, end, checkpoint.as_ref()).await {
                 Ok(true) => {
                     tracing::info!(partition = %p, "partition processed to its end: finished");
-                    self.finished.insert(p.clone());
-                    self.asked.remove(p);
+                    self.watch.found_finished(&p);
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -152,14 +135,13 @@ impl LineageBook {
                 }
             }
         }
-        Ok(lineage.held_back(&self.finished))
+        Ok(self.watch.standings(lineage))
     }
 
     /// Records `standings` (what [`Self::held_back`] found) for `group` as
-    /// coordinator `by` found them under `epoch`, so that operators' tools
-    /// and the owners of finished partitions read the coordinator's word;
-    /// only when they differ from the last record of this book, or under a
-    /// new epoch. A log that never split records nothing.
+    /// coordinator `by` found them under `epoch`, when the watch says so,
+    /// so that operators' tools and the owners of finished partitions read
+    /// the coordinator's word.
     pub async fn record<S: CoordinationStore>(
         &mut self,
         store: &S,
@@ -168,15 +150,11 @@ impl LineageBook {
         epoch: u64,
         standings: &BTreeMap<PartitionId, Standing>,
     ) -> StoreResult<()> {
-        let unchanged = match &self.recorded {
-            Some((e, last)) => *e == epoch && last == standings,
-            None => standings.is_empty(),
-        };
-        if unchanged {
+        if !self.watch.must_record(epoch, standings) {
             return Ok(());
         }
         store.record_lineage(group, by, epoch, standings).await?;
-        self.recorded = Some((epoch, standings.clone()));
+        self.watch.recorded(epoch, standings);
         Ok(())
     }
 }

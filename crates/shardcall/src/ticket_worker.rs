@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shardcall_core::{
-    End, Grant, MemberId, Millis, PartitionId, PartitionRules, Served, TicketClaim, TicketMemory,
-    TicketRules,
+    ClaimAnswer, End, Grant, MemberId, Millis, PartitionId, PartitionRules, Served, SlotRules,
+    TicketClaim, TicketMemory, TicketRules, TicketSlot,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -27,8 +27,6 @@ use crate::store::{Checkpoint, Disposition, StoreError};
 use crate::ticket_config::TicketConfig;
 use crate::ticket_store::{TicketStore, TicketWorkerInfo};
 use crate::worker::{AbortOnDrop, incarnation_id, task_outcome};
-
-const RETRY: Duration = Duration::from_millis(100);
 
 /// Live counts of a ticket-mode worker.
 #[derive(Debug, Default)]
@@ -109,6 +107,8 @@ struct Shared<S, Src, F: HandlerFactory> {
     /// across a release from the source, so a claim never finds its
     /// partition released.
     memory: tokio::sync::Mutex<TicketMemory>,
+    /// The worker's cadences, from its configuration.
+    cadence: SlotRules,
 }
 
 impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
@@ -118,6 +118,7 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
         let (stop, stop_rx) = watch::channel(false);
         let stats = Arc::new(TicketStats::default());
         let keep_reading_for = self.config.keep_reading_for.as_millis() as Millis;
+        let cadence = SlotRules::new(self.config.discover_every, self.config.idle_backoff);
         let shared = Arc::new(Shared {
             config: self.config,
             store: self.store,
@@ -128,6 +129,7 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
             stats: stats.clone(),
             kept: Mutex::default(),
             memory: tokio::sync::Mutex::new(TicketMemory::new(keep_reading_for)),
+            cadence,
         });
         let id = incarnation_id(&shared.config.name);
         let span = tracing::info_span!("worker", group = %shared.config.group, member = %id);
@@ -154,12 +156,10 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
     let seeding = {
         let s = shared.clone();
         AbortOnDrop::spawn(async move {
-            // Seen by operators for three rounds after the last one.
-            let presence = s.config.discover_every * 3;
             loop {
                 if let Err(e) = s
                     .store
-                    .announce_ticket_worker(&s.config.group, &info, presence)
+                    .announce_ticket_worker(&s.config.group, &info, s.cadence.presence)
                     .await
                 {
                     tracing::debug!(error = %e, "announcing this worker; retrying");
@@ -230,11 +230,7 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
 /// reading ahead partitions given back and not claimed here again.
 async fn wake_idle<S: TicketStore, Src: Source, F: HandlerFactory>(s: &Shared<S, Src, F>) {
     loop {
-        let every = s
-            .config
-            .idle_backoff
-            .clamp(Duration::from_millis(10), Duration::from_millis(100));
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(s.cadence.wake_every).await;
         let idle = {
             let mut memory = s.memory.lock().await;
             for p in memory.release_due(clock::now_ms()) {
@@ -264,7 +260,12 @@ async fn slot<S: TicketStore, Src: Source, F: HandlerFactory>(
     stop: watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
     let c = &shared.config;
+    let mut cadence = TicketSlot::new(shared.cadence);
     while !*stop.borrow() {
+        let pause = cadence.next_claim_after();
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         // Not raced against the stop: a claim the store made must not be
         // dropped on the floor (it would sit out its lease).
         let sent = clock::now_ms();
@@ -274,15 +275,16 @@ async fn slot<S: TicketStore, Src: Source, F: HandlerFactory>(
             .await
         {
             Ok(Some(claim)) => {
+                cadence.answered(ClaimAnswer::Answered);
                 shared.stats.claims.fetch_add(1, Ordering::Relaxed);
                 let span = tracing::info_span!("ticket", partition = %claim.partition, epoch = claim.epoch);
                 serve(&shared, claim, sent, &stop).instrument(span).await?;
             }
-            Ok(None) => {}
+            Ok(None) => cadence.answered(ClaimAnswer::Answered),
             Err(e) if e.disposition() == Disposition::Fatal => return Err(e.into()),
             Err(e) => {
                 tracing::warn!(error = %e, "claiming a ticket; retrying");
-                tokio::time::sleep(RETRY).await;
+                cadence.answered(ClaimAnswer::Failed);
             }
         }
     }

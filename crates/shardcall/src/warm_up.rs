@@ -18,20 +18,14 @@
 //! never a wrong state.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use shardcall_core::{MemberId, PartitionId};
+use shardcall_core::{MemberId, PartitionId, WarmUpCommand, WarmUpEngine, WarmUpEvent};
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::StateConfig;
 use crate::partition_state::{PartitionState, RestoreFailure};
-use crate::store::CoordinationStore;
-
-/// How often a warm-up looks for a newer snapshot in the checkpoint.
-const FOLLOW_EVERY: Duration = Duration::from_millis(100);
-/// The pause after a failed open or restore before the next try.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
+use crate::store::{Checkpoint, CoordinationStore};
 
 /// A warm-up running in the background; dropping it stops it (at its next
 /// wait: a blocking load in progress finishes and closes the store).
@@ -100,66 +94,77 @@ struct Follow<'a, S> {
 }
 
 impl<S: CoordinationStore> Follow<'_, S> {
-    /// Opens the local store and restores each new snapshot the checkpoint
-    /// names until taken over.
+    /// Carries out the core's [`WarmUpEngine`] until taken over: opens the
+    /// local store, reads the checkpoint, restores each snapshot the engine
+    /// asks for, and tells the member once the engine says warm.
     async fn follow(
         &self,
         mut taken: watch::Receiver<bool>,
         warm: tokio::sync::mpsc::UnboundedSender<PartitionId>,
     ) -> Option<PartitionState> {
         let mut local: Option<PartitionState> = None;
-        let mut at = Progress::default();
-        let mut told = false;
+        let mut engine = WarmUpEngine::default();
+        let mut event = WarmUpEvent::Start;
+        // The checkpoint last read, for the restore that follows it.
+        let mut checkpoint = None;
         loop {
             if *taken.borrow() {
                 return local;
             }
-            let pause = match self.step(&mut local, &mut at).await {
-                // Warm once a restore's snapshot is still the newest when
-                // looked at again: a snapshot the old owner took meanwhile
-                // (it snapshots when its partition starts to move) is
-                // fetched first, so the final delta after the revoke is
-                // small.
-                Step::Current => {
-                    if !told && at.restored.is_some() {
-                        told = warm.send(self.partition.clone()).is_ok();
+            event = match engine.step(event) {
+                WarmUpCommand::Look { after } => {
+                    if !after.is_zero() {
+                        tokio::select! {
+                            _ = tokio::time::sleep(after) => {}
+                            _ = taken.changed() => {}
+                        }
                     }
-                    FOLLOW_EVERY
+                    if *taken.borrow() {
+                        return local;
+                    }
+                    match self.look(&mut local).await {
+                        Some(cp) => {
+                            let newest = newest_snapshot(cp.as_ref());
+                            checkpoint = Some(cp);
+                            WarmUpEvent::Newest(newest)
+                        }
+                        None => WarmUpEvent::Failed,
+                    }
                 }
-                Step::Restored => Duration::ZERO,
-                Step::Failed => RETRY_AFTER,
+                WarmUpCommand::Restore { .. } => {
+                    let (Some(store), Some(cp)) = (local.as_mut(), checkpoint.take()) else {
+                        unreachable!(
+                            "a restore follows a look that opened the store and read the checkpoint"
+                        )
+                    };
+                    self.restore(store, cp.as_ref()).await
+                }
+                WarmUpCommand::ReportWarm => {
+                    WarmUpEvent::Reported(warm.send(self.partition.clone()).is_ok())
+                }
             };
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = taken.changed() => {}
-            }
         }
     }
 
     /// Opens the store if it is not open yet (another task of this worker
-    /// may still hold it), and restores the checkpoint's newest snapshot if
-    /// it was not tried yet.
-    async fn step(&self, local: &mut Option<PartitionState>, at: &mut Progress) -> Step {
+    /// may still hold it) and reads the checkpoint; `None` if either
+    /// failed.
+    async fn look(&self, local: &mut Option<PartitionState>) -> Option<Option<Checkpoint>> {
         if local.is_none() {
             *local = self.open().await;
         }
-        let Some(store) = local.as_mut() else {
-            return Step::Failed;
-        };
-        let cp = match self.store.load_checkpoint(self.group, self.partition).await {
-            Ok(cp) => cp,
+        local.as_ref()?;
+        match self.store.load_checkpoint(self.group, self.partition).await {
+            Ok(cp) => Some(cp),
             Err(e) => {
                 tracing::warn!(error = %e, "warming up: reading the checkpoint");
-                return Step::Failed;
+                None
             }
-        };
-        let newest = cp
-            .as_ref()
-            .and_then(|c| c.backup.first())
-            .map(|b| b.manifest.clone());
-        if at.tried.as_ref() == Some(&newest) {
-            return Step::Current;
         }
+    }
+
+    /// Restores the snapshot history `cp` names into `store`.
+    async fn restore(&self, store: &mut PartitionState, cp: Option<&Checkpoint>) -> WarmUpEvent {
         let began = crate::clock::now();
         let meter = store.meter();
         let restored = crate::restores::reported(
@@ -167,7 +172,7 @@ impl<S: CoordinationStore> Follow<'_, S> {
             (self.group, self.partition, self.member),
             true,
             &meter,
-            store.restore(cp.as_ref()),
+            store.restore(cp),
         )
         .await;
         match restored {
@@ -178,21 +183,15 @@ impl<S: CoordinationStore> Follow<'_, S> {
                     ms = began.elapsed().as_millis() as u64,
                     "warmed up"
                 );
-                at.tried = Some(newest.clone());
-                at.restored = Some(newest);
-                Step::Restored
+                WarmUpEvent::Restored
             }
-            // No snapshot of this history restores: not tried again until
-            // a newer one appears (the grant's restore stops the partition
-            // with the error if none does).
             Err(e @ RestoreFailure::Unrecoverable(_)) => {
                 tracing::warn!(error = %e, "warming up");
-                at.tried = Some(newest);
-                Step::Failed
+                WarmUpEvent::Unrecoverable
             }
             Err(e) => {
                 tracing::warn!(error = %e, "warming up; trying again");
-                Step::Failed
+                WarmUpEvent::Failed
             }
         }
     }
@@ -218,20 +217,8 @@ impl<S: CoordinationStore> Follow<'_, S> {
     }
 }
 
-/// What one look at the checkpoint did.
-enum Step {
-    /// The newest snapshot was tried already.
-    Current,
-    /// A newer snapshot was restored: look again at once.
-    Restored,
-    /// Opening, reading or restoring failed: look again after a pause.
-    Failed,
-}
-
-/// How far a warm-up got: the newest snapshot it tried and the one it
-/// restored (`Some(None)`: the history was empty).
-#[derive(Default)]
-struct Progress {
-    tried: Option<Option<String>>,
-    restored: Option<Option<String>>,
+/// The newest snapshot `cp` names (`None`: no history).
+fn newest_snapshot(cp: Option<&Checkpoint>) -> Option<String> {
+    cp.and_then(|c| c.backup.first())
+        .map(|b| b.manifest.clone())
 }
