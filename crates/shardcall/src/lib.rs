@@ -70,8 +70,10 @@ pub mod test_binaries;
 mod ticket_config;
 mod ticket_store;
 mod ticket_worker;
+mod typed;
 mod warm_up;
 mod worker;
+mod worker_builder;
 
 pub use backup_dir::DirBackupStore;
 pub use backup_store::{
@@ -120,4 +122,12 @@ pub use store::{
 pub use ticket_config::{TicketConfig, TicketConfigError};
 pub use ticket_store::{ClaimAttempt, TicketStore, TicketView, TicketWorkerInfo, claim_with_wait};
 pub use ticket_worker::{TicketStats, TicketWorker, TicketWorkerHandle};
+pub use typed::{Json, StateCodec, StatefulHandler, Typed, TypedHandler, typed, typed_with};
 pub use worker::{RebalanceStat, Worker, WorkerHandle, WorkerStats, quarantine_left};
+pub use worker_builder::WorkerBuilder;
+
+/// The "first handler" guide, compiled and run as a doc test so that it
+/// stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/first-handler.md")]
+pub struct FirstHandlerGuide;
