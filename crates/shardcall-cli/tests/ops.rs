@@ -616,6 +616,9 @@ fn prometheus_metrics_on_an_opt_in_address() {
             assert!(body.contains("shardcall_batch_seconds"), "{body}");
             assert!(body.contains("shardcall_store_seconds"), "{body}");
             assert!(body.contains("shardcall_lag_records"), "{body}");
+            // A live member's lease: more than the margin, at most the TTL.
+            let lease = metric(&body, "shardcall_member_lease_left_seconds");
+            assert!(lease > 0.0 && lease <= 10.0, "lease left {lease}: {body}");
             break;
         }
         assert!(

@@ -114,6 +114,11 @@ pub fn describe() {
         Unit::Count,
         "Records arriving per second at a held partition (processed plus the lag's growth), smoothed"
     );
+    describe_gauge!(
+        "shardcall_member_lease_left_seconds",
+        Unit::Seconds,
+        "How long this worker's member may still process without a renewal (its lease, less the safety margin); near 0, its partitions stop"
+    );
     describe_histogram!(
         "shardcall_state_restore_seconds",
         Unit::Seconds,
@@ -186,6 +191,13 @@ pub fn rebalance(group: &str, moved: usize) {
 /// coordinator's round.
 pub fn load_imbalance(group: &str, ratio: f64) {
     metrics::gauge!("shardcall_load_imbalance_ratio", "group" => group.to_owned()).set(ratio);
+}
+
+/// The member's lease left, as its engine counts it (set at every tick,
+/// so a member whose renewals fail shows it falling).
+pub fn lease_left(group: &str, left: std::time::Duration) {
+    metrics::gauge!("shardcall_member_lease_left_seconds", "group" => group.to_owned())
+        .set(left.as_secs_f64());
 }
 
 /// A held partition's smoothed arrival rate.
