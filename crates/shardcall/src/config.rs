@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use shardcall_core::{GroupConfig, GroupConfigError};
 
-use crate::failures::RetryBackoff;
+use crate::coordination::failures::RetryBackoff;
 
 /// How a worker joins its group and processes.
 #[derive(Debug, Clone)]
@@ -56,7 +56,7 @@ impl Default for WorkerConfig {
             timing: GroupConfig::default(),
             batch: BatchConfig::default(),
             slots: 0,
-            call_deadline: crate::handler_cell::DEFAULT_DEADLINE,
+            call_deadline: crate::partition::handler_cell::DEFAULT_DEADLINE,
             state: None,
             balance: None,
             child_order: shardcall_core::ChildOrder::ParentsFirst,

@@ -1,8 +1,8 @@
 //! The runtime's error type.
 
 use crate::config::WorkerConfigError;
+use crate::coordination::store::StoreError;
 use crate::source::SourceError;
-use crate::store::StoreError;
 
 /// Why a worker stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -13,7 +13,7 @@ pub enum WorkerError {
     Config(#[from] WorkerConfigError),
     /// The ticket-mode configuration cannot work.
     #[error("invalid ticket configuration: {0}")]
-    TicketConfig(#[from] crate::ticket_config::TicketConfigError),
+    TicketConfig(#[from] crate::ticket::config::TicketConfigError),
     /// The store failed in a way retrying cannot mend.
     #[error("coordination store: {0}")]
     Store(#[from] StoreError),

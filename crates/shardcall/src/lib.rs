@@ -13,118 +13,95 @@
 //! Decisions come from the pure `shardcall-core`; this crate only performs
 //! them: heartbeats, the coordinator's tick, partition tasks, fencing.
 
-mod backup_dir;
-mod backup_store;
-pub mod child_guard;
 pub mod clock;
 mod config;
-#[cfg(feature = "testkit")]
-pub mod conformance;
-#[cfg(feature = "testkit")]
-pub mod conformance_backup;
-#[cfg(feature = "testkit")]
-pub mod conformance_state;
-#[cfg(feature = "testkit")]
-pub mod conformance_tickets;
-mod dead_letter_counts;
-mod dead_letters;
-pub mod digest;
-mod discovery;
-pub use discovery::{hold_back_stopped, lineage_held_back};
-mod either_handler;
+mod coordination;
 mod error;
-pub mod exec;
-mod failures;
-mod found_lineage;
 mod handler;
-mod handler_cell;
-mod lease;
-mod log_watch;
-mod memory;
-mod memory_tickets;
-#[cfg(feature = "testkit")]
-pub mod oracle;
+mod local_state;
+mod member;
 mod partition;
-mod partition_driver;
-mod partition_state;
-mod restores;
-mod running;
-#[cfg(feature = "testkit")]
-pub mod settle;
-pub mod snapshot;
 mod source;
-mod spooled;
-mod state_config;
-mod state_fjall;
-mod state_memory;
-mod state_rows;
-pub mod state_runs;
-mod state_store;
-mod state_txn;
-mod stopped;
-mod store;
-mod store_error;
 pub mod telemetry;
 #[cfg(feature = "testkit")]
-pub mod test_binaries;
-mod ticket_config;
-mod ticket_store;
-mod ticket_worker;
-mod typed;
-mod warm_up;
-mod worker;
-mod worker_builder;
+mod testkit;
+mod ticket;
 
-pub use backup_dir::DirBackupStore;
-pub use backup_store::{
-    BackupError, BackupResult, BackupStore, MemoryBackupStore, decode_manifest, encode_manifest,
-};
+pub use handler::child_guard;
+pub use handler::digest;
+pub use handler::exec;
+pub use local_state::runs as state_runs;
+pub use local_state::snapshot;
+#[cfg(feature = "testkit")]
+pub use testkit::conformance;
+#[cfg(feature = "testkit")]
+pub use testkit::conformance_backup;
+#[cfg(feature = "testkit")]
+pub use testkit::conformance_state;
+#[cfg(feature = "testkit")]
+pub use testkit::conformance_tickets;
+#[cfg(feature = "testkit")]
+pub use testkit::oracle;
+#[cfg(feature = "testkit")]
+pub use testkit::settle;
+#[cfg(feature = "testkit")]
+pub use testkit::test_binaries;
+
 pub use config::{
     BatchConfig, DEFAULT_MAX_BYTES, MAX_BYTES_LIMIT, MAX_RECORDS_LIMIT, WorkerConfig,
     WorkerConfigError, is_valid_name,
 };
-pub use dead_letter_counts::DeadLetterCounts;
-pub use dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
-pub use either_handler::{EitherFactory, EitherHandler};
+pub use coordination::dead_letter_counts::DeadLetterCounts;
+pub use coordination::failures::{
+    FailureReport, FailureReports, MAX_ERROR_CHARS, RetryBackoff, clip_error,
+};
+pub use coordination::found_lineage::{FoundLineage, LineageFindings};
+pub use coordination::memory::{Clock, MemoryStore, SystemClock};
+pub use coordination::stopped::{StoppedPartition, StoppedPartitions};
+pub use coordination::store::{
+    Cause, Checkpoint, CoordinationStore, Disposition, GroupPolicy, Refusal, StoreError,
+    StoreResult,
+};
 pub use error::WorkerError;
-pub use failures::{FailureReport, FailureReports, MAX_ERROR_CHARS, RetryBackoff, clip_error};
-pub use found_lineage::{FoundLineage, LineageFindings};
+pub use handler::either::{EitherFactory, EitherHandler};
+pub use handler::typed::{
+    Json, StateCodec, StatefulHandler, Typed, TypedHandler, typed, typed_with,
+};
 pub use handler::{
     BatchObserver, BatchOutcome, BatchRecord, HandlerError, HandlerFactory, PartitionContext,
     PartitionHandler,
 };
-pub use lease::LocalLease;
-pub use memory::{Clock, MemoryStore, SystemClock};
-pub use partition::TaskEnd;
-pub use partition_state::{RestoreFailure, Restored};
-pub use restores::{
-    RESTORE_REPORT_TTL, RestoreMeter, RestorePhase, RestoreProgress, RestoreReport, RestoreReports,
+pub use local_state::backup_dir::DirBackupStore;
+pub use local_state::backup_store::{
+    BackupError, BackupResult, BackupStore, MemoryBackupStore, decode_manifest, encode_manifest,
 };
-pub use running::RunningWorker;
-pub use source::{FetchLimit, FileLogSource, Listing, Source, SourceError};
-pub use spooled::SpooledSource;
-pub use state_config::{
+pub use local_state::config::{
     DEFAULT_ROW_CACHE_BYTES, DEFAULT_WARM_UP_WAIT, SnapshotConfig, StateConfig, StateKind,
     partition_files_dir, partition_state_dir, partition_store_dir,
 };
-pub use state_fjall::FjallStateStore;
-pub use state_memory::MemoryStateStore;
-pub use state_store::{
+pub use local_state::fjall::FjallStateStore;
+pub use local_state::memory::MemoryStateStore;
+pub use local_state::restores::{
+    RESTORE_REPORT_TTL, RestoreMeter, RestorePhase, RestoreProgress, RestoreReport, RestoreReports,
+};
+pub use local_state::store::{
     Applied, ChangeSink, EntrySink, MAX_STATE_KEY, MAX_STATE_VALUE, RunEntry, RunMark, RunStats,
     StateResult, StateStore, StateStoreError, WriteSet,
 };
-pub use state_txn::StateTxn;
-pub use stopped::{StoppedPartition, StoppedPartitions};
-pub use store::{
-    Cause, Checkpoint, CoordinationStore, Disposition, GroupPolicy, Refusal, StoreError,
-    StoreResult,
-};
-pub use ticket_config::{TicketConfig, TicketConfigError};
-pub use ticket_store::{ClaimAttempt, TicketStore, TicketView, TicketWorkerInfo, claim_with_wait};
-pub use ticket_worker::{TicketStats, TicketWorker, TicketWorkerHandle};
-pub use typed::{Json, StateCodec, StatefulHandler, Typed, TypedHandler, typed, typed_with};
-pub use worker::{RebalanceStat, Worker, WorkerHandle, WorkerStats, quarantine_left};
-pub use worker_builder::WorkerBuilder;
+pub use local_state::txn::StateTxn;
+pub use member::builder::WorkerBuilder;
+pub use member::discovery::{hold_back_stopped, lineage_held_back};
+pub use member::lease::LocalLease;
+pub use member::running::RunningWorker;
+pub use member::worker::{RebalanceStat, Worker, WorkerHandle, WorkerStats, quarantine_left};
+pub use partition::dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
+pub use partition::local::{RestoreFailure, Restored};
+pub use partition::task::TaskEnd;
+pub use source::spooled::SpooledSource;
+pub use source::{FetchLimit, FileLogSource, Listing, Source, SourceError};
+pub use ticket::config::{TicketConfig, TicketConfigError};
+pub use ticket::store::{ClaimAttempt, TicketStore, TicketView, TicketWorkerInfo, claim_with_wait};
+pub use ticket::worker::{TicketStats, TicketWorker, TicketWorkerHandle};
 
 /// The "first handler" guide, compiled and run as a doc test so that it
 /// stays true.

@@ -1,0 +1,269 @@
+//! The coordination port: what a store shared by a group's members must do.
+//! Every method documents its guarantee; the conformance suite (`conformance`,
+//! in the `testkit` feature) checks them
+//! on any implementation. The rules themselves are those of
+//! [`shardcall_core::GroupState`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use crate::coordination::error::{Cause, Disposition, Refusal, StoreError};
+use crate::coordination::failures::FailureReports;
+use crate::local_state::restores::RestoreReports;
+use shardcall_core::{
+    BackupPointer, Command, CoordinatorLease, Epoch, GroupState, MemberId, MemberView, Millis,
+    PartitionId, PartitionLoad, QuarantinePolicy,
+};
+
+/// A partition's checkpoint: where to resume and the application's state,
+/// always written together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The next offset to read.
+    pub offset: u64,
+    /// The application's state after every record below `offset`.
+    pub state: Vec<u8>,
+    /// The epoch of the grant that wrote it (0: an operator's reset).
+    pub epoch: Epoch,
+    /// The partition's local state store snapshots that were current,
+    /// newest first (empty for a partition without one). Written, it
+    /// replaces the stored history; an empty one leaves the stored history
+    /// as it is. An operator's reset clears it.
+    pub backup: Vec<BackupPointer>,
+    /// Where the source resumes after `offset`, for a source whose offsets
+    /// alone cannot say (a Kinesis shard's sequence number, see
+    /// [`crate::Source::position`]); `None` for the file log and Kafka.
+    /// Written with the offset, replacing the stored one; an operator's
+    /// reset clears it.
+    pub position: Option<String>,
+    /// The size of the partition's local state store when this was
+    /// written, as its owner estimates it (tables on disk and what is
+    /// still in memory), for `status`; `None` for a partition without one.
+    /// Written with each checkpoint, replacing the stored one; an
+    /// operator's reset clears it.
+    pub store_bytes: Option<u64>,
+}
+
+/// A group's quarantine rule and who set it when: group state, created by
+/// the first member that joins and changed only by an operator (audited),
+/// never silently by a member with another setting.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GroupPolicy {
+    /// The rule.
+    pub policy: QuarantinePolicy,
+    /// Who set it (a worker's name, or an operator).
+    pub set_by: String,
+    /// When, on the store's clock (0: before this was recorded).
+    pub set_at: Millis,
+}
+
+/// Result of a store call.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A store shared by the members of groups. It keeps their failing
+/// partitions' reports too ([`FailureReports`]), and restores in
+/// progress ([`RestoreReports`]).
+#[async_trait]
+pub trait CoordinationStore:
+    FailureReports
+    + RestoreReports
+    + crate::StoppedPartitions
+    + crate::DeadLetterCounts
+    + crate::LineageFindings
+{
+    /// The store's clock in milliseconds; leases and quarantines run on it.
+    async fn now(&self) -> StoreResult<Millis>;
+
+    /// The group's quarantine rule. If the group has none yet, `proposed`
+    /// becomes it, set by `actor` now (audited); an existing rule is never
+    /// changed here, whatever `proposed` says.
+    async fn ensure_policy(
+        &self,
+        group: &str,
+        proposed: QuarantinePolicy,
+        actor: &str,
+    ) -> StoreResult<GroupPolicy>;
+
+    /// Sets the group's quarantine rule on an operator's word (audited, with
+    /// the rule before and after); members apply it from their next tick.
+    /// Returns the rule as it is now.
+    async fn set_policy(
+        &self,
+        group: &str,
+        policy: QuarantinePolicy,
+        actor: &str,
+    ) -> StoreResult<GroupPolicy>;
+
+    /// The group's quarantine rule, if one was set.
+    async fn load_policy(&self, group: &str) -> StoreResult<Option<GroupPolicy>>;
+
+    /// Registers a new member with a lease of `ttl` from the store's now,
+    /// returning when it ends. Refuses an id that is registered.
+    async fn join(
+        &self,
+        group: &str,
+        member: &MemberId,
+        weight: u32,
+        host: &str,
+        ttl: Duration,
+    ) -> StoreResult<Millis>;
+
+    /// Renews a live member's lease. A lease that lapsed is refused with
+    /// [`Fenced::LeaseExpired`](shardcall_core::Fenced::LeaseExpired): the member must stop and join anew.
+    async fn renew(&self, group: &str, member: &MemberId, ttl: Duration) -> StoreResult<Millis>;
+
+    /// Removes the member at once; partitions it still holds are quarantined
+    /// from now. Leaving twice is harmless.
+    async fn leave(&self, group: &str, member: &MemberId) -> StoreResult<()>;
+
+    /// Takes or renews the coordinator lock for a live member: a new holder
+    /// gets a larger epoch, the holder keeps its own. `None` while another
+    /// live holder has it.
+    async fn acquire_coordinator(
+        &self,
+        group: &str,
+        member: &MemberId,
+        ttl: Duration,
+    ) -> StoreResult<Option<CoordinatorLease>>;
+
+    /// Gives the lock up if `member` holds it under `epoch`.
+    async fn release_coordinator(
+        &self,
+        group: &str,
+        member: &MemberId,
+        epoch: u64,
+    ) -> StoreResult<()>;
+
+    /// The whole group state, as of one instant.
+    async fn load_group(&self, group: &str) -> StoreResult<GroupState>;
+
+    /// The group state for a coordinator tick, given the state it read last
+    /// time: members and the lock are always read afresh; a store may reuse
+    /// `cached`'s partitions when the version has not moved, so a tick costs
+    /// O(members), not O(partitions). The default reads everything.
+    async fn refresh_group(
+        &self,
+        group: &str,
+        cached: Option<GroupState>,
+    ) -> StoreResult<GroupState> {
+        let _ = cached;
+        self.load_group(group).await
+    }
+
+    /// A hint that the group changed: the receiver sees a new value after a
+    /// change (not necessarily every one). Members still poll, so a lost
+    /// hint costs only latency. `None` when the store has no such feed.
+    async fn changes(&self, group: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let _ = group;
+        None
+    }
+
+    /// Applies commands atomically (all or none), refusing a stale
+    /// coordinator epoch ([`Fenced::StaleCoordinator`](shardcall_core::Fenced::StaleCoordinator)) or a changed version
+    /// ([`StoreError::Conflict`]). Returns the new version.
+    async fn apply(
+        &self,
+        group: &str,
+        coordinator_epoch: u64,
+        expected_version: u64,
+        commands: &[Command],
+    ) -> StoreResult<u64>;
+
+    /// The partitions `member` holds (owned or draining) with their phases,
+    /// and the ones the assignment moves to it that another member still
+    /// holds or that are quarantined ([`MemberView::is_incoming`]); both
+    /// in partition order, both exactly as the group state has them now.
+    async fn member_view(&self, group: &str, member: &MemberId) -> StoreResult<MemberView>;
+
+    /// The holder gives a partition up after its final checkpoint; it is
+    /// quarantined from now. Refused unless `member` is live and holds it
+    /// under `epoch`.
+    async fn release(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()>;
+
+    /// The old owner reports the backup of a quarantined partition done.
+    async fn backup_done(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()>;
+
+    /// Replaces the set of partitions `member` has warmed up (on their way
+    /// to it, its local store current with their snapshots); refused
+    /// unless its lease runs. The coordinator reads it with the members.
+    async fn set_warm(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partitions: &[PartitionId],
+    ) -> StoreResult<()>;
+
+    /// Replaces `member`'s load report (the measured load of the partitions
+    /// it holds, [`PartitionLoad`]); refused unless its lease runs. Read
+    /// back with the members ([`shardcall_core::MemberRecord::load`]), every
+    /// figure exactly as sent.
+    async fn report_load(
+        &self,
+        group: &str,
+        member: &MemberId,
+        loads: &std::collections::BTreeMap<PartitionId, PartitionLoad>,
+    ) -> StoreResult<()>;
+
+    /// Marks a member as draining on an operator's word (audited): its
+    /// partitions move away gracefully and it gets nothing new.
+    async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()>;
+
+    /// Sets a partition's checkpointed offset on an operator's word; audited.
+    /// Like Kafka, only the position moves unless `clear_state`: then the
+    /// state bytes are emptied too (a handler that adds up would otherwise
+    /// count the replayed records twice). The checkpoint's epoch becomes 0
+    /// and its snapshot history is cleared: a partition with a local state
+    /// store starts that store afresh from the new offset.
+    /// Refused while a member holds the partition unless `force` (the holder
+    /// then keeps its own position until the partition next moves). Returns
+    /// the previous offset, if there was a checkpoint.
+    async fn reset_offset(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        offset: u64,
+        force: bool,
+        clear_state: bool,
+        actor: &str,
+    ) -> StoreResult<Option<u64>>;
+
+    /// Ends a quarantine early on an operator's word; audited.
+    async fn operator_release(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        actor: &str,
+    ) -> StoreResult<()>;
+
+    /// The partition's last checkpoint, if any.
+    async fn load_checkpoint(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+    ) -> StoreResult<Option<Checkpoint>>;
+
+    /// Writes offset and state together, only if `member`'s lease runs (on
+    /// the store's clock) and it holds the partition under
+    /// `checkpoint.epoch`; anything else is refused with [`Fenced`](shardcall_core::Fenced) and
+    /// nothing is written, however late the request arrives.
+    async fn save_checkpoint(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        checkpoint: &Checkpoint,
+    ) -> StoreResult<()>;
+}

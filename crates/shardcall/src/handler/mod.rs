@@ -1,0 +1,197 @@
+//! The application's side: one handler per owned partition.
+
+pub mod child_guard;
+pub mod digest;
+pub(crate) mod either;
+pub mod exec;
+pub(crate) mod typed;
+
+use std::path::PathBuf;
+
+use shardcall_core::{Epoch, MemberId, PartitionId};
+use shardcall_spool::Record;
+
+/// What a handler knows about the grant it works under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionContext {
+    /// The partition.
+    pub partition: PartitionId,
+    /// The grant's fencing token: pass it to external sinks so they can
+    /// refuse writes from an older owner.
+    pub epoch: Epoch,
+    /// The member running the handler.
+    pub member: MemberId,
+    /// The directory the handler keeps the partition's state in, when the
+    /// worker's state is [`crate::StateKind::Directory`]: restored before
+    /// the first batch, snapshotted between batches. Write it only while a
+    /// batch is being processed, and leave it whole when a batch returns
+    /// (a failed batch sends it back to the last snapshot).
+    pub state_dir: Option<PathBuf>,
+}
+
+/// A handler failure; the batch is retried (it was not checkpointed).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct HandlerError(pub String);
+
+/// Makes a handler call that outlived its deadline return soon, from
+/// another thread (see [`PartitionHandler::interrupter`]).
+pub trait Interrupt: Send + Sync + 'static {
+    /// Stops the call in progress, if any: it then returns an error.
+    fn interrupt(&self);
+}
+
+/// Stateful, ordered processing of one partition. Calls come one at a time,
+/// on a thread where blocking is fine, each within the worker's handler
+/// deadline (a call that outlives it counts as failed).
+pub trait PartitionHandler: Send + 'static {
+    /// The partition was granted; `state` is its last checkpointed state
+    /// (`None` the first time).
+    fn assigned(
+        &mut self,
+        ctx: &PartitionContext,
+        state: Option<&[u8]>,
+    ) -> Result<(), HandlerError>;
+
+    /// Processes a batch, in offset order, returning the new state. The state
+    /// and the offset after the batch are checkpointed together. (A handler
+    /// that keeps its state in a local state store implements
+    /// [`Self::process_state`] instead.)
+    fn process(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+    ) -> Result<Vec<u8>, HandlerError> {
+        let _ = (ctx, batch);
+        Err(HandlerError(
+            "this handler keeps its state in a local state store: run the worker with one \
+             (WorkerConfig::state, or [state] in the configuration)"
+                .into(),
+        ))
+    }
+
+    /// Processes a batch, in offset order, reading and writing the
+    /// partition's local state store through `state` (the worker runs with
+    /// [`crate::WorkerConfig::state`]). The batch's writes and the offset
+    /// after it are committed in one local transaction when this returns
+    /// `Ok`; on an error they are dropped and the batch is delivered again.
+    /// `assigned` is then given no state bytes: the state is in the store.
+    fn process_state(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+        state: &mut crate::StateTxn<'_>,
+    ) -> Result<(), HandlerError> {
+        let _ = (ctx, batch, state);
+        Err(HandlerError(
+            "this handler returns its state as bytes: run the worker without a local state store"
+                .into(),
+        ))
+    }
+
+    /// The partition was taken away: the final state is checkpointed and the
+    /// partition released (it is in quarantine, nobody consumes it). Back up
+    /// whatever must be backed up; returning reports the backup done.
+    fn revoked(&mut self, ctx: &PartitionContext) -> Result<(), HandlerError> {
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// The partition is closed and processed to its end (a Kinesis shard
+    /// after a split or merge; the Kinesis Client Library's `shardEnded`):
+    /// the group's coordinator found it finished, so it is never granted
+    /// again and its children go on from here. As for a revoke, the final
+    /// state is checkpointed and the partition released before this call;
+    /// returning reports the backup done. By default it is handled as
+    /// [`Self::revoked`].
+    fn shard_ended(&mut self, ctx: &PartitionContext) -> Result<(), HandlerError> {
+        self.revoked(ctx)
+    }
+
+    /// What can stop a call of this handler from another thread when it
+    /// outlives its deadline (an `--exec` handler kills its child). Without
+    /// one (the default) such a call is abandoned: a thread cannot be
+    /// killed, so it runs on, and the partition is given up for another
+    /// member to process with a handler of its own.
+    fn interrupter(&self) -> Option<std::sync::Arc<dyn Interrupt>> {
+        None
+    }
+
+    /// Whether a call may block (I/O, sleeps, long computation): then it
+    /// runs on a thread of its own, under the deadline (the default). A
+    /// handler whose calls always return at once may say `false`: its calls
+    /// run on the worker's own threads, which saves a thread hand-off per
+    /// call (the largest cost of a cheap handler), but such a call has no
+    /// deadline and, if it did block, would hold up other partitions.
+    fn blocks(&self) -> bool {
+        true
+    }
+}
+
+/// Makes a handler for each partition a worker is granted.
+pub trait HandlerFactory: Send + Sync + 'static {
+    /// The handler type.
+    type Handler: PartitionHandler;
+    /// A handler for the partition in `ctx`.
+    fn create(&self, ctx: &PartitionContext) -> Self::Handler;
+}
+
+/// One processed and checkpointed batch, as an oracle records it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BatchRecord {
+    /// The partition.
+    pub partition: PartitionId,
+    /// Who processed it.
+    pub member: MemberId,
+    /// Under which grant.
+    pub epoch: Epoch,
+    /// First offset of the batch.
+    pub first: u64,
+    /// Last offset of the batch.
+    pub last: u64,
+    /// When processing started (microseconds on the observer's clock).
+    pub started_us: u64,
+    /// When the handler returned.
+    pub processed_us: u64,
+    /// When the answer to its checkpoint came (or the worker gave up
+    /// waiting). A process frozen meanwhile learns late: the checkpoint
+    /// itself took effect (or not) somewhere between `processed_us` and this.
+    pub ended_us: u64,
+    /// What became of its checkpoint.
+    pub outcome: BatchOutcome,
+}
+
+impl BatchRecord {
+    /// Whether the store accepted its checkpoint.
+    pub fn committed(&self) -> bool {
+        self.outcome == BatchOutcome::Committed
+    }
+
+    /// Whether its checkpoint is, or may be, in the store.
+    pub fn may_have_committed(&self) -> bool {
+        self.outcome != BatchOutcome::Refused
+    }
+}
+
+/// What became of a batch's checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchOutcome {
+    /// The store accepted it.
+    Committed,
+    /// It never took effect: the store refused it (the worker was fenced
+    /// out) or it was never sent (the lease ran out first).
+    Refused,
+    /// Sent, but no answer came while the lease lasted: it may have taken
+    /// effect. The worker acts as if it had not (it stops serving the
+    /// partition); the store's fencing keeps either case consistent.
+    Unknown,
+}
+
+/// Sees every batch a worker checkpoints (tests and the demo keep an oracle).
+pub trait BatchObserver: Send + Sync + 'static {
+    /// Microseconds on this observer's clock.
+    fn now_us(&self) -> u64;
+    /// A batch was processed and checkpointed.
+    fn batch(&self, record: BatchRecord);
+}

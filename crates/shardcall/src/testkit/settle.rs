@@ -1,0 +1,47 @@
+//! Waiting for a group to settle after a run, before checking it: every
+//! partition checkpointed at its end, the closed ones of a lineage
+//! released and the open ones owned. Part of the `testkit` feature.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use shardcall_core::{PartitionId, Phase, Shard};
+
+use crate::coordination::store::CoordinationStore;
+
+/// Waits until each partition of `ends` is checkpointed at its end, the
+/// closed ones (by `lineage`) released and the others owned; the group's
+/// state, described, if that has not happened `within`.
+pub async fn wait_settled<S: CoordinationStore + ?Sized>(
+    store: &S,
+    group: &str,
+    ends: &BTreeMap<PartitionId, u64>,
+    lineage: &BTreeMap<PartitionId, Shard>,
+    within: Duration,
+) -> Result<(), String> {
+    let deadline = crate::clock::now() + within;
+    loop {
+        let g = store.load_group(group).await.map_err(|e| e.to_string())?;
+        let mut done = true;
+        for (p, end) in ends {
+            let at = store
+                .load_checkpoint(group, p)
+                .await
+                .map_err(|e| e.to_string())?
+                .map_or(0, |c| c.offset);
+            let owned = matches!(
+                g.partitions.get(p).map(|r| &r.phase),
+                Some(Phase::Owned { .. })
+            );
+            let closed = lineage.get(p).is_some_and(|l| l.end.is_some());
+            done &= at == *end && owned != closed;
+        }
+        if done {
+            return Ok(());
+        }
+        if crate::clock::now() > deadline {
+            return Err(format!("{group} did not settle: {g:#?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
