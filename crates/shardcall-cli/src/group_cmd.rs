@@ -13,9 +13,9 @@ use shardcall_core::{
     Command, GroupState, Millis, PartitionId, Phase, Standing, StepOptions, step_loaded,
 };
 
-use crate::lineage_view::{LineageView, held_back_line, lineage_json};
 use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
+use crate::views::lineage::{LineageView, held_back_line, lineage_json};
 
 /// Arguments of `shardcall status`.
 #[derive(Debug, clap::Args)]
@@ -583,7 +583,7 @@ async fn status_once(
     let dead_letters = shardcall::DeadLetterCounts::dead_letter_counts(store, &args.group).await?;
     let failures = load_failures(store, &args.group, &parts).await?;
     let restores = load_restores(store, &args.group, &parts).await?;
-    let load = crate::load_view::LoadView::of(&g, now);
+    let load = crate::views::load::LoadView::of(&g, now);
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {
         let cp = checkpoints.get(p).and_then(Option::as_ref);

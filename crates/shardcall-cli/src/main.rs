@@ -2,25 +2,13 @@
 
 mod any_source;
 mod audit_cmd;
-mod bench_assign;
-mod bench_balance;
-mod bench_hol;
-mod bench_idle;
-mod bench_kafka;
-mod bench_rebalance;
-mod bench_runtime;
-mod bench_spool;
-mod bench_state;
-mod bench_target;
+mod bench;
 mod consume;
 mod demo;
-mod demo_ticket;
 mod flag_values;
 mod group_check;
 mod group_cmd;
 mod groups_cmd;
-mod lineage_view;
-mod load_view;
 mod log_format;
 mod log_opts;
 mod pipes;
@@ -29,11 +17,9 @@ mod produce;
 mod progress;
 mod redis_opts;
 mod settings;
-mod settings_errors;
-mod settings_example;
-mod settings_load;
 mod spool_cmd;
 mod topic_cmd;
+mod views;
 mod words;
 mod worker_cmd;
 
@@ -119,21 +105,21 @@ enum ConfigCommand {
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
     /// Failover and join times, Redis round trips, checkpoint rate (starts its own redis-server).
-    Rebalance(bench_rebalance::BenchRebalanceArgs),
+    Rebalance(bench::rebalance::BenchRebalanceArgs),
     /// The coordinator's decision time for 10,000 partitions and 1,000 members.
-    Assign(bench_assign::BenchAssignArgs),
+    Assign(bench::assign::BenchAssignArgs),
     /// Spool append and read-back throughput against `dd` on the same filesystem.
-    Spool(bench_spool::BenchSpoolArgs),
+    Spool(bench::spool::BenchSpoolArgs),
     /// Records/s through shardcall from Kafka next to a plain rdkafka consumer.
-    Kafka(bench_kafka::BenchKafkaArgs),
+    Kafka(bench::kafka::BenchKafkaArgs),
     /// Head-of-line blocking: owned mode, ticket mode and the ideal bound on one workload.
-    Hol(bench_hol::BenchHolArgs),
+    Hol(bench::hol::BenchHolArgs),
     /// CPU of idle workers holding many file-log partitions, and kill -9 failover next to its bound.
-    Idle(bench_idle::BenchIdleArgs),
+    Idle(bench::idle::BenchIdleArgs),
     /// Large state in local state stores: throughput, upload cost, handover and failover, Redis memory.
-    State(bench_state::BenchStateArgs),
+    State(bench::state::BenchStateArgs),
     /// A skewed (Zipf) workload with count balance and with load balance: worker load, throughput, lag, moves, step time.
-    Balance(bench_balance::BenchBalanceArgs),
+    Balance(bench::balance::BenchBalanceArgs),
 }
 
 /// When appended records are forced to disk (command-line form).
@@ -264,7 +250,7 @@ fn main() -> ExitCode {
         Command::DeleteGroup(args) => groups_cmd::delete(&args),
         Command::Drain(args) => group_cmd::drain(&args),
         Command::Config(ConfigCommand::Example) => {
-            print!("{}", settings_example::example());
+            print!("{}", settings::example::example());
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(ConfigCommand::Check { file, sets }) => config_check(&file, &sets),
@@ -273,14 +259,14 @@ fn main() -> ExitCode {
         Command::Consume(args) => consume::run(&args),
         Command::Topic(cmd) => topic_cmd::run(&cmd),
         Command::Spool(cmd) => spool_cmd::run(&cmd),
-        Command::Bench(BenchCommand::Spool(args)) => bench_spool::run(&args),
-        Command::Bench(BenchCommand::Kafka(args)) => bench_kafka::run(&args),
-        Command::Bench(BenchCommand::Hol(args)) => bench_hol::run(&args),
-        Command::Bench(BenchCommand::Idle(args)) => bench_idle::run(&args),
-        Command::Bench(BenchCommand::State(args)) => bench_state::run(&args),
-        Command::Bench(BenchCommand::Balance(args)) => bench_balance::run(&args),
-        Command::Bench(BenchCommand::Assign(args)) => bench_assign::run(&args),
-        Command::Bench(BenchCommand::Rebalance(args)) => bench_rebalance::run(&args),
+        Command::Bench(BenchCommand::Spool(args)) => bench::spool::run(&args),
+        Command::Bench(BenchCommand::Kafka(args)) => bench::kafka::run(&args),
+        Command::Bench(BenchCommand::Hol(args)) => bench::hol::run(&args),
+        Command::Bench(BenchCommand::Idle(args)) => bench::idle::run(&args),
+        Command::Bench(BenchCommand::State(args)) => bench::state::run(&args),
+        Command::Bench(BenchCommand::Balance(args)) => bench::balance::run(&args),
+        Command::Bench(BenchCommand::Assign(args)) => bench::assign::run(&args),
+        Command::Bench(BenchCommand::Rebalance(args)) => bench::rebalance::run(&args),
     };
     match result {
         Ok(code) => code,

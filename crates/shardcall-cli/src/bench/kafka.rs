@@ -14,7 +14,7 @@ use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
 use serde_json::json;
 
-use crate::bench_target::{Goal, target};
+use crate::bench::target::{Goal, target};
 use shardcall::{
     CoordinationStore, HandlerError, HandlerFactory, PartitionContext, PartitionHandler, Worker,
     WorkerConfig,
@@ -270,7 +270,7 @@ async fn through_shardcall(
 
 /// Runs the command.
 pub fn run(args: &BenchKafkaArgs) -> anyhow::Result<ExitCode> {
-    let runtime = crate::bench_runtime::bench_runtime(2)?;
+    let runtime = crate::bench::runtime::bench_runtime(2)?;
     runtime.block_on(bench(args))
 }
 

@@ -268,7 +268,7 @@ fn nearest_key(path: &str) -> String {
         }
         out
     };
-    let best = crate::settings_example::keys()
+    let best = crate::settings::example::keys()
         .into_iter()
         .map(|k| (edit_distance(&bare, &k), k))
         .min();

@@ -3,6 +3,8 @@
 //! gracefully, while records keep coming; then the run is checked against
 //! the properties of docs/design.md from what was really processed.
 
+pub(crate) mod ticket;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -659,7 +661,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         "--reshard runs in owned mode without --state"
     );
     if args.mode == DemoMode::Ticket {
-        return crate::demo_ticket::demo(args, &dir).await;
+        return crate::demo::ticket::demo(args, &dir).await;
     }
     let timing = timing(args);
     timing.validate().context("demo timing")?;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::json;
 
-use crate::bench_target::{Goal, target};
+use crate::bench::target::{Goal, target};
 use shardcall::CoordinationStore;
 use shardcall_core::{PartitionId, Phase};
 use shardcall_redis::RedisStore;
@@ -61,7 +61,7 @@ struct Measured {
 /// Runs the command.
 pub fn run(args: &BenchIdleArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.workers >= 2, "--workers must be at least 2");
-    let runtime = crate::bench_runtime::bench_runtime(2)?;
+    let runtime = crate::bench::runtime::bench_runtime(2)?;
     let mut results = Vec::new();
     for &n in &args.partitions {
         results.push(runtime.block_on(measure(args, n))?);

@@ -4,6 +4,10 @@
 //! (`--set timing.member_ttl=5s`, or the worker's own flags), in that
 //! order. `shardcall config check FILE` explains every error at once.
 
+pub(crate) mod errors;
+pub(crate) mod example;
+pub(crate) mod load;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,7 +19,7 @@ use shardcall_core::GroupConfig;
 use shardcall_kafka::{KafkaConfig, KafkaConfigError, StartPosition};
 use shardcall_spool::SpoolConfig;
 
-pub use crate::settings_load::load;
+pub use crate::settings::load::load;
 use crate::worker_cmd::LogFormat;
 
 /// The whole file. Each table that configures a part of the runtime
@@ -789,7 +793,7 @@ impl Settings {
                 worker
                     .problems()
                     .iter()
-                    .map(crate::settings_errors::explain),
+                    .map(crate::settings::errors::explain),
             );
         }
         errors.extend(self.spool.problems().iter().map(|e| format!("spool: {e}")));
@@ -876,8 +880,8 @@ pub fn metrics_addr(text: &str) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings_example::example;
-    use crate::settings_load::load;
+    use crate::settings::example::example;
+    use crate::settings::load::load;
 
     fn none() -> Vec<(String, String)> {
         Vec::new()

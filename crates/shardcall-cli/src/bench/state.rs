@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::json;
 
-use crate::bench_target::{Goal, target};
+use crate::bench::target::{Goal, target};
 use shardcall::oracle::Oracle;
 use shardcall::{
     BackupStore, BatchObserver, CoordinationStore, DirBackupStore, FileLogSource, HandlerError,
@@ -534,7 +534,7 @@ fn counter(metrics: &metrics_exporter_prometheus::PrometheusHandle, name: &str) 
 pub fn run(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.state_mib >= 1, "--state-mib must be at least 1");
     anyhow::ensure!(args.records >= 1000, "--records must be at least 1000");
-    let runtime = crate::bench_runtime::bench_runtime(2)?;
+    let runtime = crate::bench::runtime::bench_runtime(2)?;
     runtime.block_on(bench(args))
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::bench_target::{Goal, target};
+use crate::bench::target::{Goal, target};
 use shardcall::{
     FileLogSource, HandlerError, HandlerFactory, MemoryStore, PartitionContext, PartitionHandler,
     RunningWorker, TicketConfig, TicketWorker, Worker, WorkerConfig,
@@ -269,7 +269,7 @@ pub fn run(args: &BenchHolArgs) -> anyhow::Result<ExitCode> {
         args.partitions >= 1 && args.records >= 1 && args.workers >= 1 && args.slots >= 1,
         "--partitions, --records, --workers and --slots must be at least 1"
     );
-    let runtime = crate::bench_runtime::bench_runtime(2)?;
+    let runtime = crate::bench::runtime::bench_runtime(2)?;
     runtime.block_on(bench(args))
 }
 

@@ -32,8 +32,8 @@ use shardcall_core::{
 };
 use shardcall_spool::{FileLog, Record, SpoolConfig};
 
-use crate::bench_assign::{median_ms, settled_group_with_a_late_join};
-use crate::bench_target::{Goal, target};
+use crate::bench::assign::{median_ms, settled_group_with_a_late_join};
+use crate::bench::target::{Goal, target};
 
 /// Arguments of `shardcall bench balance`.
 #[derive(Debug, clap::Args)]
@@ -557,7 +557,7 @@ pub fn run(args: &BenchBalanceArgs) -> anyhow::Result<ExitCode> {
         args.measure_seconds > 0,
         "--measure-seconds must be at least 1"
     );
-    let runtime = crate::bench_runtime::bench_runtime(2)?;
+    let runtime = crate::bench::runtime::bench_runtime(2)?;
     let rates = rates(args);
     let total: f64 = rates.iter().sum();
     let optimum = optimum_over_average(&rates, args.workers);

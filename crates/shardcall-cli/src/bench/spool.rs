@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::json;
 
-use crate::bench_target::{Goal, target};
+use crate::bench::target::{Goal, target};
 use shardcall_spool::frame::frame_len;
 use shardcall_spool::{Durability, NewRecord, Spool, SpoolConfig};
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use serde_json::json;
 
-use crate::bench_target::{Goal, target};
+use crate::bench::target::{Goal, target};
 use shardcall_core::{
     AssignInput, GroupState, MemberId, MemberSpec, PartitionId, QuarantinePolicy, assign, step,
 };

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::json;
 
-use crate::bench_target::{Goal, target};
+use crate::bench::target::{Goal, target};
 use shardcall::oracle::{DigestFactory, Oracle};
 use shardcall::{
     BatchObserver, Checkpoint, CoordinationStore, FileLogSource, Worker, WorkerConfig, WorkerHandle,
@@ -66,7 +66,7 @@ where
 /// Runs the command.
 pub fn run(args: &BenchRebalanceArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.workers >= 2, "--workers must be at least 2");
-    let runtime = crate::bench_runtime::bench_runtime(4)?;
+    let runtime = crate::bench::runtime::bench_runtime(4)?;
     runtime.block_on(bench(args))
 }
 
@@ -445,8 +445,8 @@ fn measure_step() -> f64 {
     let members: Vec<shardcall_core::MemberSpec> = (0..1_000)
         .map(|i| shardcall_core::MemberSpec::new(MemberId::new(format!("m{i:04}"))))
         .collect();
-    let state = crate::bench_assign::settled_group_with_a_late_join(&members, &parts);
-    crate::bench_assign::median_ms(
+    let state = crate::bench::assign::settled_group_with_a_late_join(&members, &parts);
+    crate::bench::assign::median_ms(
         || {
             std::hint::black_box(step(&state, 3, &parts));
         },

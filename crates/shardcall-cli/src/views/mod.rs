@@ -1,0 +1,5 @@
+//! Parts of what `status` and `plan` show: the load each member's
+//! partitions cost, and the lineage as the coordinator found it.
+
+pub(crate) mod lineage;
+pub(crate) mod load;
