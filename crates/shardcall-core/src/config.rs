@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use crate::lifecycle::QuarantinePolicy;
-use crate::membership::LeaseRule;
+use crate::group::lifecycle::QuarantinePolicy;
+use crate::member::membership::LeaseRule;
 
 /// How a group keeps time. Every member of a group should use the same values.
 ///
@@ -151,8 +151,8 @@ impl GroupConfig {
     }
 
     /// The coordinator's options these values describe.
-    pub fn step_options(&self) -> crate::coordinator::StepOptions {
-        crate::coordinator::StepOptions {
+    pub fn step_options(&self) -> crate::group::coordinator::StepOptions {
+        crate::group::coordinator::StepOptions {
             initial_delay_ms: self.initial_rebalance_delay.as_millis() as u64,
             // Set by workers with local state stores (their warm-up wait).
             warm_up_wait_ms: 0,

@@ -120,7 +120,7 @@ pub fn format(d: Duration) -> String {
     Text(d).to_string()
 }
 
-/// A duration displayed as [`format`] writes it.
+/// A duration displayed as [`format`](fn@format) writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Text(pub Duration);
 

@@ -5,13 +5,15 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
-use crate::balance::{BalanceRules, LoadInput, LoadReport, assign_by_load};
+use crate::group::assign::{
+    AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves,
+};
+use crate::group::balance::{BalanceRules, LoadInput, LoadReport, assign_by_load};
+use crate::group::lifecycle::Phase;
+use crate::group::lineage::Standing;
+use crate::group::load::{LoadBook, PartitionLoad};
+use crate::group::state::{Command, GroupState};
 use crate::ids::{MemberId, Millis, PartitionId};
-use crate::lifecycle::Phase;
-use crate::lineage::Standing;
-use crate::load::{LoadBook, PartitionLoad};
-use crate::state::{Command, GroupState};
 
 /// What one coordinator tick decides.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -48,7 +50,7 @@ pub struct StepOptions {
     /// only the final delta's.
     pub warm_up_wait_ms: Millis,
     /// Balance measured load rather than partition counts
-    /// ([`crate::balance`]); count balance still decides while no load is
+    /// ([`crate::group::balance`]); count balance still decides while no load is
     /// known.
     pub balance: Option<BalanceRules>,
 }
@@ -77,7 +79,7 @@ pub fn step_with(
 /// has now (partitions only ever get added); `loads` the last known load of
 /// partitions (a [`LoadBook`]'s), weighed when `options.balance` is set;
 /// `held_back` the partitions their lineage keeps from being processed
-/// ([`crate::lineage::Lineage::held_back`]): they get no target, take no
+/// ([`crate::group::lineage::Lineage::held_back`]): they get no target, take no
 /// part in the balance, and an owner of one is asked to release it.
 pub fn step_loaded(
     state: &GroupState,

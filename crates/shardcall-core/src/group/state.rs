@@ -5,9 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::group::lifecycle::{Phase, QuarantinePolicy};
+use crate::group::load::PartitionLoad;
 use crate::ids::{Epoch, MemberId, Millis, PartitionId};
-use crate::lifecycle::{Phase, QuarantinePolicy};
-use crate::load::PartitionLoad;
 
 /// A registered member.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -13,8 +13,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::group::state::Fenced;
 use crate::ids::{Epoch, MemberId, Millis, PartitionId};
-use crate::state::Fenced;
 
 /// A held ticket: who holds which partition, under which epoch, until when
 /// (store milliseconds).

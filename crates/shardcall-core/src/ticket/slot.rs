@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::retry::RetryBackoff;
+use crate::partition::retry::RetryBackoff;
 
 /// The cadences of one ticket-mode worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,9 +27,9 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Duration;
 
-use crate::bisect::{Bisect, BisectStep};
 use crate::ids::Millis;
-use crate::retry::RetryBackoff;
+use crate::partition::bisect::{Bisect, BisectStep};
+use crate::partition::retry::RetryBackoff;
 
 /// The pause after a store or source call failed (no fault of the
 /// handler's, so no backoff).

@@ -3,7 +3,7 @@
 //! when the lease forbids all work, which partition tasks to start, revoke,
 //! stop at once or release for them, and how to leave.
 //!
-//! As with [`crate::partition_engine`], the driver calls
+//! As with [`crate::partition::engine`], the driver calls
 //! [`MemberEngine::step`] with the last command's answer and the time (the
 //! member's own monotonic clock, in milliseconds) and carries out the
 //! command it gets, until [`MemberCommand::Rejoin`] or
@@ -24,10 +24,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use crate::group::lifecycle::Phase;
+use crate::group::state::MemberView;
 use crate::ids::{Epoch, Millis, PartitionId};
-use crate::lifecycle::Phase;
-use crate::membership::LeaseRule;
-use crate::state::MemberView;
+use crate::member::membership::LeaseRule;
 
 /// How a member keeps its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub struct MemberRules {
     pub warm_ups: bool,
     /// Keep standby replicas: also warm up, and keep following, the
     /// partitions this member would inherit if their owner failed
-    /// ([`crate::standby`]), asking which they are this often (0: no
+    /// ([`crate::member::standby`]), asking which they are this often (0: no
     /// standbys). Needs `warm_ups`.
     pub standby_every_ms: Millis,
     /// Report the measured load of the partitions held this often, after a
@@ -115,7 +115,7 @@ pub enum MemberCommand {
         partition: PartitionId,
     },
     /// Find the partitions this member would inherit if their owners
-    /// failed now ([`crate::standby::standby_for`] on the group's state).
+    /// failed now ([`crate::member::standby::standby_for`] on the group's state).
     /// Answer: [`MemberEvent::Standbys`] (or [`MemberEvent::Done`] when the
     /// group could not be read: the last set stays).
     ReadStandbys,

@@ -14,9 +14,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::coordinator::{StepOptions, step_with};
+use crate::group::coordinator::{StepOptions, step_with};
+use crate::group::state::GroupState;
 use crate::ids::{MemberId, Millis, PartitionId};
-use crate::state::GroupState;
 
 /// Each owned (or draining) partition's heir at `now`: the member the
 /// coordinator would target it at if its holder's lease ended now. A
@@ -65,7 +65,7 @@ pub fn standby_for(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lifecycle::QuarantinePolicy;
+    use crate::group::lifecycle::QuarantinePolicy;
     use proptest::prelude::*;
 
     fn settle(g: &mut GroupState, who: &MemberId, now: Millis, parts: &[PartitionId]) {

@@ -2,7 +2,7 @@
 //! partitions they hold, and move no more than it takes.
 //!
 //! Each partition has a work figure (its measured load, see
-//! [`crate::load`]) and a move cost (its quarantine plus the time its state
+//! [`crate::group::load`]) and a move cost (its quarantine plus the time its state
 //! takes to transfer). A member's share is the group's work times its weight
 //! over the total weight; it is *inside the threshold* when its work is
 //! within ±threshold of its share. A partition heavier than a member's share
@@ -24,9 +24,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::assign::{Assignment, MemberSpec, Move, MoveReason, aligned, flags, index};
+use crate::group::assign::{Assignment, MemberSpec, Move, MoveReason, aligned, flags, index};
+use crate::group::load::{LoadMeasure, PartitionLoad};
 use crate::ids::{MemberId, Millis, PartitionId};
-use crate::load::{LoadMeasure, PartitionLoad};
 
 /// How the load-aware assignment decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

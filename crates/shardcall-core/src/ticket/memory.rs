@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::{Millis, PartitionId};
-use crate::partition_engine::{End, Served, TicketHistory};
+use crate::partition::engine::{End, Served, TicketHistory};
 
 /// One partition's memory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::config::GroupConfig;
 use crate::ids::Millis;
-use crate::retry::RetryBackoff;
+use crate::partition::retry::RetryBackoff;
 
 /// What the worker does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

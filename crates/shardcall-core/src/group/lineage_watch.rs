@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::group::lineage::{Lineage, Standing};
 use crate::ids::{Millis, PartitionId};
-use crate::lineage::{Lineage, Standing};
 
 /// How often a closed partition not yet finished is asked of again.
 pub const ASK_EVERY: Duration = Duration::from_secs(1);
@@ -79,7 +79,7 @@ impl LineageWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lineage::{ChildOrder, Shard};
+    use crate::group::lineage::{ChildOrder, Shard};
 
     fn p(i: u32) -> PartitionId {
         PartitionId::new("t", i)

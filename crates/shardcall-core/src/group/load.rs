@@ -10,8 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::group::state::GroupState;
 use crate::ids::{Millis, PartitionId};
-use crate::state::GroupState;
 
 /// One partition's smoothed load, as reported with its owner's heartbeats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -301,7 +301,7 @@ impl LoadBook {
 
 /// Each partition's load as its live holder reports it, in partition order.
 fn held_reports(state: &GroupState, now: Millis) -> Vec<(&PartitionId, &PartitionLoad)> {
-    let reporting: std::collections::HashMap<&str, &crate::state::MemberRecord> = state
+    let reporting: std::collections::HashMap<&str, &crate::group::state::MemberRecord> = state
         .members
         .values()
         .filter(|m| m.is_live(now) && !m.load.is_empty())
