@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::frame::MAX_BODY_LEN;
+use crate::segment::frame::MAX_BODY_LEN;
 
 /// When appended records are forced to stable storage.
 ///
@@ -151,7 +151,7 @@ impl SpoolConfig {
     /// so a user fixes them all at once.
     pub fn problems(&self) -> Vec<ConfigError> {
         let mut out = Vec::new();
-        let max_record = MAX_BODY_LEN - crate::frame::BODY_FIXED_LEN;
+        let max_record = MAX_BODY_LEN - crate::segment::frame::BODY_FIXED_LEN;
         if self.max_record_bytes == 0 || self.max_record_bytes > max_record {
             out.push(ConfigError::MaxRecordBytes {
                 got: self.max_record_bytes,

@@ -8,9 +8,9 @@ use std::io::Write;
 
 use crate::config::Durability;
 use crate::error::{IoContext, Result, SpoolError, check_name};
-use crate::layout::{self, Layout};
 use crate::prefetch::Prefetcher;
 use crate::record::Record;
+use crate::segment::layout::{self, Layout};
 use crate::spool::{ReadPosition, Spool};
 
 const MAGIC: &[u8; 4] = b"SCUR";

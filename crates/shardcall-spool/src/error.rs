@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::config::ConfigError;
-use crate::frame::CorruptionKind;
+use crate::segment::frame::CorruptionKind;
 
 /// Where a corrupt frame was found.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 
 use crate::config::SpoolConfig;
 use crate::error::{IoContext, Result, SpoolError, check_name};
-use crate::layout::Layout;
 use crate::lineage::{self, TopicLineage, range_hash};
 use crate::partitioner::partition_for_key;
 use crate::record::NewRecord;
+use crate::segment::layout::Layout;
 use crate::spool::Spool;
 
 /// Longest topic name (as in Kafka).

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{IoContext, Result};
-use crate::index::{self, IndexEntry};
+use crate::segment::index::{self, IndexEntry};
 
 /// One open segment, with its sparse index loaded on demand.
 #[derive(Debug)]

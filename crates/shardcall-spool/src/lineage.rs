@@ -23,7 +23,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{IoContext, Result, SpoolError};
-use crate::layout::sync_dir;
+use crate::segment::layout::sync_dir;
 
 /// The lineage file's name in a topic's folder.
 pub const LINEAGE_FILE: &str = "lineage.json";

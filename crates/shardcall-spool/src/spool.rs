@@ -11,12 +11,12 @@ use crate::config::{Durability, SpoolConfig};
 use crate::cursor::{self, Cursor};
 use crate::error::{Corruption, IoContext, Result, SpoolError};
 use crate::flusher::Flusher;
-use crate::frame::{self, CorruptionKind, DecodeError};
 use crate::handles::{OpenSegments, SegmentHandle};
-use crate::index;
-use crate::layout::{self, Layout};
 use crate::record::{NewRecord, Record};
-use crate::scan::{ScanEnd, ScanStart, scan_segment};
+use crate::segment::frame::{self, CorruptionKind, DecodeError};
+use crate::segment::index;
+use crate::segment::layout::{self, Layout};
+use crate::segment::scan::{ScanEnd, ScanStart, scan_segment};
 use crate::watermarks::Watermarks;
 use crate::writer::{ResumePoint, Writer};
 
@@ -779,7 +779,7 @@ impl Spool {
             .min()
             .copied();
         let live = self.inner.segments.read().expect("segments lock").clone();
-        let doomed = crate::retention::archivable(&live, min_committed);
+        let doomed = crate::segment::retention::archivable(&live, min_committed);
         if doomed.is_empty() {
             return Ok(());
         }
@@ -813,13 +813,14 @@ impl Spool {
         for base in layout::list_segments(&layout.archive)? {
             let path = layout.archived(base);
             let meta = std::fs::metadata(&path).ctx("stat archived segment", &path)?;
-            archived.push(crate::retention::ArchivedSegment {
+            archived.push(crate::segment::retention::ArchivedSegment {
                 base,
                 bytes: meta.len(),
                 modified: meta.modified().ctx("stat archived segment", &path)?,
             });
         }
-        for base in crate::retention::expired(&archived, &self.inner.config.retention, now) {
+        for base in crate::segment::retention::expired(&archived, &self.inner.config.retention, now)
+        {
             let path = layout.archived(base);
             std::fs::remove_file(&path).ctx("delete archived segment", &path)?;
         }

@@ -8,10 +8,10 @@ use std::sync::{Arc, RwLock};
 use crate::config::{Durability, SpoolConfig};
 use crate::error::{IoContext, Result, SpoolError};
 use crate::flusher::Flusher;
-use crate::frame;
-use crate::index::IndexPolicy;
-use crate::layout::{self, Layout};
 use crate::record::NewRecord;
+use crate::segment::frame;
+use crate::segment::index::IndexPolicy;
+use crate::segment::layout::{self, Layout};
 
 /// Writes at most this much before handing bytes to the kernel mid-batch.
 const WRITE_CHUNK: usize = 4 << 20;

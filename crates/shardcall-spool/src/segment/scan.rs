@@ -6,8 +6,8 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 use crate::error::{Corruption, IoContext, Result};
-use crate::frame::{self, CorruptionKind, DecodeError};
-use crate::index::{IndexEntry, IndexPolicy};
+use crate::segment::frame::{self, CorruptionKind, DecodeError};
+use crate::segment::index::{IndexEntry, IndexPolicy};
 
 const CHUNK: usize = 1 << 20;
 

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use crate::config::SpoolConfig;
 use crate::cursor;
 use crate::error::{Corruption, IoContext, Result, SpoolError};
-use crate::frame::CorruptionKind;
-use crate::index;
-use crate::layout::{self, Layout};
-use crate::scan::{ScanEnd, ScanStart, scan_segment};
+use crate::segment::frame::CorruptionKind;
+use crate::segment::index;
+use crate::segment::layout::{self, Layout};
+use crate::segment::scan::{ScanEnd, ScanStart, scan_segment};
 
 /// What [`verify`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
