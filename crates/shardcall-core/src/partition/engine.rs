@@ -1632,6 +1632,17 @@ mod tests {
             }
         }
 
+        /// The pauses the engine asked for, in milliseconds, in order.
+        fn pauses(&self) -> Vec<u128> {
+            self.commands
+                .iter()
+                .filter_map(|c| match c {
+                    Command::Pause(d) => Some(d.as_millis()),
+                    _ => None,
+                })
+                .collect()
+        }
+
         /// Runs the engine to its end.
         fn run(&mut self, rules: PartitionRules) -> End {
             let mut engine = PartitionEngine::new(rules);
@@ -2405,14 +2416,7 @@ mod tests {
         assert_eq!(w.calls, 4);
         assert_eq!(w.count(|c| matches!(c, Command::Backup { .. })), 0);
         assert_eq!(w.count(|c| matches!(c, Command::Release)), 1);
-        let pauses: Vec<u128> = w
-            .commands
-            .iter()
-            .filter_map(|c| match c {
-                Command::Pause(d) => Some(d.as_millis()),
-                _ => None,
-            })
-            .collect();
+        let pauses = w.pauses();
         assert_eq!(pauses, [100, 200, 400], "a doubling pause between attempts");
     }
 
@@ -2427,14 +2431,7 @@ mod tests {
             ..owned()
         };
         w.run(rules);
-        let pauses: Vec<u128> = w
-            .commands
-            .iter()
-            .filter_map(|c| match c {
-                Command::Pause(d) => Some(d.as_millis()),
-                _ => None,
-            })
-            .collect();
+        let pauses = w.pauses();
         assert_eq!(
             pauses,
             [100, 150, 150],
