@@ -43,6 +43,7 @@ pub use member::standby;
 pub use partition::backup_plan;
 pub use partition::bisect;
 pub use partition::engine as partition_engine;
+pub use partition::key_scheduler;
 pub use partition::retry;
 pub use partition::state_plan;
 pub use partition::warm_up;
@@ -75,6 +76,7 @@ pub use partition::engine::{
     CallFailure, CheckpointAnswer, End, Env, Event, Grant, PartitionEngine, PartitionRules, Served,
     StateOf, StateRules, StoreAnswer, TicketHistory, TicketRules,
 };
+pub use partition::key_scheduler::{KeyScheduler, RecordOrder};
 pub use partition::retry::RetryBackoff;
 pub use partition::state_plan::BackupPointer;
 pub use partition::warm_up::{WarmUpCommand, WarmUpEngine, WarmUpEvent};

@@ -5,6 +5,7 @@
 pub mod backup_plan;
 pub mod bisect;
 pub mod engine;
+pub mod key_scheduler;
 pub mod retry;
 pub mod state_plan;
 pub mod warm_up;

@@ -1,0 +1,344 @@
+//! Which of a partition's records may be processed now, when records of
+//! different keys may run at once (sans-IO). The groundwork of key-ordered
+//! concurrency: records of one key start in offset order, one at a time;
+//! records of other keys run beside them, up to a bound; records without a
+//! key are ordered among themselves.
+//!
+//! What is done is tracked as a **watermark** (every offset below it is
+//! done) and the offsets done above it, as ranges: that pair is what a
+//! checkpoint would carry, and a scheduler restored from it starts exactly
+//! the records not done yet. The buffer of records taken but not started
+//! is bounded, so one hot key cannot make the partition read without
+//! limit.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+
+/// In which order a partition's records may be processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecordOrder {
+    /// In offset order, one at a time (what batches do today).
+    #[default]
+    Partition,
+    /// Records of one key in offset order, one at a time; other keys
+    /// beside them.
+    Key,
+    /// Any order: for handlers that need none.
+    Unordered,
+}
+
+/// A record's key as the scheduler tells keys apart (`None`: a record
+/// without a key; those are ordered among themselves).
+type KeyOf = Option<Box<[u8]>>;
+
+/// The scheduler of one partition.
+#[derive(Debug, Clone)]
+pub struct KeyScheduler {
+    order: RecordOrder,
+    max_in_flight: usize,
+    max_buffered: usize,
+    /// Records taken, not started, per key, in offset order.
+    queues: HashMap<KeyOf, VecDeque<u64>>,
+    /// Keys whose first queued record may start (no record of theirs in
+    /// flight), in the order they became ready.
+    ready: VecDeque<KeyOf>,
+    /// Keys with a record in flight.
+    busy: HashSet<KeyOf>,
+    /// The key of each record in flight.
+    running: HashMap<u64, KeyOf>,
+    buffered: usize,
+    /// Offsets taken and not done.
+    pending: BTreeSet<u64>,
+    /// Offsets done above the watermark.
+    done: BTreeSet<u64>,
+    /// The offset after the last one taken (or the start).
+    next: u64,
+    /// Offsets already done when restored (skipped when offered).
+    skip: BTreeSet<u64>,
+}
+
+impl KeyScheduler {
+    /// A scheduler starting at `start`, with nothing done above it.
+    pub fn new(order: RecordOrder, max_in_flight: usize, max_buffered: usize, start: u64) -> Self {
+        Self::restored(order, max_in_flight, max_buffered, start, &[])
+    }
+
+    /// A scheduler restored from a checkpoint: every offset below
+    /// `watermark` is done, and so are those in `done_above` (inclusive
+    /// ranges); offered again, those are skipped.
+    pub fn restored(
+        order: RecordOrder,
+        max_in_flight: usize,
+        max_buffered: usize,
+        watermark: u64,
+        done_above: &[(u64, u64)],
+    ) -> Self {
+        let max_in_flight = match order {
+            RecordOrder::Partition => 1,
+            _ => max_in_flight.max(1),
+        };
+        Self {
+            order,
+            max_in_flight,
+            max_buffered: max_buffered.max(1),
+            queues: HashMap::new(),
+            ready: VecDeque::new(),
+            busy: HashSet::new(),
+            running: HashMap::new(),
+            buffered: 0,
+            pending: BTreeSet::new(),
+            done: BTreeSet::new(),
+            next: watermark,
+            skip: done_above
+                .iter()
+                .flat_map(|&(a, b)| a..=b)
+                .filter(|&o| o >= watermark)
+                .collect(),
+        }
+    }
+
+    /// Whether another record may be taken from the source now.
+    pub fn has_room(&self) -> bool {
+        self.buffered < self.max_buffered
+    }
+
+    /// Takes the record at `offset` (offsets only grow) with its `key`.
+    /// A record already done before a restore is skipped: it counts as done.
+    pub fn offer(&mut self, offset: u64, key: Option<&[u8]>) {
+        assert!(
+            offset >= self.next,
+            "offsets only grow: {offset} after {}",
+            self.next
+        );
+        self.next = offset + 1;
+        if self.skip.remove(&offset) {
+            self.done.insert(offset);
+            return;
+        }
+        let key: KeyOf = match self.order {
+            RecordOrder::Key => key.map(Into::into),
+            // One queue for all: offset order; or each record its own.
+            RecordOrder::Partition => None,
+            RecordOrder::Unordered => Some(offset.to_be_bytes().into()),
+        };
+        self.pending.insert(offset);
+        self.buffered += 1;
+        let queue = self.queues.entry(key.clone()).or_default();
+        queue.push_back(offset);
+        if queue.len() == 1 && !self.busy.contains(&key) {
+            self.ready.push_back(key);
+        }
+    }
+
+    /// A record that may start now, if any (it counts as in flight until
+    /// [`Self::done`] or [`Self::failed`]).
+    pub fn next_start(&mut self) -> Option<u64> {
+        if self.running.len() >= self.max_in_flight {
+            return None;
+        }
+        let key = self.ready.pop_front()?;
+        let queue = self.queues.get_mut(&key).expect("a ready key has a queue");
+        let offset = queue.pop_front().expect("a ready key has a record");
+        if queue.is_empty() {
+            self.queues.remove(&key);
+        }
+        self.buffered -= 1;
+        self.busy.insert(key.clone());
+        self.running.insert(offset, key);
+        Some(offset)
+    }
+
+    /// The record at `offset` is done (its state change committed).
+    pub fn done(&mut self, offset: u64) {
+        let key = self
+            .running
+            .remove(&offset)
+            .unwrap_or_else(|| panic!("{offset} is not in flight"));
+        self.pending.remove(&offset);
+        self.done.insert(offset);
+        // What the watermark passed needs no keeping.
+        let floor = self.watermark();
+        self.done = self.done.split_off(&floor);
+        self.release(key);
+    }
+
+    /// The record at `offset` failed: it starts again before any later
+    /// record of its key.
+    pub fn failed(&mut self, offset: u64) {
+        let key = self
+            .running
+            .remove(&offset)
+            .unwrap_or_else(|| panic!("{offset} is not in flight"));
+        self.buffered += 1;
+        self.queues
+            .entry(key.clone())
+            .or_default()
+            .push_front(offset);
+        self.busy.remove(&key);
+        self.ready.push_front(key);
+    }
+
+    fn release(&mut self, key: KeyOf) {
+        self.busy.remove(&key);
+        if self.queues.contains_key(&key) {
+            self.ready.push_back(key);
+        }
+    }
+
+    /// Every offset below this is done: the first taken and not done, or
+    /// else the next to take (past those a restore knows are done).
+    pub fn watermark(&self) -> u64 {
+        if let Some(&first) = self.pending.first() {
+            return first;
+        }
+        let mut w = self.next;
+        while self.skip.contains(&w) {
+            w += 1;
+        }
+        w
+    }
+
+    /// The offsets done above the watermark, as inclusive ranges in order
+    /// (what a checkpoint carries with the watermark).
+    pub fn done_above(&self) -> Vec<(u64, u64)> {
+        let floor = self.watermark();
+        let all: BTreeSet<u64> = self
+            .done
+            .range(floor..)
+            .chain(self.skip.range(floor..))
+            .copied()
+            .collect();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for o in all {
+            match out.last_mut() {
+                Some((_, end)) if *end + 1 == o => *end = o,
+                _ => out.push((o, o)),
+            }
+        }
+        out
+    }
+
+    /// Records in flight.
+    pub fn in_flight(&self) -> usize {
+        self.running.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(k: u8) -> Option<Vec<u8>> {
+        (k > 0).then(|| vec![k])
+    }
+
+    #[test]
+    fn one_key_waits_for_its_record_in_flight_and_others_pass() {
+        let mut s = KeyScheduler::new(RecordOrder::Key, 8, 100, 0);
+        for (o, k) in [(0, 1), (1, 1), (2, 2)] {
+            s.offer(o, key(k).as_deref());
+        }
+        assert_eq!(s.next_start(), Some(0));
+        assert_eq!(s.next_start(), Some(2), "key 2 passes key 1's second");
+        assert_eq!(s.next_start(), None, "offset 1 waits for offset 0");
+        s.done(2);
+        assert_eq!(s.watermark(), 0);
+        assert_eq!(s.done_above(), vec![(2, 2)]);
+        s.done(0);
+        assert_eq!(s.next_start(), Some(1));
+        assert_eq!(s.watermark(), 1);
+        s.done(1);
+        assert_eq!((s.watermark(), s.done_above()), (3, vec![]));
+    }
+
+    #[test]
+    fn partition_order_runs_one_at_a_time_and_the_buffer_is_bounded() {
+        let mut s = KeyScheduler::new(RecordOrder::Partition, 8, 2, 10);
+        s.offer(10, key(1).as_deref());
+        s.offer(11, key(2).as_deref());
+        assert!(!s.has_room());
+        assert_eq!(s.next_start(), Some(10));
+        assert!(s.has_room());
+        assert_eq!(s.next_start(), None, "one at a time");
+        s.done(10);
+        assert_eq!(s.next_start(), Some(11));
+    }
+
+    #[test]
+    fn a_failed_record_starts_again_before_the_rest_of_its_key() {
+        let mut s = KeyScheduler::new(RecordOrder::Key, 8, 100, 0);
+        s.offer(0, key(1).as_deref());
+        s.offer(1, key(1).as_deref());
+        assert_eq!(s.next_start(), Some(0));
+        s.failed(0);
+        assert_eq!(s.next_start(), Some(0));
+        assert_eq!(s.next_start(), None);
+    }
+
+    /// A run: each record's key, then which in-flight record finishes at
+    /// each step (an index into those in flight), and where to crash.
+    fn run_strategy() -> impl Strategy<Value = (Vec<u8>, Vec<usize>, usize, usize)> {
+        (
+            prop::collection::vec(0u8..5, 1..60),
+            prop::collection::vec(0usize..8, 1..200),
+            1usize..6,
+            0usize..200,
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn keys_keep_their_order_every_offset_is_done_once_and_a_restore_repeats_nothing(
+            (keys, picks, in_flight, crash_at) in run_strategy()
+        ) {
+            let n = keys.len() as u64;
+            let mut s = KeyScheduler::new(RecordOrder::Key, in_flight, 16, 0);
+            let mut offered = 0u64;
+            let mut started: Vec<u64> = Vec::new();
+            let mut done_once = BTreeSet::new();
+            let mut last_watermark = 0;
+            let mut step = 0;
+            let mut crashed = false;
+            loop {
+                while offered < n && s.has_room() {
+                    s.offer(offered, key(keys[offered as usize]).as_deref());
+                    offered += 1;
+                }
+                while let Some(o) = s.next_start() {
+                    started.push(o);
+                }
+                if s.in_flight() == 0 && offered == n {
+                    break;
+                }
+                // A crash: a new scheduler from what a checkpoint carries;
+                // what was in flight is lost and starts again.
+                if step == crash_at && !crashed {
+                    crashed = true;
+                    let (w, above) = (s.watermark(), s.done_above());
+                    s = KeyScheduler::restored(RecordOrder::Key, in_flight, 16, w, &above);
+                    offered = w;
+                    started.retain(|o| done_once.contains(o));
+                    continue;
+                }
+                let running: Vec<u64> = s.running.keys().copied().collect::<BTreeSet<_>>().into_iter().collect();
+                let o = running[picks[step % picks.len()] % running.len()];
+                s.done(o);
+                prop_assert!(done_once.insert(o), "{} done twice", o);
+                let w = s.watermark();
+                prop_assert!(w >= last_watermark, "the watermark went back");
+                prop_assert!((last_watermark..w).all(|x| done_once.contains(&x) || x < last_watermark));
+                last_watermark = w;
+                step += 1;
+            }
+            prop_assert_eq!(done_once.len() as u64, n, "every offset done once");
+            prop_assert_eq!(s.watermark(), n);
+            // Per key, records started in offset order.
+            for k in 0u8..5 {
+                let of_key: Vec<u64> = started.iter().copied().filter(|&o| keys[o as usize] == k).collect();
+                let mut sorted = of_key.clone();
+                sorted.sort_unstable();
+                prop_assert_eq!(of_key, sorted, "key {} out of order", k);
+            }
+        }
+    }
+}
