@@ -323,13 +323,13 @@ impl crate::LineageFindings for MemoryStore {
     ) -> StoreResult<()> {
         let now = self.clock.now_ms();
         let mut inner = self.inner.lock().expect("store lock");
-        let holds = inner
-            .groups
-            .get(group)
-            .and_then(|g| g.coordinator.as_ref())
-            .is_some_and(|c| c.holder == *by && c.epoch == epoch && now < c.expires_at);
-        if !holds {
-            return Err(StoreError::Fenced(Fenced::StaleCoordinator(epoch)));
+        // The group's own check of the epoch, and the holder as the Redis
+        // script checks it.
+        let stale = Fenced::StaleCoordinator(epoch);
+        let g = inner.groups.get(group).ok_or_else(|| stale.clone())?;
+        g.check_coordinator(epoch, now)?;
+        if g.coordinator.as_ref().is_none_or(|c| c.holder != *by) {
+            return Err(stale.into());
         }
         inner.lineages.insert(
             group.to_owned(),

@@ -463,16 +463,8 @@ impl PartitionHandler for ExecHandler {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use shardcall_core::{MemberId, PartitionId};
 
-    fn ctx() -> PartitionContext {
-        PartitionContext {
-            partition: PartitionId::new("t", 0),
-            epoch: 1,
-            member: MemberId::new("m"),
-            state_dir: None,
-        }
-    }
+    use crate::handler::test_context as ctx;
 
     fn batch() -> Vec<Record> {
         vec![Record {

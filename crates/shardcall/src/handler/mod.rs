@@ -29,6 +29,18 @@ pub struct PartitionContext {
     pub state_dir: Option<PathBuf>,
 }
 
+/// The context the crate's unit tests give a handler: `t/0`, epoch 1,
+/// member `m`, no state directory.
+#[cfg(test)]
+pub(crate) fn test_context() -> PartitionContext {
+    PartitionContext {
+        partition: PartitionId::new("t", 0),
+        epoch: 1,
+        member: MemberId::new("m"),
+        state_dir: None,
+    }
+}
+
 /// A handler failure; the batch is retried (it was not checkpointed).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

@@ -183,7 +183,6 @@ impl<H: StatefulHandler, C: StateCodec<H::State>> PartitionHandler for TypedHand
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use shardcall_core::{MemberId, PartitionId};
 
     #[derive(serde::Serialize, serde::Deserialize, Default, Debug, PartialEq)]
     struct Counts {
@@ -212,14 +211,7 @@ mod tests {
         }
     }
 
-    fn ctx() -> PartitionContext {
-        PartitionContext {
-            partition: PartitionId::new("t", 0),
-            epoch: 1,
-            member: MemberId::new("m"),
-            state_dir: None,
-        }
-    }
+    use crate::handler::test_context as ctx;
 
     fn records(payloads: &[&'static str]) -> Vec<Record> {
         payloads

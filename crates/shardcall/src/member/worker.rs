@@ -416,9 +416,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         loop {
             let command = engine.step(event, clock::now_ms());
             self.lease.set_until(engine.may_process_until());
-            crate::telemetry::lease_left(&cfg.group, self.lease.remaining());
             event = match command {
                 MemberCommand::Wait => {
+                    crate::telemetry::lease_left(&cfg.group, self.lease.remaining());
                     let woke = self.wait(&mut ticker, &mut hints, stop, stopping).await;
                     if let Some(e) = self.unreadable.take() {
                         self.stop_all();

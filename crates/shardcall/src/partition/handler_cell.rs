@@ -300,7 +300,6 @@ impl<F: HandlerFactory> HandlerCell<F> {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use shardcall_core::{MemberId, PartitionId};
 
     /// Panics on the record "boom", counts records in its state otherwise.
     struct Fragile {
@@ -396,14 +395,7 @@ mod tests {
         }
     }
 
-    fn ctx() -> PartitionContext {
-        PartitionContext {
-            partition: PartitionId::new("t", 0),
-            epoch: 1,
-            member: MemberId::new("m"),
-            state_dir: None,
-        }
-    }
+    use crate::handler::test_context as ctx;
 
     #[tokio::test]
     async fn a_call_past_its_deadline_that_cannot_be_stopped_is_abandoned() {
