@@ -86,6 +86,13 @@ say "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
+say "the shipped binary links no test kit"
+if cargo tree -e features,normal,build -p shardcall-cli --all-features --locked | grep -q testkit; then
+  echo "shardcall-cli's own dependencies enable a testkit feature:" >&2
+  cargo tree -e features,normal,build -p shardcall-cli --all-features --locked -i shardcall >&2 || true
+  exit 1
+fi
+
 say "tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --all-features --locked --no-fail-fast

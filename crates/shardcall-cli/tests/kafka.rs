@@ -16,7 +16,7 @@ use common::{Workers, shardcall_command};
 use shardcall::CoordinationStore;
 use shardcall::oracle::{check_final_state, check_run};
 use shardcall_core::{PartitionId, Phase};
-use shardcall_kafka::testing::{TansuBroker, read_partition};
+use shardcall_kafka::broker::{TansuBroker, read_partition};
 use shardcall_redis::RedisStore;
 use shardcall_redis::testing::RedisServer;
 
@@ -312,7 +312,7 @@ async fn status_shows_kafka_lag_and_reset_offsets_uses_the_broker() {
     let mock = MockCluster::new(1).unwrap();
     let bs = mock.bootstrap_servers();
     mock.create_topic("m", 2, 1).unwrap();
-    shardcall_kafka::testing::produce(&bs, "m", (0..30).map(|i| (i % 2, vec![b'x'; 10]))).unwrap();
+    shardcall_kafka::broker::produce(&bs, "m", (0..30).map(|i| (i % 2, vec![b'x'; 10]))).unwrap();
     let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
     let store = RedisStore::connect(&redis.url()).await.unwrap();
     let mut worker = Command::new(env!("CARGO_BIN_EXE_shardcall"))
@@ -344,7 +344,7 @@ async fn status_shows_kafka_lag_and_reset_offsets_uses_the_broker() {
         .status()
         .unwrap();
     assert!(worker.wait().unwrap().success());
-    shardcall_kafka::testing::produce(&bs, "m", (0..10).map(|_| (0, vec![b'y'; 10]))).unwrap();
+    shardcall_kafka::broker::produce(&bs, "m", (0..10).map(|_| (0, vec![b'y'; 10]))).unwrap();
 
     let url = redis.url();
     let status = [

@@ -9,12 +9,12 @@
 //! queue stops fetching for that partition.
 //! [`KafkaDeadLetters`] is ticket mode's dead-letter destination in a topic.
 
+/// A local Kafka-protocol broker (`tansu`) that `shardcall bench kafka`
+/// measures against and tests run on, and topic administration for it.
+pub mod broker;
 mod config;
 mod dead_letters;
 mod source;
-/// Brokers for tests and benchmarks (feature `testkit`).
-#[cfg(feature = "testkit")]
-pub mod testing;
 
 pub use config::{KafkaConfig, KafkaConfigError, StartPosition};
 pub use dead_letters::{KafkaDeadLetters, headers as dead_letter_headers};

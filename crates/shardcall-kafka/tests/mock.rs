@@ -11,7 +11,7 @@ use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_final_state, check_run};
 use shardcall::{CoordinationStore, MemoryStore, Source, Worker, WorkerConfig};
 use shardcall_core::{GroupConfig, PartitionId};
-use shardcall_kafka::testing::{produce, produce_one_per_batch, read_partition};
+use shardcall_kafka::broker::{produce, produce_one_per_batch, read_partition};
 use shardcall_kafka::{KafkaConfig, KafkaSource, StartPosition};
 
 fn config(brokers: &str, topic: &str) -> KafkaConfig {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use shardcall::Source;
 use shardcall_core::PartitionId;
-use shardcall_kafka::testing::{TansuBroker, create_topic, produce_one_per_batch};
+use shardcall_kafka::broker::{TansuBroker, create_topic, produce_one_per_batch};
 use shardcall_kafka::{KafkaConfig, KafkaSource};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,10 +11,11 @@ mod groups;
 mod lineage;
 mod redact;
 mod restores;
+pub mod server;
 mod stopped;
 mod store;
-/// Servers for tests and benchmarks: `redis-server` and clusters on free
-/// ports, a TCP proxy that can cut or delay the link (feature `testkit`).
+/// Set-ups only tests need: clusters on free ports and a TCP proxy that
+/// can cut or delay the link (feature `testkit`).
 #[cfg(feature = "testkit")]
 pub mod testing;
 mod tickets;

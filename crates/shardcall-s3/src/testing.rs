@@ -24,7 +24,7 @@ pub enum ServerError {
 
 /// Where the s3s-fs binary is: `$S3S_FS`, then `PATH`, then `~/.cargo/bin`.
 pub fn s3s_fs_binary() -> Option<PathBuf> {
-    shardcall::test_binaries::installed_binary("S3S_FS", "s3s-fs")
+    shardcall::installed::installed_binary("S3S_FS", "s3s-fs")
 }
 
 /// The bucket every test server has.

@@ -4,15 +4,17 @@
 //! together in owned mode; ticket mode's port ([`TicketStore`]) and its
 //! [`TicketWorker`].
 //!
-//! The `testkit` feature adds what tests of any backend need: the
-//! conformance suites every store must pass (`conformance`,
-//! `conformance_tickets`) and the oracle that checks a run against the
-//! design's properties (`oracle`). The library does not ship them
-//! otherwise.
+//! The oracle that checks a run against the design's properties
+//! ([`oracle`]) is a normal part of the library: `shardcall demo` checks
+//! itself with it. The `testkit` feature adds what tests of a backend
+//! need: the conformance suites every store must pass (`conformance`,
+//! `conformance_tickets`, ...) and waiting on a condition (`eventually`).
+//! The release binary enables no test kit.
 //!
 //! Decisions come from the pure `shardcall-core`; this crate only performs
 //! them: heartbeats, the coordinator's tick, partition tasks, fencing.
 
+mod check;
 pub mod clock;
 mod config;
 mod coordination;
@@ -27,6 +29,9 @@ pub mod telemetry;
 mod testkit;
 mod ticket;
 
+pub use check::installed;
+pub use check::oracle;
+pub use check::settle;
 pub use handler::child_guard;
 pub use handler::digest;
 pub use handler::exec;
@@ -41,11 +46,7 @@ pub use testkit::conformance_state;
 #[cfg(feature = "testkit")]
 pub use testkit::conformance_tickets;
 #[cfg(feature = "testkit")]
-pub use testkit::oracle;
-#[cfg(feature = "testkit")]
-pub use testkit::settle;
-#[cfg(feature = "testkit")]
-pub use testkit::test_binaries;
+pub use testkit::eventually;
 
 pub use config::{
     BatchConfig, DEFAULT_MAX_BYTES, MAX_BYTES_LIMIT, MAX_RECORDS_LIMIT, WorkerConfig,

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use shardcall::eventually::eventually;
 use shardcall::oracle::{Oracle, check_coverage, check_ownership};
 use shardcall::{
     BackupResult, BackupStore, Checkpoint, CoordinationStore, DirBackupStore, FileLogSource,
@@ -463,6 +464,28 @@ impl Cluster {
         assert!(self.violations.lock().unwrap().is_empty());
     }
 
+    /// Waits until every partition's checkpoint names a snapshot of its
+    /// state: `settle` waits for the offsets only, and an upload runs
+    /// beside processing, so on a loaded machine the first snapshot can
+    /// come later (and a warm-up before it has nothing to fetch).
+    async fn wait_snapshotted(&self, within: Duration) {
+        eventually(within, || async {
+            let mut bare = Vec::new();
+            for p in self.ends().into_keys() {
+                let cp = self.store.load_checkpoint(GROUP, &p).await.unwrap();
+                if cp.is_none_or(|cp| cp.backup.is_empty()) {
+                    bare.push(p);
+                }
+            }
+            if bare.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("no snapshot yet of {bare:?}"))
+            }
+        })
+        .await
+    }
+
     /// Waits until worker 1 owns half the partitions, failing with `why`
     /// at `deadline`.
     async fn wait_w1_owns_half(&self, deadline: Instant, why: &str) {
@@ -632,6 +655,7 @@ async fn a_joining_worker_fetches_the_state_during_the_move_and_only_the_final_d
     c.produce(2000);
     c.add_worker();
     c.settle(Duration::from_secs(30)).await;
+    c.wait_snapshotted(Duration::from_secs(30)).await;
     // Worker 1 joins with an empty disk and gets half the partitions.
     *c.backups.split_for.lock().unwrap() = Some("w1".into());
     c.add_worker();
@@ -741,6 +765,7 @@ async fn a_standby_keeps_the_state_warm_so_a_crash_downloads_only_what_is_new() 
     c.produce(2000);
     c.add_worker();
     c.settle(Duration::from_secs(30)).await;
+    c.wait_snapshotted(Duration::from_secs(30)).await;
     c.add_worker();
     // Once the join's moves are done, worker 1 stands by for worker 0's
     // partitions: it reports them warm though none is moving to it.

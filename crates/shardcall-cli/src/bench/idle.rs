@@ -18,7 +18,7 @@ use crate::bench::target::{Goal, target};
 use shardcall::CoordinationStore;
 use shardcall_core::{PartitionId, Phase};
 use shardcall_redis::RedisStore;
-use shardcall_redis::testing::RedisServer;
+use shardcall_redis::server::RedisServer;
 use shardcall_spool::{FileLog, SpoolConfig};
 
 /// Arguments of `shardcall bench idle`.

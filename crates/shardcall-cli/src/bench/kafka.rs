@@ -20,12 +20,12 @@ use shardcall::{
     WorkerConfig,
 };
 use shardcall_core::{GroupConfig, PartitionId};
-use shardcall_kafka::testing::{
+use shardcall_kafka::broker::{
     TansuBroker, create_topic, produce, produce_one_per_batch, tansu_binary,
 };
 use shardcall_kafka::{KafkaConfig, KafkaSource};
 use shardcall_redis::RedisStore;
-use shardcall_redis::testing::RedisServer;
+use shardcall_redis::server::RedisServer;
 use shardcall_spool::Record;
 
 /// Which broker the benchmark reads from.

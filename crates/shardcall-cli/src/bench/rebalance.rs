@@ -19,7 +19,7 @@ use shardcall::{
 };
 use shardcall_core::{Command, GroupConfig, GroupState, MemberId, PartitionId, Phase, step};
 use shardcall_redis::RedisStore;
-use shardcall_redis::testing::RedisServer;
+use shardcall_redis::server::RedisServer;
 use shardcall_spool::{FileLog, SpoolConfig};
 
 /// Arguments of `shardcall bench rebalance`.

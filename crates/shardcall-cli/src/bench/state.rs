@@ -28,7 +28,7 @@ use shardcall::{
 };
 use shardcall_core::{GroupConfig, PartitionId};
 use shardcall_redis::RedisStore;
-use shardcall_redis::testing::RedisServer;
+use shardcall_redis::server::RedisServer;
 use shardcall_spool::{FileLog, Record, SpoolConfig};
 
 /// Arguments of `shardcall bench state`.

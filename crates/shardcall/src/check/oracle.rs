@@ -1,7 +1,7 @@
 //! Checking runs against the properties of docs/design.md: an oracle that
 //! records every batch, the checks over it (the final state against the
 //! built-in digest handler's, see [`crate::handler::digest`]), and a handler that
-//! fails on purpose. Part of the `testkit` feature.
+//! fails on purpose.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

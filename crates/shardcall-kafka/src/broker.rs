@@ -1,4 +1,4 @@
-//! Real Kafka-protocol brokers for tests and benchmarks: a `tansu` process
+//! Real Kafka-protocol brokers for benchmarks and tests: a `tansu` process
 //! serving from memory on a free port, and topic administration through
 //! librdkafka's admin client.
 
@@ -32,7 +32,7 @@ pub enum BrokerError {
 
 /// Where the tansu binary is: `$TANSU`, then `PATH`, then `~/.cargo/bin`.
 pub fn tansu_binary() -> Option<PathBuf> {
-    shardcall::test_binaries::installed_binary("TANSU", "tansu")
+    shardcall::installed::installed_binary("TANSU", "tansu")
 }
 
 fn free_port() -> u16 {

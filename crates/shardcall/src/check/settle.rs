@@ -1,6 +1,6 @@
 //! Waiting for a group to settle after a run, before checking it: every
 //! partition checkpointed at its end, the closed ones of a lineage
-//! released and the open ones owned. Part of the `testkit` feature.
+//! released and the open ones owned.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

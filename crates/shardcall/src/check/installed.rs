@@ -1,5 +1,5 @@
-//! Finding the servers that tests start (brokers, object stores), which
-//! the test command installs into `~/.cargo/bin`.
+//! Finding the servers that benchmarks and tests start (brokers, object
+//! stores), which the test command installs into `~/.cargo/bin`.
 
 use std::path::PathBuf;
 
