@@ -124,4 +124,3 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
-

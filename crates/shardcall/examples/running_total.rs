@@ -1,12 +1,9 @@
-//! Two workers share a file log's partitions through the in-process store
-//! (`shardcall_redis::RedisStore` for many machines), each partition's
-//! running total checkpointed with its offset.
+//! Two workers share a file log's partitions through the in-process store (a `RedisStore`
+//! for many machines), each partition's running total checkpointed with its offset.
 
 use std::sync::Arc;
 
-use shardcall::{CoordinationStore, FileLogSource, HandlerError, MemoryStore, PartitionContext};
-use shardcall::{StatefulHandler, Worker, typed};
-use shardcall_spool::{FileLog, Record, SpoolConfig};
+use shardcall::prelude::*;
 
 /// Adds up the numbers in a partition's records.
 struct RunningTotal;
@@ -14,17 +11,10 @@ struct RunningTotal;
 impl StatefulHandler for RunningTotal {
     type State = i64;
 
-    fn process(
-        &mut self,
-        ctx: &PartitionContext,
-        sum: &mut i64,
-        batch: &[Record],
-    ) -> Result<(), HandlerError> {
+    fn process(&mut self, _: &PartitionContext, sum: &mut i64, batch: &[Record]) -> HandlerResult {
         for r in batch {
-            // A bad record fails the batch: it comes again, after a pause,
-            // to the sum as last checkpointed.
-            let n = String::from_utf8_lossy(&r.payload).trim().parse::<i64>();
-            *sum += n.map_err(|e| HandlerError(format!("{}@{}: {e}", ctx.partition, r.offset)))?;
+            // A bad record fails the batch; it comes again to the sum as last checkpointed.
+            *sum += std::str::from_utf8(&r.payload)?.trim().parse::<i64>()?;
         }
         Ok(())
     }
@@ -42,8 +32,8 @@ async fn main() -> anyhow::Result<()> {
     producer.sync()?;
     let store = Arc::new(MemoryStore::default());
     let source = Arc::new(FileLogSource::new(log.clone(), vec!["numbers".into()]));
-    let spawn = |name: &str| {
-        let handlers = typed(|_: &PartitionContext| RunningTotal);
+    let spawn = |name| {
+        let handlers = typed(|_| RunningTotal);
         Worker::builder("totals", store.clone(), source.clone(), handlers)
             .name(name)
             .spawn()
@@ -54,10 +44,9 @@ async fn main() -> anyhow::Result<()> {
     while total != 500_500 {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         total = 0;
-        for p in shardcall_core::PartitionId::range("numbers", 4) {
-            if let Some(cp) = store.load_checkpoint("totals", &p).await? {
-                total += serde_json::from_slice::<i64>(&cp.state)?;
-            }
+        for p in PartitionId::range("numbers", 4) {
+            let cp = store.load_checkpoint("totals", &p).await?;
+            total += cp.map_or(Ok(0), |cp| serde_json::from_slice::<i64>(&cp.state))?;
         }
     }
     println!("the totals add up to {total} (1 + 2 + ... + 1000)");

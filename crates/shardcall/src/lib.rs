@@ -69,8 +69,8 @@ pub use handler::typed::{
     Json, StateCodec, StatefulHandler, Typed, TypedHandler, typed, typed_with,
 };
 pub use handler::{
-    BatchObserver, BatchOutcome, BatchRecord, HandlerError, HandlerFactory, PartitionContext,
-    PartitionHandler,
+    BatchObserver, BatchOutcome, BatchRecord, HandlerError, HandlerFactory, HandlerResult,
+    PartitionContext, PartitionHandler,
 };
 pub use local_state::backup_dir::DirBackupStore;
 pub use local_state::backup_store::{
@@ -103,6 +103,19 @@ pub use source::{FetchLimit, FileLogSource, Listing, Source, SourceError};
 pub use ticket::config::{TicketConfig, TicketConfigError};
 pub use ticket::store::{ClaimAttempt, TicketStore, TicketView, TicketWorkerInfo, claim_with_wait};
 pub use ticket::worker::{TicketStats, TicketWorker, TicketWorkerHandle};
+
+/// What a first handler needs, in one import: `use shardcall::prelude::*;`
+/// brings the handler traits and their types, the worker, the in-process
+/// store and the file log (with its records), and the port the store
+/// answers to.
+pub mod prelude {
+    pub use crate::{
+        CoordinationStore, FileLogSource, HandlerError, HandlerResult, MemoryStore,
+        PartitionContext, PartitionHandler, StatefulHandler, Worker, typed,
+    };
+    pub use shardcall_core::PartitionId;
+    pub use shardcall_spool::{FileLog, Record, SpoolConfig};
+}
 
 /// The "first handler" guide, compiled and run as a doc test so that it
 /// stays true.

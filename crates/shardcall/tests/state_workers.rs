@@ -78,31 +78,30 @@ impl PartitionHandler for Counting {
         batch: &[Record],
         state: &mut StateTxn<'_>,
     ) -> Result<(), HandlerError> {
-        let failed = |e: shardcall::StateStoreError| HandlerError(e.to_string());
         for r in batch {
-            if state.get(&marker(r.offset)).map_err(failed)?.is_some() {
+            if state.get(&marker(r.offset))?.is_some() {
                 self.violations.lock().unwrap().push(format!(
                     "{}: offset {} was already in the state when it came again (epoch {})",
                     ctx.partition, r.offset, ctx.epoch
                 ));
             }
-            state.put(&marker(r.offset), b"1").map_err(failed)?;
+            state.put(&marker(r.offset), b"1")?;
             let key = count_key(r.key.as_deref().unwrap_or(b"-"));
             let n = state
-                .get(&key)
-                .map_err(failed)?
+                .get(&key)?
                 .map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
             // Some weight, so that snapshots have bytes to move.
-            state.put(&key, &(n + 1).to_le_bytes()).map_err(failed)?;
-            state
-                .put(&[b"pad/".as_slice(), &key].concat(), &[7u8; 512])
-                .map_err(failed)?;
+            state.put(&key, &(n + 1).to_le_bytes())?;
+            state.put(&[b"pad/".as_slice(), &key].concat(), &[7u8; 512])?;
             let mut fail_at = self.fail_at.lock().unwrap();
             if *fail_at == Some(r.offset) {
                 // After its writes: a runtime that kept them would find
                 // this offset's mark when the batch comes again.
                 *fail_at = None;
-                return Err(HandlerError(format!("failing once at offset {}", r.offset)));
+                return Err(HandlerError::msg(format!(
+                    "failing once at offset {}",
+                    r.offset
+                )));
             }
         }
         Ok(())

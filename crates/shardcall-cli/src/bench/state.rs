@@ -122,22 +122,18 @@ impl PartitionHandler for Aggregates {
         batch: &[Record],
         state: &mut StateTxn<'_>,
     ) -> Result<(), HandlerError> {
-        let failed = |e: shardcall::StateStoreError| HandlerError(e.to_string());
         for r in batch {
             if let Some(i) = number(&r.payload, b"load:") {
                 let value = [7u8; VALUE_LEN];
                 for k in i * LOAD_KEYS..((i + 1) * LOAD_KEYS).min(self.keys) {
-                    state.put(&key(k), &value).map_err(failed)?;
+                    state.put(&key(k), &value)?;
                 }
             } else if let Some(seq) = number(&r.payload, b"u:") {
                 let k = key(chosen(seq, self.keys));
-                let mut value = state
-                    .get(&k)
-                    .map_err(failed)?
-                    .unwrap_or_else(|| vec![0u8; VALUE_LEN]);
+                let mut value = state.get(&k)?.unwrap_or_else(|| vec![0u8; VALUE_LEN]);
                 let n = u64::from_le_bytes(value[..8].try_into().expect("8 bytes")) + 1;
                 value[..8].copy_from_slice(&n.to_le_bytes());
-                state.put(&k, &value).map_err(failed)?;
+                state.put(&k, &value)?;
             }
         }
         Ok(())

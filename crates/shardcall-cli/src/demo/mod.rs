@@ -134,7 +134,6 @@ impl shardcall::PartitionHandler for AggregatesHandler {
         batch: &[shardcall_spool::Record],
         state: &mut shardcall::StateTxn<'_>,
     ) -> Result<(), shardcall::HandlerError> {
-        let failed = |e: shardcall::StateStoreError| shardcall::HandlerError(e.to_string());
         for r in batch {
             let text = std::str::from_utf8(&r.payload).unwrap_or("");
             if let Some(i) = text
@@ -143,24 +142,19 @@ impl shardcall::PartitionHandler for AggregatesHandler {
             {
                 let value = [7u8; AGGREGATE_BYTES];
                 for k in 0..LOAD_KEYS {
-                    state
-                        .put(format!("table/{i:010}/{k:05}").as_bytes(), &value)
-                        .map_err(failed)?;
+                    state.put(format!("table/{i:010}/{k:05}").as_bytes(), &value)?;
                 }
             } else if let Some(n) = text
                 .strip_prefix("order ")
                 .and_then(|n| n.parse::<u64>().ok())
             {
                 let key = [b"customer/".as_slice(), r.key.as_deref().unwrap_or(b"-")].concat();
-                let mut agg = state
-                    .get(&key)
-                    .map_err(failed)?
-                    .unwrap_or_else(|| vec![0; 16]);
+                let mut agg = state.get(&key)?.unwrap_or_else(|| vec![0; 16]);
                 let count = u64::from_le_bytes(agg[..8].try_into().expect("8 bytes")) + 1;
                 let sum = u64::from_le_bytes(agg[8..16].try_into().expect("8 bytes")) + n;
                 agg[..8].copy_from_slice(&count.to_le_bytes());
                 agg[8..16].copy_from_slice(&sum.to_le_bytes());
-                state.put(&key, &agg).map_err(failed)?;
+                state.put(&key, &agg)?;
             }
         }
         // The digest of every record, in order, kept in the same store.

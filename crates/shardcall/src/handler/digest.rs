@@ -95,7 +95,7 @@ impl DigestHandler {
         if let Some(prefix) = self.refuse_prefix
             && let Some(r) = batch.iter().find(|r| r.payload.starts_with(prefix))
         {
-            return Err(HandlerError(format!(
+            return Err(HandlerError::msg(format!(
                 "cannot digest the record at offset {}",
                 r.offset
             )));
@@ -126,8 +126,9 @@ impl PartitionHandler for DigestHandler {
     ) -> Result<(), HandlerError> {
         self.state = match state {
             None => DigestState::default(),
-            Some(b) => DigestState::from_bytes(b)
-                .ok_or_else(|| HandlerError(format!("checkpointed state of {} bytes", b.len())))?,
+            Some(b) => DigestState::from_bytes(b).ok_or_else(|| {
+                HandlerError::msg(format!("checkpointed state of {} bytes", b.len()))
+            })?,
         };
         Ok(())
     }
@@ -150,14 +151,14 @@ impl PartitionHandler for DigestHandler {
         batch: &[Record],
         txn: &mut crate::StateTxn<'_>,
     ) -> Result<(), HandlerError> {
-        let failed = |e: crate::StateStoreError| HandlerError(e.to_string());
-        let mut state = match txn.get(DIGEST_KEY).map_err(failed)? {
+        let mut state = match txn.get(DIGEST_KEY)? {
             None => DigestState::default(),
-            Some(b) => DigestState::from_bytes(&b)
-                .ok_or_else(|| HandlerError(format!("a stored digest of {} bytes", b.len())))?,
+            Some(b) => DigestState::from_bytes(&b).ok_or_else(|| {
+                HandlerError::msg(format!("a stored digest of {} bytes", b.len()))
+            })?,
         };
         self.fold_batch(&mut state, batch)?;
-        txn.put(DIGEST_KEY, &state.to_bytes()).map_err(failed)
+        Ok(txn.put(DIGEST_KEY, &state.to_bytes())?)
     }
 
     /// Folding a digest never blocks; only the simulated work sleeps.

@@ -161,7 +161,7 @@ impl Drop for ExecHandler {
 }
 
 fn err(msg: impl Into<String>) -> HandlerError {
-    HandlerError(msg.into())
+    HandlerError::msg(msg.into())
 }
 
 impl ExecHandler {
@@ -486,7 +486,7 @@ mod tests {
         .create(&ctx());
         h.assigned(&ctx(), None).unwrap();
         let err = h.process(&ctx(), &batch()).unwrap_err();
-        assert!(err.0.contains("not JSON"), "{}", err.0);
+        assert!(err.to_string().contains("not JSON"), "{err}");
         // A handler that reports an error is an error too, with its message.
         let script = r#"read l; echo '{"action":"ok"}'; while read l; do echo '{"action":"error","message":"boom"}'; done"#;
         let mut h = ExecFactory {
@@ -494,7 +494,12 @@ mod tests {
         }
         .create(&ctx());
         h.assigned(&ctx(), None).unwrap();
-        assert!(h.process(&ctx(), &batch()).unwrap_err().0.contains("boom"));
+        assert!(
+            h.process(&ctx(), &batch())
+                .unwrap_err()
+                .to_string()
+                .contains("boom")
+        );
         // One that exits at once is reported, not waited for.
         let mut h = ExecFactory {
             command: "exit 7".into(),
@@ -502,7 +507,7 @@ mod tests {
         .create(&ctx());
         let err = h.assigned(&ctx(), None).unwrap_err();
         assert!(
-            err.0.contains("exited") || err.0.contains("writing"),
+            err.to_string().contains("exited") || err.to_string().contains("writing"),
             "{}",
             err.0
         );
@@ -518,8 +523,8 @@ mod tests {
         .create(&ctx());
         h.assigned(&ctx(), None).unwrap();
         let err = h.process(&ctx(), &batch()).unwrap_err();
-        assert!(err.0.contains("exit status: 3"), "{}", err.0);
-        assert!(err.0.contains("no such table: orders"), "{}", err.0);
+        assert!(err.to_string().contains("exit status: 3"), "{err}");
+        assert!(err.to_string().contains("no such table: orders"), "{err}");
     }
 
     /// The last call names why the partition went: `shard_ended` for one
@@ -543,7 +548,7 @@ mod tests {
         };
         child().shard_ended(&ctx()).unwrap();
         let err = child().revoked(&ctx()).unwrap_err();
-        assert!(err.0.contains("told revoked"), "{}", err.0);
+        assert!(err.to_string().contains("told revoked"), "{err}");
     }
 
     #[test]

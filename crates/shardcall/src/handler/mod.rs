@@ -42,9 +42,56 @@ pub(crate) fn test_context() -> PartitionContext {
 }
 
 /// A handler failure; the batch is retried (it was not checkpointed).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct HandlerError(pub String);
+///
+/// It keeps its cause: `?` turns any error into one, and
+/// [`HandlerError::msg`] makes one from a message. It does not implement
+/// [`std::error::Error`] itself, which is what lets it convert from every
+/// type that does (as `anyhow::Error` does); [`HandlerError::cause`] gives
+/// the error inside.
+pub struct HandlerError(Box<dyn std::error::Error + Send + Sync + 'static>);
+
+/// What a handler's call answers: `Ok` or the [`HandlerError`] that fails
+/// the batch.
+pub type HandlerResult<T = ()> = Result<T, HandlerError>;
+
+impl HandlerError {
+    /// A failure described by `message` alone.
+    pub fn msg(message: impl std::fmt::Display) -> Self {
+        Self(message.to_string().into())
+    }
+
+    /// The error that caused it.
+    pub fn cause(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(cause: E) -> Self {
+        Self(Box::new(cause))
+    }
+}
+
+impl std::fmt::Display for HandlerError {
+    /// The cause, then (with `{:#}`) each of its sources after a colon.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        if f.alternate() {
+            let mut source = self.0.source();
+            while let Some(s) = source {
+                write!(f, ": {s}")?;
+                source = s.source();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
 
 /// Makes a handler call that outlived its deadline return soon, from
 /// another thread (see [`PartitionHandler::interrupter`]).
@@ -75,10 +122,9 @@ pub trait PartitionHandler: Send + 'static {
         batch: &[Record],
     ) -> Result<Vec<u8>, HandlerError> {
         let _ = (ctx, batch);
-        Err(HandlerError(
+        Err(HandlerError::msg(
             "this handler keeps its state in a local state store: run the worker with one \
-             (WorkerConfig::state, or [state] in the configuration)"
-                .into(),
+             (WorkerConfig::state, or [state] in the configuration)",
         ))
     }
 
@@ -95,9 +141,8 @@ pub trait PartitionHandler: Send + 'static {
         state: &mut crate::StateTxn<'_>,
     ) -> Result<(), HandlerError> {
         let _ = (ctx, batch, state);
-        Err(HandlerError(
-            "this handler returns its state as bytes: run the worker without a local state store"
-                .into(),
+        Err(HandlerError::msg(
+            "this handler returns its state as bytes: run the worker without a local state store",
         ))
     }
 

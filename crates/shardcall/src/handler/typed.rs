@@ -21,7 +21,7 @@
 //!     ) -> Result<(), HandlerError> {
 //!         for r in batch {
 //!             let text = std::str::from_utf8(&r.payload).unwrap_or("");
-//!             *sum += text.trim().parse::<i64>().map_err(|e| HandlerError(e.to_string()))?;
+//!             *sum += text.trim().parse::<i64>()?;
 //!         }
 //!         Ok(())
 //!     }
@@ -56,12 +56,12 @@ pub struct Json;
 
 impl<T: Serialize + DeserializeOwned> StateCodec<T> for Json {
     fn encode(&self, state: &T) -> Result<Vec<u8>, HandlerError> {
-        serde_json::to_vec(state).map_err(|e| HandlerError(format!("encoding the state: {e}")))
+        serde_json::to_vec(state).map_err(|e| HandlerError::msg(format!("encoding the state: {e}")))
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<T, HandlerError> {
         serde_json::from_slice(bytes).map_err(|e| {
-            HandlerError(format!(
+            HandlerError::msg(format!(
                 "the checkpointed state is not this handler's ({e}): {:?}",
                 String::from_utf8_lossy(&bytes[..bytes.len().min(80)])
             ))
@@ -202,7 +202,7 @@ mod tests {
         ) -> Result<(), HandlerError> {
             for r in batch {
                 if r.payload.as_ref() == b"bad" {
-                    return Err(HandlerError("bad record".into()));
+                    return Err(HandlerError::msg("bad record"));
                 }
                 state.records += 1;
                 state.bytes += r.payload.len() as u64;
@@ -254,9 +254,9 @@ mod tests {
         let factory = typed(|_: &PartitionContext| Count);
         let mut h = factory.create(&ctx());
         let err = h.assigned(&ctx(), Some(b"1234")).unwrap_err();
-        assert!(err.0.contains("not this handler's"), "{}", err.0);
+        assert!(err.to_string().contains("not this handler's"), "{err}");
         h.assigned(&ctx(), None).unwrap();
         let err = h.process(&ctx(), &records(&["ok", "bad"])).unwrap_err();
-        assert_eq!(err.0, "bad record");
+        assert_eq!(err.to_string(), "bad record");
     }
 }

@@ -365,9 +365,9 @@ async fn log_holds_replay<Src: Source>(
 
 fn failure(e: CallError) -> CallFailure {
     match e {
-        CallError::Batch(e) => CallFailure::Batch(e.0),
-        CallError::Assign(e) => CallFailure::Refused(e.0),
-        CallError::Stuck(e) => CallFailure::Stuck(e.0),
+        CallError::Batch(e) => CallFailure::Batch(format!("{e:#}")),
+        CallError::Assign(e) => CallFailure::Refused(format!("{e:#}")),
+        CallError::Stuck(e) => CallFailure::Stuck(format!("{e:#}")),
     }
 }
 
@@ -986,11 +986,10 @@ where
             // no bytes, and its position is the batch's end.
             Some(None) => match self.cell().process(records).await {
                 // A handler written for state bytes: no record is to blame.
-                Ok(bytes) if !bytes.is_empty() => Err(CallError::Assign(HandlerError(
+                Ok(bytes) if !bytes.is_empty() => Err(CallError::Assign(HandlerError::msg(
                     "the handler returned state bytes, but the worker's state is a directory \
                      the handler owns ([state] kind = \"directory\"): keep the state in \
-                     PartitionContext::state_dir and return none"
-                        .into(),
+                     PartitionContext::state_dir and return none",
                 ))),
                 Ok(_) => {
                     drop(permit);

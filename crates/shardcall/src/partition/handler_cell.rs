@@ -87,7 +87,7 @@ async fn call<H: PartitionHandler, T: Send + 'static>(
             Err(payload) => {
                 let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(handler)));
                 let why = format!("the handler panicked: {}", panic_message(&*payload));
-                (None, Err(HandlerError(why)))
+                (None, Err(HandlerError::msg(why)))
             }
         }
     };
@@ -125,17 +125,17 @@ async fn call<H: PartitionHandler, T: Send + 'static>(
         Ok(Ok((handler, result))) => {
             let error = match result {
                 Err(e) if interrupted => {
-                    HandlerError(format!("{} and was interrupted: {e}", overdue()))
+                    HandlerError::msg(format!("{} and was interrupted: {e}", overdue()))
                 }
                 Err(e) => e,
-                Ok(_) => HandlerError(format!("{} (it was interrupted)", overdue())),
+                Ok(_) => HandlerError::msg(format!("{} (it was interrupted)", overdue())),
             };
             (handler, Err(Failure::Failed(error)))
         }
         // Only a runtime shutting down cancels a blocking task.
         Ok(Err(e)) => (
             None,
-            Err(Failure::Failed(HandlerError(format!(
+            Err(Failure::Failed(HandlerError::msg(format!(
                 "the handler call ended: {e}"
             )))),
         ),
@@ -146,7 +146,7 @@ async fn call<H: PartitionHandler, T: Send + 'static>(
                 overdue()
             );
             tracing::error!("{why}");
-            (None, Err(Failure::Stuck(HandlerError(why))))
+            (None, Err(Failure::Stuck(HandlerError::msg(why))))
         }
     }
 }
@@ -362,7 +362,7 @@ mod tests {
             panic!("{err:?}")
         };
         assert!(
-            err.0.contains("panicked") && err.0.contains("poison record"),
+            err.to_string().contains("panicked") && err.to_string().contains("poison record"),
             "{err}"
         );
         assert_eq!(count(&cell.process(batch(&["c"])).await.unwrap()), 11);
@@ -405,7 +405,7 @@ mod tests {
         let began = crate::clock::now();
         let err = cell.process(batch(&["a"])).await.unwrap_err();
         assert!(
-            matches!(&err, CallError::Stuck(e) if e.0.contains("deadline")),
+            matches!(&err, CallError::Stuck(e) if e.to_string().contains("deadline")),
             "{err:?}"
         );
         // The deadline, then the interrupt's grace is not waited for (there
@@ -431,7 +431,7 @@ mod tests {
             panic!("a child that can be killed is not stuck: {err:?}")
         };
         assert!(
-            e.0.contains("deadline") && e.0.contains("interrupted"),
+            e.to_string().contains("deadline") && e.to_string().contains("interrupted"),
             "{e}"
         );
         assert!(
