@@ -4,6 +4,7 @@
 
 mod common;
 
+use shardcall::eventually::poll_again;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -148,8 +149,7 @@ fn foreign_values_anywhere_are_named_fatal_and_leave_nothing_written() {
             .unwrap();
         p.send(Some(b"k"), b"v", 0).unwrap();
         p.flush().unwrap();
-        assert!(std::time::Instant::now() < deadline, "{}", w.log("run"));
-        std::thread::sleep(Duration::from_millis(200));
+        poll_again(deadline, || w.log("run").to_string());
     }
     redis_cli(&server, &["DEL", "shardcall:{g/t/0}:cp"]);
     redis_cli(&server, &["SET", "shardcall:{g/t/0}:cp", "foo"]);
@@ -308,8 +308,7 @@ fn logs_in_a_file_carry_no_colour_codes() {
     w.start("a", worker(&server.url(), &log));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !w.log("a").contains("partition started") {
-        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
-        std::thread::sleep(Duration::from_millis(50));
+        poll_again(deadline, || w.log("a").to_string());
     }
     w.signal("a", "-TERM");
     assert!(w.wait("a").success());
@@ -384,12 +383,12 @@ fn a_damaged_file_log_stops_its_partition_and_is_not_taken_for_its_end() {
             "the worker stopped instead of its partition: {}",
             w.log("a")
         );
-        assert!(
-            std::time::Instant::now() < deadline,
-            "t/0 never showed as failed with t/1 served: {doc:#}\n{}",
-            w.log("a")
-        );
-        std::thread::sleep(Duration::from_millis(200));
+        poll_again(deadline, || {
+            format!(
+                "t/0 never showed as failed with t/1 served: {doc:#}\n{}",
+                w.log("a")
+            )
+        });
     };
     let reason = t0["stopped"]["reason"].as_str().unwrap_or_default();
     assert!(

@@ -4,6 +4,7 @@
 
 mod common;
 
+use shardcall::eventually::{eventually_blocking, poll_again, poll_again_async};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -51,8 +52,7 @@ fn pids_in(file: &Path, n: usize, within: Duration) -> Vec<u32> {
         if pids.len() >= n {
             return pids;
         }
-        assert!(Instant::now() < deadline, "the handler never started");
-        std::thread::sleep(Duration::from_millis(50));
+        poll_again(deadline, || "the handler never started".into());
     }
 }
 
@@ -153,7 +153,15 @@ async fn a_hung_exec_handler_neither_holds_the_stop_nor_outlives_the_worker() {
     rig.workers.start("twice", cmd);
     let pids = pids_in(&pids_file, 2, Duration::from_secs(30));
     rig.workers.signal("twice", "-TERM");
-    std::thread::sleep(Duration::from_millis(300));
+    // The second signal once the first was heard.
+    eventually_blocking(Duration::from_secs(10), || {
+        let said = rig.workers.log("twice");
+        if said.contains("a second signal stops at once") {
+            Ok(())
+        } else {
+            Err(said)
+        }
+    });
     rig.workers.signal("twice", "-TERM");
     let stopped = rig.workers.wait_within("twice", Duration::from_secs(3));
     let left = all_gone(&pids, Duration::from_secs(3));
@@ -250,7 +258,7 @@ async fn a_member_stopped_past_its_lease_hands_over_no_batch_on_waking() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    tokio::time::sleep(Duration::from_millis(TTL_MS + 300)).await;
+    rig.wait_expired(&store, GROUP, &owner).await;
     rig.produce(30, "b");
     rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     let g = store.load_group(GROUP).await.unwrap();
@@ -299,12 +307,12 @@ fn wait_failed(rig: &Rig, partition: &str, worker: &str) -> serde_json::Value {
         if row["phase"] == "failed" {
             return row;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{partition} never showed as failed:\n{}",
-            rig.workers.log(worker)
-        );
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || {
+            format!(
+                "{partition} never showed as failed:\n{}",
+                rig.workers.log(worker)
+            )
+        });
     }
 }
 
@@ -379,12 +387,10 @@ async fn a_segment_cut_short_is_damage_not_a_quiet_end() {
         if cp.is_some_and(|c| c.offset == rig.ends()[&p0]) {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "t/0 was not taken up again:\n{}",
-            rig.workers.log("later")
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_again_async(deadline, || {
+            format!("t/0 was not taken up again:\n{}", rig.workers.log("later"))
+        })
+        .await;
     }
 }
 
@@ -473,7 +479,7 @@ async fn an_idle_partition_backs_up_its_last_changes_on_the_interval() {
     rig.workers.start("w", cmd);
     // One burst, processed at once (before the interval is up), then
     // nothing more comes: its changes must still reach the backup.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    rig.wait_member(&store, GROUP, "w", true).await;
     rig.produce(100, "a");
     rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     let p = PartitionId::new("t", 0);
@@ -484,12 +490,13 @@ async fn an_idle_partition_backs_up_its_last_changes_on_the_interval() {
         if cp.backup.first().is_some_and(|b| b.offset == end) {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the idle partition's last changes were never backed up: {:?}\n{}",
-            cp.backup,
-            rig.workers.log("w")
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        poll_again_async(deadline, || {
+            format!(
+                "the idle partition's last changes were never backed up: {:?}\n{}",
+                cp.backup,
+                rig.workers.log("w")
+            )
+        })
+        .await;
     }
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use shardcall::eventually::poll_again_async;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -98,7 +99,7 @@ async fn kill_9_and_sigstop_past_the_lease() {
     // worker finds itself fenced and rejoins under a new id.
     let before = member_of(&g, "b").unwrap();
     rig.workers.signal("b", "-STOP");
-    tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
+    rig.wait_expired(&store, GROUP, &before).await;
     rig.produce(300, "c");
     rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     rig.workers.signal("b", "-CONT");
@@ -147,8 +148,7 @@ async fn redis_killed_and_restarted_with_aof() {
     // The connection comes back by itself (a call or two may fail first).
     let deadline = Instant::now() + Duration::from_secs(10);
     while store.now().await.is_err() {
-        assert!(Instant::now() < deadline, "no reconnection");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll_again_async(deadline, || "no reconnection".into()).await;
     }
     // No checkpoint was lost.
     for (p, offset) in &before {
@@ -180,7 +180,7 @@ async fn a_workers_connection_cut_past_its_lease() {
     // own, the others take them over after the quarantine.
     proxy.cut();
     rig.produce(300, "b");
-    tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
+    rig.wait_expired(&store, GROUP, &before).await;
     rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     // Back on the network, a finds itself fenced and rejoins under a new id.
     proxy.restore();
@@ -190,11 +190,10 @@ async fn a_workers_connection_cut_past_its_lease() {
         if member_of(&g, "a").is_some_and(|m| m != before) {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "a did not rejoin after the cut: {g:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_again_async(deadline, || {
+            format!("a did not rejoin after the cut: {g:#?}")
+        })
+        .await;
     }
     rig.produce(300, "c");
     rig.settle(&store, GROUP, Duration::from_secs(30)).await;
@@ -225,7 +224,7 @@ async fn rolling_restart_and_the_coordinator_killed_mid_rebalance() {
     let holder = g.coordinator.expect("a coordinator").holder.to_string();
     let coordinator = holder.split('-').next().unwrap().to_owned();
     rig.spawn("d");
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    rig.wait_member(&store, GROUP, "d", false).await;
     rig.workers.signal(&coordinator, "-KILL");
     rig.produce(300, "e");
     rig.settle(&store, GROUP, Duration::from_secs(40)).await;

@@ -7,6 +7,7 @@
 
 mod common;
 
+use shardcall::eventually::poll_again_async;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -151,12 +152,10 @@ impl Rig {
             if done {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "group did not settle: {g:#?}\n{}",
-                self.workers.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            poll_again_async(deadline, || {
+                format!("group did not settle: {g:#?}\n{}", self.workers.logs())
+            })
+            .await;
         }
     }
 
@@ -243,11 +242,10 @@ async fn workers_consume_kafka_through_a_kill_a_join_and_new_partitions() {
             if got == want {
                 break;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{topic}: kafka group offsets {got:?}, expected {want:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            poll_again_async(deadline, || {
+                format!("{topic}: kafka group offsets {got:?}, expected {want:?}")
+            })
+            .await;
         }
     }
 
@@ -335,8 +333,7 @@ async fn status_shows_kafka_lag_and_reset_offsets_uses_the_broker() {
         if at == [15, 15] {
             break;
         }
-        assert!(Instant::now() < deadline, "checkpoints at {at:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_again_async(deadline, || format!("checkpoints at {at:?}")).await;
     }
     // A graceful stop; then records arrive that nobody reads.
     Command::new("kill")

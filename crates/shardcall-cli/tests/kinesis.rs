@@ -10,14 +10,15 @@
 
 mod common;
 
+use shardcall::eventually::poll_again_async;
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Workers, shardcall_command};
 use shardcall::oracle::{check_final_state, check_lineage_order, check_run_settled};
 use shardcall::settle::wait_settled;
 use shardcall::{CoordinationStore, Source};
-use shardcall_core::PartitionId;
+use shardcall_core::{PartitionId, Phase};
 use shardcall_kinesis::KinesisSource;
 use shardcall_kinesis::testing::{Admin, Kinesalite, all_records};
 use shardcall_redis::RedisStore;
@@ -154,13 +155,10 @@ for line in sys.stdin:
         if got.len() == given.len() {
             break got;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the handler saw {} of {} records",
-            got.len(),
-            given.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_again_async(deadline, || {
+            format!("the handler saw {} of {} records", got.len(), given.len())
+        })
+        .await;
     };
     drop(workers);
     for (offset, seq) in given.iter().enumerate() {
@@ -190,8 +188,7 @@ async fn a_stream_gone_during_a_run_shows_as_failing() {
         .unwrap()
         .is_none_or(|c| c.offset < 20)
     {
-        assert!(std::time::Instant::now() < deadline, "{}", workers.log("a"));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_again_async(deadline, || workers.log("a").to_string()).await;
     }
     admin.delete(STREAM).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -200,12 +197,13 @@ async fn a_stream_gone_during_a_run_shows_as_failing() {
         if !row["failing"].is_null() {
             break row["failing"].clone();
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the shard never showed as failing: {row:#}\n{}",
-            workers.log("a")
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        poll_again_async(deadline, || {
+            format!(
+                "the shard never showed as failing: {row:#}\n{}",
+                workers.log("a")
+            )
+        })
+        .await;
     };
     let error = failing["last_error"].as_str().unwrap_or_default();
     assert!(error.contains("ResourceNotFound"), "{failing:#}");
@@ -225,7 +223,23 @@ async fn worker_processes_follow_a_split_and_a_merge_through_a_kill() {
     for name in ["a", "b", "c"] {
         spawn(&mut workers, &redis.url(), &k, name);
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The three joined and both shards are owned before the split.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let g = store.load_group(GROUP).await.unwrap();
+        let owned = g
+            .partitions
+            .values()
+            .filter(|r| matches!(r.phase, Phase::Owned { .. }))
+            .count();
+        if g.members.len() == 3 && owned == 2 {
+            break;
+        }
+        poll_again_async(deadline, || {
+            format!("not all in: {g:#?}\n{}", workers.logs())
+        })
+        .await;
+    }
     admin.split(STREAM, "shardId-000000000000").await.unwrap();
     admin.produce(STREAM, 150, 31, "b").await.unwrap();
     workers.kill_9("a");

@@ -4,6 +4,7 @@
 
 mod common;
 
+use shardcall::eventually::{eventually_blocking, poll_again};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -68,8 +69,7 @@ fn an_unknown_topic_and_an_unknown_group_are_said_so() {
     w.start("a", cmd);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !w.log("a").contains("unknown topic") {
-        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
-        std::thread::sleep(Duration::from_millis(50));
+        poll_again(deadline, || w.log("a").to_string());
     }
     let out = shardcall_command()
         .args(["status", "--redis", &server.url(), "--group", "nosuchgroup"])
@@ -95,8 +95,7 @@ fn worker(url: &str, group: &str, log: &str) -> Command {
 fn wait_owned(url: &str, partition: &str, w: &Workers) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while common::status_row(url, "g", partition)["phase"] != "owned" {
-        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || w.log("a").to_string());
     }
 }
 
@@ -287,8 +286,7 @@ fn status_of_a_ticket_only_group_shows_its_workers_and_their_rules_not_a_quarant
             assert_eq!(cells[5], "10.0s", "claim lease: {row}");
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "{said}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || said.to_string());
     }
     let doc: serde_json::Value = serde_json::from_slice(&status(true).stdout).unwrap();
     let workers = doc["ticket_workers"].as_array().unwrap();
@@ -356,8 +354,7 @@ fn a_handler_command_that_cannot_start_backs_off_and_says_why() {
                 break failing;
             }
         }
-        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || w.log("a").to_string());
     };
     for f in &failing {
         let e = f["last_error"].as_str().unwrap();
@@ -406,8 +403,7 @@ fn groups_are_listed_and_a_group_nobody_runs_can_be_deleted() {
         if settled {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "{docs:?}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || format!("{docs:?}"));
     }
     let delete = |group: &str| {
         shardcall_command()
@@ -512,8 +508,7 @@ fn reset_offsets_shows_the_plan_unless_executed_as_kafkas_tool_does() {
     let offset = || common::status_row(&url, "g", "t/0")["offset"].as_u64();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while offset() != Some(end) {
-        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || w.log("a").to_string());
     }
     w.signal("a", "-TERM");
     assert!(w.wait("a").success());
@@ -630,10 +625,15 @@ fn status_says_what_it_cannot_show() {
     );
     // The only member, and so the coordinator, is killed: its lease lapses.
     w.kill_9("a");
-    std::thread::sleep(Duration::from_millis(1500));
-    let said = text(&status(&[]).stdout);
-    let header = said.lines().next().unwrap_or_default();
-    assert!(header.contains("its lease lapsed"), "{header}");
+    let header = eventually_blocking(Duration::from_secs(10), || {
+        let said = text(&status(&[]).stdout);
+        let header = said.lines().next().unwrap_or_default().to_owned();
+        if header.contains("its lease lapsed") {
+            Ok(header)
+        } else {
+            Err(header)
+        }
+    });
     assert!(!header.contains("lapsed left"), "{header}");
 }
 
@@ -733,8 +733,7 @@ fn a_quiet_worker_logs_its_progress() {
         {
             break l.to_owned();
         }
-        assert!(std::time::Instant::now() < deadline, "{}", w.log("a"));
-        std::thread::sleep(Duration::from_millis(200));
+        poll_again(deadline, || w.log("a").to_string());
     };
     assert!(line.contains("records processed in the last 1s"), "{line}");
 }

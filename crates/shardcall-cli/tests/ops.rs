@@ -2,6 +2,7 @@
 //! `status` (table and JSON), `plan` (dry run with reasons) and `release`
 //! (an audited early end of a quarantine).
 
+use shardcall::eventually::{eventually_blocking, poll_again, poll_again_async};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -102,11 +103,8 @@ fn status_json(url: &str, log: &str) -> serde_json::Value {
             return serde_json::from_slice(&out.stdout).unwrap();
         }
         let err = text(&out.stderr);
-        assert!(
-            err.contains("does not exist") && Instant::now() < deadline,
-            "{err}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        assert!(err.contains("does not exist"), "{err}");
+        poll_again(deadline, || err);
     }
 }
 
@@ -116,11 +114,7 @@ async fn python_caught_up(store: &shardcall_redis::RedisStore, log: &FileLog, pa
     use shardcall::CoordinationStore;
     let deadline = Instant::now() + Duration::from_secs(30);
     'wait: loop {
-        assert!(
-            Instant::now() < deadline,
-            "the Python handler never caught up"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_again_async(deadline, || "the Python handler never caught up".into()).await;
         for n in 0..partitions {
             let end = log
                 .open_partition_read_only("t", n)
@@ -160,8 +154,7 @@ fn status_plan_and_release() {
         if done && doc["members"].as_array().unwrap().len() == 2 {
             break doc;
         }
-        assert!(Instant::now() < deadline, "never settled: {doc:#}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || format!("never settled: {doc:#}"));
     };
     assert!(settled["coordinator"]["epoch"].as_u64().unwrap() >= 1);
     let table = shardcall(&[
@@ -198,8 +191,7 @@ fn status_plan_and_release() {
             assert!(left > 30_000 && left <= 60_000, "time left {left}");
             break q;
         }
-        assert!(Instant::now() < deadline, "no quarantine: {doc:#}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || format!("no quarantine: {doc:#}"));
     };
 
     // Offsets: a quarantined partition resets; an owned one only with --force.
@@ -372,11 +364,9 @@ fn status_plan_and_release() {
         if p["phase"] == "owned" {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "released partition not granted: {p:#}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || {
+            format!("released partition not granted: {p:#}")
+        });
     }
     // Releasing a partition that is not quarantined is a clear error.
     let out = shardcall(&[
@@ -416,8 +406,7 @@ fn drain_moves_a_members_partitions_away() {
         if owners.len() == 2 && doc["partitions"].as_array().unwrap().len() == 4 {
             break;
         }
-        assert!(Instant::now() < deadline, "never settled: {doc:#}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || format!("never settled: {doc:#}"));
     }
     let out = shardcall(&[
         "drain", "--redis", &url, "--group", "ops", "a", "--wait", "--actor", "bob",
@@ -448,8 +437,7 @@ fn drain_moves_a_members_partitions_away() {
             assert_eq!(a["partitions"], 0);
             break;
         }
-        assert!(Instant::now() < deadline, "not all with b: {doc:#}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || format!("not all with b: {doc:#}"));
     }
     let out = shardcall(&["drain", "--redis", &url, "--group", "ops", "nobody"]);
     assert_eq!(out.status.code(), Some(2));
@@ -496,8 +484,7 @@ fn json_logs_name_the_group_member_partition_and_epoch() {
             }
             break;
         }
-        assert!(Instant::now() < deadline, "no partition log lines: {text}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || format!("no partition log lines: {text}"));
     }
 }
 
@@ -523,8 +510,7 @@ fn text_logs_name_each_field_once_and_show_no_option_wrappers() {
         .count()
         < 2
     {
-        assert!(Instant::now() < deadline, "no partition log lines");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || "no partition log lines".into());
     }
     // A graceful stop logs every partition's release and the leave.
     let pid = child.id().to_string();
@@ -621,11 +607,7 @@ fn prometheus_metrics_on_an_opt_in_address() {
             assert!(lease > 0.0 && lease <= 10.0, "lease left {lease}: {body}");
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "metrics never showed the records"
-        );
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || "metrics never showed the records".into());
     }
 }
 
@@ -738,11 +720,9 @@ fn a_worker_runs_from_a_config_file_with_env_overrides() {
         {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "no member named from the environment: {doc:#}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || {
+            format!("no member named from the environment: {doc:#}")
+        });
     }
 }
 
@@ -765,8 +745,7 @@ fn unexpected_redis_data_stops_the_worker_with_a_clear_error() {
         if doc["members"].as_array().is_some_and(|m| !m.is_empty()) {
             break;
         }
-        assert!(Instant::now() < deadline, "the worker never joined");
-        std::thread::sleep(Duration::from_millis(50));
+        poll_again(deadline, || "the worker never joined".into());
     }
     let out = Command::new("redis-cli")
         .args(["-p", &redis.port.to_string()])
@@ -779,11 +758,9 @@ fn unexpected_redis_data_stops_the_worker_with_a_clear_error() {
         if let Some(s) = procs.0[0].try_wait().unwrap() {
             break s;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the worker kept running on data it cannot read"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        poll_again(deadline, || {
+            "the worker kept running on data it cannot read".into()
+        });
     };
     let said = std::fs::read_to_string(&stderr).unwrap();
     assert_eq!(status.code(), Some(2), "{said}");
@@ -830,8 +807,7 @@ fn a_panicking_handler_shows_as_failing_in_status_and_in_metrics() {
         {
             break doc;
         }
-        assert!(Instant::now() < deadline, "never seen failing: {doc:#}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || format!("never seen failing: {doc:#}"));
     };
     let p0 = &doc["partitions"].as_array().unwrap()[0];
     let f = &p0["failing"];
@@ -883,8 +859,7 @@ fn a_worker_with_another_quarantine_does_not_change_the_groups() {
             if doc["members"].as_array().unwrap().len() == n {
                 return doc;
             }
-            assert!(Instant::now() < deadline, "never {n} members: {doc:#}");
-            std::thread::sleep(Duration::from_millis(50));
+            poll_again(deadline, || format!("never {n} members: {doc:#}"));
         }
     };
     let mut procs = Killer(vec![
@@ -903,11 +878,7 @@ fn a_worker_with_another_quarantine_does_not_change_the_groups() {
         .unwrap()
         .contains("differs from the group's")
     {
-        assert!(
-            Instant::now() < deadline,
-            "b did not say its setting differs"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        poll_again(deadline, || "b did not say its setting differs".into());
     }
     let shown = shardcall(&["policy", "--redis", &url, "--group", "ops"]);
     let shown = text(&shown.stdout);
@@ -977,8 +948,7 @@ fn metrics_follow_the_truth_after_a_burst_and_after_a_move() {
             if ok(&body) {
                 return body;
             }
-            assert!(Instant::now() < deadline, "never {what}: {body}");
-            std::thread::sleep(Duration::from_millis(100));
+            poll_again(deadline, || format!("never {what}: {body}"));
         }
     };
     wait_for("owning 4", &|b| {
@@ -1038,7 +1008,16 @@ fn a_long_handler_call_keeps_its_partition_gauges_and_shows_its_age() {
     .unwrap();
     let _procs = Killer(vec![a]);
     produce_numbers(&log, 10);
-    std::thread::sleep(Duration::from_secs(2));
+    // More records come once the first call is under way.
+    eventually_blocking(Duration::from_secs(20), || {
+        let body = http_get(port, "/metrics").unwrap_or_default();
+        let age = metric(&body, "shardcall_handler_call_age_seconds");
+        if age > 0.0 {
+            Ok(())
+        } else {
+            Err(format!("no call under way: {body}"))
+        }
+    });
     produce_numbers(&log, 50);
     // Past the exporter's 5 s into the call, which still runs.
     let deadline = Instant::now() + Duration::from_secs(12);
@@ -1047,8 +1026,7 @@ fn a_long_handler_call_keeps_its_partition_gauges_and_shows_its_age() {
         if metric(&body, "shardcall_handler_call_age_seconds") >= 6.0 {
             break body;
         }
-        assert!(Instant::now() < deadline, "no call age of 6 s: {body}");
-        std::thread::sleep(Duration::from_millis(200));
+        poll_again(deadline, || format!("no call age of 6 s: {body}"));
     };
     assert!(
         metric(&body, "shardcall_handler_call_age_seconds") < 10.5,
@@ -1098,12 +1076,13 @@ fn a_hung_exec_handler_is_killed_at_its_deadline_and_restarted_from_the_checkpoi
                 {
                     return cp;
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "never checkpointed at {at}: {}",
-                    std::fs::read_to_string(&stderr).unwrap()
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                poll_again_async(deadline, || {
+                    format!(
+                        "never checkpointed at {at}: {}",
+                        std::fs::read_to_string(&stderr).unwrap()
+                    )
+                })
+                .await;
             }
         })
     };
@@ -1161,8 +1140,7 @@ fn the_tools_a_kafka_user_reaches_for_audit_release_by_topic_and_drain() {
         if parts.len() == 4 && parts.iter().all(|p| p["phase"] == "owned" && p["lag"] == 0) {
             break;
         }
-        assert!(Instant::now() < deadline, "never settled: {doc:#}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || format!("never settled: {doc:#}"));
     }
     // Long names keep the columns: every row's phase starts under PHASE.
     let table = text(
@@ -1196,8 +1174,7 @@ fn the_tools_a_kafka_user_reaches_for_audit_release_by_topic_and_drain() {
         if parts.iter().all(|p| p["phase"] == "quarantined") {
             break;
         }
-        assert!(Instant::now() < deadline, "never quarantined: {doc:#}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || format!("never quarantined: {doc:#}"));
     }
     // A whole topic's quarantines end at once; an unknown partition says so.
     let out = shardcall(&[
@@ -1347,8 +1324,7 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
         if plan["moves"].as_array().unwrap().len() == 2 {
             break plan;
         }
-        assert!(Instant::now() < deadline, "no moves planned: {plan}");
-        std::thread::sleep(Duration::from_millis(200));
+        poll_again(deadline, || format!("no moves planned: {plan}"));
     };
     for (p, bytes) in plan["state_bytes_moved"].as_object().unwrap() {
         assert!(bytes.as_u64().unwrap() > 0, "{p}: {plan}");
@@ -1372,7 +1348,6 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
             .expect("the lock is free");
         let deadline = Instant::now() + Duration::from_secs(30);
         while store.member_view("py", &m1).await.unwrap().held.len() < 2 {
-            assert!(Instant::now() < deadline, "m-1 was not granted both");
             let g = store.load_group("py").await.unwrap();
             let now = store.now().await.unwrap();
             let plan = shardcall_core::step(&g, now, &parts);
@@ -1380,7 +1355,7 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
                 .apply("py", lease.epoch, g.version, &plan.commands)
                 .await
                 .unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            poll_again_async(deadline, || "m-1 was not granted both".into()).await;
         }
         store
             .join("py", &m2, 1, "h", Duration::from_secs(60))
@@ -1507,8 +1482,7 @@ fn status_and_plan_show_the_load_of_a_group_that_balances_by_it() {
         if reported(&doc["members"]) && reported(&doc["partitions"]) {
             break doc;
         }
-        assert!(Instant::now() < deadline, "no load reported: {doc:#}");
-        std::thread::sleep(Duration::from_millis(200));
+        poll_again(deadline, || format!("no load reported: {doc:#}"));
     };
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     producing.join().unwrap();
@@ -1578,8 +1552,7 @@ fn a_split_shows_in_plan_and_status_children_wait_for_their_parent() {
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while !caught_up(&status_json(&url, &log_arg), "t/0", 100) {
-        assert!(Instant::now() < deadline, "t/0 never caught up");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || "t/0 never caught up".into());
     }
     // The worker dies; the parent gets a backlog, then splits.
     for c in &mut procs.0 {
@@ -1646,8 +1619,7 @@ fn a_split_shows_in_plan_and_status_children_wait_for_their_parent() {
             assert!(caught_up(&doc, "t/0", 200), "{doc:#}");
             break;
         }
-        assert!(Instant::now() < deadline, "never finished: {doc:#}");
-        std::thread::sleep(Duration::from_millis(100));
+        poll_again(deadline, || format!("never finished: {doc:#}"));
     }
     let said = plan(false);
     assert!(said.contains("t/0 is finished"), "{said}");

@@ -141,8 +141,7 @@ async fn state_survives_kill_9_a_zombie_and_a_graceful_stop_and_restores_on_an_e
     rig.settle(&store, GROUP, Duration::from_secs(30)).await;
 
     // kill -9 while records keep coming (and snapshots upload).
-    rig.produce(300, "b");
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    rig.produce_and_wait_busy(&store, GROUP, 300, "b").await;
     rig.workers.signal("a", "-KILL");
     rig.settle(&store, GROUP, Duration::from_secs(30)).await;
 
@@ -151,10 +150,9 @@ async fn state_survives_kill_9_a_zombie_and_a_graceful_stop_and_restores_on_an_e
     // so its snapshot pointers, are refused.
     let g = store.load_group(GROUP).await.unwrap();
     let before = member_of(&g, "b").unwrap();
-    rig.produce(300, "c");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    rig.produce_and_wait_busy(&store, GROUP, 300, "c").await;
     rig.workers.signal("b", "-STOP");
-    tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
+    rig.wait_expired(&store, GROUP, &before).await;
     rig.settle(&store, GROUP, Duration::from_secs(30)).await;
     rig.workers.signal("b", "-CONT");
     rig.wait_rejoined(&store, GROUP, "b", &before).await;
@@ -256,8 +254,7 @@ async fn a_sqlite_handler_owning_its_directory_keeps_each_record_once_through_lo
 
     // kill -9 while records keep coming: b restores a's partitions from
     // their snapshots and replays the log after them.
-    rig.produce(300, "b");
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    rig.produce_and_wait_busy(&store, GROUP, 300, "b").await;
     rig.workers.signal("a", "-KILL");
     rig.settle(&store, GROUP, Duration::from_secs(60)).await;
 
@@ -265,7 +262,7 @@ async fn a_sqlite_handler_owning_its_directory_keeps_each_record_once_through_lo
     // stop gracefully (their final snapshots become current).
     rig.produce(300, "c");
     rig.spawn_sqlite("c");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    rig.wait_member(&store, GROUP, "c", true).await;
     rig.settle(&store, GROUP, Duration::from_secs(60)).await;
     rig.workers.signal("b", "-TERM");
     assert!(rig.workers.wait("b").success());

@@ -6,6 +6,7 @@
 
 mod common;
 
+use shardcall::eventually::poll_again_async;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -103,10 +104,10 @@ impl Rig {
             if self.caught_up(store).await {
                 return;
             }
-            if Instant::now() > deadline {
-                panic!("tickets did not catch up\n{}", self.workers.logs());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            poll_again_async(deadline, || {
+                format!("tickets did not catch up\n{}", self.workers.logs())
+            })
+            .await;
         }
     }
 
@@ -122,8 +123,7 @@ impl Rig {
     async fn wait_until_holding(&self, store: &RedisStore, name: &str) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.holds(store, name).await {
-            assert!(Instant::now() < deadline, "{name} never held a ticket");
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            poll_again_async(deadline, || format!("{name} never held a ticket")).await;
         }
     }
 }
@@ -155,7 +155,11 @@ async fn ticket_workers_through_kill_9_sigstop_and_a_graceful_stop() {
     rig.produce(1600, "c");
     rig.wait_until_holding(&store, "b").await;
     rig.workers.signal("b", "-STOP");
-    tokio::time::sleep(Duration::from_millis(CLAIM_TTL_MS + 500)).await;
+    // Past its claims' leases: none of them holds any more.
+    let deadline = Instant::now() + Duration::from_millis(CLAIM_TTL_MS * 4);
+    while rig.holds(&store, "b").await {
+        poll_again_async(deadline, || "b's claims never lapsed".into()).await;
+    }
     rig.workers.signal("b", "-CONT");
     rig.produce(400, "d");
     rig.settle(&store, Duration::from_secs(60)).await;
@@ -272,15 +276,11 @@ async fn a_poison_pill_that_crashes_workers_ends_in_the_dead_letters() {
         if rig.caught_up(&store).await {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the poison kept the workers crashing"
-        );
         for name in rig.workers.take_exited() {
             rig.spawn_with(&name, &flags);
             restarts += 1;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll_again_async(deadline, || "the poison kept the workers crashing".into()).await;
     }
     assert!(
         restarts >= 2,

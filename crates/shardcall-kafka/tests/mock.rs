@@ -2,6 +2,7 @@
 //! broker faults: reading from any offset, lost offsets, flow control, and
 //! workers riding out a broker that is down, slow or answering errors.
 
+use shardcall::eventually::{eventually, poll_again_async};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -127,8 +128,13 @@ async fn reads_any_offset_in_order_and_discovers_partitions() {
     .unwrap();
     assert!(src2.partitions().await.unwrap().is_empty());
     mock.create_topic("later", 3, 1).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(src2.partitions().await.unwrap().len(), 3);
+    eventually(Duration::from_secs(10), || async {
+        match src2.partitions().await.unwrap().len() {
+            3 => Ok(()),
+            n => Err(format!("{n} partitions of 3")),
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,11 +258,10 @@ async fn settle(store: &MemoryStore, expected: &BTreeMap<PartitionId, u64>, with
         if done {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "records were not all processed in {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll_again_async(deadline, || {
+            format!("records were not all processed in {within:?}")
+        })
+        .await;
     }
 }
 

@@ -3,6 +3,7 @@
 //! the lineage of a split and a merge, and workers through both under the
 //! oracle.
 
+use shardcall::eventually::{eventually, poll_again_async};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use shardcall::{
     Checkpoint, CoordinationStore, MemoryStore, Source, SourceError, StoppedPartitions, Worker,
     WorkerConfig, WorkerHandle,
 };
-use shardcall_core::{GroupConfig, PartitionId, UNKNOWN_END};
+use shardcall_core::{GroupConfig, PartitionId, Shard, UNKNOWN_END};
 use shardcall_kinesis::KinesisSource;
 use shardcall_kinesis::testing::{Admin, Kinesalite, all_records};
 
@@ -107,6 +108,19 @@ async fn offsets_are_dense_and_a_checkpoints_sequence_number_resumes_after_it() 
     assert_eq!(e.disposition(), shardcall::Disposition::Fatal);
 }
 
+/// The source's lineage once it lists `n` shards.
+async fn shards_seen(source: &KinesisSource, n: usize) -> BTreeMap<PartitionId, Shard> {
+    eventually(Duration::from_secs(10), || async {
+        let lineage = source.lineage().await.unwrap();
+        if lineage.len() == n {
+            Ok(lineage)
+        } else {
+            Err(format!("{lineage:?}"))
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_and_a_merge_show_as_lineage_and_a_parent_is_finished_only_at_its_end() {
     let k = Kinesalite::start().unwrap();
@@ -117,15 +131,13 @@ async fn a_split_and_a_merge_show_as_lineage_and_a_parent_is_finished_only_at_it
         admin.put("s", &format!("k{i}"), b"x").await.unwrap();
     }
     admin.split("s", "shardId-000000000000").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let lineage = source.lineage().await.unwrap();
+    let lineage = shards_seen(&source, 3).await;
     assert_eq!(lineage[&p("s", 0)].end, Some(UNKNOWN_END));
     assert_eq!(lineage[&p("s", 1)].parents, vec![p("s", 0)]);
     assert_eq!(lineage[&p("s", 2)].parents, vec![p("s", 0)]);
     let open = admin.open_shards("s").await.unwrap();
     admin.merge("s", &open[0].0, &open[1].0).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let lineage = source.lineage().await.unwrap();
+    let lineage = shards_seen(&source, 4).await;
     let mut merged = lineage[&p("s", 3)].parents.clone();
     merged.sort();
     assert_eq!(
@@ -263,7 +275,14 @@ async fn workers_keep_per_key_order_through_a_split_a_kill_and_a_merge() {
     for _ in 0..3 {
         c.add_worker();
     }
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The parent is split while it is processed.
+    eventually(Duration::from_secs(10), || async {
+        let started = !c.oracle.batches().is_empty();
+        started
+            .then_some(())
+            .ok_or_else(|| "nothing processed yet".to_owned())
+    })
+    .await;
     admin.split("s", "shardId-000000000000").await.unwrap();
     admin.produce("s", 200, 23, "b").await.unwrap();
     c.workers[0].as_ref().unwrap().kill();
@@ -334,11 +353,10 @@ async fn a_checkpoint_with_no_sequence_number_stops_the_shard_with_the_error() {
         {
             break stop.reason;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the worker kept retrying a position it can never find"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_again_async(deadline, || {
+            "the worker kept retrying a position it can never find".into()
+        })
+        .await;
     };
     assert!(why.contains("s/0"), "{why}");
     assert!(why.contains("offset 4"), "{why}");

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use shardcall::eventually::eventually;
+use shardcall::eventually::{eventually, poll_again_async};
 use shardcall::oracle::{Oracle, check_coverage, check_ownership};
 use shardcall::{
     BackupResult, BackupStore, Checkpoint, CoordinationStore, DirBackupStore, FileLogSource,
@@ -419,8 +419,7 @@ impl Cluster {
             if done {
                 return;
             }
-            assert!(Instant::now() < deadline, "group did not settle: {g:#?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            poll_again_async(deadline, || format!("group did not settle: {g:#?}")).await;
         }
     }
 
@@ -498,8 +497,7 @@ impl Cluster {
             if of_w1 == PARTITIONS as usize / 2 {
                 return;
             }
-            assert!(Instant::now() < deadline, "{why}: {g:#?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            poll_again_async(deadline, || format!("{why}: {g:#?}")).await;
         }
     }
 
@@ -785,8 +783,7 @@ async fn a_standby_keeps_the_state_warm_so_a_crash_downloads_only_what_is_new() 
         if settled && w1.is_some_and(|m| of_w0.iter().all(|p| m.warm.contains(p))) {
             break of_w0;
         }
-        assert!(Instant::now() < deadline, "no warm standby: {g:#?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll_again_async(deadline, || format!("no warm standby: {g:#?}")).await;
     };
     // More records (worker 0 snapshots them, the standby follows), then
     // worker 0 crashes.
@@ -831,14 +828,13 @@ async fn a_slow_restore_reports_its_progress_until_it_is_done() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen = BTreeMap::new();
     while seen.len() < PARTITIONS as usize {
-        assert!(Instant::now() < deadline, "reports seen: {seen:?}");
         for p in 0..PARTITIONS {
             let id = PartitionId::new("t", p);
             if let Some(r) = c.store.restore_report(GROUP, &id).await.unwrap() {
                 seen.insert(p, r);
             }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_again_async(deadline, || format!("reports seen: {seen:?}")).await;
     }
     for r in seen.values() {
         assert!(
@@ -894,11 +890,10 @@ async fn a_fallback_whose_replay_the_log_no_longer_holds_stops_the_partition_nam
         if let Some(stop) = c.store.stopped_partitions(GROUP).await.unwrap().remove(&id) {
             break stop.reason;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the worker went on with a state the log cannot complete"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll_again_async(deadline, || {
+            "the worker went on with a state the log cannot complete".into()
+        })
+        .await;
     };
     assert!(why.contains("retention removed"), "{why}");
     assert!(

@@ -2,6 +2,7 @@
 //! store): many slots over several workers, a kill, a poison batch sent to
 //! the dead letters; checked by the oracle and the final states.
 
+use shardcall::eventually::{eventually, poll_again_async};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -133,8 +134,7 @@ impl Run {
             if done {
                 return;
             }
-            assert!(Instant::now() < deadline, "tickets did not catch up");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            poll_again_async(deadline, || "tickets did not catch up".into()).await;
         }
     }
 
@@ -210,15 +210,18 @@ async fn slots_share_partitions_through_a_kill_and_poison() {
     for _ in 0..3 {
         run.add_worker();
     }
-    tokio::time::sleep(Duration::from_millis(150)).await;
     // kill -9 while slots hold tickets: their claims lapse and come back.
-    let view = run.store.ticket_view(GROUP).await.unwrap();
-    assert!(
-        view.claimed
+    eventually(Duration::from_secs(10), || async {
+        let view = run.store.ticket_view(GROUP).await.unwrap();
+        let holds = view
+            .claimed
             .iter()
-            .any(|c| c.holder.as_str().starts_with("w0-")),
-        "the worker to kill holds no ticket: {view:?}"
-    );
+            .any(|c| c.holder.as_str().starts_with("w0-"));
+        holds
+            .then_some(())
+            .ok_or_else(|| format!("the worker to kill holds no ticket: {view:?}"))
+    })
+    .await;
     run.workers[0].as_ref().unwrap().kill();
     let killed_at = Instant::now();
     run.produce(600, "b", 97);
@@ -293,8 +296,7 @@ async fn new_records_wake_a_backed_off_partition() {
         if view.queued.iter().any(|(_, due)| *due > now + 30_000) {
             break;
         }
-        assert!(Instant::now() < deadline, "never backed off: {view:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        poll_again_async(deadline, || format!("never backed off: {view:?}")).await;
     }
     run.produce(1, "late", 0);
     run.settle(Duration::from_secs(10)).await;

@@ -1,6 +1,7 @@
 //! Workers end to end on the embedded default (file log + in-process store):
 //! kill, join, graceful stop and new partitions, checked by the oracle.
 
+use shardcall::eventually::{eventually, poll_again_async};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -141,8 +142,7 @@ impl Cluster {
             if done {
                 return;
             }
-            assert!(Instant::now() < deadline, "group did not settle: {g:#?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            poll_again_async(deadline, || format!("group did not settle: {g:#?}")).await;
         }
     }
 
@@ -273,13 +273,12 @@ async fn busy_partitions_checkpoint_once_an_interval_and_at_once_when_caught_up_
         },
         slow(),
     );
-    let began = Instant::now();
+    let in_time = Instant::now() + Duration::from_secs(4);
     while checkpoint(&c).await < 600 {
-        assert!(
-            began.elapsed() < Duration::from_secs(4),
-            "a caught-up partition must be checkpointed at once, not after the interval"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        poll_again_async(in_time, || {
+            "a caught-up partition must be checkpointed at once, not after the interval".into()
+        })
+        .await;
     }
     let committed: Vec<_> = c
         .oracle
@@ -295,7 +294,12 @@ async fn busy_partitions_checkpoint_once_an_interval_and_at_once_when_caught_up_
 
     // Stopped while busy: what was processed is checkpointed on the way out.
     c.produce(3000, "b");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    eventually(Duration::from_secs(10), || async {
+        let busy = c.oracle.batches().iter().any(|b| b.last >= 600);
+        busy.then_some(())
+            .ok_or_else(|| "the new records are not being processed".to_owned())
+    })
+    .await;
     let h = c.workers[w].take().unwrap();
     h.shutdown();
     h.join().await.unwrap();
@@ -404,19 +408,13 @@ async fn a_handler_that_panics_is_retried_from_the_checkpoint_and_reported_while
     let flaky = FlakyFactory::panicking(p0.clone(), 5, 3);
     c.add_worker_full(quick_retries, flaky, None);
     // While it fails, the store says so: attempts, the panic, since when.
-    let began = Instant::now();
-    let report = loop {
-        if let Some(r) = c.store.failure(GROUP, &p0).await.unwrap()
-            && r.attempts >= 2
-        {
-            break r;
+    let report = eventually(Duration::from_secs(5), || async {
+        match c.store.failure(GROUP, &p0).await.unwrap() {
+            Some(r) if r.attempts >= 2 => Ok(r),
+            r => Err(format!("no failing partition reported: {r:?}")),
         }
-        assert!(
-            began.elapsed() < Duration::from_secs(5),
-            "no failing partition reported"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    })
+    .await;
     assert!(report.last_error.contains("panicked"), "{report:?}");
     assert!(report.last_error.contains("offset 5"), "{report:?}");
     // Then it goes on: every record once (the handler that panicked had
@@ -577,7 +575,14 @@ async fn a_split_and_a_merge_while_workers_run_keep_per_key_order_across_the_lin
     for _ in 0..3 {
         c.add_worker_with(slow, DigestFactory::default());
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The parent is split while it is being processed, with a backlog.
+    eventually(Duration::from_secs(10), || async {
+        let started = !c.oracle.batches().is_empty();
+        started
+            .then_some(())
+            .ok_or_else(|| "nothing processed yet".to_owned())
+    })
+    .await;
     let [x, y] = c.log.split("t", 0).unwrap();
     assert_eq!((x, y), (2, 3));
     c.produce(600, "b");
@@ -701,8 +706,7 @@ async fn a_finished_parent_is_told_its_shard_ended_and_a_moved_partition_that_it
     );
     let deadline = Instant::now() + Duration::from_secs(10);
     while !told.lock().unwrap().iter().any(|(p, _)| *p == parent) {
-        assert!(Instant::now() < deadline, "the parent was never let go");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_again_async(deadline, || "the parent was never let go".into()).await;
     }
     let found = c
         .store

@@ -5,6 +5,7 @@
 // Each test file uses a part of this.
 #![allow(dead_code)]
 
+use shardcall::eventually::poll_again_async;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -242,11 +243,7 @@ impl Rig {
             // The test's own connection may still be reconnecting after a
             // Redis restart: a failed look is just not settled yet.
             let Ok(g) = store.load_group(group).await else {
-                assert!(
-                    Instant::now() < deadline,
-                    "Redis unreachable until the deadline"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                poll_again_async(deadline, || "Redis unreachable until the deadline".into()).await;
                 continue;
             };
             let mut done = g.partitions.len() == ends.len();
@@ -264,10 +261,75 @@ impl Rig {
             if done {
                 return;
             }
-            if Instant::now() > deadline {
-                panic!("group did not settle: {g:#?}\n{}", self.workers.logs());
+            poll_again_async(deadline, || {
+                format!("group did not settle: {g:#?}\n{}", self.workers.logs())
+            })
+            .await;
+        }
+    }
+
+    /// How many records `group` has checkpointed: the sum of its
+    /// partitions' checkpointed offsets.
+    pub async fn checkpointed(&self, store: &RedisStore, group: &str) -> u64 {
+        let mut sum = 0;
+        for p in self.ends().keys() {
+            let cp = store.load_checkpoint(group, p).await.unwrap();
+            sum += cp.map_or(0, |c| c.offset);
+        }
+        sum
+    }
+
+    /// Produces `n` records and waits until `group` checkpoints some of
+    /// them, so that a fault that follows lands while it processes.
+    pub async fn produce_and_wait_busy(
+        &self,
+        store: &RedisStore,
+        group: &str,
+        n: usize,
+        tag: &str,
+    ) {
+        let before = self.checkpointed(store, group).await;
+        self.produce(n, tag);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.checkpointed(store, group).await == before {
+            poll_again_async(deadline, || {
+                format!("nothing processed\n{}", self.workers.logs())
+            })
+            .await;
+        }
+    }
+
+    /// Waits until the worker `name` has joined `group` and, if
+    /// `holding`, holds a partition.
+    pub async fn wait_member(&self, store: &RedisStore, group: &str, name: &str, holding: bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let g = store.load_group(group).await.unwrap();
+            if let Some(m) = member_of(&g, name) {
+                let holds = g.partitions.values().any(
+                    |r| matches!(&r.phase, Phase::Owned { member, .. } if member.to_string() == m),
+                );
+                if holds || !holding {
+                    return;
+                }
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            poll_again_async(deadline, || {
+                format!("{name} not in: {g:#?}\n{}", self.workers.logs())
+            })
+            .await;
+        }
+    }
+
+    /// Waits until `member` (a member id) is no longer in `group`: its
+    /// lease lapsed and the coordinator expired it.
+    pub async fn wait_expired(&self, store: &RedisStore, group: &str, member: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let g = store.load_group(group).await.unwrap();
+            if !g.members.keys().any(|m| m.to_string() == member) {
+                return;
+            }
+            poll_again_async(deadline, || format!("{member} was not expired: {g:#?}")).await;
         }
     }
 
@@ -280,11 +342,10 @@ impl Rig {
             if member_of(&g, name).is_some_and(|m| m != before) {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "the resumed worker did not rejoin: {g:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            poll_again_async(deadline, || {
+                format!("the resumed worker did not rejoin: {g:#?}")
+            })
+            .await;
         }
     }
 }

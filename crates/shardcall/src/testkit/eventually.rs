@@ -4,7 +4,7 @@
 //! feature.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often [`eventually`] and [`eventually_blocking`] look again.
 pub const POLL_EVERY: Duration = Duration::from_millis(25);
@@ -48,6 +48,21 @@ where
     }
 }
 
+/// One more turn of a hand-written polling loop, for loops that
+/// [`eventually`]'s closure does not fit (one that breaks with a value
+/// from deep inside, or keeps what it saw across turns): panics with
+/// `seen()` once `deadline` has passed, otherwise waits [`POLL_EVERY`].
+pub fn poll_again(deadline: Instant, seen: impl FnOnce() -> String) {
+    assert!(crate::clock::now() < deadline, "not so in time: {}", seen());
+    std::thread::sleep(POLL_EVERY);
+}
+
+/// [`poll_again`] in a task.
+pub async fn poll_again_async(deadline: Instant, seen: impl FnOnce() -> String) {
+    assert!(crate::clock::now() < deadline, "not so in time: {}", seen());
+    tokio::time::sleep(POLL_EVERY).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,6 +79,12 @@ mod tests {
         })
         .await;
         assert_eq!(got, 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "not so in time: gone")]
+    fn a_turn_past_the_deadline_panics() {
+        poll_again(crate::clock::now(), || "gone".into());
     }
 
     #[test]
