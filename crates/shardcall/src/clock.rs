@@ -2,9 +2,16 @@
 //! process's monotonic clock, in milliseconds since it was first read, and
 //! handed to the engines of the core as plain numbers: nothing else in the
 //! runtime reads the time to decide something.
+//!
+//! The monotonic clock is tokio's: the system's own in a running program,
+//! and a simulated one in a runtime whose time is paused, so that the
+//! deterministic simulation runs the production workers on virtual time
+//! (leases, quarantines and deadlines all pass in an instant).
 
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
 
 use shardcall_core::Millis;
 
@@ -22,6 +29,18 @@ pub fn now_ms() -> Millis {
 /// The monotonic clock's now, for measuring how long a call took.
 pub fn now() -> Instant {
     Instant::now()
+}
+
+/// The store clock of a process whose members share one monotonic clock:
+/// milliseconds on [`now_ms`]. An in-process store on it keeps leases on
+/// the same (possibly simulated) time as the workers.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MonotonicClock;
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> Millis {
+        now_ms()
+    }
 }
 
 /// Now on the timers' clock (tokio's, which tests may pause), for

@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};

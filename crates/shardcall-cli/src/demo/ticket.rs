@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use shardcall::oracle::{
     DigestFactory, Oracle, check_commit_chain, check_coverage, check_final_state, check_ownership,

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use shardcall_core::PartitionId;
 use shardcall_spool::Record;

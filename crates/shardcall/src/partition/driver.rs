@@ -9,7 +9,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use shardcall_core::LoadMeter;
@@ -1198,7 +1200,7 @@ mod tests {
     struct FlakyRelease {
         lease: LocalLease,
         failures_left: u32,
-        asked: Arc<Mutex<Vec<std::time::Instant>>>,
+        asked: Arc<Mutex<Vec<Instant>>>,
     }
 
     #[async_trait]

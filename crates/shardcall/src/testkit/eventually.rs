@@ -53,13 +53,21 @@ where
 /// from deep inside, or keeps what it saw across turns): panics with
 /// `seen()` once `deadline` has passed, otherwise waits [`POLL_EVERY`].
 pub fn poll_again(deadline: Instant, seen: impl FnOnce() -> String) {
-    assert!(crate::clock::now() < deadline, "not so in time: {}", seen());
+    assert!(
+        crate::clock::now().into_std() < deadline,
+        "not so in time: {}",
+        seen()
+    );
     std::thread::sleep(POLL_EVERY);
 }
 
 /// [`poll_again`] in a task.
 pub async fn poll_again_async(deadline: Instant, seen: impl FnOnce() -> String) {
-    assert!(crate::clock::now() < deadline, "not so in time: {}", seen());
+    assert!(
+        crate::clock::now().into_std() < deadline,
+        "not so in time: {}",
+        seen()
+    );
     tokio::time::sleep(POLL_EVERY).await;
 }
 
@@ -84,7 +92,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "not so in time: gone")]
     fn a_turn_past_the_deadline_panics() {
-        poll_again(crate::clock::now(), || "gone".into());
+        poll_again(crate::clock::now().into_std(), || "gone".into());
     }
 
     #[test]
