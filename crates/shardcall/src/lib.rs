@@ -47,6 +47,8 @@ pub use testkit::conformance_state;
 pub use testkit::conformance_tickets;
 #[cfg(feature = "testkit")]
 pub use testkit::eventually;
+#[cfg(feature = "testkit")]
+pub use testkit::faulty_store;
 
 pub use config::{
     BatchConfig, DEFAULT_MAX_BYTES, MAX_BYTES_LIMIT, MAX_RECORDS_LIMIT, WorkerConfig,

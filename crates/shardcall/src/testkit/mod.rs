@@ -1,8 +1,10 @@
 //! What tests of any backend need (feature `testkit`): the conformance
-//! suites every store must pass and waiting on a condition.
+//! suites every store must pass, waiting on a condition, and a store that
+//! goes wrong on purpose.
 
 pub mod conformance;
 pub mod conformance_backup;
 pub mod conformance_state;
 pub mod conformance_tickets;
 pub mod eventually;
+pub mod faulty_store;

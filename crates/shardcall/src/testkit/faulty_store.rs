@@ -1,0 +1,707 @@
+//! A coordination store that goes wrong on purpose, for simulations and
+//! fault tests (feature `testkit`): it wraps any store and, per call,
+//! decided by a seeded generator, delivers the request late or loses the
+//! answer (the call took effect, its caller hears an error, as when a
+//! connection drops after the write); and while frozen, every request
+//! waits, to land all at once when it thaws. A request lands even if its
+//! caller stopped waiting for it (a zombie's late write, which the store's
+//! fencing must refuse). Each member gets its own wrapper, so faults hit
+//! one member.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shardcall_core::{
+    Command, CoordinatorLease, Epoch, GroupState, MemberId, MemberView, Millis, PartitionId,
+    PartitionLoad, QuarantinePolicy, Standing,
+};
+use tokio::sync::watch;
+
+use crate::coordination::dead_letter_counts::DeadLetterCounts;
+use crate::coordination::failures::{FailureReport, FailureReports};
+use crate::coordination::found_lineage::{FoundLineage, LineageFindings};
+use crate::coordination::stopped::{StoppedPartition, StoppedPartitions};
+use crate::coordination::store::{
+    Checkpoint, CoordinationStore, GroupPolicy, StoreError, StoreResult,
+};
+use crate::local_state::restores::{RestoreProgress, RestoreReport, RestoreReports};
+
+/// What goes wrong, and how often: shared by a [`FaultyStore`] and the
+/// test that steers it.
+#[derive(Debug)]
+pub struct Faults {
+    dice: Mutex<u64>,
+    rates: Mutex<FaultRates>,
+    frozen: watch::Sender<bool>,
+}
+
+/// How often calls go wrong.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultRates {
+    /// Calls in a thousand whose answer is lost (after the call took
+    /// effect).
+    pub lost_per_mille: u32,
+    /// Calls in a thousand whose request is delivered late.
+    pub late_per_mille: u32,
+    /// At most how late.
+    pub late_by: Duration,
+}
+
+/// Why a [`FaultyStore`] failed a call.
+#[derive(Debug, thiserror::Error)]
+#[error("the simulated link lost the answer")]
+pub struct LostAnswer;
+
+impl Faults {
+    /// No faults yet, dice seeded with `seed`.
+    pub fn new(seed: u64) -> Arc<Self> {
+        Arc::new(Self {
+            dice: Mutex::new(seed ^ 0x9E37_79B9_7F4A_7C15),
+            rates: Mutex::new(FaultRates::default()),
+            frozen: watch::Sender::new(false),
+        })
+    }
+
+    /// Sets how often calls go wrong from now on.
+    pub fn set_rates(&self, rates: FaultRates) {
+        *self.rates.lock().expect("rates lock") = rates;
+    }
+
+    /// Freezes (every call waits) or thaws.
+    pub fn freeze(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
+    }
+
+    /// Whether calls wait.
+    pub fn is_frozen(&self) -> bool {
+        *self.frozen.borrow()
+    }
+
+    /// Waits while frozen.
+    pub async fn wait_thawed(&self) {
+        let mut rx = self.frozen.subscribe();
+        let _ = rx.wait_for(|frozen| !frozen).await;
+    }
+
+    /// A number below `n` from the seeded dice (splitmix64).
+    fn roll(&self, n: u64) -> u64 {
+        let mut x = self.dice.lock().expect("dice lock");
+        *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % n.max(1)
+    }
+
+    /// Holds a request back: while frozen, and sometimes a while more.
+    /// The request lands then even if its caller gave up waiting.
+    async fn deliver(&self) {
+        self.wait_thawed().await;
+        let rates = *self.rates.lock().expect("rates lock");
+        if self.roll(1000) < u64::from(rates.late_per_mille) {
+            let by = self.roll(rates.late_by.as_millis() as u64 + 1);
+            tokio::time::sleep(Duration::from_millis(by)).await;
+        }
+    }
+
+    /// The answer as the caller hears it: once thawed (a paused process
+    /// hears nothing), and sometimes lost.
+    async fn answer<T>(
+        &self,
+        answer: Result<StoreResult<T>, tokio::task::JoinError>,
+    ) -> StoreResult<T> {
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        self.wait_thawed().await;
+        let lost = u64::from(self.rates.lock().expect("rates lock").lost_per_mille);
+        if self.roll(1000) < lost {
+            return Err(StoreError::unavailable("the simulated link", LostAnswer));
+        }
+        answer
+    }
+}
+
+/// A store whose calls go wrong as its [`Faults`] say.
+#[derive(Debug)]
+pub struct FaultyStore<S> {
+    inner: Arc<S>,
+    faults: Arc<Faults>,
+}
+
+impl<S> FaultyStore<S> {
+    /// `inner`, going wrong as `faults` say.
+    pub fn new(inner: Arc<S>, faults: Arc<Faults>) -> Self {
+        Self { inner, faults }
+    }
+}
+
+#[async_trait]
+impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
+    async fn now(&self) -> StoreResult<Millis> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.now().await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn ensure_policy(
+        &self,
+        group: &str,
+        proposed: QuarantinePolicy,
+        actor: &str,
+    ) -> StoreResult<GroupPolicy> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let actor = actor.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.ensure_policy(&group, proposed, &actor).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn set_policy(
+        &self,
+        group: &str,
+        policy: QuarantinePolicy,
+        actor: &str,
+    ) -> StoreResult<GroupPolicy> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let actor = actor.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.set_policy(&group, policy, &actor).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn load_policy(&self, group: &str) -> StoreResult<Option<GroupPolicy>> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.load_policy(&group).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn join(
+        &self,
+        group: &str,
+        member: &MemberId,
+        weight: u32,
+        host: &str,
+        ttl: Duration,
+    ) -> StoreResult<Millis> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let host = host.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.join(&group, &member, weight, &host, ttl).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn renew(&self, group: &str, member: &MemberId, ttl: Duration) -> StoreResult<Millis> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.renew(&group, &member, ttl).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn leave(&self, group: &str, member: &MemberId) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.leave(&group, &member).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn acquire_coordinator(
+        &self,
+        group: &str,
+        member: &MemberId,
+        ttl: Duration,
+    ) -> StoreResult<Option<CoordinatorLease>> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.acquire_coordinator(&group, &member, ttl).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn release_coordinator(
+        &self,
+        group: &str,
+        member: &MemberId,
+        epoch: u64,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.release_coordinator(&group, &member, epoch).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn load_group(&self, group: &str) -> StoreResult<GroupState> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.load_group(&group).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn refresh_group(
+        &self,
+        group: &str,
+        cached: Option<GroupState>,
+    ) -> StoreResult<GroupState> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.refresh_group(&group, cached).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn changes(&self, group: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.changes(group).await
+    }
+
+    async fn apply(
+        &self,
+        group: &str,
+        coordinator_epoch: u64,
+        expected_version: u64,
+        commands: &[Command],
+    ) -> StoreResult<u64> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let commands = commands.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner
+                .apply(&group, coordinator_epoch, expected_version, &commands)
+                .await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn member_view(&self, group: &str, member: &MemberId) -> StoreResult<MemberView> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.member_view(&group, &member).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn release(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let partition = partition.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.release(&group, &member, &partition, epoch).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn backup_done(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let partition = partition.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.backup_done(&group, &member, &partition, epoch).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn set_warm(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partitions: &[PartitionId],
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let partitions = partitions.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.set_warm(&group, &member, &partitions).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn report_load(
+        &self,
+        group: &str,
+        member: &MemberId,
+        loads: &std::collections::BTreeMap<PartitionId, PartitionLoad>,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let loads = loads.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.report_load(&group, &member, &loads).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let actor = actor.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.drain(&group, &member, &actor).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn reset_offset(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        offset: u64,
+        force: bool,
+        clear_state: bool,
+        actor: &str,
+    ) -> StoreResult<Option<u64>> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let actor = actor.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner
+                .reset_offset(&group, &partition, offset, force, clear_state, &actor)
+                .await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn operator_release(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        actor: &str,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let actor = actor.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.operator_release(&group, &partition, &actor).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn load_checkpoint(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+    ) -> StoreResult<Option<Checkpoint>> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.load_checkpoint(&group, &partition).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn save_checkpoint(
+        &self,
+        group: &str,
+        member: &MemberId,
+        partition: &PartitionId,
+        checkpoint: &Checkpoint,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let member = member.to_owned();
+        let partition = partition.to_owned();
+        let checkpoint = checkpoint.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner
+                .save_checkpoint(&group, &member, &partition, &checkpoint)
+                .await
+        });
+        self.faults.answer(sent.await).await
+    }
+}
+
+#[async_trait]
+impl<S: CoordinationStore> FailureReports for FaultyStore<S> {
+    async fn report_failure(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        member: &MemberId,
+        epoch: Epoch,
+        attempts: u32,
+        error: &str,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let member = member.to_owned();
+        let error = error.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner
+                .report_failure(&group, &partition, &member, epoch, attempts, &error)
+                .await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn clear_failure(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        epoch: Epoch,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.clear_failure(&group, &partition, epoch).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn failure(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+    ) -> StoreResult<Option<FailureReport>> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.failure(&group, &partition).await
+        });
+        self.faults.answer(sent.await).await
+    }
+}
+
+#[async_trait]
+impl<S: CoordinationStore> RestoreReports for FaultyStore<S> {
+    async fn report_restore(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        progress: &RestoreProgress,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let progress = progress.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.report_restore(&group, &partition, &progress).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn clear_restore(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        member: &MemberId,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let member = member.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.clear_restore(&group, &partition, &member).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn restore_report(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+    ) -> StoreResult<Option<RestoreReport>> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.restore_report(&group, &partition).await
+        });
+        self.faults.answer(sent.await).await
+    }
+}
+
+#[async_trait]
+impl<S: CoordinationStore> StoppedPartitions for FaultyStore<S> {
+    async fn stop_partition(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        member: &MemberId,
+        epoch: Epoch,
+        reason: &str,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let member = member.to_owned();
+        let reason = reason.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner
+                .stop_partition(&group, &partition, &member, epoch, &reason)
+                .await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn stopped_partitions(
+        &self,
+        group: &str,
+    ) -> StoreResult<BTreeMap<PartitionId, StoppedPartition>> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.stopped_partitions(&group).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn clear_stop(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        actor: &str,
+    ) -> StoreResult<bool> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let actor = actor.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.clear_stop(&group, &partition, &actor).await
+        });
+        self.faults.answer(sent.await).await
+    }
+}
+
+#[async_trait]
+impl<S: CoordinationStore> DeadLetterCounts for FaultyStore<S> {
+    async fn count_dead_letters(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        records: u64,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let partition = partition.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.count_dead_letters(&group, &partition, records).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn dead_letter_counts(&self, group: &str) -> StoreResult<BTreeMap<PartitionId, u64>> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.dead_letter_counts(&group).await
+        });
+        self.faults.answer(sent.await).await
+    }
+}
+
+#[async_trait]
+impl<S: CoordinationStore> LineageFindings for FaultyStore<S> {
+    async fn record_lineage(
+        &self,
+        group: &str,
+        by: &MemberId,
+        epoch: u64,
+        standings: &BTreeMap<PartitionId, Standing>,
+    ) -> StoreResult<()> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let by = by.to_owned();
+        let standings = standings.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.record_lineage(&group, &by, epoch, &standings).await
+        });
+        self.faults.answer(sent.await).await
+    }
+
+    async fn found_lineage(&self, group: &str) -> StoreResult<Option<FoundLineage>> {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let group = group.to_owned();
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            inner.found_lineage(&group).await
+        });
+        self.faults.answer(sent.await).await
+    }
+}
