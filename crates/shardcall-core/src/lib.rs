@@ -51,10 +51,12 @@ pub use ticket::memory as ticket_memory;
 pub use ticket::pool as tickets;
 pub use ticket::slot as ticket_slot;
 
+pub mod cause;
 pub mod config;
 pub mod duration_text;
 pub mod ids;
 
+pub use cause::Cause;
 pub use config::{GroupConfig, GroupConfigError};
 pub use group::assign::{AssignInput, Assignment, MemberSpec, Move, MoveReason, assign, min_moves};
 pub use group::balance::{BalanceRules, LoadAssignment, LoadReport, MemberLoad, assign_by_load};

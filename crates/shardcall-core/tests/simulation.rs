@@ -751,7 +751,7 @@ impl Sim {
                     }
                     Err(f) => {
                         self.refused_checkpoints += 1;
-                        Event::Checkpointed(CheckpointAnswer::Fenced(f.to_string()))
+                        Event::Checkpointed(CheckpointAnswer::Fenced(f.to_string().into()))
                     }
                 }
             }
@@ -770,7 +770,7 @@ impl Sim {
             }
             Do::Release => match self.store.release(&id, p, epoch, now) {
                 Ok(()) => Event::Released(StoreAnswer::Ok(())),
-                Err(e) => Event::Released(StoreAnswer::Fenced(e.to_string())),
+                Err(e) => Event::Released(StoreAnswer::Fenced(e.to_string().into())),
             },
             Do::Backup { state_backed_up } => {
                 if *state_backed_up {

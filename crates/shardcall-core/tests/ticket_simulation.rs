@@ -279,7 +279,7 @@ impl Sim {
                     self.fences.insert(p.clone(), claim.epoch);
                     Event::Restored(StoreAnswer::Ok(self.checkpoints.get(&p).copied()))
                 }
-                Err(why) => Event::Restored(StoreAnswer::Fenced(why)),
+                Err(why) => Event::Restored(StoreAnswer::Fenced(why.into())),
             },
             Do::FindStart => Event::FoundStart(Some(0)),
             Do::StartHandler => Event::HandlerStarted(Ok(())),
@@ -295,7 +295,7 @@ impl Sim {
                     self.renewals += 1;
                     Event::Renewed(StoreAnswer::Ok(()))
                 }
-                Err(f) => Event::Renewed(StoreAnswer::Fenced(f.to_string())),
+                Err(f) => Event::Renewed(StoreAnswer::Fenced(f.to_string().into())),
             },
             Do::Fetch {
                 from,
@@ -323,7 +323,7 @@ impl Sim {
                     ));
                     Event::Counted(StoreAnswer::Ok(n))
                 }
-                Err(why) => Event::Counted(StoreAnswer::Fenced(why)),
+                Err(why) => Event::Counted(StoreAnswer::Fenced(why.into())),
             },
             Do::Process { range } => {
                 let serving = self.workers[w].slots[s].as_mut().unwrap();
@@ -372,7 +372,7 @@ impl Sim {
                     self.checkpoints.insert(p.clone(), last + 1);
                     Event::Checkpointed(CheckpointAnswer::Committed)
                 }
-                Err(why) => Event::Checkpointed(CheckpointAnswer::Fenced(why)),
+                Err(why) => Event::Checkpointed(CheckpointAnswer::Fenced(why.into())),
             },
             Do::DeadLetter {
                 range,

@@ -18,8 +18,14 @@
 //! with `SHARDCALL_SIM_SEED=N` (`SHARDCALL_SIM_SEEDS=N` runs more seeds).
 //! The schedule replays exactly; the disk writes of the local stores run
 //! on real threads, so the interleaving around them can differ from run
-//! to run. Taking the store's fencing out of checkpoints fails seed 5 (a
-//! zombie's late checkpoint skips records).
+//! to run. Shortening the quarantine to a tenth fails seed 3 (a new owner
+//! starts 50 ms after the old one stopped).
+//!
+//! It found a stall: a checkpoint whose answer was lost left the stored
+//! offset behind the local state store, and a worker that got the
+//! partition back resumed from its store and, with nothing new to read,
+//! never wrote the offset forward (the partition showed lag for ever).
+//! The partition engine now checkpoints such records as pending.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,11 +36,11 @@ use shardcall::digest::DIGEST_KEY;
 use shardcall::faulty_store::{FaultRates, Faults, FaultyStore};
 use shardcall::oracle::{DigestFactory, DigestState, Oracle, check_coverage, check_ownership};
 use shardcall::{
-    FileLogSource, FjallStateStore, MemoryBackupStore, MemoryStore, StateConfig, StateStore,
-    Worker, WorkerConfig, WorkerHandle, partition_store_dir,
+    CoordinationStore, FileLogSource, FjallStateStore, MemoryBackupStore, MemoryStore, StateConfig,
+    StateStore, Worker, WorkerConfig, WorkerHandle, partition_store_dir,
 };
 use shardcall_core::{GroupConfig, PartitionId};
-use shardcall_spool::{FileLog, SpoolConfig};
+use shardcall_spool::{FileLog, Producer, SpoolConfig};
 
 const GROUP: &str = "sim";
 const PARTITIONS: u32 = 6;
@@ -80,6 +86,8 @@ struct Member {
 struct World {
     root: PathBuf,
     log: FileLog,
+    /// The log's one producer, shared with the trickle.
+    producer: Arc<std::sync::Mutex<Producer>>,
     store: Arc<MemoryStore>,
     source: Arc<FileLogSource>,
     backups: Arc<MemoryBackupStore>,
@@ -96,6 +104,7 @@ impl World {
         log.ensure_topic("t", PARTITIONS).unwrap();
         Self {
             root: root.to_owned(),
+            producer: Arc::new(std::sync::Mutex::new(log.producer("t").unwrap())),
             source: Arc::new(FileLogSource::new(log.clone(), vec!["t".into()])),
             log,
             store: Arc::new(MemoryStore::new(Arc::new(shardcall::clock::MonotonicClock))),
@@ -153,13 +162,14 @@ impl World {
     }
 
     fn produce(&mut self, n: u64) {
-        let mut p = self.log.producer("t").unwrap();
+        let mut p = self.producer.lock().unwrap();
         for i in 0..n {
             let key = format!("k{}", i % 17);
             p.send(Some(key.as_bytes()), format!("r{i}").as_bytes(), 0)
                 .unwrap();
         }
         p.flush().unwrap();
+        drop(p);
         self.trace.push(format!("produce {n}"));
     }
 
@@ -176,6 +186,9 @@ impl World {
             }
             3 if live > 1 => {
                 let m = self.members.remove(dice.below(live as u64) as usize);
+                // Its connection is reset: requests still on their way
+                // never land (those that landed stay).
+                m.faults.cut();
                 m.handle.kill();
                 self.trace.push(format!("kill -9 {}", m.name));
             }
@@ -225,15 +238,25 @@ impl World {
         }
         self.trace.push("heal every link".into());
         let ends = self.ends();
-        shardcall::settle::wait_settled(
+        let settled = shardcall::settle::wait_settled(
             &*self.store,
             GROUP,
             &ends,
             &BTreeMap::new(),
             Duration::from_secs(600),
         )
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", self.trace.join("\n")));
+        .await;
+        if let Err(e) = settled {
+            let mut at = Vec::new();
+            for (p, end) in &ends {
+                let cp = self.store.load_checkpoint(GROUP, p).await.unwrap();
+                at.push(format!(
+                    "{p}: checkpoint {:?} of {end}",
+                    cp.map(|c| c.offset)
+                ));
+            }
+            panic!("{e}\n{}\n{}", at.join("\n"), self.trace.join("\n"));
+        }
     }
 
     async fn stop_all(&mut self) {
@@ -268,9 +291,28 @@ fn run(seed: u64) {
         world.produce(100);
         world.start(0);
         world.start(1);
+        // A trickle beside the bursts, so that every partition has records
+        // waiting whenever it changes hands: the new owner starts at once,
+        // and a short quarantine would show.
+        let trickle = {
+            let producer = world.producer.clone();
+            tokio::spawn(async move {
+                for i in 0u64.. {
+                    {
+                        let mut p = producer.lock().unwrap();
+                        let key = format!("t{}", i % 13);
+                        p.send(Some(key.as_bytes()), b"trickle", 0).unwrap();
+                        p.flush().unwrap();
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        };
         for _ in 0..STEPS {
             world.step(&mut dice).await;
         }
+        trickle.abort();
+        let _ = trickle.await;
         world.settle().await;
         world.stop_all().await;
         let ends = world.ends();
@@ -312,6 +354,16 @@ fn run(seed: u64) {
     });
 }
 
+/// `SHARDCALL_SIM_LOG=debug` (a tracing filter) logs the workers of a run.
+fn log_when_asked() {
+    if let Ok(filter) = std::env::var("SHARDCALL_SIM_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 fn seeds() -> Vec<u64> {
     if let Some(seed) = std::env::var("SHARDCALL_SIM_SEED")
         .ok()
@@ -322,12 +374,13 @@ fn seeds() -> Vec<u64> {
     let n = std::env::var("SHARDCALL_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(6);
+        .unwrap_or(4);
     (1..=n).collect()
 }
 
 #[test]
 fn the_production_workers_keep_every_property_under_crashes_pauses_and_lost_answers() {
+    log_when_asked();
     for seed in seeds() {
         eprintln!("seed {seed}");
         run(seed);

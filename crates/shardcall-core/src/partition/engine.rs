@@ -27,6 +27,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Duration;
 
+use crate::cause::Cause;
 use crate::ids::Millis;
 use crate::partition::bisect::{Bisect, BisectStep};
 use crate::partition::retry::RetryBackoff;
@@ -221,7 +222,7 @@ pub enum Command {
         /// Deliveries it had.
         attempts: u32,
         /// Why the last one failed.
-        error: String,
+        error: Cause,
     },
     /// Tell the store (and the log and metrics) that calls are failing.
     /// Answer: [`Event::Done`].
@@ -229,7 +230,7 @@ pub enum Command {
         /// Failed calls in a row.
         attempts: u32,
         /// Why the last failed.
-        error: String,
+        error: Cause,
         /// When the next attempt comes (`None`: none here).
         retry_in: Option<Duration>,
     },
@@ -291,7 +292,7 @@ pub enum Command {
     /// [`Event::StopWritten`].
     StopPartition {
         /// What cannot be read, said for the operator.
-        reason: String,
+        reason: Cause,
     },
     /// Give the ticket back, due again after `delay`. Answer:
     /// [`Event::Done`].
@@ -313,16 +314,16 @@ pub enum End {
     GivenUp(&'static str),
     /// Fenced out or out of lease: stopped without releasing or giving
     /// back.
-    Lost(String),
+    Lost(Cause),
     /// The source's data cannot be read past (damaged), in ticket mode, or
     /// the coordination store holds data that cannot be read (any mode):
     /// the worker must stop and say why (retrying cannot mend it, and
     /// another member would hit it too).
-    Failed(String),
+    Failed(Cause),
     /// The partition's data or state cannot be read past (owned mode):
     /// what was processed before is checkpointed, the partition is marked
     /// stopped for the group and released; the worker serves the rest.
-    Stopped(String),
+    Stopped(Cause),
     /// The ticket went back.
     GaveBack {
         /// Why it went back.
@@ -351,25 +352,25 @@ pub enum StoreAnswer<T> {
     /// It worked.
     Ok(T),
     /// The grant or claim is no longer ours.
-    Fenced(String),
+    Fenced(Cause),
     /// It failed and may be tried again.
-    Failed(String),
+    Failed(Cause),
 }
 
 /// Why a handler call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallFailure {
     /// The handler failed the records (an error or a panic).
-    Batch(String),
+    Batch(Cause),
     /// A handler rebuilt after a failure refused the partition: no record
     /// is to blame.
-    Refused(String),
+    Refused(Cause),
     /// The call outlived its deadline and could not be stopped: the
     /// handler is abandoned.
-    Stuck(String),
+    Stuck(Cause),
     /// The batch's writes could not be committed to the local state store
     /// (a full disk, a failing one): the partition is given up.
-    Storage(String),
+    Storage(Cause),
 }
 
 /// A checkpoint write's outcome.
@@ -378,9 +379,9 @@ pub enum CheckpointAnswer {
     /// Written.
     Committed,
     /// Refused: the grant or claim is no longer ours.
-    Fenced(String),
+    Fenced(Cause),
     /// Failed and may be tried again while the lease runs.
-    Failed(String),
+    Failed(Cause),
     /// No answer while the lease ran: it may have landed.
     Unanswered,
 }
@@ -392,6 +393,19 @@ pub enum Event {
     Start,
     /// The checkpoint's offset, if there is one.
     Restored(StoreAnswer<Option<u64>>),
+    /// The local state store is ahead of the checkpoint: the records from
+    /// `checkpointed` up to `resume_at` are in the state, but their
+    /// checkpoint never landed (its answer was lost, or the worker stopped
+    /// first). Reading goes on at `resume_at`, and those records are
+    /// pending: their checkpoint is written as any other's, at once if
+    /// nothing more comes. (Without it the stored offset would stay behind,
+    /// and the partition show lag, until new records came.)
+    RestoredAhead {
+        /// The stored checkpoint's offset.
+        checkpointed: u64,
+        /// The local state store's next offset.
+        resume_at: u64,
+    },
     /// Where the partition starts (`None`: the source could not say).
     FoundStart(Option<u64>),
     /// The handler is ready, or why not.
@@ -405,7 +419,7 @@ pub enum Event {
     /// answer, a stream that is gone): shown as failing from the first
     /// time, and, in owned mode, given up after `give_up_after` in a row
     /// so a member that can read it takes it.
-    FetchFailed(String),
+    FetchFailed(Cause),
     /// Deliveries of the batch so far, this one included.
     Counted(StoreAnswer<u32>),
     /// The handler call's outcome.
@@ -431,7 +445,7 @@ pub enum Event {
     Interrupted,
     /// The answer to a fetch or to finding the start: the source's data is
     /// damaged and cannot be read past.
-    Unreadable(String),
+    Unreadable(Cause),
     /// The answer to a `Process` or `DeadLetter` that the driver did not
     /// carry out: the lease had run out by the time the records would have
     /// left (the process was paused, or waited for a slot). Nothing was
@@ -443,7 +457,7 @@ pub enum Event {
     /// holds data this cannot read (another program's key, a record of an
     /// incompatible version). Retrying cannot mend it, and it is the
     /// group's data, not the partition's: the worker stops and says so.
-    StoreUnreadable(String),
+    StoreUnreadable(Cause),
 }
 
 /// Where the engine is.
@@ -499,7 +513,7 @@ pub struct PartitionEngine {
     attempts: u32,
     /// Failed calls in a row.
     streak: u32,
-    last_error: Option<String>,
+    last_error: Option<Cause>,
     isolation: Option<Isolation>,
     /// Whether a ticket found records.
     found: bool,
@@ -513,7 +527,7 @@ pub struct PartitionEngine {
     source_failing: bool,
     /// Why the partition is being stopped for the group (its stop is
     /// written or being written; it ends at the release).
-    stopping: Option<String>,
+    stopping: Option<Cause>,
     /// A ticket's outcome and delay, once decided.
     served: Option<(Served, Duration)>,
     history: TicketHistory,
@@ -694,7 +708,7 @@ impl PartitionEngine {
     }
 
     /// Stops here: nothing queued goes out.
-    fn lose(&mut self, why: impl Into<String>) {
+    fn lose(&mut self, why: impl Into<Cause>) {
         self.queue.clear();
         self.queue.push_back(Command::Done(End::Lost(why.into())));
     }
@@ -850,7 +864,7 @@ impl PartitionEngine {
 
     /// A failed call that is not the batch's to pay for by dead letters:
     /// reported, then paused for, or the partition given up.
-    fn call_failed(&mut self, error: String) {
+    fn call_failed(&mut self, error: Cause) {
         self.streak += 1;
         let attempts = self.streak.max(self.attempts);
         let give_up_after = self.rules.give_up_after;
@@ -887,7 +901,7 @@ impl PartitionEngine {
     /// snapshotted from it. The failure is reported and paused for (or the
     /// partition given up) as any failed call, then the partition restores
     /// its last snapshot and reads on from that snapshot's offset.
-    fn rewind(&mut self, failed_at: u64, error: String) {
+    fn rewind(&mut self, failed_at: u64, error: Cause) {
         self.pending = None;
         self.state_unknown = true;
         self.rewound_at = Some(self.rewound_at.map_or(failed_at, |at| at.max(failed_at)));
@@ -899,7 +913,7 @@ impl PartitionEngine {
 
     /// The handler could not be stopped: it is abandoned, the partition
     /// given up (a ticket goes back for a slot with a handler of its own).
-    fn stuck(&mut self, error: String) {
+    fn stuck(&mut self, error: Cause) {
         self.streak += 1;
         self.queue.push_back(Command::ReportFailure {
             attempts: self.streak.max(self.attempts),
@@ -913,7 +927,7 @@ impl PartitionEngine {
     /// The local state store failed a commit: the partition is given up
     /// (released for another member, whose disk may be fine), after what
     /// is pending is checkpointed.
-    fn storage_failed(&mut self, error: String) {
+    fn storage_failed(&mut self, error: Cause) {
         self.streak += 1;
         self.queue.push_back(Command::ReportFailure {
             attempts: self.streak.max(self.attempts),
@@ -926,7 +940,7 @@ impl PartitionEngine {
 
     /// The handler refused the partition. Owned: a failed call like any
     /// other. Ticket: the ticket goes back, backed off more each claim.
-    fn refused(&mut self, error: String) {
+    fn refused(&mut self, error: Cause) {
         if self.ticket().is_none() {
             return self.call_failed(error);
         }
@@ -958,6 +972,25 @@ impl PartitionEngine {
                 StoreAnswer::Fenced(why) => self.lose(why),
                 StoreAnswer::Failed(_) => self.retry_or_give_back(),
             },
+            (
+                Some(Command::Restore),
+                Event::RestoredAhead {
+                    checkpointed,
+                    resume_at,
+                },
+            ) => {
+                self.io_failures = 0;
+                self.state_unknown = false;
+                self.next_offset = resume_at;
+                if resume_at > checkpointed {
+                    self.pending = Some(Pending {
+                        first: checkpointed,
+                        last: resume_at - 1,
+                        began: env.now,
+                    });
+                }
+                self.stage = Stage::StartingHandler;
+            }
             (Some(Command::FindStart), Event::FoundStart(found)) => match found {
                 Some(offset) => {
                     self.io_failures = 0;
@@ -1000,9 +1033,10 @@ impl PartitionEngine {
                         // This record alone used its attempts up: no
                         // further call.
                         let error = self.last_error.clone().unwrap_or_else(|| {
-                            "earlier deliveries ended without an answer \
-                             (the worker stopped or crashed)"
-                                .to_string()
+                            Cause::msg(
+                                "earlier deliveries ended without an answer \
+                                 (the worker stopped or crashed)",
+                            )
                         });
                         self.queue.push_back(Command::DeadLetter {
                             range: 0..self.batch.len(),
@@ -1194,7 +1228,7 @@ impl PartitionEngine {
     /// The source failed a fetch, saying why: reported from the first
     /// failure on, paused more and more, and (owned mode) given up after
     /// `give_up_after` in a row.
-    fn fetch_failed(&mut self, why: String, env: Env) {
+    fn fetch_failed(&mut self, why: Cause, env: Env) {
         let pause = self.io_failed();
         if self.ticket().is_some() {
             self.finish(Served::Failed, pause);
@@ -1427,7 +1461,10 @@ impl PartitionEngine {
                     return Some(Command::DeadLetter {
                         range: i..i + 1,
                         attempts,
-                        error: self.last_error.clone().unwrap_or_default(),
+                        error: self
+                            .last_error
+                            .clone()
+                            .unwrap_or_else(|| Cause::msg("no error was heard")),
                     });
                 }
                 BisectStep::Done => {
@@ -1987,6 +2024,37 @@ mod tests {
     }
 
     #[test]
+    fn a_local_store_ahead_of_the_checkpoint_is_checkpointed_once_caught_up() {
+        // Records 5..=7 are in the local state store, but their checkpoint
+        // never landed; nothing more comes.
+        let rules = with_state(Duration::from_secs(30), Duration::ZERO);
+        let mut engine = PartitionEngine::new(rules);
+        let mut env = World::new(0).env();
+        let mut command = engine.step(Event::Start, env);
+        let mut fetched_from = Vec::new();
+        let written = loop {
+            env.now += 100;
+            let event = match &command {
+                Command::Restore => Event::RestoredAhead {
+                    checkpointed: 5,
+                    resume_at: 8,
+                },
+                Command::StartHandler => Event::HandlerStarted(Ok(())),
+                Command::Fetch { from, .. } => {
+                    fetched_from.push(*from);
+                    assert!(fetched_from.len() < 10, "never checkpointed");
+                    Event::Fetched(Some(vec![]))
+                }
+                Command::Checkpoint { first, last, .. } => break (*first, *last),
+                other => panic!("{other:?}"),
+            };
+            command = engine.step(event, env);
+        };
+        assert_eq!(written, (5, 7), "the records the checkpoint lacked");
+        assert_eq!(fetched_from[0], 8, "reading goes on after the local store");
+    }
+
+    #[test]
     fn an_idle_partition_backs_up_its_last_changes_on_the_interval() {
         // One batch, checkpointed as it catches up; then nothing comes.
         let rules = with_state(Duration::from_secs(30), Duration::ZERO);
@@ -2466,7 +2534,7 @@ mod tests {
         w.fenced_from_write = Some(1);
         let end = w.run(owned());
         assert!(
-            matches!(end, End::Lost(ref why) if why.contains("refused")),
+            matches!(end, End::Lost(ref why) if why.to_string().contains("refused")),
             "{end:?}"
         );
         assert_eq!(w.count(|c| matches!(c, Command::Release)), 0);
@@ -2543,7 +2611,7 @@ mod tests {
                     Event::Checkpointed(CheckpointAnswer::Committed)
                 }
                 Command::StopPartition { reason } => {
-                    assert_eq!(reason, "checksum mismatch at byte 7");
+                    assert_eq!(reason.to_string(), "checksum mismatch at byte 7");
                     stops += 1;
                     // The store is down once: the stop is written again.
                     if stops == 1 {
@@ -2603,7 +2671,7 @@ mod tests {
         assert_eq!(
             reports,
             (1..=3)
-                .map(|n| (n, "stream s not found".to_string()))
+                .map(|n| (n, Cause::msg("stream s not found")))
                 .collect::<Vec<_>>()
         );
     }

@@ -64,6 +64,11 @@ impl HandlerError {
     pub fn cause(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         &*self.0
     }
+
+    /// The cause, as the partition engine is told it.
+    pub fn into_cause(self) -> shardcall_core::Cause {
+        shardcall_core::Cause::from_arc(std::sync::Arc::from(self.0))
+    }
 }
 
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {

@@ -14,13 +14,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use async_trait::async_trait;
-use shardcall_core::LoadMeter;
 use shardcall_core::partition_engine::Command;
 use shardcall_core::state_plan::BackupPointer;
 use shardcall_core::{
     CallFailure, CheckpointAnswer, End, Env, Epoch, Event, PartitionEngine, PartitionId,
     PartitionRules, StateOf, StoreAnswer, state_plan,
 };
+use shardcall_core::{Cause, LoadMeter};
 use shardcall_spool::Record;
 use tokio::sync::watch;
 
@@ -240,7 +240,7 @@ where
                 // The store answered with data nobody can read: that is the
                 // answer, whatever the command was.
                 if let Some(why) = driver.unreadable_store.take() {
-                    event = Event::StoreUnreadable(why);
+                    event = Event::StoreUnreadable(why.into());
                 }
             }
         }
@@ -335,11 +335,11 @@ async fn log_holds_replay<Src: Source>(
     let start = match source.log_start(partition).await {
         Ok(start) => start,
         Err(e) if e.disposition() == Disposition::Fatal => {
-            return Err(Event::Unreadable(e.to_string()));
+            return Err(Event::Unreadable(Cause::new(e)));
         }
         Err(e) => {
             tracing::warn!(error = %e, "finding where the log starts; restoring again");
-            return Err(Event::Restored(StoreAnswer::Failed(e.to_string())));
+            return Err(Event::Restored(StoreAnswer::Failed(Cause::new(e))));
         }
     };
     let Some(gap) = state_plan::replay_gap(at, start) else {
@@ -362,14 +362,14 @@ async fn log_holds_replay<Src: Source>(
         ));
     }
     tracing::error!(error = %why, "the partition stops");
-    Err(Event::Unreadable(why))
+    Err(Event::Unreadable(why.into()))
 }
 
 fn failure(e: CallError) -> CallFailure {
     match e {
-        CallError::Batch(e) => CallFailure::Batch(format!("{e:#}")),
-        CallError::Assign(e) => CallFailure::Refused(format!("{e:#}")),
-        CallError::Stuck(e) => CallFailure::Stuck(format!("{e:#}")),
+        CallError::Batch(e) => CallFailure::Batch(e.into_cause()),
+        CallError::Assign(e) => CallFailure::Refused(e.into_cause()),
+        CallError::Stuck(e) => CallFailure::Stuck(e.into_cause()),
     }
 }
 
@@ -395,12 +395,12 @@ where
     fn answer<T>(&mut self, r: Result<T, StoreError>) -> StoreAnswer<T> {
         match r {
             Ok(v) => StoreAnswer::Ok(v),
-            Err(StoreError::Fenced(f)) => StoreAnswer::Fenced(f.to_string()),
+            Err(StoreError::Fenced(f)) => StoreAnswer::Fenced(Cause::new(f)),
             Err(e) => {
                 if e.disposition() == Disposition::Fatal {
                     self.unreadable_store = Some(e.to_string());
                 }
-                StoreAnswer::Failed(e.to_string())
+                StoreAnswer::Failed(Cause::new(e))
             }
         }
     }
@@ -420,7 +420,7 @@ where
             Command::Restore => self.restore().await,
             Command::FindStart => match self.d.source.initial_offset(&self.d.ctx.partition).await {
                 Ok(o) => Event::FoundStart(Some(o)),
-                Err(e) if e.disposition() == Disposition::Fatal => Event::Unreadable(e.to_string()),
+                Err(e) if e.disposition() == Disposition::Fatal => Event::Unreadable(Cause::new(e)),
                 Err(e) => {
                     tracing::warn!(error = %e, "finding the first offset");
                     Event::FoundStart(None)
@@ -458,7 +458,7 @@ where
                 attempts,
                 error,
             } => Event::DeadLettered(
-                self.dead_letter(&self.batch.clone()[range], attempts, &error)
+                self.dead_letter(&self.batch.clone()[range], attempts, &format!("{error:#}"))
                     .await,
             ),
             Command::ReportFailure {
@@ -471,7 +471,7 @@ where
                     self.d.group,
                     &self.d.ctx,
                     attempts,
-                    &error,
+                    &format!("{error:#}"),
                     retry_in,
                 )
                 .await;
@@ -497,7 +497,7 @@ where
                         &self.d.ctx.partition,
                         &self.d.ctx.member,
                         self.d.ctx.epoch,
-                        &reason,
+                        &format!("{reason:#}"),
                     )
                     .await;
                 if let Err(e) = &stopped {
@@ -597,10 +597,10 @@ where
             // the checkpoint's offset) stops the partition, as a fetch's
             // would; anything else is retried.
             if e.disposition() == Disposition::Fatal {
-                return Event::Unreadable(e.to_string());
+                return Event::Unreadable(Cause::new(e));
             }
             tracing::warn!(error = %e, "telling the source where the partition resumes");
-            return Event::Restored(StoreAnswer::Failed(e.to_string()));
+            return Event::Restored(StoreAnswer::Failed(Cause::new(e)));
         }
         if self.local.is_none() {
             return Event::Restored(StoreAnswer::Ok(checkpoint.map(|cp| {
@@ -623,9 +623,9 @@ where
             Ok(Ok(local)) => self.local = Some(local),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "opening the local state store");
-                return Err(Event::Restored(StoreAnswer::Failed(e.to_string())));
+                return Err(Event::Restored(StoreAnswer::Failed(Cause::new(e))));
             }
-            Err(e) => return Err(Event::Restored(StoreAnswer::Failed(e.to_string()))),
+            Err(e) => return Err(Event::Restored(StoreAnswer::Failed(Cause::new(e)))),
         }
         Ok(())
     }
@@ -662,12 +662,25 @@ where
                     ms = began.elapsed().as_millis() as u64,
                     "local state store restored"
                 );
-                Event::Restored(StoreAnswer::Ok(restored.resume_at))
+                match (restored.resume_at, self.checkpoint) {
+                    // The local store holds records whose checkpoint never
+                    // landed: they are checkpointed under this grant (and
+                    // count, for an oracle, as processed now).
+                    (Some(resume_at), Some((checkpointed, _))) if resume_at > checkpointed => {
+                        self.processed_us = self.now_us();
+                        self.pending_started_us = Some(self.processed_us);
+                        Event::RestoredAhead {
+                            checkpointed,
+                            resume_at,
+                        }
+                    }
+                    _ => Event::Restored(StoreAnswer::Ok(restored.resume_at)),
+                }
             }
-            Err(RestoreFailure::Unrecoverable(why)) => Event::Unreadable(why),
+            Err(RestoreFailure::Unrecoverable(why)) => Event::Unreadable(why.into()),
             Err(e) => {
                 tracing::warn!(error = %e, "restoring the local state store");
-                Event::Restored(StoreAnswer::Failed(e.to_string()))
+                Event::Restored(StoreAnswer::Failed(Cause::new(e)))
             }
         }
     }
@@ -686,7 +699,7 @@ where
             Ok(None) => return Event::Snapshotted(StoreAnswer::Ok(())),
             Err(e) => {
                 tracing::warn!(error = %e, "snapshot failed; processing goes on");
-                return Event::Snapshotted(StoreAnswer::Failed(e.to_string()));
+                return Event::Snapshotted(StoreAnswer::Failed(Cause::new(e)));
             }
         };
         self.snapshot_taken(&pointer, began);
@@ -714,7 +727,7 @@ where
             Ok(None) => Event::SnapshotBegun(StoreAnswer::Ok(false)),
             Err(e) => {
                 tracing::warn!(error = %e, "snapshot failed; processing goes on");
-                Event::SnapshotBegun(StoreAnswer::Failed(e.to_string()))
+                Event::SnapshotBegun(StoreAnswer::Failed(Cause::new(e)))
             }
         }
     }
@@ -772,7 +785,7 @@ where
             }
             Err(e) => {
                 tracing::warn!(error = %e, "snapshot failed; processing goes on");
-                StoreAnswer::Failed(e.to_string())
+                StoreAnswer::Failed(Cause::new(e))
             }
         }
     }
@@ -856,10 +869,10 @@ where
                 self.batch = Arc::new(records);
                 Event::Fetched(Some(offsets))
             }
-            Err(e) if e.disposition() == Disposition::Fatal => Event::Unreadable(e.to_string()),
+            Err(e) if e.disposition() == Disposition::Fatal => Event::Unreadable(Cause::new(e)),
             Err(e) => {
                 tracing::warn!(error = %e, "fetch failed; retrying");
-                Event::FetchFailed(e.to_string())
+                Event::FetchFailed(Cause::new(e))
             }
         }
     }
@@ -978,7 +991,7 @@ where
                     let local = self.local.as_mut().expect("checked");
                     if let Err(e) = local.commit(writes, applied).await {
                         tracing::error!(error = %e, "the local state store refused a batch; the partition is given up");
-                        return Event::Processed(Err(CallFailure::Storage(e.to_string())));
+                        return Event::Processed(Err(CallFailure::Storage(Cause::new(e))));
                     }
                     Ok(Vec::new())
                 }
@@ -997,7 +1010,7 @@ where
                     drop(permit);
                     let local = self.local.as_mut().expect("checked");
                     if let Err(e) = local.commit(WriteSet::new(), applied).await {
-                        return Event::Processed(Err(CallFailure::Storage(e.to_string())));
+                        return Event::Processed(Err(CallFailure::Storage(Cause::new(e))));
                     }
                     Ok(Vec::new())
                 }
@@ -1081,7 +1094,7 @@ where
             };
             if let Err(e) = local.commit(WriteSet::new(), applied).await {
                 tracing::warn!(error = %e, "moving the local state store's position failed");
-                return CheckpointAnswer::Failed(e.to_string());
+                return CheckpointAnswer::Failed(Cause::new(e));
             }
         }
         let checkpoint = Checkpoint {
@@ -1130,18 +1143,18 @@ where
                     BatchOutcome::Refused
                 };
                 self.tell_oracle(&write, outcome);
-                CheckpointAnswer::Fenced(f.to_string())
+                CheckpointAnswer::Fenced(Cause::new(f))
             }
             Ok(Err(e)) if e.disposition() == Disposition::Fatal => {
                 self.tell_oracle(&write, BatchOutcome::Refused);
                 self.unreadable_store = Some(e.to_string());
-                CheckpointAnswer::Failed(e.to_string())
+                CheckpointAnswer::Failed(Cause::new(e))
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "checkpoint failed; retrying");
                 write.unanswered = true;
                 self.open_write = Some(write);
-                CheckpointAnswer::Failed(e.to_string())
+                CheckpointAnswer::Failed(Cause::new(e))
             }
             Err(_) => {
                 self.tell_oracle(&write, BatchOutcome::Unknown);

@@ -219,8 +219,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 tracing::error!(reason = %why, "partition given up");
                 TaskEnd::Released
             }
-            End::Lost(why) => TaskEnd::Lost(why),
-            End::Failed(why) => TaskEnd::Unreadable(why),
+            End::Lost(why) => TaskEnd::Lost(format!("{why:#}")),
+            End::Failed(why) => TaskEnd::Unreadable(format!("{why:#}")),
             End::Stopped(why) => {
                 tracing::error!(reason = %why, "partition stopped for the group and released");
                 TaskEnd::Released

@@ -36,6 +36,7 @@ pub struct Faults {
     dice: Mutex<u64>,
     rates: Mutex<FaultRates>,
     frozen: watch::Sender<bool>,
+    cut: std::sync::atomic::AtomicBool,
 }
 
 /// How often calls go wrong.
@@ -62,6 +63,7 @@ impl Faults {
             dice: Mutex::new(seed ^ 0x9E37_79B9_7F4A_7C15),
             rates: Mutex::new(FaultRates::default()),
             frozen: watch::Sender::new(false),
+            cut: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -73,6 +75,13 @@ impl Faults {
     /// Freezes (every call waits) or thaws.
     pub fn freeze(&self, frozen: bool) {
         self.frozen.send_replace(frozen);
+    }
+
+    /// Cuts the link for good, as a killed process's connection is reset:
+    /// requests not yet delivered never land.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.freeze(false);
     }
 
     /// Whether calls wait.
@@ -97,13 +106,18 @@ impl Faults {
     }
 
     /// Holds a request back: while frozen, and sometimes a while more.
-    /// The request lands then even if its caller gave up waiting.
+    /// The request lands then even if its caller gave up waiting, unless
+    /// the link was cut meanwhile (then it never does: this waits for
+    /// ever, and the caller, if any is left, hears nothing).
     async fn deliver(&self) {
         self.wait_thawed().await;
         let rates = *self.rates.lock().expect("rates lock");
         if self.roll(1000) < u64::from(rates.late_per_mille) {
             let by = self.roll(rates.late_by.as_millis() as u64 + 1);
             tokio::time::sleep(Duration::from_millis(by)).await;
+        }
+        if self.cut.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
         }
     }
 

@@ -448,7 +448,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
             s.source.release(&p).await;
             return Err(WorkerError::Unreadable {
                 partition: p,
-                reason: reason.clone(),
+                reason: format!("{reason:#}"),
             });
         }
         _ => {
