@@ -232,15 +232,7 @@ async fn a_slow_reader_holds_fetching_back_and_loses_nothing() {
 const GROUP: &str = "g";
 
 fn timing() -> GroupConfig {
-    GroupConfig {
-        member_ttl: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        safety_margin: Duration::from_millis(500),
-        tick_interval: Duration::from_millis(50),
-        coordinator_ttl: Duration::from_millis(1000),
-        quarantine_min: Duration::from_millis(300),
-        ..GroupConfig::default()
-    }
+    shardcall::quick::quick_timing(Duration::from_millis(300))
 }
 
 async fn settle(store: &MemoryStore, expected: &BTreeMap<PartitionId, u64>, within: Duration) {

@@ -201,15 +201,7 @@ async fn a_split_and_a_merge_show_as_lineage_and_a_parent_is_finished_only_at_it
 }
 
 fn timing() -> GroupConfig {
-    GroupConfig {
-        member_ttl: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        safety_margin: Duration::from_millis(500),
-        tick_interval: Duration::from_millis(50),
-        coordinator_ttl: Duration::from_millis(1000),
-        quarantine_min: QUARANTINE,
-        ..GroupConfig::default()
-    }
+    shardcall::quick::quick_timing(QUARANTINE)
 }
 
 struct Cluster {

@@ -49,6 +49,8 @@ pub use testkit::conformance_tickets;
 pub use testkit::eventually;
 #[cfg(feature = "testkit")]
 pub use testkit::faulty_store;
+#[cfg(feature = "testkit")]
+pub use testkit::quick;
 
 pub use config::{
     BatchConfig, DEFAULT_MAX_BYTES, MAX_BYTES_LIMIT, MAX_RECORDS_LIMIT, WorkerConfig,

@@ -22,15 +22,7 @@ const GROUP: &str = "g";
 const QUARANTINE: Duration = Duration::from_millis(300);
 
 fn timing() -> GroupConfig {
-    GroupConfig {
-        member_ttl: Duration::from_millis(1500),
-        heartbeat_interval: Duration::from_millis(200),
-        safety_margin: Duration::from_millis(500),
-        tick_interval: Duration::from_millis(50),
-        coordinator_ttl: Duration::from_millis(1000),
-        quarantine_min: QUARANTINE,
-        ..GroupConfig::default()
-    }
+    shardcall::quick::quick_timing(QUARANTINE)
 }
 
 struct Cluster {

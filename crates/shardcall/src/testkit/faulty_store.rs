@@ -147,22 +147,36 @@ pub struct FaultyStore<S> {
     faults: Arc<Faults>,
 }
 
-impl<S> FaultyStore<S> {
+impl<S: CoordinationStore> FaultyStore<S> {
     /// `inner`, going wrong as `faults` say.
     pub fn new(inner: Arc<S>, faults: Arc<Faults>) -> Self {
         Self { inner, faults }
+    }
+
+    /// Sends `request` on its way (a task of its own, so that it lands
+    /// even if the caller stops waiting) and gives its answer as the
+    /// caller hears it.
+    async fn call<T, Fut>(
+        &self,
+        request: impl FnOnce(Arc<S>) -> Fut + Send + 'static,
+    ) -> StoreResult<T>
+    where
+        Fut: std::future::Future<Output = StoreResult<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        let sent = tokio::spawn(async move {
+            faults.deliver().await;
+            request(inner).await
+        });
+        self.faults.answer(sent.await).await
     }
 }
 
 #[async_trait]
 impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
     async fn now(&self) -> StoreResult<Millis> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.now().await
-        });
-        self.faults.answer(sent.await).await
+        self.call(move |s| async move { s.now().await }).await
     }
 
     async fn ensure_policy(
@@ -171,14 +185,9 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         proposed: QuarantinePolicy,
         actor: &str,
     ) -> StoreResult<GroupPolicy> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let actor = actor.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.ensure_policy(&group, proposed, &actor).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, actor) = (group.to_owned(), actor.to_owned());
+        self.call(move |s| async move { s.ensure_policy(&group, proposed, &actor).await })
+            .await
     }
 
     async fn set_policy(
@@ -187,24 +196,15 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         policy: QuarantinePolicy,
         actor: &str,
     ) -> StoreResult<GroupPolicy> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let actor = actor.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.set_policy(&group, policy, &actor).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, actor) = (group.to_owned(), actor.to_owned());
+        self.call(move |s| async move { s.set_policy(&group, policy, &actor).await })
+            .await
     }
 
     async fn load_policy(&self, group: &str) -> StoreResult<Option<GroupPolicy>> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
         let group = group.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.load_policy(&group).await
-        });
-        self.faults.answer(sent.await).await
+        self.call(move |s| async move { s.load_policy(&group).await })
+            .await
     }
 
     async fn join(
@@ -215,37 +215,21 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         host: &str,
         ttl: Duration,
     ) -> StoreResult<Millis> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let host = host.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.join(&group, &member, weight, &host, ttl).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member, host) = (group.to_owned(), member.to_owned(), host.to_owned());
+        self.call(move |s| async move { s.join(&group, &member, weight, &host, ttl).await })
+            .await
     }
 
     async fn renew(&self, group: &str, member: &MemberId, ttl: Duration) -> StoreResult<Millis> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.renew(&group, &member, ttl).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member) = (group.to_owned(), member.to_owned());
+        self.call(move |s| async move { s.renew(&group, &member, ttl).await })
+            .await
     }
 
     async fn leave(&self, group: &str, member: &MemberId) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.leave(&group, &member).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member) = (group.to_owned(), member.to_owned());
+        self.call(move |s| async move { s.leave(&group, &member).await })
+            .await
     }
 
     async fn acquire_coordinator(
@@ -254,14 +238,9 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         member: &MemberId,
         ttl: Duration,
     ) -> StoreResult<Option<CoordinatorLease>> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.acquire_coordinator(&group, &member, ttl).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member) = (group.to_owned(), member.to_owned());
+        self.call(move |s| async move { s.acquire_coordinator(&group, &member, ttl).await })
+            .await
     }
 
     async fn release_coordinator(
@@ -270,24 +249,15 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         member: &MemberId,
         epoch: u64,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.release_coordinator(&group, &member, epoch).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member) = (group.to_owned(), member.to_owned());
+        self.call(move |s| async move { s.release_coordinator(&group, &member, epoch).await })
+            .await
     }
 
     async fn load_group(&self, group: &str) -> StoreResult<GroupState> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
         let group = group.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.load_group(&group).await
-        });
-        self.faults.answer(sent.await).await
+        self.call(move |s| async move { s.load_group(&group).await })
+            .await
     }
 
     async fn refresh_group(
@@ -295,13 +265,9 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         group: &str,
         cached: Option<GroupState>,
     ) -> StoreResult<GroupState> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
         let group = group.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.refresh_group(&group, cached).await
-        });
-        self.faults.answer(sent.await).await
+        self.call(move |s| async move { s.refresh_group(&group, cached).await })
+            .await
     }
 
     async fn changes(&self, group: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
@@ -315,27 +281,18 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         expected_version: u64,
         commands: &[Command],
     ) -> StoreResult<u64> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let commands = commands.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner
-                .apply(&group, coordinator_epoch, expected_version, &commands)
+        let (group, commands) = (group.to_owned(), commands.to_owned());
+        self.call(move |s| async move {
+            s.apply(&group, coordinator_epoch, expected_version, &commands)
                 .await
-        });
-        self.faults.answer(sent.await).await
+        })
+        .await
     }
 
     async fn member_view(&self, group: &str, member: &MemberId) -> StoreResult<MemberView> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.member_view(&group, &member).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member) = (group.to_owned(), member.to_owned());
+        self.call(move |s| async move { s.member_view(&group, &member).await })
+            .await
     }
 
     async fn release(
@@ -345,15 +302,10 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         partition: &PartitionId,
         epoch: Epoch,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let partition = partition.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.release(&group, &member, &partition, epoch).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member, partition) =
+            (group.to_owned(), member.to_owned(), partition.to_owned());
+        self.call(move |s| async move { s.release(&group, &member, &partition, epoch).await })
+            .await
     }
 
     async fn backup_done(
@@ -363,15 +315,10 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         partition: &PartitionId,
         epoch: Epoch,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let partition = partition.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.backup_done(&group, &member, &partition, epoch).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member, partition) =
+            (group.to_owned(), member.to_owned(), partition.to_owned());
+        self.call(move |s| async move { s.backup_done(&group, &member, &partition, epoch).await })
+            .await
     }
 
     async fn set_warm(
@@ -380,15 +327,10 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         member: &MemberId,
         partitions: &[PartitionId],
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let partitions = partitions.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.set_warm(&group, &member, &partitions).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member, partitions) =
+            (group.to_owned(), member.to_owned(), partitions.to_owned());
+        self.call(move |s| async move { s.set_warm(&group, &member, &partitions).await })
+            .await
     }
 
     async fn report_load(
@@ -397,27 +339,15 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         member: &MemberId,
         loads: &std::collections::BTreeMap<PartitionId, PartitionLoad>,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let loads = loads.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.report_load(&group, &member, &loads).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member, loads) = (group.to_owned(), member.to_owned(), loads.to_owned());
+        self.call(move |s| async move { s.report_load(&group, &member, &loads).await })
+            .await
     }
 
     async fn drain(&self, group: &str, member: &MemberId, actor: &str) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let actor = actor.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.drain(&group, &member, &actor).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, member, actor) = (group.to_owned(), member.to_owned(), actor.to_owned());
+        self.call(move |s| async move { s.drain(&group, &member, &actor).await })
+            .await
     }
 
     async fn reset_offset(
@@ -429,17 +359,12 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         clear_state: bool,
         actor: &str,
     ) -> StoreResult<Option<u64>> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let actor = actor.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner
-                .reset_offset(&group, &partition, offset, force, clear_state, &actor)
+        let (group, partition, actor) = (group.to_owned(), partition.to_owned(), actor.to_owned());
+        self.call(move |s| async move {
+            s.reset_offset(&group, &partition, offset, force, clear_state, &actor)
                 .await
-        });
-        self.faults.answer(sent.await).await
+        })
+        .await
     }
 
     async fn operator_release(
@@ -448,15 +373,9 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         partition: &PartitionId,
         actor: &str,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let actor = actor.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.operator_release(&group, &partition, &actor).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, partition, actor) = (group.to_owned(), partition.to_owned(), actor.to_owned());
+        self.call(move |s| async move { s.operator_release(&group, &partition, &actor).await })
+            .await
     }
 
     async fn load_checkpoint(
@@ -464,14 +383,9 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         group: &str,
         partition: &PartitionId,
     ) -> StoreResult<Option<Checkpoint>> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.load_checkpoint(&group, &partition).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, partition) = (group.to_owned(), partition.to_owned());
+        self.call(move |s| async move { s.load_checkpoint(&group, &partition).await })
+            .await
     }
 
     async fn save_checkpoint(
@@ -481,18 +395,17 @@ impl<S: CoordinationStore> CoordinationStore for FaultyStore<S> {
         partition: &PartitionId,
         checkpoint: &Checkpoint,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let member = member.to_owned();
-        let partition = partition.to_owned();
-        let checkpoint = checkpoint.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner
-                .save_checkpoint(&group, &member, &partition, &checkpoint)
+        let (group, member, partition, checkpoint) = (
+            group.to_owned(),
+            member.to_owned(),
+            partition.to_owned(),
+            checkpoint.to_owned(),
+        );
+        self.call(move |s| async move {
+            s.save_checkpoint(&group, &member, &partition, &checkpoint)
                 .await
-        });
-        self.faults.answer(sent.await).await
+        })
+        .await
     }
 }
 
@@ -507,18 +420,17 @@ impl<S: CoordinationStore> FailureReports for FaultyStore<S> {
         attempts: u32,
         error: &str,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let member = member.to_owned();
-        let error = error.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner
-                .report_failure(&group, &partition, &member, epoch, attempts, &error)
+        let (group, partition, member, error) = (
+            group.to_owned(),
+            partition.to_owned(),
+            member.to_owned(),
+            error.to_owned(),
+        );
+        self.call(move |s| async move {
+            s.report_failure(&group, &partition, &member, epoch, attempts, &error)
                 .await
-        });
-        self.faults.answer(sent.await).await
+        })
+        .await
     }
 
     async fn clear_failure(
@@ -527,14 +439,9 @@ impl<S: CoordinationStore> FailureReports for FaultyStore<S> {
         partition: &PartitionId,
         epoch: Epoch,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.clear_failure(&group, &partition, epoch).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, partition) = (group.to_owned(), partition.to_owned());
+        self.call(move |s| async move { s.clear_failure(&group, &partition, epoch).await })
+            .await
     }
 
     async fn failure(
@@ -542,14 +449,9 @@ impl<S: CoordinationStore> FailureReports for FaultyStore<S> {
         group: &str,
         partition: &PartitionId,
     ) -> StoreResult<Option<FailureReport>> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.failure(&group, &partition).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, partition) = (group.to_owned(), partition.to_owned());
+        self.call(move |s| async move { s.failure(&group, &partition).await })
+            .await
     }
 }
 
@@ -561,15 +463,10 @@ impl<S: CoordinationStore> RestoreReports for FaultyStore<S> {
         partition: &PartitionId,
         progress: &RestoreProgress,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let progress = progress.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.report_restore(&group, &partition, &progress).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, partition, progress) =
+            (group.to_owned(), partition.to_owned(), progress.to_owned());
+        self.call(move |s| async move { s.report_restore(&group, &partition, &progress).await })
+            .await
     }
 
     async fn clear_restore(
@@ -578,15 +475,10 @@ impl<S: CoordinationStore> RestoreReports for FaultyStore<S> {
         partition: &PartitionId,
         member: &MemberId,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let member = member.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.clear_restore(&group, &partition, &member).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, partition, member) =
+            (group.to_owned(), partition.to_owned(), member.to_owned());
+        self.call(move |s| async move { s.clear_restore(&group, &partition, &member).await })
+            .await
     }
 
     async fn restore_report(
@@ -594,14 +486,9 @@ impl<S: CoordinationStore> RestoreReports for FaultyStore<S> {
         group: &str,
         partition: &PartitionId,
     ) -> StoreResult<Option<RestoreReport>> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.restore_report(&group, &partition).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, partition) = (group.to_owned(), partition.to_owned());
+        self.call(move |s| async move { s.restore_report(&group, &partition).await })
+            .await
     }
 }
 
@@ -615,31 +502,26 @@ impl<S: CoordinationStore> StoppedPartitions for FaultyStore<S> {
         epoch: Epoch,
         reason: &str,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let member = member.to_owned();
-        let reason = reason.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner
-                .stop_partition(&group, &partition, &member, epoch, &reason)
+        let (group, partition, member, reason) = (
+            group.to_owned(),
+            partition.to_owned(),
+            member.to_owned(),
+            reason.to_owned(),
+        );
+        self.call(move |s| async move {
+            s.stop_partition(&group, &partition, &member, epoch, &reason)
                 .await
-        });
-        self.faults.answer(sent.await).await
+        })
+        .await
     }
 
     async fn stopped_partitions(
         &self,
         group: &str,
     ) -> StoreResult<BTreeMap<PartitionId, StoppedPartition>> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
         let group = group.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.stopped_partitions(&group).await
-        });
-        self.faults.answer(sent.await).await
+        self.call(move |s| async move { s.stopped_partitions(&group).await })
+            .await
     }
 
     async fn clear_stop(
@@ -648,15 +530,9 @@ impl<S: CoordinationStore> StoppedPartitions for FaultyStore<S> {
         partition: &PartitionId,
         actor: &str,
     ) -> StoreResult<bool> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let actor = actor.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.clear_stop(&group, &partition, &actor).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, partition, actor) = (group.to_owned(), partition.to_owned(), actor.to_owned());
+        self.call(move |s| async move { s.clear_stop(&group, &partition, &actor).await })
+            .await
     }
 }
 
@@ -668,24 +544,15 @@ impl<S: CoordinationStore> DeadLetterCounts for FaultyStore<S> {
         partition: &PartitionId,
         records: u64,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let partition = partition.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.count_dead_letters(&group, &partition, records).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, partition) = (group.to_owned(), partition.to_owned());
+        self.call(move |s| async move { s.count_dead_letters(&group, &partition, records).await })
+            .await
     }
 
     async fn dead_letter_counts(&self, group: &str) -> StoreResult<BTreeMap<PartitionId, u64>> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
         let group = group.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.dead_letter_counts(&group).await
-        });
-        self.faults.answer(sent.await).await
+        self.call(move |s| async move { s.dead_letter_counts(&group).await })
+            .await
     }
 }
 
@@ -698,24 +565,14 @@ impl<S: CoordinationStore> LineageFindings for FaultyStore<S> {
         epoch: u64,
         standings: &BTreeMap<PartitionId, Standing>,
     ) -> StoreResult<()> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
-        let group = group.to_owned();
-        let by = by.to_owned();
-        let standings = standings.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.record_lineage(&group, &by, epoch, &standings).await
-        });
-        self.faults.answer(sent.await).await
+        let (group, by, standings) = (group.to_owned(), by.to_owned(), standings.to_owned());
+        self.call(move |s| async move { s.record_lineage(&group, &by, epoch, &standings).await })
+            .await
     }
 
     async fn found_lineage(&self, group: &str) -> StoreResult<Option<FoundLineage>> {
-        let (inner, faults) = (self.inner.clone(), self.faults.clone());
         let group = group.to_owned();
-        let sent = tokio::spawn(async move {
-            faults.deliver().await;
-            inner.found_lineage(&group).await
-        });
-        self.faults.answer(sent.await).await
+        self.call(move |s| async move { s.found_lineage(&group).await })
+            .await
     }
 }

@@ -8,3 +8,4 @@ pub mod conformance_state;
 pub mod conformance_tickets;
 pub mod eventually;
 pub mod faulty_store;
+pub mod quick;
