@@ -237,9 +237,9 @@ async fn a_member_stopped_past_its_lease_hands_over_no_batch_on_waking() {
     }
     let p = PartitionId::new("t", 0);
     // Both members in, the partition owned and caught up.
+    rig.produce(1, "warm");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let owner = loop {
-        rig.produce(1, "warm");
-        tokio::time::sleep(Duration::from_millis(300)).await;
         let g = store.load_group(GROUP).await.unwrap();
         let ends = rig.ends();
         let cp = store.load_checkpoint(GROUP, &p).await.unwrap();
@@ -249,6 +249,7 @@ async fn a_member_stopped_past_its_lease_hands_over_no_batch_on_waking() {
         {
             break member.to_string();
         }
+        poll_again_async(deadline, || format!("not both in and caught up: {g:#?}")).await;
     };
     let name = if owner.starts_with("a-") { "a" } else { "b" };
     // Stopped while it waits for records; records come while it sleeps,

@@ -289,14 +289,13 @@ fn run(seed: u64) {
         let trickle = {
             let producer = world.producer.clone();
             tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_millis(20));
                 for i in 0u64.. {
-                    {
-                        let mut p = producer.lock().unwrap();
-                        let key = format!("t{}", i % 13);
-                        p.send(Some(key.as_bytes()), b"trickle", 0).unwrap();
-                        p.flush().unwrap();
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    every.tick().await;
+                    let mut p = producer.lock().unwrap();
+                    let key = format!("t{}", i % 13);
+                    p.send(Some(key.as_bytes()), b"trickle", 0).unwrap();
+                    p.flush().unwrap();
                 }
             })
         };
