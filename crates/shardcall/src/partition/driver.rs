@@ -181,7 +181,7 @@ struct Driver<'a, S, Src, F: HandlerFactory, G> {
     lag_checked: Option<Instant>,
     lag_task: Option<tokio::task::JoinHandle<()>>,
     /// The last store answer held data that cannot be read (fatal).
-    unreadable_store: Option<String>,
+    unreadable_store: Option<Cause>,
     /// The partition's local state store, once opened.
     local: Option<PartitionState>,
     /// The snapshot being written and uploaded beside processing.
@@ -240,7 +240,7 @@ where
                 // The store answered with data nobody can read: that is the
                 // answer, whatever the command was.
                 if let Some(why) = driver.unreadable_store.take() {
-                    event = Event::StoreUnreadable(why.into());
+                    event = Event::StoreUnreadable(why);
                 }
             }
         }
@@ -397,10 +397,12 @@ where
             Ok(v) => StoreAnswer::Ok(v),
             Err(StoreError::Fenced(f)) => StoreAnswer::Fenced(Cause::new(f)),
             Err(e) => {
-                if e.disposition() == Disposition::Fatal {
-                    self.unreadable_store = Some(e.to_string());
+                let fatal = e.disposition() == Disposition::Fatal;
+                let cause = Cause::new(e);
+                if fatal {
+                    self.unreadable_store = Some(cause.clone());
                 }
-                StoreAnswer::Failed(Cause::new(e))
+                StoreAnswer::Failed(cause)
             }
         }
     }
@@ -1147,8 +1149,9 @@ where
             }
             Ok(Err(e)) if e.disposition() == Disposition::Fatal => {
                 self.tell_oracle(&write, BatchOutcome::Refused);
-                self.unreadable_store = Some(e.to_string());
-                CheckpointAnswer::Failed(Cause::new(e))
+                let cause = Cause::new(e);
+                self.unreadable_store = Some(cause.clone());
+                CheckpointAnswer::Failed(cause)
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "checkpoint failed; retrying");
