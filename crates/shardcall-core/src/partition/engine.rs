@@ -393,14 +393,14 @@ pub enum Event {
     Start,
     /// The checkpoint's offset, if there is one.
     Restored(StoreAnswer<Option<u64>>),
-    /// The local state store is ahead of the checkpoint: the records from
-    /// `checkpointed` up to `resume_at` are in the state, but their
-    /// checkpoint never landed (its answer was lost, or the worker stopped
-    /// first). Reading goes on at `resume_at`, and those records are
-    /// pending: their checkpoint is written as any other's, at once if
-    /// nothing more comes. (Without it the stored offset would stay behind,
-    /// and the partition show lag, until new records came.)
-    RestoredAhead {
+    /// A local state store was restored: it goes on at `resume_at`, the
+    /// stored checkpoint is at `checkpointed`. Records between (the store
+    /// ahead: their checkpoint never landed, its answer lost or the worker
+    /// stopped first) are pending, and their checkpoint is written as any
+    /// other's, at once if nothing more comes; without it the stored
+    /// offset would stay behind, and the partition show lag, until new
+    /// records came.
+    RestoredLocal {
         /// The stored checkpoint's offset.
         checkpointed: u64,
         /// The local state store's next offset.
@@ -974,7 +974,7 @@ impl PartitionEngine {
             },
             (
                 Some(Command::Restore),
-                Event::RestoredAhead {
+                Event::RestoredLocal {
                     checkpointed,
                     resume_at,
                 },
@@ -2035,7 +2035,7 @@ mod tests {
         let written = loop {
             env.now += 100;
             let event = match &command {
-                Command::Restore => Event::RestoredAhead {
+                Command::Restore => Event::RestoredLocal {
                     checkpointed: 5,
                     resume_at: 8,
                 },

@@ -664,18 +664,15 @@ where
                     ms = began.elapsed().as_millis() as u64,
                     "local state store restored"
                 );
+                // Nothing is processed under this grant before now: records
+                // the local store holds beyond the checkpoint, checkpointed
+                // next, count for an oracle as processed here.
+                self.processed_us = self.now_us();
                 match (restored.resume_at, self.checkpoint) {
-                    // The local store holds records whose checkpoint never
-                    // landed: they are checkpointed under this grant (and
-                    // count, for an oracle, as processed now).
-                    (Some(resume_at), Some((checkpointed, _))) if resume_at > checkpointed => {
-                        self.processed_us = self.now_us();
-                        self.pending_started_us = Some(self.processed_us);
-                        Event::RestoredAhead {
-                            checkpointed,
-                            resume_at,
-                        }
-                    }
+                    (Some(resume_at), Some((checkpointed, _))) => Event::RestoredLocal {
+                        checkpointed,
+                        resume_at,
+                    },
                     _ => Event::Restored(StoreAnswer::Ok(restored.resume_at)),
                 }
             }
