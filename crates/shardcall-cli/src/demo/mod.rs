@@ -268,16 +268,7 @@ pub(crate) fn topic_ends(log: &FileLog) -> anyhow::Result<BTreeMap<PartitionId, 
     Ok(out)
 }
 
-/// A line stamped with the time since `started`.
-pub(crate) fn say_since(started: Instant, what: impl std::fmt::Display) {
-    println!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
-}
-
 impl Scripted for Demo {
-    fn say(&self, what: impl std::fmt::Display) {
-        say_since(self.started, what);
-    }
-
     fn started(&self) -> Instant {
         self.started
     }
@@ -506,7 +497,9 @@ impl Demo {
 /// What the scripted part of a demo does to its workers, in either mode.
 pub(crate) trait Scripted {
     /// Prints a line stamped with the time since the start.
-    fn say(&self, what: impl std::fmt::Display);
+    fn say(&self, what: impl std::fmt::Display) {
+        println!("[{:>5.1}s] {what}", self.started().elapsed().as_secs_f64());
+    }
     /// When the demo started.
     fn started(&self) -> Instant;
     /// Starts one more worker; its name.

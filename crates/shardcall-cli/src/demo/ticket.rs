@@ -22,7 +22,7 @@ use shardcall::{
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Record, SpoolConfig};
 
-use crate::demo::{Checklist, DemoArgs, Scripted, TOPIC, run_script, say_since, topic_ends};
+use crate::demo::{Checklist, DemoArgs, Scripted, TOPIC, run_script, topic_ends};
 
 const GROUP: &str = "demo-ticket";
 const DEAD: &str = "demo.dead";
@@ -43,10 +43,6 @@ struct Demo {
 }
 
 impl Scripted for Demo {
-    fn say(&self, what: impl std::fmt::Display) {
-        say_since(self.started, what);
-    }
-
     fn started(&self) -> Instant {
         self.started
     }
