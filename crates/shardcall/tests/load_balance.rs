@@ -124,28 +124,28 @@ async fn the_heavy_partition_gets_a_member_to_itself_and_every_record_is_process
     };
     // The members report what they measured: t/0 about ten times t/1. A
     // partition that has just moved shows no load until its new holder has
-    // measured three windows and reported: wait for both reports.
+    // measured three windows and reported. One window's arrivals are noisy
+    // on a busy machine (the producer is a thread that may be descheduled),
+    // so this waits for a report in the band, which a member that measured
+    // wrongly (or not per partition) never sends.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let loads = loop {
+    loop {
         let g = store.load_group(GROUP).await.unwrap();
         let loads = shardcall_core::LoadBook::reported(&g, store.now().await.unwrap());
-        if [0, 1]
-            .iter()
-            .all(|p| loads.contains_key(&PartitionId::new("t", *p)))
-        {
-            break loads;
+        let rate = |p: u32| {
+            loads
+                .get(&PartitionId::new("t", p))
+                .map(|l| l.arriving_milli as f64)
+        };
+        let ratio = rate(0).zip(rate(1)).map(|(heavy, light)| heavy / light.max(1.0));
+        if ratio.is_some_and(|r| (4.0..25.0).contains(&r)) {
+            break;
         }
         poll_again_async(deadline, || {
-            format!("no load reported for t/0 and t/1: {loads:?}")
+            format!("t/0 over t/1 never near ten: {ratio:?} ({loads:?})")
         })
         .await;
-    };
-    let rate = |p: u32| loads[&PartitionId::new("t", p)].arriving_milli as f64;
-    let ratio = rate(0) / rate(1);
-    assert!(
-        (4.0..25.0).contains(&ratio),
-        "t/0 over t/1: {ratio} ({loads:?})"
-    );
+    }
     // The heavy partition stays with its member, alone, while the load
     // stays. (The light ones may still trade places between the other two
     // members: five equal partitions over two members cannot both be within
