@@ -46,6 +46,8 @@ pub use testkit::conformance_state;
 #[cfg(feature = "testkit")]
 pub use testkit::conformance_tickets;
 #[cfg(feature = "testkit")]
+pub use testkit::dice;
+#[cfg(feature = "testkit")]
 pub use testkit::eventually;
 #[cfg(feature = "testkit")]
 pub use testkit::faulty_store;

@@ -65,47 +65,64 @@ fn by_partition<'a>(
 
 /// Property 1 and 3: no two grants process a partition at overlapping times,
 /// and after a partition changes member, at least `quarantine_us` passes
-/// between the old member's last batch and the new member's first. A batch
-/// spans its handler call: from the start of processing to the handler's
-/// return. (Its checkpoint is checked by [`check_commit_chain`]: the moment
-/// it took effect is not observable from a process that may be frozen.)
+/// between the old member's last batch and the new member's first. A grant
+/// spans its batches' handler calls, from the start of its first to the
+/// return of its last: once a newer grant has started, an older one never
+/// processes again (a batch takes no time on a simulated clock, so batches
+/// alone could interleave unseen). Its checkpoints are checked by
+/// [`check_commit_chain`]: the moment one took effect is not observable
+/// from a process that may be frozen.
 pub fn check_ownership(batches: &[BatchRecord], quarantine_us: u64) -> Vec<Violation> {
     let mut out = Vec::new();
-    for (p, mut list) in by_partition(batches.iter()) {
-        list.sort_by_key(|b| (b.started_us, b.processed_us));
-        let mut latest: Option<&BatchRecord> = None;
-        for b in list.iter() {
+    for (p, list) in by_partition(batches.iter()) {
+        let mut grants: BTreeMap<(&shardcall_core::MemberId, shardcall_core::Epoch), Span> =
+            BTreeMap::new();
+        for b in list {
+            let span = grants
+                .entry((&b.member, b.epoch))
+                .or_insert(Span { first: b, last: b });
+            if b.started_us < span.first.started_us {
+                span.first = b;
+            }
+            if b.processed_us > span.last.processed_us {
+                span.last = b;
+            }
+        }
+        let mut spans: Vec<Span> = grants.into_values().collect();
+        spans.sort_by_key(|s| (s.first.started_us, s.last.processed_us));
+        let mut latest: Option<&Span> = None;
+        for s in &spans {
             if let Some(prev) = latest {
-                let other_grant = prev.member != b.member || prev.epoch != b.epoch;
-                if other_grant && b.started_us < prev.processed_us {
+                let (b, before) = (s.first, prev.last);
+                if b.started_us < before.processed_us {
                     out.push(Violation(format!(
-                        "{p}: {}@{} processed {}..={} during {}@{}'s batch {}..={}",
-                        b.member,
-                        b.epoch,
-                        b.first,
-                        b.last,
-                        prev.member,
-                        prev.epoch,
-                        prev.first,
-                        prev.last
+                        "{p}: {}@{} processed {}..={} while {}@{} still held it (its batch {}..={} came later)",
+                        b.member, b.epoch, b.first, b.last, before.member, before.epoch, before.first,
+                        before.last
                     )));
-                } else if prev.member != b.member
-                    && b.started_us < prev.processed_us + quarantine_us
+                } else if before.member != b.member
+                    && b.started_us < before.processed_us + quarantine_us
                 {
                     out.push(Violation(format!(
                         "{p}: {} started {} ms after {} stopped, inside the quarantine",
                         b.member,
-                        (b.started_us - prev.processed_us) / 1000,
-                        prev.member
+                        (b.started_us - before.processed_us) / 1000,
+                        before.member
                     )));
                 }
             }
-            if latest.is_none_or(|l| b.processed_us > l.processed_us) {
-                latest = Some(b);
+            if latest.is_none_or(|l| s.last.processed_us > l.last.processed_us) {
+                latest = Some(s);
             }
         }
     }
     out
+}
+
+/// The batches of one grant that open and close its span.
+struct Span<'a> {
+    first: &'a BatchRecord,
+    last: &'a BatchRecord,
 }
 
 /// Property 2, first half: every offset below each partition's end was in

@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use shardcall_core::{
     Command, CoordinatorLease, Epoch, GroupState, MemberId, MemberView, Millis, PartitionId,
-    PartitionLoad, QuarantinePolicy, Standing,
+    PartitionLoad, QuarantinePolicy, Standing, TicketClaim,
 };
 use tokio::sync::watch;
 
@@ -28,12 +28,14 @@ use crate::coordination::store::{
     Checkpoint, CoordinationStore, GroupPolicy, StoreError, StoreResult,
 };
 use crate::local_state::restores::{RestoreProgress, RestoreReport, RestoreReports};
+use crate::testkit::dice::Dice;
+use crate::ticket::store::{TicketStore, TicketView, TicketWorkerInfo};
 
 /// What goes wrong, and how often: shared by a [`FaultyStore`] and the
 /// test that steers it.
 #[derive(Debug)]
 pub struct Faults {
-    dice: Mutex<u64>,
+    dice: Mutex<Dice>,
     rates: Mutex<FaultRates>,
     frozen: watch::Sender<bool>,
     cut: std::sync::atomic::AtomicBool,
@@ -60,7 +62,7 @@ impl Faults {
     /// No faults yet, dice seeded with `seed`.
     pub fn new(seed: u64) -> Arc<Self> {
         Arc::new(Self {
-            dice: Mutex::new(seed ^ 0x9E37_79B9_7F4A_7C15),
+            dice: Mutex::new(Dice::new(seed ^ 0x9E37_79B9_7F4A_7C15)),
             rates: Mutex::new(FaultRates::default()),
             frozen: watch::Sender::new(false),
             cut: std::sync::atomic::AtomicBool::new(false),
@@ -95,14 +97,9 @@ impl Faults {
         let _ = rx.wait_for(|frozen| !frozen).await;
     }
 
-    /// A number below `n` from the seeded dice (splitmix64).
+    /// A number below `n` from the seeded dice.
     fn roll(&self, n: u64) -> u64 {
-        let mut x = self.dice.lock().expect("dice lock");
-        *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) % n.max(1)
+        self.dice.lock().expect("dice lock").below(n)
     }
 
     /// Holds a request back: while frozen, and sometimes a while more.
@@ -573,6 +570,116 @@ impl<S: CoordinationStore> LineageFindings for FaultyStore<S> {
     async fn found_lineage(&self, group: &str) -> StoreResult<Option<FoundLineage>> {
         let group = group.to_owned();
         self.call(move |s| async move { s.found_lineage(&group).await })
+            .await
+    }
+}
+
+#[async_trait]
+impl<S: TicketStore> TicketStore for FaultyStore<S> {
+    async fn seed_tickets(&self, group: &str, partitions: &[PartitionId]) -> StoreResult<usize> {
+        let (group, partitions) = (group.to_owned(), partitions.to_owned());
+        self.call(move |s| async move { s.seed_tickets(&group, &partitions).await })
+            .await
+    }
+
+    async fn claim_ticket(
+        &self,
+        group: &str,
+        holder: &MemberId,
+        ttl: Duration,
+        wait: Duration,
+    ) -> StoreResult<Option<TicketClaim>> {
+        let (group, holder) = (group.to_owned(), holder.to_owned());
+        self.call(move |s| async move { s.claim_ticket(&group, &holder, ttl, wait).await })
+            .await
+    }
+
+    async fn renew_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        ttl: Duration,
+    ) -> StoreResult<TicketClaim> {
+        let (group, claim) = (group.to_owned(), claim.to_owned());
+        self.call(move |s| async move { s.renew_ticket(&group, &claim, ttl).await })
+            .await
+    }
+
+    async fn return_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        ready_in: Duration,
+    ) -> StoreResult<()> {
+        let (group, claim) = (group.to_owned(), claim.to_owned());
+        self.call(move |s| async move { s.return_ticket(&group, &claim, ready_in).await })
+            .await
+    }
+
+    async fn wake_ticket(&self, group: &str, partition: &PartitionId) -> StoreResult<bool> {
+        let (group, partition) = (group.to_owned(), partition.to_owned());
+        self.call(move |s| async move { s.wake_ticket(&group, &partition).await })
+            .await
+    }
+
+    async fn restore_ticket(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+    ) -> StoreResult<Option<Checkpoint>> {
+        let (group, claim) = (group.to_owned(), claim.to_owned());
+        self.call(move |s| async move { s.restore_ticket(&group, &claim).await })
+            .await
+    }
+
+    async fn count_delivery(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        first_offset: u64,
+        last_offset: u64,
+    ) -> StoreResult<u32> {
+        let (group, claim) = (group.to_owned(), claim.to_owned());
+        self.call(move |s| async move {
+            s.count_delivery(&group, &claim, first_offset, last_offset)
+                .await
+        })
+        .await
+    }
+
+    async fn save_ticket_checkpoint(
+        &self,
+        group: &str,
+        claim: &TicketClaim,
+        checkpoint: &Checkpoint,
+    ) -> StoreResult<()> {
+        let (group, claim, checkpoint) = (group.to_owned(), claim.to_owned(), checkpoint.clone());
+        self.call(
+            move |s| async move { s.save_ticket_checkpoint(&group, &claim, &checkpoint).await },
+        )
+        .await
+    }
+
+    async fn ticket_view(&self, group: &str) -> StoreResult<TicketView> {
+        let group = group.to_owned();
+        self.call(move |s| async move { s.ticket_view(&group).await })
+            .await
+    }
+
+    async fn announce_ticket_worker(
+        &self,
+        group: &str,
+        worker: &TicketWorkerInfo,
+        ttl: Duration,
+    ) -> StoreResult<()> {
+        let (group, worker) = (group.to_owned(), worker.to_owned());
+        self.call(move |s| async move { s.announce_ticket_worker(&group, &worker, ttl).await })
+            .await
+    }
+
+    async fn retire_ticket_worker(&self, group: &str, member: &MemberId) -> StoreResult<()> {
+        let (group, member) = (group.to_owned(), member.to_owned());
+        self.call(move |s| async move { s.retire_ticket_worker(&group, &member).await })
             .await
     }
 }
