@@ -137,7 +137,9 @@ async fn the_heavy_partition_gets_a_member_to_itself_and_every_record_is_process
                 .get(&PartitionId::new("t", p))
                 .map(|l| l.arriving_milli as f64)
         };
-        let ratio = rate(0).zip(rate(1)).map(|(heavy, light)| heavy / light.max(1.0));
+        let ratio = rate(0)
+            .zip(rate(1))
+            .map(|(heavy, light)| heavy / light.max(1.0));
         if ratio.is_some_and(|r| (4.0..25.0).contains(&r)) {
             break;
         }

@@ -1,0 +1,176 @@
+//! Ticket mode: the production `TicketWorker` (its slots, each claiming
+//! the next ready partition, driving the partition engine under a claim,
+//! renewing it and giving it back) under the world's faults, with poison
+//! records that keep failing until the dead letters take them, and time
+//! budgets short enough to give tickets back long before their lease ends
+//! or long enough that claims are renewed (and, with a pause, fenced).
+//!
+//! The oracle: no two claims process a partition at overlapping times;
+//! every checkpoint continues where the last one ended (without local
+//! state a claim starts from the stored checkpoint, so the chain is
+//! exact); every record is processed; only poison reaches the dead letters,
+//! and all of it does; each partition's stored state folds its records
+//! once, poison left out; and the pool still holds exactly one ticket per
+//! partition.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shardcall::TicketStore;
+use shardcall::dice::Dice;
+use shardcall::oracle::{DigestFactory, check_final_state, check_run};
+use shardcall::{CoordinationStore, TicketConfig, TicketWorker};
+
+use crate::world::{GROUP, POISON, Running, Start, TOPIC, World, paused_runtime};
+
+const PARTITIONS: u32 = 6;
+/// Steps of faults and records per run.
+const STEPS: usize = 30;
+/// Time budgets a seed may serve under: the longest keeps a slot past
+/// half the lease, so its claim is renewed.
+const BUDGETS: [Duration; 3] = [
+    Duration::from_millis(30),
+    Duration::from_millis(300),
+    Duration::from_millis(800),
+];
+
+/// Starts ticket workers of two slots that serve `budget` per claim.
+fn starter(budget: Duration) -> crate::world::Starter {
+    Box::new(move |start: Start<'_>| -> Box<dyn Running> {
+        let config = TicketConfig {
+            group: GROUP.into(),
+            name: start.name.to_owned(),
+            host: "sim".into(),
+            slots: 2,
+            max_batch: 20,
+            budget,
+            claim_ttl: Duration::from_millis(1_500),
+            safety_margin: Duration::from_millis(400),
+            claim_wait: Duration::from_millis(200),
+            // Waits for the trickle's next record: a claim holds its
+            // partition for the whole budget while records keep coming.
+            fetch_wait: Duration::from_millis(150),
+            idle_backoff: Duration::from_millis(10),
+            max_idle_backoff: Duration::from_millis(200),
+            max_attempts: 3,
+            retry: shardcall::RetryBackoff {
+                first: Duration::from_millis(10),
+                max: Duration::from_millis(80),
+            },
+            discover_every: Duration::from_millis(200),
+            ..TicketConfig::default()
+        };
+        let handle = TicketWorker {
+            config,
+            store: start.store,
+            source: start.world.source.clone(),
+            factory: Arc::new(DigestFactory {
+                refuse_prefix: Some(POISON),
+                ..DigestFactory::default()
+            }),
+            dead_letters: Some(start.world.dead_letters()),
+            observer: Some(start.world.oracle.clone()),
+        }
+        .spawn()
+        .unwrap();
+        Box::new(handle)
+    })
+}
+
+/// One run of `seed`: faults, then a drained pool whose history and
+/// states the oracle checks.
+fn run(seed: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    paused_runtime().block_on(async {
+        let budget = BUDGETS[(seed % 3) as usize];
+        let mut world = World::new(dir.path(), seed, PARTITIONS, starter(budget));
+        world.note(format!("budget {budget:?}"));
+        let mut dice = Dice::new(seed);
+        world.produce(100, 0);
+        world.start(0);
+        world.start(1);
+        let trickle = world.trickle();
+        for _ in 0..STEPS {
+            world.step(&mut dice).await;
+        }
+        trickle.abort();
+        let _ = trickle.await;
+        world.heal();
+        let ends = world.ends();
+        let store = world.store.clone();
+        let trace = world.trace();
+        shardcall::eventually::eventually(Duration::from_secs(600), || async {
+            let mut behind = Vec::new();
+            for (p, end) in &ends {
+                let at = store
+                    .load_checkpoint(GROUP, p)
+                    .await
+                    .unwrap()
+                    .map_or(0, |c| c.offset);
+                if at != *end {
+                    behind.push(format!("{p} at {at} of {end}"));
+                }
+            }
+            behind
+                .is_empty()
+                .then_some(())
+                .ok_or_else(|| format!("seed {seed}: {behind:?}\n{trace}"))
+        })
+        .await;
+        world.stop_all().await;
+
+        let batches = world.oracle.batches();
+        let violations = check_run(&batches, &ends, 0);
+        assert!(
+            violations.is_empty(),
+            "seed {seed}: {violations:#?}\n{}",
+            world.trace()
+        );
+        let dead = world.dead();
+        let holders: std::collections::BTreeSet<_> = batches.iter().map(|b| &b.member).collect();
+        eprintln!(
+            "seed {seed}: {} batches by {} claims, {} records dead-lettered",
+            batches.len(),
+            holders.len(),
+            dead.values().map(|d| d.len()).sum::<usize>()
+        );
+        for p in ends.keys() {
+            let spool = world
+                .log
+                .open_partition_read_only(TOPIC, p.partition)
+                .unwrap();
+            let records = spool.read(0, usize::MAX, usize::MAX).unwrap();
+            let gone = dead.get(p).cloned().unwrap_or_default();
+            for r in records.iter().filter(|r| r.payload.starts_with(POISON)) {
+                assert!(
+                    gone.contains(&r.offset),
+                    "seed {seed}: {p}@{}: poison not dead-lettered\n{}",
+                    r.offset,
+                    world.trace()
+                );
+            }
+            let kept: Vec<_> = records
+                .into_iter()
+                .filter(|r| !gone.contains(&r.offset))
+                .collect();
+            let cp = world.store.load_checkpoint(GROUP, p).await.unwrap();
+            let v = check_final_state(p, &kept, cp.as_ref().map(|c| &c.state[..]));
+            assert!(v.is_none(), "seed {seed}: {v:?}\n{}", world.trace());
+        }
+        let view = world.store.ticket_view(GROUP).await.unwrap();
+        assert_eq!(
+            view.partitions(),
+            ends.keys().cloned().collect::<Vec<_>>(),
+            "seed {seed}: not one ticket per partition\n{}",
+            world.trace()
+        );
+    });
+}
+
+#[test]
+fn ticket_slots_keep_every_property_under_crashes_pauses_lost_answers_and_poison() {
+    for seed in crate::seeds(12) {
+        eprintln!("seed {seed}");
+        run(seed);
+    }
+}
