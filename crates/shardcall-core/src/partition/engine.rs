@@ -384,6 +384,10 @@ pub enum CheckpointAnswer {
     Failed(Cause),
     /// No answer while the lease ran: it may have landed.
     Unanswered,
+    /// Not sent: the lease had run out by the time the write was due (the
+    /// process may have been paused). What that means is the engine's
+    /// call: the grant is lost, as when the store refuses.
+    LeaseLapsed,
 }
 
 /// The answer to the last command.
@@ -1071,6 +1075,9 @@ impl PartitionEngine {
                     CheckpointAnswer::Unanswered => {
                         self.lose("checkpoint unanswered while the lease ran")
                     }
+                    CheckpointAnswer::LeaseLapsed => {
+                        self.lose("the lease ran out before the checkpoint was sent")
+                    }
                     CheckpointAnswer::Failed(_) if env.lease_left.is_zero() => {
                         self.lose("lease ran short before the checkpoint")
                     }
@@ -1598,6 +1605,8 @@ mod tests {
         stuck_on: Option<u64>,
         /// The checkpoint fences from this write on.
         fenced_from_write: Option<usize>,
+        /// The lease has run out when this write is due, and after.
+        lapsed_from_write: Option<usize>,
         /// Revoke once caught up with nothing pending (owned).
         revoke_when_caught_up: bool,
         now: Millis,
@@ -1779,6 +1788,9 @@ mod tests {
                     self.writes += 1;
                     if self.fenced_from_write.is_some_and(|w| self.writes >= w) {
                         return Event::Checkpointed(CheckpointAnswer::Fenced("newer epoch".into()));
+                    }
+                    if self.lapsed_from_write.is_some_and(|w| self.writes >= w) {
+                        return Event::Checkpointed(CheckpointAnswer::LeaseLapsed);
                     }
                     if self.failing_writes > 0 {
                         self.failing_writes -= 1;
@@ -2543,6 +2555,19 @@ mod tests {
             1,
             "nothing after"
         );
+    }
+
+    #[test]
+    fn a_checkpoint_the_lease_ran_out_before_loses_the_partition_without_releasing_it() {
+        let mut w = World::new(20);
+        w.lapsed_from_write = Some(1);
+        let end = w.run(owned());
+        assert!(
+            matches!(end, End::Lost(ref why) if why.to_string().contains("lease ran out")),
+            "{end:?}"
+        );
+        assert_eq!(w.count(|c| matches!(c, Command::Release)), 0);
+        assert!(w.committed.is_empty(), "nothing was written");
     }
 
     #[test]

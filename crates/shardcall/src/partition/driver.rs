@@ -1120,7 +1120,7 @@ where
                 BatchOutcome::Refused
             };
             self.tell_oracle(&write, outcome);
-            return CheckpointAnswer::Fenced("the lease ran short before the checkpoint".into());
+            return CheckpointAnswer::LeaseLapsed;
         }
         let sent = clock::now();
         let result = tokio::time::timeout(left, self.grant.save(&checkpoint)).await;
