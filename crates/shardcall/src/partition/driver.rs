@@ -455,6 +455,10 @@ where
             Command::Checkpoint { first, last, state } => {
                 Event::Checkpointed(self.checkpoint(first, last, state).await)
             }
+            // The last look at the lease before records leave, as before a
+            // handler call: a paused process must not send them on after
+            // the partition moved.
+            Command::DeadLetter { .. } if self.grant.lease().expired() => Event::LeaseLapsed,
             Command::DeadLetter {
                 range,
                 attempts,
@@ -1048,6 +1052,9 @@ where
             tracing::error!(error = %e, "dead-lettering failed; the records will be tried again");
             return false;
         }
+        // For an oracle, the records were handled when they left, not when
+        // the count below (a store call that may be slow) came back.
+        let (pending_started_us, processed_us) = (started_us, self.now_us());
         tracing::error!(first, last, attempts, error = %why,
             "records sent to the dead letters; the partition moves on");
         crate::telemetry::dead_lettered(self.d.group, &self.d.ctx.partition, records.len() as u64);
@@ -1064,8 +1071,8 @@ where
         if let Some(n) = &self.d.dead_lettered {
             n.fetch_add(records.len() as u64, Ordering::Relaxed);
         }
-        self.pending_started_us = Some(started_us);
-        self.processed_us = self.now_us();
+        self.pending_started_us = Some(pending_started_us);
+        self.processed_us = processed_us;
         true
     }
 
