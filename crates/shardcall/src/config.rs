@@ -32,7 +32,7 @@ pub struct WorkerConfig {
     pub call_deadline: Duration,
     /// The partitions' local state stores and where their snapshots go, for
     /// a handler that keeps its state in one
-    /// ([`crate::PartitionHandler::process_state`]); `None`: the handler's
+    /// ([`crate::LocalStoreHandler`]); `None`: the handler's
     /// state bytes, checkpointed whole.
     pub state: Option<crate::StateConfig>,
     /// Balance the group by measured load rather than partition counts
@@ -168,6 +168,17 @@ pub enum WorkerConfigError {
     /// A snapshot setting of the local state stores cannot work.
     #[error("state.snapshots.{0}")]
     Snapshots(String),
+    /// The handler keeps its state one way and the worker is set up for
+    /// another.
+    #[error("the handler keeps its state {handler}, but the worker runs {worker}: {fix}")]
+    StateMismatch {
+        /// Where the handler keeps its state.
+        handler: &'static str,
+        /// What the worker's configuration gives it.
+        worker: &'static str,
+        /// What to change.
+        fix: &'static str,
+    },
 }
 
 /// Whether `s` may name a group or a worker: 1 to 100 characters from

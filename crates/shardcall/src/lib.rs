@@ -75,8 +75,9 @@ pub use handler::typed::{
     Json, StateCodec, StatefulHandler, Typed, TypedHandler, typed, typed_with,
 };
 pub use handler::{
-    BatchObserver, BatchOutcome, BatchRecord, HandlerError, HandlerFactory, HandlerResult,
-    PartitionContext, PartitionHandler,
+    AnyStateHandler, BatchObserver, BatchOutcome, BatchRecord, BytesHandler, ChosenAtRunTime,
+    HandlerError, HandlerFactory, HandlerResult, InBytes, InLocalStore, KeepsState,
+    LocalStoreHandler, PartitionContext, PartitionHandler,
 };
 pub use local_state::backup_dir::DirBackupStore;
 pub use local_state::backup_store::{
@@ -116,8 +117,9 @@ pub use ticket::worker::{TicketStats, TicketWorker, TicketWorkerHandle};
 /// answers to.
 pub mod prelude {
     pub use crate::{
-        CoordinationStore, FileLogSource, HandlerError, HandlerResult, MemoryStore,
-        PartitionContext, PartitionHandler, StatefulHandler, Worker, typed,
+        BytesHandler, CoordinationStore, FileLogSource, HandlerError, HandlerResult, InBytes,
+        InLocalStore, LocalStoreHandler, MemoryStore, PartitionContext, PartitionHandler, StateTxn,
+        StatefulHandler, Worker, typed,
     };
     pub use shardcall_core::PartitionId;
     pub use shardcall_spool::{FileLog, Record, SpoolConfig};

@@ -24,9 +24,9 @@ use shardcall::eventually::{eventually, poll_again_async};
 use shardcall::oracle::{Oracle, check_coverage, check_ownership};
 use shardcall::{
     BackupResult, BackupStore, Checkpoint, CoordinationStore, DirBackupStore, FileLogSource,
-    FjallStateStore, HandlerError, HandlerFactory, MemoryStore, PartitionContext, PartitionHandler,
-    Source, SourceError, StateConfig, StateStore, StateTxn, StoppedPartitions, Worker,
-    WorkerConfig, WorkerHandle,
+    FjallStateStore, HandlerError, HandlerFactory, InLocalStore, LocalStoreHandler, MemoryStore,
+    PartitionContext, PartitionHandler, Source, SourceError, StateConfig, StateStore, StateTxn,
+    StoppedPartitions, Worker, WorkerConfig, WorkerHandle,
 };
 use shardcall_core::backup_plan::Manifest;
 use shardcall_core::{GroupConfig, PartitionId, Phase};
@@ -56,6 +56,8 @@ fn count_key(key: &[u8]) -> Vec<u8> {
 }
 
 impl PartitionHandler for Counting {
+    type Keeps = InLocalStore;
+
     fn assigned(&mut self, _: &PartitionContext, state: Option<&[u8]>) -> Result<(), HandlerError> {
         assert!(
             state.is_none(),
@@ -63,8 +65,10 @@ impl PartitionHandler for Counting {
         );
         Ok(())
     }
+}
 
-    fn process_state(
+impl LocalStoreHandler for Counting {
+    fn process(
         &mut self,
         ctx: &PartitionContext,
         batch: &[Record],

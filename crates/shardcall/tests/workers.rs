@@ -635,6 +635,8 @@ impl HandlerFactory for SeeingFactory {
 }
 
 impl shardcall::PartitionHandler for Seeing {
+    type Keeps = shardcall::InBytes;
+
     fn assigned(
         &mut self,
         ctx: &shardcall::PartitionContext,
@@ -642,13 +644,15 @@ impl shardcall::PartitionHandler for Seeing {
     ) -> shardcall::HandlerResult {
         self.inner.assigned(ctx, state)
     }
+}
 
+impl shardcall::BytesHandler for Seeing {
     fn process(
         &mut self,
-        ctx: &shardcall::PartitionContext,
+        _ctx: &shardcall::PartitionContext,
         batch: &[shardcall_spool::Record],
     ) -> shardcall::HandlerResult<Vec<u8>> {
-        let state = self.inner.process(ctx, batch)?;
+        let state = self.inner.process_bytes(batch)?;
         self.seen
             .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(state)
@@ -677,20 +681,14 @@ impl HandlerFactory for TellingFactory {
 }
 
 impl shardcall::PartitionHandler for Telling {
+    type Keeps = shardcall::InBytes;
+
     fn assigned(
         &mut self,
         ctx: &shardcall::PartitionContext,
         state: Option<&[u8]>,
     ) -> Result<(), shardcall::HandlerError> {
         self.inner.assigned(ctx, state)
-    }
-
-    fn process(
-        &mut self,
-        ctx: &shardcall::PartitionContext,
-        batch: &[shardcall_spool::Record],
-    ) -> Result<Vec<u8>, shardcall::HandlerError> {
-        self.inner.process(ctx, batch)
     }
 
     fn revoked(
@@ -713,6 +711,16 @@ impl shardcall::PartitionHandler for Telling {
             .unwrap()
             .push((ctx.partition.clone(), "shard_ended"));
         Ok(())
+    }
+}
+
+impl shardcall::BytesHandler for Telling {
+    fn process(
+        &mut self,
+        _ctx: &shardcall::PartitionContext,
+        batch: &[shardcall_spool::Record],
+    ) -> Result<Vec<u8>, shardcall::HandlerError> {
+        self.inner.process_bytes(batch)
     }
 }
 

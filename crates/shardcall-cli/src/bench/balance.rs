@@ -24,8 +24,8 @@ use tokio::time::Instant;
 
 use serde_json::json;
 use shardcall::{
-    CoordinationStore, FileLogSource, HandlerError, HandlerFactory, MemoryStore, PartitionContext,
-    PartitionHandler, Worker, WorkerConfig, WorkerHandle,
+    BytesHandler, CoordinationStore, FileLogSource, HandlerError, HandlerFactory, InBytes,
+    MemoryStore, PartitionContext, PartitionHandler, Worker, WorkerConfig, WorkerHandle,
 };
 use shardcall_core::balance::{LoadInput, assign_by_load, brute_force, works};
 use shardcall_core::{
@@ -114,15 +114,21 @@ impl Capacity {
 struct Costly(Arc<Capacity>);
 
 impl PartitionHandler for Costly {
+    type Keeps = InBytes;
+
     fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
         Ok(())
     }
+
+    fn blocks(&self) -> bool {
+        true
+    }
+}
+
+impl BytesHandler for Costly {
     fn process(&mut self, _: &PartitionContext, r: &[Record]) -> Result<Vec<u8>, HandlerError> {
         self.0.spend(r.len());
         Ok(Vec::new())
-    }
-    fn blocks(&self) -> bool {
-        true
     }
 }
 

@@ -14,8 +14,9 @@ use serde_json::json;
 
 use crate::bench::target::{Goal, target};
 use shardcall::{
-    FileLogSource, HandlerError, HandlerFactory, MemoryStore, PartitionContext, PartitionHandler,
-    RunningWorker, TicketConfig, TicketWorker, Worker, WorkerConfig,
+    BytesHandler, FileLogSource, HandlerError, HandlerFactory, InBytes, MemoryStore,
+    PartitionContext, PartitionHandler, RunningWorker, TicketConfig, TicketWorker, Worker,
+    WorkerConfig,
 };
 use shardcall_core::GroupConfig;
 use shardcall_spool::{FileLog, NewRecord, Record, SpoolConfig};
@@ -102,10 +103,14 @@ struct Sleeper {
 }
 
 impl PartitionHandler for Sleeper {
+    type Keeps = InBytes;
+
     fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
         Ok(())
     }
+}
 
+impl BytesHandler for Sleeper {
     fn process(&mut self, _: &PartitionContext, batch: &[Record]) -> Result<Vec<u8>, HandlerError> {
         let start = self.began.elapsed().as_secs_f64() * 1000.0;
         let mut done = 0u64;

@@ -18,8 +18,8 @@ use serde_json::json;
 
 use crate::bench::target::{Goal, target};
 use shardcall::{
-    CoordinationStore, HandlerError, HandlerFactory, PartitionContext, PartitionHandler, Worker,
-    WorkerConfig,
+    BytesHandler, CoordinationStore, HandlerError, HandlerFactory, InBytes, PartitionContext,
+    PartitionHandler, Worker, WorkerConfig,
 };
 use shardcall_core::{GroupConfig, PartitionId};
 use shardcall_kafka::broker::{
@@ -94,15 +94,21 @@ pub struct BenchKafkaArgs {
 struct Noop(Arc<OnceLock<Instant>>, bool);
 
 impl PartitionHandler for Noop {
+    type Keeps = InBytes;
+
     fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
         Ok(())
     }
+
+    fn blocks(&self) -> bool {
+        self.1
+    }
+}
+
+impl BytesHandler for Noop {
     fn process(&mut self, _: &PartitionContext, _: &[Record]) -> Result<Vec<u8>, HandlerError> {
         self.0.get_or_init(shardcall::clock::now);
         Ok(Vec::new())
-    }
-    fn blocks(&self) -> bool {
-        self.1
     }
 }
 

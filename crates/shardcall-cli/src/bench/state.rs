@@ -22,9 +22,9 @@ use serde_json::json;
 use crate::bench::target::{Goal, target};
 use shardcall::oracle::Oracle;
 use shardcall::{
-    BackupStore, BatchObserver, CoordinationStore, DirBackupStore, FileLogSource, HandlerError,
-    HandlerFactory, PartitionContext, PartitionHandler, StateConfig, StateTxn, Worker,
-    WorkerConfig, WorkerHandle,
+    BackupStore, BatchObserver, BytesHandler, CoordinationStore, DirBackupStore, FileLogSource,
+    HandlerError, HandlerFactory, InBytes, InLocalStore, LocalStoreHandler, PartitionContext,
+    PartitionHandler, StateConfig, StateTxn, Worker, WorkerConfig, WorkerHandle,
 };
 use shardcall_core::{GroupConfig, PartitionId};
 use shardcall_redis::RedisStore;
@@ -112,11 +112,15 @@ fn number(payload: &[u8], prefix: &[u8]) -> Option<u64> {
 }
 
 impl PartitionHandler for Aggregates {
+    type Keeps = InLocalStore;
+
     fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
         Ok(())
     }
+}
 
-    fn process_state(
+impl LocalStoreHandler for Aggregates {
+    fn process(
         &mut self,
         _: &PartitionContext,
         batch: &[Record],
@@ -158,13 +162,17 @@ struct Blob {
 }
 
 impl PartitionHandler for Blob {
+    type Keeps = InBytes;
+
     fn assigned(&mut self, _: &PartitionContext, s: Option<&[u8]>) -> Result<(), HandlerError> {
         if let Some(s) = s.filter(|s| s.len() == self.state.len()) {
             self.state.copy_from_slice(s);
         }
         Ok(())
     }
+}
 
+impl BytesHandler for Blob {
     fn process(&mut self, _: &PartitionContext, batch: &[Record]) -> Result<Vec<u8>, HandlerError> {
         let n =
             u64::from_le_bytes(self.state[..8].try_into().expect("8 bytes")) + batch.len() as u64;

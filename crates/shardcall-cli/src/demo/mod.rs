@@ -122,6 +122,8 @@ struct AggregatesHandler {
 }
 
 impl shardcall::PartitionHandler for AggregatesHandler {
+    type Keeps = shardcall::InLocalStore;
+
     fn assigned(
         &mut self,
         _: &shardcall::PartitionContext,
@@ -129,8 +131,10 @@ impl shardcall::PartitionHandler for AggregatesHandler {
     ) -> Result<(), shardcall::HandlerError> {
         Ok(())
     }
+}
 
-    fn process_state(
+impl shardcall::LocalStoreHandler for AggregatesHandler {
+    fn process(
         &mut self,
         ctx: &shardcall::PartitionContext,
         batch: &[shardcall_spool::Record],
@@ -160,7 +164,8 @@ impl shardcall::PartitionHandler for AggregatesHandler {
             }
         }
         // The digest of every record, in order, kept in the same store.
-        self.digest.process_state(ctx, batch, state)
+        shardcall::AnyStateHandler::process(&mut self.digest, ctx, batch, Some(state))?;
+        Ok(())
     }
 }
 

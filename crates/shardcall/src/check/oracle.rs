@@ -12,7 +12,8 @@ use shardcall_spool::Record;
 
 pub use crate::handler::digest::{DigestFactory, DigestHandler, DigestState};
 use crate::handler::{
-    BatchObserver, BatchRecord, HandlerError, HandlerFactory, PartitionContext, PartitionHandler,
+    BatchObserver, BatchRecord, BytesHandler, HandlerError, HandlerFactory, InBytes,
+    PartitionContext, PartitionHandler,
 };
 
 /// Records every batch with times on one monotonic clock.
@@ -361,6 +362,8 @@ impl HandlerFactory for FlakyFactory {
 }
 
 impl PartitionHandler for FlakyHandler {
+    type Keeps = InBytes;
+
     fn assigned(
         &mut self,
         ctx: &PartitionContext,
@@ -368,10 +371,12 @@ impl PartitionHandler for FlakyHandler {
     ) -> Result<(), HandlerError> {
         self.inner.assigned(ctx, state)
     }
+}
 
+impl BytesHandler for FlakyHandler {
     fn process(
         &mut self,
-        ctx: &PartitionContext,
+        _ctx: &PartitionContext,
         batch: &[Record],
     ) -> Result<Vec<u8>, HandlerError> {
         use std::sync::atomic::Ordering;
@@ -382,14 +387,14 @@ impl PartitionHandler for FlakyHandler {
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok()
         {
-            self.inner.process(ctx, &batch[..i])?;
+            self.inner.process_bytes(&batch[..i])?;
             match self.hang {
                 Some(d) => std::thread::sleep(d),
                 None => panic!("flaky handler: panicking at offset {at}"),
             }
-            return self.inner.process(ctx, &batch[i..]);
+            return self.inner.process_bytes(&batch[i..]);
         }
-        self.inner.process(ctx, batch)
+        self.inner.process_bytes(batch)
     }
 }
 

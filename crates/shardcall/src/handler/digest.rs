@@ -6,7 +6,10 @@
 
 use shardcall_spool::Record;
 
-use crate::handler::{HandlerError, HandlerFactory, PartitionContext, PartitionHandler};
+use crate::handler::{
+    AnyStateHandler, ChosenAtRunTime, HandlerError, HandlerFactory, HandlerResult,
+    PartitionContext, PartitionHandler,
+};
 
 /// The reference handler's state: how many records, and an order-sensitive
 /// digest of every (offset, payload) folded in turn. Processing a record twice
@@ -119,6 +122,8 @@ impl DigestHandler {
 }
 
 impl PartitionHandler for DigestHandler {
+    type Keeps = ChosenAtRunTime;
+
     fn assigned(
         &mut self,
         _ctx: &PartitionContext,
@@ -133,24 +138,36 @@ impl PartitionHandler for DigestHandler {
         Ok(())
     }
 
-    fn process(
-        &mut self,
-        _ctx: &PartitionContext,
-        batch: &[Record],
-    ) -> Result<Vec<u8>, HandlerError> {
+    /// Folding a digest never blocks; only the simulated work sleeps.
+    fn blocks(&self) -> bool {
+        !self.work_per_record.is_zero()
+    }
+}
+
+impl DigestHandler {
+    /// Folds `batch` into the digest it holds and returns the digest's
+    /// bytes: processing without a local state store, for handlers that
+    /// wrap this one.
+    pub fn process_bytes(&mut self, batch: &[Record]) -> HandlerResult<Vec<u8>> {
         let mut state = self.state;
         self.fold_batch(&mut state, batch)?;
         self.state = state;
         Ok(state.to_bytes())
     }
+}
 
-    /// The same digest, kept in the local state store under [`DIGEST_KEY`].
-    fn process_state(
+impl AnyStateHandler for DigestHandler {
+    /// Without a local state store the digest is the state's bytes; with
+    /// one it is kept in the store under [`DIGEST_KEY`].
+    fn process(
         &mut self,
         _ctx: &PartitionContext,
         batch: &[Record],
-        txn: &mut crate::StateTxn<'_>,
-    ) -> Result<(), HandlerError> {
+        store: Option<&mut crate::StateTxn<'_>>,
+    ) -> Result<Option<Vec<u8>>, HandlerError> {
+        let Some(txn) = store else {
+            return self.process_bytes(batch).map(Some);
+        };
         let mut state = match txn.get(DIGEST_KEY)? {
             None => DigestState::default(),
             Some(b) => DigestState::from_bytes(&b).ok_or_else(|| {
@@ -158,12 +175,8 @@ impl PartitionHandler for DigestHandler {
             })?,
         };
         self.fold_batch(&mut state, batch)?;
-        Ok(txn.put(DIGEST_KEY, &state.to_bytes())?)
-    }
-
-    /// Folding a digest never blocks; only the simulated work sleeps.
-    fn blocks(&self) -> bool {
-        !self.work_per_record.is_zero()
+        txn.put(DIGEST_KEY, &state.to_bytes())?;
+        Ok(None)
     }
 }
 

@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use shardcall_spool::Record;
 
-use crate::handler::{HandlerError, HandlerFactory, Interrupt, PartitionContext, PartitionHandler};
+use crate::handler::{
+    AnyStateHandler, ChosenAtRunTime, HandlerError, HandlerFactory, HandlerResult, Interrupt,
+    PartitionContext, PartitionHandler, keeps,
+};
 
 /// A factory of either kind.
 #[derive(Debug, Clone)]
@@ -47,29 +50,14 @@ macro_rules! each {
 }
 
 impl<A: PartitionHandler, B: PartitionHandler> PartitionHandler for EitherHandler<A, B> {
+    type Keeps = ChosenAtRunTime;
+
     fn assigned(
         &mut self,
         ctx: &PartitionContext,
         state: Option<&[u8]>,
     ) -> Result<(), HandlerError> {
         each!(self, h => h.assigned(ctx, state))
-    }
-
-    fn process(
-        &mut self,
-        ctx: &PartitionContext,
-        batch: &[Record],
-    ) -> Result<Vec<u8>, HandlerError> {
-        each!(self, h => h.process(ctx, batch))
-    }
-
-    fn process_state(
-        &mut self,
-        ctx: &PartitionContext,
-        batch: &[Record],
-        state: &mut crate::StateTxn<'_>,
-    ) -> Result<(), HandlerError> {
-        each!(self, h => h.process_state(ctx, batch, state))
     }
 
     fn revoked(&mut self, ctx: &PartitionContext) -> Result<(), HandlerError> {
@@ -86,5 +74,16 @@ impl<A: PartitionHandler, B: PartitionHandler> PartitionHandler for EitherHandle
 
     fn blocks(&self) -> bool {
         each!(self, h => h.blocks())
+    }
+}
+
+impl<A: PartitionHandler, B: PartitionHandler> AnyStateHandler for EitherHandler<A, B> {
+    fn process(
+        &mut self,
+        ctx: &PartitionContext,
+        batch: &[Record],
+        store: Option<&mut crate::StateTxn<'_>>,
+    ) -> HandlerResult<Option<Vec<u8>>> {
+        each!(self, h => keeps::process(h, ctx, batch, store))
     }
 }

@@ -71,7 +71,10 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use shardcall_spool::Record;
 
-use crate::handler::{HandlerError, HandlerFactory, Interrupt, PartitionContext, PartitionHandler};
+use crate::handler::{
+    AnyStateHandler, ChosenAtRunTime, HandlerError, HandlerFactory, Interrupt, PartitionContext,
+    PartitionHandler,
+};
 use crate::local_state::txn::StateTxn;
 
 /// Makes an [`ExecHandler`] per partition, running `command` with `sh -c`.
@@ -406,6 +409,8 @@ fn record_json(r: &Record) -> Value {
 }
 
 impl PartitionHandler for ExecHandler {
+    type Keeps = ChosenAtRunTime;
+
     fn assigned(
         &mut self,
         ctx: &PartitionContext,
@@ -415,35 +420,6 @@ impl PartitionHandler for ExecHandler {
         self.state = state.map(<[u8]>::to_vec);
         self.stop();
         self.ensure_started()
-    }
-
-    fn process(
-        &mut self,
-        _ctx: &PartitionContext,
-        batch: &[Record],
-    ) -> Result<Vec<u8>, HandlerError> {
-        self.ensure_started()?;
-        let request = json!({"action": "process", "records": batch.iter().map(record_json).collect::<Vec<_>>()});
-        let answer = self.call(&request, "processed")?;
-        let state = match answer["state"].as_str() {
-            Some(s) => B64
-                .decode(s)
-                .map_err(|e| self.failed(format!("the handler's state is not base64: {e}")))?,
-            None => Vec::new(),
-        };
-        self.state = Some(state.clone());
-        Ok(state)
-    }
-
-    fn process_state(
-        &mut self,
-        _ctx: &PartitionContext,
-        batch: &[Record],
-        state: &mut StateTxn<'_>,
-    ) -> Result<(), HandlerError> {
-        self.ensure_started()?;
-        self.process_with_store(batch, state)
-            .map_err(|why| self.failed(why))
     }
 
     fn revoked(&mut self, _ctx: &PartitionContext) -> Result<(), HandlerError> {
@@ -456,6 +432,34 @@ impl PartitionHandler for ExecHandler {
 
     fn interrupter(&self) -> Option<Arc<dyn Interrupt>> {
         Some(Arc::new(KillChild(self.current.clone())))
+    }
+}
+
+impl AnyStateHandler for ExecHandler {
+    /// With a local state store the child reads and writes it through
+    /// requests; without one it answers with its whole state.
+    fn process(
+        &mut self,
+        _ctx: &PartitionContext,
+        batch: &[Record],
+        store: Option<&mut StateTxn<'_>>,
+    ) -> Result<Option<Vec<u8>>, HandlerError> {
+        self.ensure_started()?;
+        if let Some(txn) = store {
+            self.process_with_store(batch, txn)
+                .map_err(|why| self.failed(why))?;
+            return Ok(None);
+        }
+        let request = json!({"action": "process", "records": batch.iter().map(record_json).collect::<Vec<_>>()});
+        let answer = self.call(&request, "processed")?;
+        let state = match answer["state"].as_str() {
+            Some(s) => B64
+                .decode(s)
+                .map_err(|e| self.failed(format!("the handler's state is not base64: {e}")))?,
+            None => Vec::new(),
+        };
+        self.state = Some(state.clone());
+        Ok(Some(state))
     }
 }
 
@@ -485,7 +489,7 @@ mod tests {
         }
         .create(&ctx());
         h.assigned(&ctx(), None).unwrap();
-        let err = h.process(&ctx(), &batch()).unwrap_err();
+        let err = h.process(&ctx(), &batch(), None).unwrap_err();
         assert!(err.to_string().contains("not JSON"), "{err}");
         // A handler that reports an error is an error too, with its message.
         let script = r#"read l; echo '{"action":"ok"}'; while read l; do echo '{"action":"error","message":"boom"}'; done"#;
@@ -495,7 +499,7 @@ mod tests {
         .create(&ctx());
         h.assigned(&ctx(), None).unwrap();
         assert!(
-            h.process(&ctx(), &batch())
+            h.process(&ctx(), &batch(), None)
                 .unwrap_err()
                 .to_string()
                 .contains("boom")
@@ -522,7 +526,7 @@ mod tests {
         }
         .create(&ctx());
         h.assigned(&ctx(), None).unwrap();
-        let err = h.process(&ctx(), &batch()).unwrap_err();
+        let err = h.process(&ctx(), &batch(), None).unwrap_err();
         assert!(err.to_string().contains("exit status: 3"), "{err}");
         assert!(err.to_string().contains("no such table: orders"), "{err}");
     }
@@ -567,8 +571,14 @@ mod tests {
         }
         .create(&ctx());
         h.assigned(&ctx(), Some(b"restored")).unwrap();
-        assert_eq!(h.process(&ctx(), &batch()).unwrap(), b"restored");
+        assert_eq!(
+            h.process(&ctx(), &batch(), None).unwrap(),
+            Some(b"restored".to_vec())
+        );
         h.stop(); // as if it had crashed
-        assert_eq!(h.process(&ctx(), &batch()).unwrap(), b"restored");
+        assert_eq!(
+            h.process(&ctx(), &batch(), None).unwrap(),
+            Some(b"restored".to_vec())
+        );
     }
 }

@@ -4,12 +4,17 @@ pub mod child_guard;
 pub mod digest;
 pub(crate) mod either;
 pub mod exec;
+pub(crate) mod keeps;
 pub(crate) mod typed;
+
+pub use keeps::{
+    AnyStateHandler, BytesHandler, ChosenAtRunTime, InBytes, InLocalStore, KeepsState,
+    LocalStoreHandler,
+};
 
 use std::path::PathBuf;
 
 use shardcall_core::{Epoch, MemberId, PartitionId};
-use shardcall_spool::Record;
 
 /// What a handler knows about the grant it works under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,51 +110,28 @@ pub trait Interrupt: Send + Sync + 'static {
     fn interrupt(&self);
 }
 
-/// Stateful, ordered processing of one partition. Calls come one at a time,
-/// on a thread where blocking is fine, each within the worker's handler
-/// deadline (a call that outlives it counts as failed).
-pub trait PartitionHandler: Send + 'static {
+/// Stateful, ordered processing of one partition: what happens to a
+/// handler over a grant. Calls come one at a time, on a thread where
+/// blocking is fine, each within the worker's handler deadline (a call that
+/// outlives it counts as failed).
+///
+/// Where the handler keeps the partition's state decides how it processes
+/// a batch, so that is a second trait, named by [`Self::Keeps`]:
+/// [`BytesHandler`] (the state is bytes the handler returns, checkpointed
+/// with the offset) or [`LocalStoreHandler`] (the state is in the worker's
+/// local state store). A handler that implements neither does not compile.
+pub trait PartitionHandler: Send + Sized + 'static {
+    /// Where the state is kept: [`InBytes`], [`InLocalStore`], or
+    /// [`ChosenAtRunTime`] for handlers that can do either.
+    type Keeps: KeepsState<Self>;
+
     /// The partition was granted; `state` is its last checkpointed state
-    /// (`None` the first time).
+    /// (`None` the first time, and always with a local state store).
     fn assigned(
         &mut self,
         ctx: &PartitionContext,
         state: Option<&[u8]>,
     ) -> Result<(), HandlerError>;
-
-    /// Processes a batch, in offset order, returning the new state. The state
-    /// and the offset after the batch are checkpointed together. (A handler
-    /// that keeps its state in a local state store implements
-    /// [`Self::process_state`] instead.)
-    fn process(
-        &mut self,
-        ctx: &PartitionContext,
-        batch: &[Record],
-    ) -> Result<Vec<u8>, HandlerError> {
-        let _ = (ctx, batch);
-        Err(HandlerError::msg(
-            "this handler keeps its state in a local state store: run the worker with one \
-             (WorkerConfig::state, or [state] in the configuration)",
-        ))
-    }
-
-    /// Processes a batch, in offset order, reading and writing the
-    /// partition's local state store through `state` (the worker runs with
-    /// [`crate::WorkerConfig::state`]). The batch's writes and the offset
-    /// after it are committed in one local transaction when this returns
-    /// `Ok`; on an error they are dropped and the batch is delivered again.
-    /// `assigned` is then given no state bytes: the state is in the store.
-    fn process_state(
-        &mut self,
-        ctx: &PartitionContext,
-        batch: &[Record],
-        state: &mut crate::StateTxn<'_>,
-    ) -> Result<(), HandlerError> {
-        let _ = (ctx, batch, state);
-        Err(HandlerError::msg(
-            "this handler returns its state as bytes: run the worker without a local state store",
-        ))
-    }
 
     /// The partition was taken away: the final state is checkpointed and the
     /// partition released (it is in quarantine, nobody consumes it). Back up

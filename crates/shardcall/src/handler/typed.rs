@@ -38,7 +38,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use shardcall_spool::Record;
 
-use crate::handler::{HandlerError, HandlerFactory, PartitionContext, PartitionHandler};
+use crate::handler::{
+    BytesHandler, HandlerError, HandlerFactory, InBytes, PartitionContext, PartitionHandler,
+};
 
 /// How a handler's state becomes the bytes checkpointed with the offset,
 /// and back.
@@ -151,6 +153,8 @@ pub struct TypedHandler<H: StatefulHandler, C> {
 }
 
 impl<H: StatefulHandler, C: StateCodec<H::State>> PartitionHandler for TypedHandler<H, C> {
+    type Keeps = InBytes;
+
     fn assigned(
         &mut self,
         _ctx: &PartitionContext,
@@ -163,6 +167,12 @@ impl<H: StatefulHandler, C: StateCodec<H::State>> PartitionHandler for TypedHand
         Ok(())
     }
 
+    fn blocks(&self) -> bool {
+        self.inner.blocks()
+    }
+}
+
+impl<H: StatefulHandler, C: StateCodec<H::State>> BytesHandler for TypedHandler<H, C> {
     fn process(
         &mut self,
         ctx: &PartitionContext,
@@ -172,10 +182,6 @@ impl<H: StatefulHandler, C: StateCodec<H::State>> PartitionHandler for TypedHand
         // runtime makes a new handler from the checkpoint before retrying.
         self.inner.process(ctx, &mut self.state, batch)?;
         self.codec.encode(&self.state)
-    }
-
-    fn blocks(&self) -> bool {
-        self.inner.blocks()
     }
 }
 

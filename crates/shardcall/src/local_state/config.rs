@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::local_state::backup_store::BackupStore;
 
 /// A worker's local state: each partition's store (the handler uses
-/// [`crate::PartitionHandler::process_state`]) or a directory the handler
+/// [`crate::LocalStoreHandler`]) or a directory the handler
 /// owns ([`StateKind::Directory`]), snapshotted to a backup store.
 #[derive(Clone)]
 pub struct StateConfig {

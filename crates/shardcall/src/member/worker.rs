@@ -148,6 +148,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
     /// Validates the configuration and starts the worker on the current runtime.
     pub fn spawn(self) -> Result<WorkerHandle, WorkerError> {
         self.config.validate()?;
+        crate::handler::keeps::check_fits::<F::Handler>(
+            self.config.state.as_ref().map(|s| s.kind),
+        )?;
         let (stop, stop_rx) = watch::channel(Stop::Run);
         let stats = Arc::new(WorkerStats::default());
         let s = stats.clone();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use shardcall_spool::Record;
 
-use crate::handler::{HandlerError, HandlerFactory, PartitionContext, PartitionHandler};
+use crate::handler::{HandlerError, HandlerFactory, PartitionContext, PartitionHandler, keeps};
 use crate::local_state::store::{StateStore, WriteSet};
 use crate::local_state::txn::StateTxn;
 
@@ -237,7 +237,8 @@ impl<F: HandlerFactory> HandlerCell<F> {
         let handler = self.handler.take().expect("ready");
         let ctx = self.ctx.clone();
         let (handler, result) = call(handler, &self.ctx, self.deadline, move |h| {
-            h.process(&ctx, &batch)
+            // Without a store, every kind of handler answers with bytes.
+            Ok(keeps::process(h, &ctx, &batch, None)?.unwrap_or_default())
         })
         .await;
         if result.is_ok() {
@@ -258,7 +259,7 @@ impl<F: HandlerFactory> HandlerCell<F> {
         let ctx = self.ctx.clone();
         let (handler, result) = call(handler, &self.ctx, self.deadline, move |h| {
             let mut txn = StateTxn::new(&*store);
-            h.process_state(&ctx, &batch, &mut txn)?;
+            keeps::process(h, &ctx, &batch, Some(&mut txn))?;
             Ok(txn.into_writes())
         })
         .await;
@@ -307,11 +308,15 @@ mod tests {
     }
 
     impl PartitionHandler for Fragile {
+        type Keeps = crate::InBytes;
+
         fn assigned(&mut self, _: &PartitionContext, s: Option<&[u8]>) -> Result<(), HandlerError> {
             self.count = s.map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap()));
             Ok(())
         }
+    }
 
+    impl crate::BytesHandler for Fragile {
         fn process(&mut self, _: &PartitionContext, b: &[Record]) -> Result<Vec<u8>, HandlerError> {
             for r in b {
                 assert!(&r.payload[..] != b"boom", "poison record");
@@ -376,10 +381,14 @@ mod tests {
     struct Sleepy;
 
     impl PartitionHandler for Sleepy {
+        type Keeps = crate::InBytes;
+
         fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
             Ok(())
         }
+    }
 
+    impl crate::BytesHandler for Sleepy {
         fn process(&mut self, _: &PartitionContext, _: &[Record]) -> Result<Vec<u8>, HandlerError> {
             std::thread::sleep(std::time::Duration::from_secs(1));
             Ok(Vec::new())

@@ -115,6 +115,9 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
     /// Validates the configuration and starts the worker on the current runtime.
     pub fn spawn(self) -> Result<TicketWorkerHandle, WorkerError> {
         self.config.validate()?;
+        // Ticket mode has no local state stores: each claim restores the
+        // state bytes checkpointed with the offset.
+        crate::handler::keeps::check_fits::<F::Handler>(None)?;
         let (stop, stop_rx) = watch::channel(false);
         let stats = Arc::new(TicketStats::default());
         let keep_reading_for = self.config.keep_reading_for.as_millis() as Millis;
