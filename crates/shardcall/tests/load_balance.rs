@@ -181,22 +181,9 @@ async fn the_heavy_partition_gets_a_member_to_itself_and_every_record_is_process
             (PartitionId::new("t", p), s.end_offset().unwrap())
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut done = true;
-        for (p, end) in &ends {
-            let at = store
-                .load_checkpoint(GROUP, p)
-                .await
-                .unwrap()
-                .map_or(0, |c| c.offset);
-            done &= at == *end;
-        }
-        if done {
-            break;
-        }
-        poll_again_async(deadline, || "the backlog was not processed".into()).await;
-    }
+    shardcall::settle::wait_checkpointed(&*store, GROUP, &ends, Duration::from_secs(30))
+        .await
+        .unwrap();
     for w in &workers {
         w.shutdown();
     }

@@ -119,23 +119,9 @@ impl Run {
 
     /// Waits until every partition is checkpointed at its end.
     async fn settle(&self, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            let mut done = true;
-            for (p, end) in self.ends() {
-                let at = self
-                    .store
-                    .load_checkpoint(GROUP, &p)
-                    .await
-                    .unwrap()
-                    .map_or(0, |c| c.offset);
-                done &= at == end;
-            }
-            if done {
-                return;
-            }
-            poll_again_async(deadline, || "tickets did not catch up".into()).await;
-        }
+        shardcall::settle::wait_checkpointed(&*self.store, GROUP, &self.ends(), within)
+            .await
+            .unwrap();
     }
 
     /// Offsets of each partition found in the dead letters.

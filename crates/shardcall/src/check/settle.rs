@@ -1,6 +1,6 @@
 //! Waiting for a group to settle after a run, before checking it: every
-//! partition checkpointed at its end, the closed ones of a lineage
-//! released and the open ones owned.
+//! partition checkpointed at its end, and (in owned mode) the closed ones
+//! of a lineage released and the open ones owned.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -41,6 +41,38 @@ pub async fn wait_settled<S: CoordinationStore + ?Sized>(
         }
         if crate::clock::now() > deadline {
             return Err(format!("{group} did not settle: {g:#?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until each partition of `ends` is checkpointed at its end (ticket
+/// mode, where nobody owns a partition between claims); the partitions
+/// still behind, described, if that has not happened `within`.
+pub async fn wait_checkpointed<S: CoordinationStore + ?Sized>(
+    store: &S,
+    group: &str,
+    ends: &BTreeMap<PartitionId, u64>,
+    within: Duration,
+) -> Result<(), String> {
+    let deadline = crate::clock::now() + within;
+    loop {
+        let mut behind = Vec::new();
+        for (p, end) in ends {
+            let at = store
+                .load_checkpoint(group, p)
+                .await
+                .map_err(|e| e.to_string())?
+                .map_or(0, |c| c.offset);
+            if at != *end {
+                behind.push(format!("{p} at {at} of {end}"));
+            }
+        }
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if crate::clock::now() > deadline {
+            return Err(format!("{group} did not catch up: {}", behind.join(", ")));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -30,8 +30,7 @@ use shardcall::oracle::{
     DigestFactory, DigestState, check_coverage, check_lineage_order, check_ownership,
 };
 use shardcall::{
-    FjallStateStore, MemoryBackupStore, StateConfig, StateStore, Worker, WorkerConfig,
-    partition_store_dir,
+    FjallStateStore, MemoryBackupStore, StateConfig, StateStore, WorkerConfig, partition_store_dir,
 };
 use shardcall_core::{BalanceRules, GroupConfig, PartitionId};
 
@@ -53,7 +52,7 @@ fn timing() -> GroupConfig {
 /// `balance` says so.
 fn starter(backups: Arc<MemoryBackupStore>, standbys: u32, balance: bool) -> crate::world::Starter {
     Box::new(move |start: Start<'_>| -> Box<dyn Running> {
-        let mut state = StateConfig::new(start.disk, backups.clone());
+        let mut state = StateConfig::new(start.disk.clone(), backups.clone());
         state.snapshots.every = Duration::from_millis(500);
         state.standby_replicas = standbys;
         let mut batch = shardcall::BatchConfig {
@@ -76,20 +75,11 @@ fn starter(backups: Arc<MemoryBackupStore>, standbys: u32, balance: bool) -> cra
             }),
             ..WorkerConfig::default()
         };
-        let handle = Worker {
-            config,
-            store: start.store,
-            source: start.world.source.clone(),
-            factory: Arc::new(DigestFactory {
-                refuse_prefix: Some(POISON),
-                ..DigestFactory::default()
-            }),
-            observer: Some(start.world.oracle.clone()),
-            dead_letters: Some(start.world.dead_letters()),
-        }
-        .spawn()
-        .unwrap();
-        Box::new(handle)
+        let poison_fails = DigestFactory {
+            refuse_prefix: Some(POISON),
+            ..DigestFactory::default()
+        };
+        start.worker(config, poison_fails, true)
     })
 }
 

@@ -13,13 +13,12 @@
 //! once, poison left out; and the pool still holds exactly one ticket per
 //! partition.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use shardcall::TicketStore;
 use shardcall::dice::Dice;
 use shardcall::oracle::{DigestFactory, check_final_state, check_run};
-use shardcall::{CoordinationStore, TicketConfig, TicketWorker};
+use shardcall::{CoordinationStore, TicketConfig};
 
 use crate::world::{GROUP, POISON, Running, Start, TOPIC, World, paused_runtime};
 
@@ -60,20 +59,11 @@ fn starter(budget: Duration) -> crate::world::Starter {
             discover_every: Duration::from_millis(200),
             ..TicketConfig::default()
         };
-        let handle = TicketWorker {
-            config,
-            store: start.store,
-            source: start.world.source.clone(),
-            factory: Arc::new(DigestFactory {
-                refuse_prefix: Some(POISON),
-                ..DigestFactory::default()
-            }),
-            dead_letters: Some(start.world.dead_letters()),
-            observer: Some(start.world.oracle.clone()),
-        }
-        .spawn()
-        .unwrap();
-        Box::new(handle)
+        let poison_fails = DigestFactory {
+            refuse_prefix: Some(POISON),
+            ..DigestFactory::default()
+        };
+        start.ticket_worker(config, poison_fails)
     })
 }
 
@@ -97,26 +87,16 @@ fn run(seed: u64) {
         let _ = trickle.await;
         world.heal();
         let ends = world.ends();
-        let store = world.store.clone();
-        let trace = world.trace();
-        shardcall::eventually::eventually(Duration::from_secs(600), || async {
-            let mut behind = Vec::new();
-            for (p, end) in &ends {
-                let at = store
-                    .load_checkpoint(GROUP, p)
-                    .await
-                    .unwrap()
-                    .map_or(0, |c| c.offset);
-                if at != *end {
-                    behind.push(format!("{p} at {at} of {end}"));
-                }
-            }
-            behind
-                .is_empty()
-                .then_some(())
-                .ok_or_else(|| format!("seed {seed}: {behind:?}\n{trace}"))
-        })
+        let caught_up = shardcall::settle::wait_checkpointed(
+            &*world.store,
+            GROUP,
+            &ends,
+            Duration::from_secs(600),
+        )
         .await;
+        if let Err(e) = caught_up {
+            panic!("seed {seed}: {e}\n{}", world.trace());
+        }
         world.stop_all().await;
 
         let batches = world.oracle.batches();

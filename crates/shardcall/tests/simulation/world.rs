@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use shardcall::dice::Dice;
 use shardcall::faulty_store::{FaultRates, Faults, FaultyStore};
-use shardcall::oracle::Oracle;
+use shardcall::oracle::{DigestFactory, Oracle};
 use shardcall::{FileLogDeadLetters, FileLogSource, MemoryStore, WorkerError};
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Producer, SpoolConfig};
@@ -70,6 +70,49 @@ pub struct Start<'a> {
     pub store: Arc<FaultyStore<MemoryStore>>,
     /// The world it runs in.
     pub world: &'a World,
+}
+
+impl Start<'_> {
+    /// Starts an owned-mode worker on this link: `factory`'s digest
+    /// handlers, the world's oracle watching, the world's dead letters
+    /// when `dead_letters`.
+    pub fn worker(
+        self,
+        config: shardcall::WorkerConfig,
+        factory: DigestFactory,
+        dead_letters: bool,
+    ) -> Box<dyn Running> {
+        let handle = shardcall::Worker {
+            config,
+            store: self.store,
+            source: self.world.source.clone(),
+            factory: Arc::new(factory),
+            observer: Some(self.world.oracle.clone()),
+            dead_letters: dead_letters.then(|| self.world.dead_letters() as _),
+        }
+        .spawn()
+        .unwrap();
+        Box::new(handle)
+    }
+
+    /// Starts a ticket-mode worker on this link, as [`Self::worker`] does.
+    pub fn ticket_worker(
+        self,
+        config: shardcall::TicketConfig,
+        factory: DigestFactory,
+    ) -> Box<dyn Running> {
+        let handle = shardcall::TicketWorker {
+            config,
+            store: self.store,
+            source: self.world.source.clone(),
+            factory: Arc::new(factory),
+            dead_letters: Some(self.world.dead_letters()),
+            observer: Some(self.world.oracle.clone()),
+        }
+        .spawn()
+        .unwrap();
+        Box::new(handle)
+    }
 }
 
 /// Starts a worker of one mode.
