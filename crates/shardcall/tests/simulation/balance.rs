@@ -90,8 +90,10 @@ async fn watch(
     last: &mut BTreeMap<PartitionId, MemberId>,
     moves: &mut Vec<Move>,
 ) {
+    let mut every = tokio::time::interval(Duration::from_millis(100));
+    every.tick().await; // (the first tick is at once)
     for _ in 0..ms / 100 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        every.tick().await;
         *at += 100;
         let g = world.store.load_group(GROUP).await.unwrap();
         for (p, r) in &g.partitions {
