@@ -24,11 +24,7 @@ pub async fn wait_settled<S: CoordinationStore + ?Sized>(
         let g = store.load_group(group).await.map_err(|e| e.to_string())?;
         let mut done = true;
         for (p, end) in ends {
-            let at = store
-                .load_checkpoint(group, p)
-                .await
-                .map_err(|e| e.to_string())?
-                .map_or(0, |c| c.offset);
+            let at = checkpointed_at(store, group, p).await?;
             let owned = matches!(
                 g.partitions.get(p).map(|r| &r.phase),
                 Some(Phase::Owned { .. })
@@ -59,11 +55,7 @@ pub async fn wait_checkpointed<S: CoordinationStore + ?Sized>(
     loop {
         let mut behind = Vec::new();
         for (p, end) in ends {
-            let at = store
-                .load_checkpoint(group, p)
-                .await
-                .map_err(|e| e.to_string())?
-                .map_or(0, |c| c.offset);
+            let at = checkpointed_at(store, group, p).await?;
             if at != *end {
                 behind.push(format!("{p} at {at} of {end}"));
             }
@@ -76,4 +68,17 @@ pub async fn wait_checkpointed<S: CoordinationStore + ?Sized>(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Where `p`'s checkpoint stands (0 without one).
+async fn checkpointed_at<S: CoordinationStore + ?Sized>(
+    store: &S,
+    group: &str,
+    p: &PartitionId,
+) -> Result<u64, String> {
+    Ok(store
+        .load_checkpoint(group, p)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_or(0, |c| c.offset))
 }

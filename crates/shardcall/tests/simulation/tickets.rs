@@ -20,7 +20,7 @@ use shardcall::dice::Dice;
 use shardcall::oracle::{DigestFactory, check_final_state, check_run};
 use shardcall::{CoordinationStore, TicketConfig};
 
-use crate::world::{GROUP, POISON, Running, Start, TOPIC, World, paused_runtime};
+use crate::world::{GROUP, POISON, Running, Start, World, paused_runtime};
 
 const PARTITIONS: u32 = 6;
 /// Steps of faults and records per run.
@@ -115,24 +115,7 @@ fn run(seed: u64) {
             dead.values().map(|d| d.len()).sum::<usize>()
         );
         for p in ends.keys() {
-            let spool = world
-                .log
-                .open_partition_read_only(TOPIC, p.partition)
-                .unwrap();
-            let records = spool.read(0, usize::MAX, usize::MAX).unwrap();
-            let gone = dead.get(p).cloned().unwrap_or_default();
-            for r in records.iter().filter(|r| r.payload.starts_with(POISON)) {
-                assert!(
-                    gone.contains(&r.offset),
-                    "seed {seed}: {p}@{}: poison not dead-lettered\n{}",
-                    r.offset,
-                    world.trace()
-                );
-            }
-            let kept: Vec<_> = records
-                .into_iter()
-                .filter(|r| !gone.contains(&r.offset))
-                .collect();
+            let kept = world.kept(p, &dead);
             let cp = world.store.load_checkpoint(GROUP, p).await.unwrap();
             let v = check_final_state(p, &kept, cp.as_ref().map(|c| &c.state[..]));
             assert!(v.is_none(), "seed {seed}: {v:?}\n{}", world.trace());

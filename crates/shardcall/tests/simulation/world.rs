@@ -376,6 +376,34 @@ impl World {
             .collect()
     }
 
+    /// The records of `p` that must be in its state: every one but those
+    /// dead-lettered (`dead`, from [`Self::dead`]), after checking that all
+    /// its poison went there.
+    pub fn kept(
+        &self,
+        p: &PartitionId,
+        dead: &BTreeMap<PartitionId, std::collections::BTreeSet<u64>>,
+    ) -> Vec<shardcall_spool::Record> {
+        let spool = self
+            .log
+            .open_partition_read_only(TOPIC, p.partition)
+            .unwrap();
+        let records = spool.read(0, usize::MAX, usize::MAX).unwrap();
+        let gone = dead.get(p).cloned().unwrap_or_default();
+        for r in records.iter().filter(|r| r.payload.starts_with(POISON)) {
+            assert!(
+                gone.contains(&r.offset),
+                "{p}@{}: poison not dead-lettered\n{}",
+                r.offset,
+                self.trace()
+            );
+        }
+        records
+            .into_iter()
+            .filter(|r| !gone.contains(&r.offset))
+            .collect()
+    }
+
     /// Offsets of each partition found in the dead letters; only poison
     /// ever goes there.
     pub fn dead(&self) -> BTreeMap<PartitionId, std::collections::BTreeSet<u64>> {
