@@ -96,6 +96,10 @@ fi
 say "tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --all-features --locked --no-fail-fast
+  # nextest does not run doc tests: the examples in the API docs, the page
+  # docs/first-handler.md and the handler that must not compile.
+  say "doc tests"
+  cargo test --workspace --all-features --locked --doc
 else
   cargo test --workspace --all-features --locked --no-fail-fast
 fi
