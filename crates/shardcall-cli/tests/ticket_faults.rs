@@ -326,7 +326,22 @@ async fn a_poison_pill_that_crashes_workers_ends_in_the_dead_letters() {
             )
         })
         .collect();
-    assert_eq!(counted, sent, "{doc:#}");
+    // Each letter is counted after it is written, so a process that dies
+    // between the two (the other slot's poison pill) leaves a letter
+    // uncounted, and the next claim writes and counts it again: the count
+    // lies between the records dead-lettered and the letters written.
+    for (p, letters) in &sent {
+        let records = dead[&p.rsplit('/').next().unwrap().parse::<u32>().unwrap()].len() as u64;
+        let n = counted.get(p).copied().unwrap_or(0);
+        assert!(
+            (records..=*letters).contains(&n),
+            "{p}: {n} counted, {records} records in {letters} letters\n{doc:#}"
+        );
+    }
+    assert!(
+        counted.keys().all(|p| sent.contains_key(p)),
+        "{counted:?} {sent:?}"
+    );
     let text = status(false);
     assert!(text.contains("DEAD LETTERS"), "{text}");
     for p in rig.ends().keys() {
