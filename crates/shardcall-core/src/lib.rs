@@ -44,6 +44,7 @@ pub use partition::backup_plan;
 pub use partition::bisect;
 pub use partition::engine as partition_engine;
 pub use partition::key_scheduler;
+pub use partition::lag_looks;
 pub use partition::retry;
 pub use partition::state_plan;
 pub use partition::warm_up;

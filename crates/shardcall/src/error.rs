@@ -21,11 +21,11 @@ pub enum WorkerError {
     #[error("source: {0}")]
     Source(#[from] SourceError),
     /// A partition's records cannot be read (damaged data).
-    #[error("cannot read {partition}: {reason}")]
+    #[error("cannot read {partition}: {reason:#}")]
     Unreadable {
         /// The partition.
         partition: shardcall_core::PartitionId,
-        /// Why, as the source said it.
-        reason: String,
+        /// Why, as the source said it (the error and its sources kept).
+        reason: shardcall_core::Cause,
     },
 }

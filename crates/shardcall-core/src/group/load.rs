@@ -118,7 +118,21 @@ pub struct LoadMeter {
 /// the first of them is not counted at all.
 pub const WINDOWS_BEFORE_REPORTING: u32 = 3;
 
+/// The window a worker's load meters close every (a second: short enough
+/// to see a burst, long enough to hold a few batches).
+pub const LOAD_WINDOW_MS: Millis = 1_000;
+
+/// How much each new window weighs in a worker's load meters, in
+/// millionths (the Kinesis Client Library weighs a new sample 0.2 too).
+pub const LOAD_ALPHA_PPM: u64 = 200_000;
+
 impl LoadMeter {
+    /// A worker's meter started at `now`: a window of [`LOAD_WINDOW_MS`],
+    /// each new one weighing [`LOAD_ALPHA_PPM`].
+    pub fn standard(now: Millis) -> Self {
+        Self::new(now, LOAD_WINDOW_MS, LOAD_ALPHA_PPM)
+    }
+
     /// A meter started at `now`, closing a window every `window_ms` and
     /// weighing each new window `alpha_ppm` millionths.
     pub fn new(now: Millis, window_ms: Millis, alpha_ppm: u64) -> Self {

@@ -50,6 +50,45 @@ pub struct MemberRules {
     pub load_every_ms: Millis,
 }
 
+/// How often a member with standby replicas asks which partitions it
+/// stands by for: often enough that a standby follows a move within a few
+/// heartbeats, rarely enough to cost the store nothing.
+pub const STANDBY_EVERY_MS: Millis = 2_000;
+
+/// How often a member of a group that balances by load reports it: the
+/// coordinator weighs reports smoothed over several load windows
+/// ([`crate::group::load::LOAD_WINDOW_MS`]), so more often would add
+/// writes, not information.
+pub const LOAD_EVERY_MS: Millis = 2_000;
+
+impl MemberRules {
+    /// The rules of a member whose lease is `lease`, renewed every
+    /// `heartbeat_every_ms`; `local_state` says it keeps local state stores
+    /// (so it warms up partitions on their way), `standbys` that it keeps
+    /// standby replicas and `balances_by_load` that its group balances by
+    /// load. The cadences of standby questions and load reports are the
+    /// engine's ([`STANDBY_EVERY_MS`], [`LOAD_EVERY_MS`]).
+    pub fn new(
+        lease: LeaseRule,
+        heartbeat_every_ms: Millis,
+        local_state: bool,
+        standbys: bool,
+        balances_by_load: bool,
+    ) -> Self {
+        Self {
+            lease,
+            heartbeat_every_ms,
+            warm_ups: local_state,
+            standby_every_ms: if local_state && standbys {
+                STANDBY_EVERY_MS
+            } else {
+                0
+            },
+            load_every_ms: if balances_by_load { LOAD_EVERY_MS } else { 0 },
+        }
+    }
+}
+
 /// What the driver is to do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MemberCommand {

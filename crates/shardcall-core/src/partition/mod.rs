@@ -1,11 +1,12 @@
 //! A partition's decisions under one grant or ticket claim: its engine,
-//! bisecting a failing batch, retry pauses, warm-ups, and the plans for its
-//! local state's snapshots and restores.
+//! bisecting a failing batch, retry pauses, warm-ups, when it looks at its
+//! lag, and the plans for its local state's snapshots and restores.
 
 pub mod backup_plan;
 pub mod bisect;
 pub mod engine;
 pub mod key_scheduler;
+pub mod lag_looks;
 pub mod retry;
 pub mod state_plan;
 pub mod warm_up;

@@ -69,6 +69,7 @@ impl std::fmt::Display for CorruptionKind {
 
 /// Why a buffer did not yield a frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DecodeError {
     /// More bytes are needed: the buffer ends inside the frame.
     Incomplete,

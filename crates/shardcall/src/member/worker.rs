@@ -375,40 +375,22 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// How often a member with standby replicas asks which partitions it
-/// stands by for.
-const STANDBY_EVERY: Duration = Duration::from_secs(2);
-
-/// How often a member of a group that balances by load reports it.
-const LOAD_EVERY: Duration = Duration::from_secs(2);
-
-/// A load meter's window, and how much each new window weighs (the
-/// Kinesis Client Library weighs a new sample 0.2 too).
-const LOAD_WINDOW: Duration = Duration::from_secs(1);
-const LOAD_ALPHA_PPM: u64 = 200_000;
-
 impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Src, F> {
     /// Carries out the member engine's commands until it says rejoin or
     /// leave.
     async fn run(mut self, stop: &mut watch::Receiver<Stop>) -> Result<Ended, WorkerError> {
         let cfg = &self.worker.config;
         let timing = &cfg.timing;
-        let rules = MemberRules {
-            lease: LeaseRule {
+        let rules = MemberRules::new(
+            LeaseRule {
                 ttl_ms: timing.member_ttl.as_millis() as Millis,
                 safety_margin_ms: timing.safety_margin.as_millis() as Millis,
             },
-            heartbeat_every_ms: timing.heartbeat_interval.as_millis() as Millis,
-            warm_ups: cfg.state.is_some(),
-            standby_every_ms: match &cfg.state {
-                Some(s) if s.standby_replicas > 0 => STANDBY_EVERY.as_millis() as Millis,
-                _ => 0,
-            },
-            load_every_ms: match cfg.balance {
-                Some(_) => LOAD_EVERY.as_millis() as Millis,
-                None => 0,
-            },
-        };
+            timing.heartbeat_interval.as_millis() as Millis,
+            cfg.state.is_some(),
+            cfg.state.as_ref().is_some_and(|s| s.standby_replicas > 0),
+            cfg.balance.is_some(),
+        );
         let mut engine = MemberEngine::new(rules, self.joined);
         let mut ticker = tokio::time::interval(timing.tick_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -836,14 +818,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             load: w.config.balance.map(|_| {
                 self.meters
                     .entry(p.clone())
-                    .or_insert_with(|| {
-                        let window = LOAD_WINDOW.as_millis() as Millis;
-                        Arc::new(Mutex::new(LoadMeter::new(
-                            clock::now_ms(),
-                            window,
-                            LOAD_ALPHA_PPM,
-                        )))
-                    })
+                    .or_insert_with(|| Arc::new(Mutex::new(LoadMeter::standard(clock::now_ms()))))
                     .clone()
             }),
         };

@@ -14,13 +14,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use async_trait::async_trait;
+use shardcall_core::lag_looks::lag_look_due;
 use shardcall_core::partition_engine::Command;
 use shardcall_core::state_plan::BackupPointer;
 use shardcall_core::{
     CallFailure, CheckpointAnswer, End, Env, Epoch, Event, PartitionEngine, PartitionId,
     PartitionRules, StateOf, StoreAnswer, state_plan,
 };
-use shardcall_core::{Cause, LoadMeter};
+use shardcall_core::{Cause, LoadMeter, Millis};
 use shardcall_spool::Record;
 use tokio::sync::watch;
 
@@ -39,9 +40,6 @@ use crate::partition::dead_letters::DeadLetters;
 use crate::partition::handler_cell::{CallError, HandlerCell};
 use crate::partition::local::{PartitionState, RestoreFailure, Restored};
 use crate::source::{FetchLimit, Source};
-
-/// How often the lag gauge is refreshed.
-const LAG_EVERY: Duration = Duration::from_secs(1);
 
 /// What differs between a grant and a claim: how the partition's record in
 /// the store is restored, written, kept and ended.
@@ -178,7 +176,7 @@ struct Driver<'a, S, Src, F: HandlerFactory, G> {
     pending_started_us: Option<u64>,
     processed_us: u64,
     open_write: Option<OpenWrite>,
-    lag_checked: Option<Instant>,
+    lag_checked: Option<Millis>,
     lag_task: Option<tokio::task::JoinHandle<()>>,
     /// The last store answer held data that cannot be read (fatal).
     unreadable_store: Option<Cause>,
@@ -880,18 +878,19 @@ where
         }
     }
 
-    /// The lag gauge, at most once a second. Caught up, it is zero (said
-    /// again each second, so the gauge of an idle partition stays and one
-    /// no longer held ages out); else it costs a look at the source's end
+    /// The lag gauge, when a look is due ([`lag_look_due`]). Caught up, it
+    /// is zero (said again each second, so the gauge of an idle partition
+    /// stays and one no longer held ages out); else it costs a look at the
+    /// source's end
     /// (a round trip for Kafka), made on its own task so it never holds up
     /// a batch.
     fn gauge_lag(&mut self, at: u64, caught_up: bool) {
-        if !self.d.lag_gauge || self.lag_checked.is_some_and(|t| t.elapsed() < LAG_EVERY) {
+        if !self.d.lag_gauge || !lag_look_due(self.lag_checked, clock::now_ms()) {
             return;
         }
         let (group, p) = (self.d.group, &self.d.ctx.partition);
         if caught_up {
-            self.lag_checked = Some(clock::now());
+            self.lag_checked = Some(clock::now_ms());
             crate::telemetry::lag(group, p, 0);
             crate::telemetry::call_age(group, p, Duration::ZERO);
             if let Some(lags) = &self.d.lags {
@@ -905,7 +904,7 @@ where
         if self.lag_task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        self.lag_checked = Some(clock::now());
+        self.lag_checked = Some(clock::now_ms());
         let source = self.d.source.clone();
         let (group, p) = (group.to_owned(), p.clone());
         let meter = self.d.load.clone();

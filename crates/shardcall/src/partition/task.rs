@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use shardcall_core::{End, Grant, PartitionRules};
+use shardcall_core::{Cause, End, Grant, PartitionRules};
 
 use crate::config::BatchConfig;
 use crate::coordination::store::{Checkpoint, CoordinationStore, StoreError};
@@ -24,9 +24,9 @@ pub enum TaskEnd {
     /// Revoked gracefully: final checkpoint, released, backup reported.
     Released,
     /// Fenced out or the lease ran short: stopped without releasing.
-    Lost(String),
+    Lost(Cause),
     /// The partition's records cannot be read (damaged): the worker stops.
-    Unreadable(String),
+    Unreadable(Cause),
 }
 
 /// What a partition task needs.
@@ -219,8 +219,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 tracing::error!(reason = %why, "partition given up");
                 TaskEnd::Released
             }
-            End::Lost(why) => TaskEnd::Lost(format!("{why:#}")),
-            End::Failed(why) => TaskEnd::Unreadable(format!("{why:#}")),
+            End::Lost(why) => TaskEnd::Lost(why),
+            End::Failed(why) => TaskEnd::Unreadable(why),
             End::Stopped(why) => {
                 tracing::error!(reason = %why, "partition stopped for the group and released");
                 TaskEnd::Released

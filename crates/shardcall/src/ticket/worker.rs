@@ -451,7 +451,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
             s.source.release(&p).await;
             return Err(WorkerError::Unreadable {
                 partition: p,
-                reason: format!("{reason:#}"),
+                reason: reason.clone(),
             });
         }
         _ => {
