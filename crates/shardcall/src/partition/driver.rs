@@ -881,9 +881,8 @@ where
     /// The lag gauge, when a look is due ([`lag_look_due`]). Caught up, it
     /// is zero (said again each second, so the gauge of an idle partition
     /// stays and one no longer held ages out); else it costs a look at the
-    /// source's end
-    /// (a round trip for Kafka), made on its own task so it never holds up
-    /// a batch.
+    /// source's end (a round trip for Kafka), made on its own task so it
+    /// never holds up a batch.
     fn gauge_lag(&mut self, at: u64, caught_up: bool) {
         if !self.d.lag_gauge || !lag_look_due(self.lag_checked, clock::now_ms()) {
             return;
