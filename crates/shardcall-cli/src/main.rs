@@ -1,27 +1,18 @@
 //! `shardcall`: the command-line tool.
 
 mod any_source;
-mod audit_cmd;
 mod bench;
-mod consume;
+mod commands;
 mod demo;
 mod flag_values;
-mod group_check;
-mod group_cmd;
-mod groups_cmd;
 mod log_format;
 mod log_opts;
 mod pipes;
-mod policy_cmd;
-mod produce;
 mod progress;
 mod redis_opts;
 mod settings;
-mod spool_cmd;
-mod topic_cmd;
 mod views;
 mod words;
-mod worker_cmd;
 
 pub(crate) use words::plural;
 
@@ -29,6 +20,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use commands::{
+    audit, config, consume, delete_group, drain, groups, plan, policy, produce, release,
+    reset_offsets, spool, status, topic, worker,
+};
 use shardcall_spool::{Durability, SpoolConfig};
 
 /// Share the partitions of a log among many consumers, coordinated through Redis.
@@ -48,58 +43,43 @@ enum Command {
     /// Run one worker of a group coordinated in Redis, consuming a file log,
     /// Kafka or Kinesis, in owned mode (--topic, --stream) and/or ticket mode
     /// (--ticket-topic).
-    Worker(Box<worker_cmd::WorkerArgs>),
+    Worker(Box<worker::WorkerArgs>),
     /// Show a group: members, and each partition's phase, owner, epoch,
     /// offset, lag and quarantine time left.
-    Status(group_cmd::StatusArgs),
+    Status(status::StatusArgs),
     /// Dry run of the coordinator's next decisions, with the reason for each move.
-    Plan(group_cmd::PlanArgs),
+    Plan(plan::PlanArgs),
     /// The groups in this Redis, with their members, partitions, tickets and lag.
-    Groups(groups_cmd::GroupsArgs),
+    Groups(groups::GroupsArgs),
     /// Delete a group nobody runs any more (refused while a member is live).
-    DeleteGroup(groups_cmd::DeleteGroupArgs),
+    DeleteGroup(delete_group::DeleteGroupArgs),
     /// The group's audit log: operator actions and quarantine rule changes.
-    Audit(audit_cmd::AuditArgs),
+    Audit(audit::AuditArgs),
     /// Show a group's quarantine rule and who set it, or change it (audited).
-    Policy(policy_cmd::PolicyArgs),
+    Policy(policy::PolicyArgs),
     /// End quarantines early: partitions or whole topics (audited).
-    Release(group_cmd::ReleaseArgs),
+    Release(release::ReleaseArgs),
     /// Check a configuration file, or print an example of one.
     #[command(subcommand)]
-    Config(ConfigCommand),
+    Config(config::ConfigCommand),
     /// Move a member's partitions away gracefully, so it can be stopped.
-    Drain(group_cmd::DrainArgs),
+    Drain(drain::DrainArgs),
     /// Set where a group resumes in a topic (refused while a member holds a
     /// partition, unless forced); audited.
-    ResetOffsets(group_cmd::ResetArgs),
+    ResetOffsets(reset_offsets::ResetArgs),
     /// Append lines from stdin to a topic of the embedded file log.
     Produce(produce::ProduceArgs),
     /// Print records of a topic of the embedded file log.
     Consume(consume::ConsumeArgs),
     /// Split, merge or show the partitions of a topic of the embedded file log.
     #[command(subcommand)]
-    Topic(topic_cmd::TopicCommand),
+    Topic(topic::TopicCommand),
     /// Inspect or mend a spool or file log on disk.
     #[command(subcommand)]
-    Spool(spool_cmd::SpoolCommand),
+    Spool(spool::SpoolCommand),
     /// Measure performance against a baseline in the same run.
     #[command(subcommand)]
     Bench(BenchCommand),
-}
-
-#[derive(Debug, Subcommand)]
-enum ConfigCommand {
-    /// Validate a worker configuration (with the environment's SHARDCALL_*
-    /// overrides and any --set) and explain every problem.
-    Check {
-        /// The TOML file.
-        file: PathBuf,
-        /// Override one key: PATH=VALUE.
-        #[arg(long = "set", value_name = "PATH=VALUE")]
-        sets: Vec<String>,
-    },
-    /// Print a complete, commented example configuration.
-    Example,
 }
 
 #[derive(Debug, Subcommand)]
@@ -176,46 +156,6 @@ pub fn durability(arg: FsyncArg, interval_ms: u64) -> Durability {
 /// A folder argument.
 pub type Dir = PathBuf;
 
-fn config_check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitCode> {
-    match settings::load(Some(file), std::env::vars(), sets).and_then(|s| s.resolve()) {
-        Ok(r) => {
-            println!(
-                "{}: ok: group {}, worker {}, {} topic(s) from {}, Redis {}, handler {}",
-                file.display(),
-                r.worker.group,
-                r.worker.name,
-                r.topics.len(),
-                match &r.source {
-                    settings::SourceChoice::File(dir) => format!("file log {}", dir.display()),
-                    settings::SourceChoice::Kinesis(k) =>
-                        format!("Kinesis {}", k.endpoint.as_deref().unwrap_or(&k.region)),
-                    settings::SourceChoice::Kafka(k, spool) => format!(
-                        "Kafka {}{}",
-                        k.brokers,
-                        spool.as_ref().map_or(String::new(), |(d, _)| format!(
-                            " through spool {}",
-                            d.display()
-                        ))
-                    ),
-                },
-                shardcall_redis::redact_urls(&r.redis),
-                r.exec.as_deref().unwrap_or("built-in digest")
-            );
-            for note in &r.renamed {
-                println!("  note: {note}");
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(errors) => {
-            println!("{}: {} problem(s):", file.display(), errors.len());
-            for e in errors {
-                println!("  - {e}");
-            }
-            Ok(ExitCode::from(1))
-        }
-    }
-}
-
 /// An error and its causes, each said once: an error whose message
 /// already quotes its cause (as the store's errors do, so that a log line
 /// says everything) is not followed by that cause again.
@@ -240,25 +180,21 @@ fn main() -> ExitCode {
 
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
-        Command::Worker(args) => worker_cmd::run(&args),
-        Command::Status(args) => group_cmd::status(&args),
-        Command::Plan(args) => group_cmd::plan(&args),
-        Command::Release(args) => group_cmd::release(&args),
-        Command::Policy(args) => policy_cmd::run(&args),
-        Command::Audit(args) => audit_cmd::run(&args),
-        Command::Groups(args) => groups_cmd::list(&args),
-        Command::DeleteGroup(args) => groups_cmd::delete(&args),
-        Command::Drain(args) => group_cmd::drain(&args),
-        Command::Config(ConfigCommand::Example) => {
-            print!("{}", settings::example::example());
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Config(ConfigCommand::Check { file, sets }) => config_check(&file, &sets),
-        Command::ResetOffsets(args) => group_cmd::reset(&args),
+        Command::Worker(args) => worker::run(&args),
+        Command::Status(args) => status::run(&args),
+        Command::Plan(args) => plan::run(&args),
+        Command::Release(args) => release::run(&args),
+        Command::Policy(args) => policy::run(&args),
+        Command::Audit(args) => audit::run(&args),
+        Command::Groups(args) => groups::run(&args),
+        Command::DeleteGroup(args) => delete_group::run(&args),
+        Command::Drain(args) => drain::run(&args),
+        Command::Config(cmd) => config::run(&cmd),
+        Command::ResetOffsets(args) => reset_offsets::run(&args),
         Command::Produce(args) => produce::run(&args),
         Command::Consume(args) => consume::run(&args),
-        Command::Topic(cmd) => topic_cmd::run(&cmd),
-        Command::Spool(cmd) => spool_cmd::run(&cmd),
+        Command::Topic(cmd) => topic::run(&cmd),
+        Command::Spool(cmd) => spool::run(&cmd),
         Command::Bench(BenchCommand::Spool(args)) => bench::spool::run(&args),
         Command::Bench(BenchCommand::Kafka(args)) => bench::kafka::run(&args),
         Command::Bench(BenchCommand::Hol(args)) => bench::hol::run(&args),

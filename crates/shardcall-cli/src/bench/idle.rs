@@ -287,7 +287,7 @@ async fn settled(
                 _ => false,
             });
         if owned {
-            let cps = crate::group_cmd::load_checkpoints(store, GROUP, &parts).await?;
+            let cps = crate::commands::group_reads::load_checkpoints(store, GROUP, &parts).await?;
             if cps
                 .iter()
                 .all(|(p, cp)| cp.as_ref().map(|c| c.offset) == ends.get(p).copied())

@@ -5,7 +5,7 @@
 /// assume how many), after starting the logs if `RUST_LOG` is set.
 pub fn bench_runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     if std::env::var_os("RUST_LOG").is_some() {
-        crate::worker_cmd::init_logs(crate::worker_cmd::LogFormat::Text);
+        crate::commands::worker::init_logs(crate::commands::worker::LogFormat::Text);
     }
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)

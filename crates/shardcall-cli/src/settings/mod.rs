@@ -19,8 +19,8 @@ use shardcall_core::GroupConfig;
 use shardcall_kafka::{KafkaConfig, KafkaConfigError, StartPosition};
 use shardcall_spool::SpoolConfig;
 
+use crate::commands::worker::LogFormat;
 pub use crate::settings::load::load;
-use crate::worker_cmd::LogFormat;
 
 /// The whole file. Each table that configures a part of the runtime
 /// deserializes straight into that part's own type (`[timing]` into

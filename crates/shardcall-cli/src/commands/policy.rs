@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use shardcall::CoordinationStore;
 use shardcall_core::QuarantinePolicy;
 
-use crate::group_cmd::{actor, explained, runtime};
+use crate::commands::group_reads::{actor, explained, runtime};
 use crate::redis_opts::RedisOpts;
 
 /// Arguments of `shardcall policy`.
@@ -72,7 +72,7 @@ impl PolicyArgs {
 pub fn run(args: &PolicyArgs) -> anyhow::Result<ExitCode> {
     let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
-        crate::group_check::valid_name(&args.group)?;
+        crate::commands::group_check::valid_name(&args.group)?;
         let now = store.now().await?;
         let current = store.load_policy(&args.group).await?;
         let base = current.as_ref().map(|c| c.policy).unwrap_or_default();
@@ -87,7 +87,7 @@ pub fn run(args: &PolicyArgs) -> anyhow::Result<ExitCode> {
                 ),
                 None => {
                     // An unknown group is said as every command says it.
-                    crate::group_check::existing_group(&store, &args.group).await?;
+                    crate::commands::group_check::existing_group(&store, &args.group).await?;
                     eprintln!(
                         "{}: no quarantine policy yet (the group's first worker sets it)",
                         args.group

@@ -1,12 +1,11 @@
-//! `shardcall groups` lists the groups in a Redis with their members,
-//! partitions and tickets (and lag, given the log); `shardcall delete-group`
-//! removes one nobody runs any more.
+//! `shardcall groups`: the groups in a Redis with their members,
+//! partitions and tickets (and lag, given the log).
 
 use std::process::ExitCode;
 
 use shardcall::{CoordinationStore, TicketStore};
 
-use crate::group_cmd::{actor, load_checkpoints, runtime};
+use crate::commands::group_reads::{load_checkpoints, runtime};
 use crate::log_opts::LogOpts;
 use crate::redis_opts::RedisOpts;
 
@@ -23,22 +22,8 @@ pub struct GroupsArgs {
     json: bool,
 }
 
-/// Arguments of `shardcall delete-group`.
-#[derive(Debug, clap::Args)]
-pub struct DeleteGroupArgs {
-    #[command(flatten)]
-    redis: RedisOpts,
-    /// The group to delete: its members, assignments, checkpoints,
-    /// tickets and audit log.
-    #[arg(long)]
-    group: String,
-    /// Who deletes it, for the message (default: $USER).
-    #[arg(long)]
-    actor: Option<String>,
-}
-
 /// Runs `shardcall groups`.
-pub fn list(args: &GroupsArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: &GroupsArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let store = args.redis.connect().await?;
         let now = store.now().await?;
@@ -101,25 +86,6 @@ pub fn list(args: &GroupsArgs) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        Ok(ExitCode::SUCCESS)
-    })
-}
-
-/// Runs `shardcall delete-group`.
-pub fn delete(args: &DeleteGroupArgs) -> anyhow::Result<ExitCode> {
-    runtime()?.block_on(async {
-        let store = args.redis.connect().await?;
-        let removed = store.delete_group(&args.group).await?;
-        anyhow::ensure!(
-            removed > 0,
-            "group {:?} does not exist in this Redis",
-            args.group
-        );
-        println!(
-            "deleted group {} ({removed} keys, by {})",
-            args.group,
-            actor(&args.actor)
-        );
         Ok(ExitCode::SUCCESS)
     })
 }

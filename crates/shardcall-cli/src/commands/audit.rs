@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use crate::group_cmd::{explained, runtime};
+use crate::commands::group_reads::{explained, runtime};
 use crate::redis_opts::RedisOpts;
 
 /// Arguments of `shardcall audit`.
@@ -26,7 +26,7 @@ pub struct AuditArgs {
 pub fn run(args: &AuditArgs) -> anyhow::Result<ExitCode> {
     let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
-        let g = crate::group_check::existing_group(&store, &args.group).await?;
+        let g = crate::commands::group_check::existing_group(&store, &args.group).await?;
         let skip = args.last.map_or(0, |n| g.audit.len().saturating_sub(n));
         if g.audit.is_empty() && !args.json {
             println!("{}: the audit log is empty", args.group);
