@@ -522,7 +522,7 @@ fn bad_balance_settings_are_each_named_and_good_ones_pass() {
     assert!(
         said.contains("2 problem(s)")
             && said.contains("balance.threshold: 1.5 is not between 0 and 1")
-            && said.contains("balance.transfer_rate: must be above zero"),
+            && said.contains("balance.transfer_rate must be at least 1"),
         "{said}"
     );
     let out = shardcall(

@@ -165,6 +165,25 @@ pub enum WorkerConfigError {
         /// The most it may be.
         max: usize,
     },
+    /// More standby replicas than one per partition: only the member that
+    /// would inherit a partition keeps its state warm.
+    #[error(
+        "state.standby_replicas: {0} is more than 1 (one standby per partition, the member that would inherit it, is kept)"
+    )]
+    TooManyStandbys(u32),
+    /// The load-balance threshold is not a fraction between 0 and 1.
+    #[error("balance.threshold: {} is not between 0 and 1 (0.1 lets a member be 10% off its share)", *ppm as f64 / 1e6)]
+    BalanceThreshold {
+        /// The threshold, in millionths.
+        ppm: u64,
+    },
+    /// A handler that keeps its own directory cannot send single records
+    /// to dead letters: a failed batch sends the directory back to its
+    /// last snapshot, so a batch's records are never tried on their own.
+    #[error(
+        "state.kind: \"directory\" cannot be used with dead letters: a failed batch sends the handler's directory back to its last snapshot, so a batch's records are never tried on their own"
+    )]
+    DirectoryWithDeadLetters,
     /// A snapshot setting of the local state stores cannot work.
     #[error("state.snapshots.{0}")]
     Snapshots(String),
@@ -243,13 +262,17 @@ impl WorkerConfig {
             });
         }
         if let Some(state) = &self.state {
-            out.extend(
-                state
-                    .snapshots
-                    .problems()
-                    .into_iter()
-                    .map(WorkerConfigError::Snapshots),
-            );
+            out.extend(state.problems());
+        }
+        if let Some(balance) = &self.balance {
+            if balance.threshold_ppm == 0 || balance.threshold_ppm >= 1_000_000 {
+                out.push(WorkerConfigError::BalanceThreshold {
+                    ppm: balance.threshold_ppm,
+                });
+            }
+            if balance.transfer_bytes_per_s == 0 {
+                out.push(WorkerConfigError::Zero("balance.transfer_rate"));
+            }
         }
         out
     }
@@ -282,5 +305,47 @@ mod tests {
             slow.validate(),
             Err(WorkerConfigError::FetchWaitTooLong { .. })
         ));
+    }
+
+    #[test]
+    fn the_state_stores_and_the_balance_rules_are_checked_with_the_rest() {
+        let backups = std::sync::Arc::new(crate::MemoryBackupStore::new());
+        let mut state = crate::StateConfig::new("/s", backups);
+        state.cache_bytes = 0;
+        state.standby_replicas = 2;
+        let config = WorkerConfig {
+            state: Some(state.clone()),
+            balance: Some(shardcall_core::BalanceRules {
+                threshold_ppm: 1_500_000,
+                transfer_bytes_per_s: 0,
+                ..shardcall_core::BalanceRules::default()
+            }),
+            ..WorkerConfig::default()
+        };
+        let problems = config.problems();
+        for expected in [
+            WorkerConfigError::Zero("state.cache_bytes"),
+            WorkerConfigError::TooManyStandbys(2),
+            WorkerConfigError::BalanceThreshold { ppm: 1_500_000 },
+            WorkerConfigError::Zero("balance.transfer_rate"),
+        ] {
+            assert!(problems.contains(&expected), "{expected:?} in {problems:?}");
+        }
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert!(
+            problems[2]
+                .to_string()
+                .contains("1.5 is not between 0 and 1"),
+            "{}",
+            problems[2]
+        );
+        // A handler's own directory cannot send single records to dead
+        // letters; the runtime's store can.
+        assert_eq!(state.fits_dead_letters(), Ok(()));
+        state.kind = crate::StateKind::Directory;
+        assert_eq!(
+            state.fits_dead_letters(),
+            Err(WorkerConfigError::DirectoryWithDeadLetters)
+        );
     }
 }

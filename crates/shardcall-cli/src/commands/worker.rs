@@ -376,25 +376,7 @@ fn spawn<Src: Source>(
 ) -> anyhow::Result<RunningWorker> {
     let mut config = r.worker.clone();
     if let Some(state) = &r.state {
-        let backups: Arc<dyn shardcall::BackupStore> = match &state.backup {
-            settings::BackupChoice::Dir(dir) => Arc::new(
-                shardcall::DirBackupStore::new(dir)
-                    .with_context(|| format!("state.backup_dir: {}", dir.display()))?,
-            ),
-            settings::BackupChoice::S3(s3) => {
-                Arc::new(shardcall_s3::S3BackupStore::new(s3).context("[state.s3]")?)
-            }
-        };
-        config.state = Some(shardcall::StateConfig {
-            dir: state.dir.clone(),
-            kind: state.kind,
-            backups,
-            snapshots: state.snapshots.clone(),
-            cache_bytes: state.cache_bytes,
-            row_cache_bytes: state.row_cache_bytes,
-            warm_up_wait: state.warm_up_wait,
-            standby_replicas: state.standby_replicas,
-        });
+        config.state = state.config(state.open_backups()?);
     }
     let worker = Worker {
         config,

@@ -23,7 +23,8 @@ fn key(field: &str) -> String {
     let table = match field {
         "weight" | "group" | "name" => "",
         "call_deadline" => "handler.",
-        f if f.starts_with("batch.") => "",
+        // Already a path: batch.max_records, state.cache_bytes, ...
+        f if f.contains('.') => "",
         _ => "timing.",
     };
     format!("{table}{field}{flag}")
@@ -77,6 +78,12 @@ pub fn explain(e: &WorkerConfigError) -> String {
             text(*wait),
             key("safety_margin"),
             text(*margin)
+        ),
+        // The library's dead letters are the file's `dead_letters.topic`.
+        WorkerConfigError::DirectoryWithDeadLetters => e.to_string().replacen(
+            "with dead letters",
+            "with dead letters (dead_letters.topic)",
+            1,
         ),
         other => other.to_string(),
     }

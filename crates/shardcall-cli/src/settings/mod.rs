@@ -281,21 +281,13 @@ impl Default for BalanceSettings {
 }
 
 impl BalanceSettings {
-    /// The rules, or `None` for count balance; problems go to `errors`.
-    pub fn rules(&self, errors: &mut Vec<String>) -> Option<shardcall_core::BalanceRules> {
-        let before = errors.len();
-        if !(self.threshold > 0.0 && self.threshold < 1.0) {
-            errors.push(format!(
-                "balance.threshold: {} is not between 0 and 1 (0.1 lets a member be 10% off its share)",
-                self.threshold
-            ));
-        }
-        if self.transfer_rate == 0 {
-            errors.push("balance.transfer_rate: must be above zero (bytes per second)".into());
-        }
-        let measure = self.by.measure()?;
-        (errors.len() == before).then(|| shardcall_core::BalanceRules {
-            measure,
+    /// The rules, or `None` for count balance (the library checks them:
+    /// [`shardcall::WorkerConfig::problems`]).
+    pub fn rules(&self) -> Option<shardcall_core::BalanceRules> {
+        Some(shardcall_core::BalanceRules {
+            measure: self.by.measure()?,
+            // A negative or NaN threshold reads as 0, which the check
+            // refuses as it refuses any fraction outside (0, 1).
             threshold_ppm: (self.threshold * 1e6).round() as u64,
             cooldown_ms: self.cooldown.as_millis() as u64,
             max_moves: self.max_moves,
@@ -306,34 +298,41 @@ impl BalanceSettings {
     }
 }
 
-/// Where a worker's snapshots go.
-#[derive(Debug, Clone)]
-pub enum BackupChoice {
-    /// A folder.
-    Dir(PathBuf),
-    /// S3-compatible object storage.
-    S3(shardcall_s3::S3Config),
-}
+impl StateSettings {
+    /// The library's configuration of these stores, their snapshots going
+    /// to `backups` (`None` when `dir` is not set: no local state).
+    pub fn config(
+        &self,
+        backups: std::sync::Arc<dyn shardcall::BackupStore>,
+    ) -> Option<shardcall::StateConfig> {
+        Some(shardcall::StateConfig {
+            kind: self.kind,
+            snapshots: self.snapshots.clone(),
+            cache_bytes: self.cache_bytes,
+            row_cache_bytes: self.row_cache_bytes,
+            warm_up_wait: self.warm_up_wait,
+            standby_replicas: self.standby_replicas,
+            ..shardcall::StateConfig::new(self.dir.clone()?, backups)
+        })
+    }
 
-/// The local state stores, resolved.
-#[derive(Debug, Clone)]
-pub struct StateChoice {
-    /// Where the stores live.
-    pub dir: PathBuf,
-    /// The runtime's store, or the handler's directory.
-    pub kind: shardcall::StateKind,
-    /// Where snapshots go.
-    pub backup: BackupChoice,
-    /// Each store's block cache.
-    pub cache_bytes: u64,
-    /// Each store's cache of values.
-    pub row_cache_bytes: u64,
-    /// How long a moving partition waits for its next owner's warm-up.
-    pub warm_up_wait: std::time::Duration,
-    /// Standby replicas per partition.
-    pub standby_replicas: u32,
-    /// When snapshots are taken.
-    pub snapshots: shardcall::SnapshotConfig,
+    /// The backup store these settings name, opened (a folder is made if
+    /// missing; S3 is reached at the first snapshot).
+    pub fn open_backups(&self) -> anyhow::Result<std::sync::Arc<dyn shardcall::BackupStore>> {
+        use anyhow::Context;
+        Ok(match (&self.backup_dir, &self.s3) {
+            (Some(dir), _) => std::sync::Arc::new(
+                shardcall::DirBackupStore::new(dir)
+                    .with_context(|| format!("state.backup_dir: {}", dir.display()))?,
+            ),
+            (None, Some(s3)) => {
+                std::sync::Arc::new(shardcall_s3::S3BackupStore::new(s3).context("[state.s3]")?)
+            }
+            (None, None) => {
+                anyhow::bail!("state.backup_dir or [state.s3]: required with state.dir")
+            }
+        })
+    }
 }
 
 /// `[dead_letters]`
@@ -550,92 +549,48 @@ pub struct Resolved {
     pub progress_every: std::time::Duration,
     /// Notes on older key spellings that were read.
     pub renamed: Vec<String>,
-    /// Local state stores, if configured.
-    pub state: Option<StateChoice>,
+    /// Local state stores, if configured (checked).
+    pub state: Option<StateSettings>,
 }
 
 impl Settings {
-    /// The local state stores, explaining each problem.
-    fn state_choice(
-        &self,
-        ticket_topics: &[String],
-        errors: &mut Vec<String>,
-    ) -> Option<StateChoice> {
+    /// What the command line adds to the library's checks of the local
+    /// state stores (those are in [`shardcall::StateConfig::problems`]):
+    /// where they and their snapshots live, and whether this worker's
+    /// topics and handler can use them.
+    fn state_problems(&self, ticket_topics: &[String], errors: &mut Vec<String>) {
         let s = &self.state;
-        let Some(dir) = &s.dir else {
+        if s.dir.is_none() {
             if s.backup_dir.is_some() || s.s3.is_some() {
                 errors.push(
                     "state.dir (--state-dir): required with a backup store (state.backup_dir or [state.s3]): where the partitions' stores live".into(),
                 );
             }
-            return None;
-        };
-        let before = errors.len();
+            return;
+        }
         if !ticket_topics.is_empty() {
             errors.push(format!(
                 "state.dir: local state stores work in owned mode; {} in ticket mode (whose partitions move at every claim) cannot use one",
                 ticket_topics.join(", ")
             ));
         }
-        errors.extend(
-            s.snapshots
-                .problems()
-                .into_iter()
-                .map(|p| format!("state.snapshots.{p}")),
-        );
-        if s.cache_bytes == 0 {
-            errors.push("state.cache_bytes: must be above zero".into());
+        if s.kind == shardcall::StateKind::Directory && self.handler.exec.is_none() {
+            errors.push(
+                "state.kind: \"directory\" is for an --exec handler that keeps its own files; the built-in handler keeps its state in the store (kind = \"store\")".into(),
+            );
         }
-        if s.standby_replicas > 1 {
-            errors.push(format!(
-                "state.standby_replicas: {} is more than 1 (one standby per partition, the member that would inherit it, is kept)",
-                s.standby_replicas
-            ));
-        }
-        if s.kind == shardcall::StateKind::Directory {
-            if self.handler.exec.is_none() {
-                errors.push(
-                    "state.kind: \"directory\" is for an --exec handler that keeps its own files; the built-in handler keeps its state in the store (kind = \"store\")".into(),
-                );
-            }
-            if self.dead_letters.topic.is_some() {
-                errors.push(
-                    "state.kind: \"directory\" cannot be used with dead_letters.topic: a failed batch sends the handler's directory back to its last snapshot, so a batch's records are never tried on their own".into(),
-                );
-            }
-        }
-        let backup = match (&s.backup_dir, &s.s3) {
+        match (&s.backup_dir, &s.s3) {
             (Some(_), Some(_)) => {
-                errors.push("state.backup_dir and [state.s3]: choose one backup store".into());
-                None
+                errors.push("state.backup_dir and [state.s3]: choose one backup store".into())
             }
-            (Some(b), None) => Some(BackupChoice::Dir(b.clone())),
+            (Some(_), None) => {}
             (None, Some(s3)) => {
-                let config = s3.clone();
-                let problems = config.problems();
-                errors.extend(problems.iter().map(|p| format!("state.s3: {p}")));
-                problems.is_empty().then_some(BackupChoice::S3(config))
+                errors.extend(s3.problems().iter().map(|p| format!("state.s3: {p}")))
             }
-            (None, None) => {
-                errors.push(
-                    "state.backup_dir (--backup-dir) or [state.s3]: required with state.dir: where snapshots go (every member of the group must reach it)".into(),
-                );
-                None
-            }
-        };
-        if errors.len() > before {
-            return None;
+            (None, None) => errors.push(
+                "state.backup_dir (--backup-dir) or [state.s3]: required with state.dir: where snapshots go (every member of the group must reach it)".into(),
+            ),
         }
-        Some(StateChoice {
-            dir: dir.clone(),
-            kind: s.kind,
-            backup: backup.expect("checked"),
-            cache_bytes: s.cache_bytes,
-            row_cache_bytes: s.row_cache_bytes,
-            warm_up_wait: s.warm_up_wait,
-            standby_replicas: s.standby_replicas,
-            snapshots: s.snapshots.clone(),
-        })
     }
 
     /// The Kafka source's configuration, explaining each problem.
@@ -785,19 +740,27 @@ impl Settings {
             slots: 0,
             call_deadline: self.handler.call_deadline,
             state: None,
-            balance: self.balance.rules(&mut errors),
+            balance: self.balance.rules(),
             child_order: self.source.child_order,
         };
         if !self.group.is_empty() {
-            errors.extend(
-                worker
-                    .problems()
-                    .iter()
-                    .map(crate::settings::errors::explain),
-            );
+            // The library checks the stores' settings; the backup store is
+            // opened only when the worker starts, so an inert one stands
+            // in for it here.
+            let stand_in = std::sync::Arc::new(shardcall::MemoryBackupStore::new());
+            let state = self.state.config(stand_in);
+            let with_state = WorkerConfig {
+                state: state.clone(),
+                ..worker.clone()
+            };
+            let mut problems = with_state.problems();
+            if let (Some(state), Some(_)) = (&state, &self.dead_letters.topic) {
+                problems.extend(state.fits_dead_letters().err());
+            }
+            errors.extend(problems.iter().map(crate::settings::errors::explain));
         }
         errors.extend(self.spool.problems().iter().map(|e| format!("spool: {e}")));
-        let state = self.state_choice(&ticket_topics, &mut errors);
+        self.state_problems(&ticket_topics, &mut errors);
         let metrics = match &self.metrics.addr {
             None => None,
             Some(a) => match metrics_addr(a) {
@@ -859,7 +822,7 @@ impl Settings {
             json_logs: self.log.format == LogFormat::Json,
             progress_every: self.log.progress_every,
             renamed: self.renamed.clone(),
-            state,
+            state: self.state.dir.is_some().then(|| self.state.clone()),
         })
     }
 }
@@ -1193,7 +1156,7 @@ mod tests {
         .unwrap_err();
         assert!(all.contains("for an --exec handler"), "{all}");
         assert!(
-            all.contains("cannot be used with dead_letters.topic"),
+            all.contains("cannot be used with dead letters (dead_letters.topic)"),
             "{all}"
         );
         let all = errors_of(&format!(

@@ -108,6 +108,37 @@ pub fn partition_store_dir(dir: &Path, group: &str, partition: &PartitionId) -> 
     partition_state_dir(dir, group, partition).join("store")
 }
 
+impl StateConfig {
+    /// Every problem of these settings (empty: they can work); part of
+    /// [`crate::WorkerConfig::problems`].
+    pub fn problems(&self) -> Vec<crate::WorkerConfigError> {
+        use crate::WorkerConfigError;
+        let mut out: Vec<WorkerConfigError> = self
+            .snapshots
+            .problems()
+            .into_iter()
+            .map(WorkerConfigError::Snapshots)
+            .collect();
+        if self.cache_bytes == 0 {
+            out.push(WorkerConfigError::Zero("state.cache_bytes"));
+        }
+        if self.standby_replicas > 1 {
+            out.push(WorkerConfigError::TooManyStandbys(self.standby_replicas));
+        }
+        out
+    }
+
+    /// Whether a worker with these stores may send failed batches to dead
+    /// letters: not when the handler keeps its own directory (see
+    /// [`crate::WorkerConfigError::DirectoryWithDeadLetters`]).
+    pub fn fits_dead_letters(&self) -> Result<(), crate::WorkerConfigError> {
+        match self.kind {
+            StateKind::Directory => Err(crate::WorkerConfigError::DirectoryWithDeadLetters),
+            StateKind::Store => Ok(()),
+        }
+    }
+}
+
 impl std::fmt::Debug for StateConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StateConfig")

@@ -85,14 +85,54 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> WorkerBuilder<S, Src,
     }
 
     /// The worker, once its configuration is checked: every problem at
-    /// once ([`WorkerConfig::problems`]), the first as the error.
+    /// once ([`Worker::problems`]), the first as the error.
     pub fn build(self) -> Result<Worker<S, Src, F>, WorkerError> {
-        self.worker.config.validate()?;
-        Ok(self.worker)
+        match self.worker.problems().into_iter().next() {
+            Some(problem) => Err(WorkerError::Config(problem)),
+            None => Ok(self.worker),
+        }
     }
 
     /// Builds the worker and starts it on the current runtime.
     pub fn spawn(self) -> Result<WorkerHandle, WorkerError> {
         self.build()?.spawn()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oracle::DigestFactory;
+    use crate::partition::dead_letters::FileLogDeadLetters;
+    use crate::{FileLogSource, MemoryBackupStore, MemoryStore, StateConfig, StateKind};
+    use shardcall_spool::{FileLog, SpoolConfig};
+
+    #[test]
+    fn a_handler_directory_and_dead_letters_are_refused_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = FileLog::open(dir.path(), SpoolConfig::default()).unwrap();
+        let source = Arc::new(FileLogSource::new(log.clone(), vec!["t".into()]));
+        let builder = |kind| {
+            Worker::builder(
+                "g",
+                Arc::new(MemoryStore::default()),
+                source.clone(),
+                DigestFactory::default(),
+            )
+            .config(|c| {
+                let mut state =
+                    StateConfig::new(dir.path().join("s"), Arc::new(MemoryBackupStore::new()));
+                state.kind = kind;
+                c.state = Some(state);
+            })
+            .dead_letters(Arc::new(FileLogDeadLetters::new(log.clone(), "dl")))
+        };
+        assert!(builder(StateKind::Store).build().is_ok());
+        assert!(matches!(
+            builder(StateKind::Directory).build(),
+            Err(WorkerError::Config(
+                crate::WorkerConfigError::DirectoryWithDeadLetters
+            ))
+        ));
     }
 }

@@ -145,9 +145,23 @@ pub(crate) fn incarnation_id(name: &str) -> MemberId {
 }
 
 impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
-    /// Validates the configuration and starts the worker on the current runtime.
+    /// Every problem of the configuration ([`WorkerConfig::problems`]) and
+    /// of how it fits the worker's other parts (empty: it can run).
+    pub fn problems(&self) -> Vec<crate::WorkerConfigError> {
+        let mut out = self.config.problems();
+        if let (Some(state), Some(_)) = (&self.config.state, &self.dead_letters) {
+            out.extend(state.fits_dead_letters().err());
+        }
+        out
+    }
+
+    /// Starts the worker on the current runtime, once [`Worker::problems`]
+    /// finds none (the first is the error).
     pub fn spawn(self) -> Result<WorkerHandle, WorkerError> {
-        self.config.validate()?;
+        self.problems()
+            .into_iter()
+            .next()
+            .map_or(Ok(()), |p| Err(WorkerError::Config(p)))?;
         crate::handler::keeps::check_fits::<F::Handler>(
             self.config.state.as_ref().map(|s| s.kind),
         )?;
