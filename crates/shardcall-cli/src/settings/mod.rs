@@ -748,14 +748,12 @@ impl Settings {
             // opened only when the worker starts, so an inert one stands
             // in for it here.
             let stand_in = std::sync::Arc::new(shardcall::MemoryBackupStore::new());
-            let state = self.state.config(stand_in);
-            let with_state = WorkerConfig {
-                state: state.clone(),
-                ..worker.clone()
-            };
-            let mut problems = with_state.problems();
-            if let (Some(state), Some(_)) = (&state, &self.dead_letters.topic) {
-                problems.extend(state.fits_dead_letters().err());
+            let mut problems = worker.problems();
+            if let Some(state) = self.state.config(stand_in) {
+                problems.extend(state.problems());
+                if self.dead_letters.topic.is_some() {
+                    problems.extend(state.fits_dead_letters().err());
+                }
             }
             errors.extend(problems.iter().map(crate::settings::errors::explain));
         }

@@ -87,10 +87,8 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> WorkerBuilder<S, Src,
     /// The worker, once its configuration is checked: every problem at
     /// once ([`Worker::problems`]), the first as the error.
     pub fn build(self) -> Result<Worker<S, Src, F>, WorkerError> {
-        match self.worker.problems().into_iter().next() {
-            Some(problem) => Err(WorkerError::Config(problem)),
-            None => Ok(self.worker),
-        }
+        self.worker.check()?;
+        Ok(self.worker)
     }
 
     /// Builds the worker and starts it on the current runtime.

@@ -155,13 +155,18 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
         out
     }
 
+    /// The first of [`Worker::problems`], if any, as the error.
+    pub(crate) fn check(&self) -> Result<(), WorkerError> {
+        match self.problems().into_iter().next() {
+            Some(problem) => Err(WorkerError::Config(problem)),
+            None => Ok(()),
+        }
+    }
+
     /// Starts the worker on the current runtime, once [`Worker::problems`]
     /// finds none (the first is the error).
     pub fn spawn(self) -> Result<WorkerHandle, WorkerError> {
-        self.problems()
-            .into_iter()
-            .next()
-            .map_or(Ok(()), |p| Err(WorkerError::Config(p)))?;
+        self.check()?;
         crate::handler::keeps::check_fits::<F::Handler>(
             self.config.state.as_ref().map(|s| s.kind),
         )?;
