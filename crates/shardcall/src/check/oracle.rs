@@ -33,9 +33,9 @@ impl Default for Oracle {
 }
 
 impl Oracle {
-    /// Every batch so far.
+    /// Every batch so far, each as last reported.
     pub fn batches(&self) -> Vec<BatchRecord> {
-        self.batches.lock().expect("oracle lock").clone()
+        latest_reports(self.batches.lock().expect("oracle lock").iter().cloned())
     }
 }
 
@@ -47,6 +47,32 @@ impl BatchObserver for Oracle {
     fn batch(&self, record: BatchRecord) {
         self.batches.lock().expect("oracle lock").push(record);
     }
+}
+
+/// The last report of each batch, in the order batches were first
+/// reported: a batch is reported when its checkpoint is sent and again
+/// with the answer (see [`BatchObserver`]), and only a batch whose answer
+/// never came keeps its first report, [`crate::handler::BatchOutcome::Unknown`].
+pub fn latest_reports(reports: impl IntoIterator<Item = BatchRecord>) -> Vec<BatchRecord> {
+    let mut out: Vec<BatchRecord> = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    for r in reports {
+        let key = (
+            r.partition.clone(),
+            r.member.clone(),
+            r.epoch,
+            r.first,
+            r.last,
+        );
+        match index.get(&key) {
+            Some(&i) => out[i] = r,
+            None => {
+                index.insert(key, out.len());
+                out.push(r);
+            }
+        }
+    }
+    out
 }
 
 /// A breach of a property, described.
@@ -263,7 +289,9 @@ pub fn read_batch_files<P: AsRef<std::path::Path>>(
     let mut out = Vec::new();
     for path in paths {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        out.extend(text.lines().filter_map(|l| serde_json::from_str(l).ok()));
+        out.extend(latest_reports(
+            text.lines().filter_map(|l| serde_json::from_str(l).ok()),
+        ));
     }
     out
 }
@@ -516,6 +544,29 @@ mod tests {
             batch("b", 2, 10, 19, 4, 5),
         ];
         assert!(check_commit_chain(&refused).is_empty());
+    }
+
+    #[test]
+    fn a_batch_keeps_its_last_report_and_one_never_answered_may_have_landed() {
+        let ends: BTreeMap<_, _> = [(PartitionId::new("t", 0), 20)].into_iter().collect();
+        let oracle = Oracle::default();
+        // Answered: sent as unknown, then refused. Its offsets stay a hole.
+        oracle.batch(with(BatchOutcome::Unknown, batch("a", 1, 0, 9, 0, 1)));
+        oracle.batch(with(BatchOutcome::Refused, batch("a", 1, 0, 9, 0, 1)));
+        assert_eq!(oracle.batches().len(), 1);
+        assert_eq!(check_coverage(&oracle.batches(), &ends).len(), 1);
+        // Answered: committed.
+        oracle.batch(with(BatchOutcome::Unknown, batch("a", 1, 0, 9, 2, 3)));
+        oracle.batch(batch("a", 1, 0, 9, 2, 3));
+        // Killed on the way: only the first report exists, and the
+        // checkpoint may have landed, so its offsets count as covered.
+        oracle.batch(with(BatchOutcome::Unknown, batch("a", 1, 10, 19, 4, 5)));
+        let batches = oracle.batches();
+        assert_eq!(
+            batches.iter().map(|b| b.outcome).collect::<Vec<_>>(),
+            [BatchOutcome::Committed, BatchOutcome::Unknown]
+        );
+        assert!(check_run(&batches, &ends, 0).is_empty());
     }
 
     #[test]

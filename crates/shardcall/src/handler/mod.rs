@@ -233,9 +233,16 @@ pub enum BatchOutcome {
 }
 
 /// Sees every batch a worker checkpoints (tests and the demo keep an oracle).
+///
+/// A batch is reported twice: as [`BatchOutcome::Unknown`] just before its
+/// checkpoint is sent, and again with the answer. A worker killed while
+/// the checkpoint was on its way never gives the answer, and the
+/// checkpoint may have landed: the first report keeps that batch in the
+/// record. Readers keep the last report of each batch
+/// ([`crate::oracle::latest_reports`]).
 pub trait BatchObserver: Send + Sync + 'static {
     /// Microseconds on this observer's clock.
     fn now_us(&self) -> u64;
-    /// A batch was processed and checkpointed.
+    /// A batch was processed and its checkpoint is being sent, or came back.
     fn batch(&self, record: BatchRecord);
 }

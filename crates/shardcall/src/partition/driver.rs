@@ -1127,6 +1127,9 @@ where
             self.tell_oracle(&write, outcome);
             return CheckpointAnswer::LeaseLapsed;
         }
+        // Told before it is sent: if this task ends while the checkpoint
+        // is on its way (a kill), it may have landed all the same.
+        self.tell_oracle(&write, BatchOutcome::Unknown);
         let sent = clock::now();
         let result = tokio::time::timeout(left, self.grant.save(&checkpoint)).await;
         crate::telemetry::store_seconds("checkpoint", sent.elapsed());
