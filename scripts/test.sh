@@ -27,6 +27,9 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 [ -e /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
 [ -e /usr/include/zlib.h ] || missing+=(zlib1g-dev)
 command -v make >/dev/null 2>&1 || missing+=(make)
+# Headless Chromium loads `shardcall web`'s page in the browser test
+# (chromium-driver comes with it for whoever drives it by WebDriver).
+[ -x /usr/bin/chromium ] || missing+=(chromium chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]} from Debian's packages"
   apt-get update -qq

@@ -12,6 +12,7 @@ mod progress;
 mod redis_opts;
 mod settings;
 mod views;
+mod web;
 mod words;
 
 pub(crate) use words::plural;
@@ -47,6 +48,10 @@ enum Command {
     /// Show a group: members, and each partition's phase, owner, epoch,
     /// offset, lag and quarantine time left.
     Status(status::StatusArgs),
+    /// A live view of this Redis's groups in the browser: members, every
+    /// partition's phase and owner, quarantines counting down, handovers
+    /// over time (read-only; serves on loopback unless told otherwise).
+    Web(web::WebArgs),
     /// Dry run of the coordinator's next decisions, with the reason for each move.
     Plan(plan::PlanArgs),
     /// The groups in this Redis, with their members, partitions, tickets and lag.
@@ -182,6 +187,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Worker(args) => worker::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Web(args) => web::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Release(args) => release::run(&args),
         Command::Policy(args) => policy::run(&args),

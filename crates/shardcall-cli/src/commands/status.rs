@@ -146,19 +146,39 @@ fn failing_json(
     }
 }
 
-async fn status_once(
-    args: &StatusArgs,
+/// What `status` reads of a group, once: the rows its table and its JSON
+/// are made of. The web view reads the same.
+pub(crate) struct StatusRead {
+    g: GroupState,
+    tickets: shardcall::TicketView,
+    policy: Option<shardcall::GroupPolicy>,
+    now: Millis,
+    lineage: LineageView,
+    load: Option<crate::views::load::LoadView>,
+    rows: Vec<serde_json::Value>,
+    ticket_rows: Vec<serde_json::Value>,
+    ticket_workers: Vec<serde_json::Value>,
+    members: Vec<serde_json::Value>,
+}
+
+/// Reads `group` as `status` shows it (`log` keeps the log open between
+/// reads; it is opened again when the group's topics change). A group that
+/// does not exist is an error unless `watching` (it is shown empty until
+/// it does).
+pub(crate) async fn read_status(
     store: &shardcall_redis::RedisStore,
+    group: &str,
+    log_opts: &LogOpts,
     log: &mut Option<(Vec<String>, Log)>,
-) -> anyhow::Result<String> {
-    use std::fmt::Write;
-    crate::commands::group_check::valid_name(&args.group)?;
-    let g: GroupState = store.load_group(&args.group).await?;
-    let tickets = store.ticket_view(&args.group).await?;
-    let policy = store.load_policy(&args.group).await?;
+    watching: bool,
+) -> anyhow::Result<StatusRead> {
+    crate::commands::group_check::valid_name(group)?;
+    let g: GroupState = store.load_group(group).await?;
+    let tickets = store.ticket_view(group).await?;
+    let policy = store.load_policy(group).await?;
     let now = store.now().await?;
     // (Watching a group that does not exist yet shows it empty until it does.)
-    if args.watch.is_none()
+    if !watching
         && g.version == 0
         && g.members.is_empty()
         && g.partitions.is_empty()
@@ -167,7 +187,7 @@ async fn status_once(
         && policy.is_none()
     {
         // Said as every command says it.
-        crate::commands::group_check::existing_group(store, &args.group).await?;
+        crate::commands::group_check::existing_group(store, group).await?;
     }
     let mut parts: Vec<PartitionId> = g.partitions.keys().cloned().collect();
     parts.extend(tickets.partitions());
@@ -177,17 +197,17 @@ async fn status_once(
     topics.sort();
     topics.dedup();
     if log.as_ref().is_none_or(|(t, _)| *t != topics) {
-        *log = Some((topics.clone(), args.log.open(&topics)?));
+        *log = Some((topics.clone(), log_opts.open(&topics)?));
     }
     let ends = log.as_ref().expect("opened above").1.ends(&parts).await?;
     let lineage =
-        LineageView::read(log.as_ref().map(|(_, l)| l), &topics, store, &args.group).await?;
+        LineageView::read(log.as_ref().map(|(_, l)| l), &topics, store, group).await?;
     let held_back = &lineage.standings;
-    let checkpoints = load_checkpoints(store, &args.group, &parts).await?;
-    let stopped = store.stopped_partitions(&args.group).await?;
-    let dead_letters = shardcall::DeadLetterCounts::dead_letter_counts(store, &args.group).await?;
-    let failures = load_failures(store, &args.group, &parts).await?;
-    let restores = load_restores(store, &args.group, &parts).await?;
+    let checkpoints = load_checkpoints(store, group, &parts).await?;
+    let stopped = store.stopped_partitions(group).await?;
+    let dead_letters = shardcall::DeadLetterCounts::dead_letter_counts(store, group).await?;
+    let failures = load_failures(store, group, &parts).await?;
+    let restores = load_restores(store, group, &parts).await?;
     let load = crate::views::load::LoadView::of(&g, now);
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {
@@ -304,9 +324,45 @@ async fn status_once(
             })
         })
         .collect();
-    if args.json {
-        let doc = json!({
-            "group": args.group, "version": g.version, "now_ms": now,
+    Ok(StatusRead {
+        g,
+        tickets,
+        policy,
+        now,
+        lineage,
+        load,
+        rows,
+        ticket_rows,
+        ticket_workers,
+        members,
+    })
+}
+
+impl StatusRead {
+    /// The last `last` entries of the group's audit log, oldest first.
+    pub(crate) fn audit_json(&self, last: usize) -> serde_json::Value {
+        let skip = self.g.audit.len().saturating_sub(last);
+        json!(self.g.audit.iter().skip(skip).collect::<Vec<_>>())
+    }
+
+    /// The document `status --json` prints.
+    pub(crate) fn json(&self, group: &str) -> serde_json::Value {
+        let Self {
+            g,
+            policy,
+            now,
+            lineage,
+            load,
+            rows,
+            ticket_rows,
+            ticket_workers,
+            members,
+            ..
+        } = self;
+        let now = *now;
+        let held_back = &lineage.standings;
+        json!({
+            "group": group, "version": g.version, "now_ms": now,
             "coordinator": g.coordinator.as_ref().map(|c| json!({
                 "member": c.holder.to_string(), "epoch": c.epoch,
                 "lease_left_ms": c.expires_at.saturating_sub(now)})),
@@ -321,7 +377,19 @@ async fn status_once(
             "ticket_workers": ticket_workers,
             "lineage": lineage_json(held_back),
             "lineage_found": lineage.found_json(now),
-        });
+        })
+    }
+}
+
+async fn status_once(
+    args: &StatusArgs,
+    store: &shardcall_redis::RedisStore,
+    log: &mut Option<(Vec<String>, Log)>,
+) -> anyhow::Result<String> {
+    use std::fmt::Write;
+    let read = read_status(store, &args.group, &args.log, log, args.watch.is_some()).await?;
+    if args.json {
+        let doc = read.json(&args.group);
         return Ok(format!(
             "{}\n",
             if args.watch.is_some() {
@@ -331,6 +399,19 @@ async fn status_once(
             }
         ));
     }
+    let StatusRead {
+        g,
+        policy,
+        now,
+        lineage,
+        load,
+        rows,
+        ticket_rows,
+        ticket_workers,
+        tickets,
+        ..
+    } = read;
+    let held_back = &lineage.standings;
     let mut out = String::new();
     let coord = g.coordinator.as_ref().map_or("none".to_string(), |c| {
         let lease = match left(now, c.expires_at) {
