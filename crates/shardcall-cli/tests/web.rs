@@ -113,7 +113,9 @@ fn cells(dom: &str) -> BTreeMap<String, (String, String)> {
 /// `shardcall status --json` of the group, given its log (as the page is).
 fn status(url: &str, log: &Path) -> serde_json::Value {
     let out = shardcall_command()
-        .args(["status", "--redis", url, "--group", GROUP, "--json", "--log"])
+        .args([
+            "status", "--redis", url, "--group", GROUP, "--json", "--log",
+        ])
         .arg(log)
         .output()
         .unwrap();
@@ -156,9 +158,14 @@ struct WebServer {
 
 impl WebServer {
     fn start(redis: &str, log: Option<&Path>) -> Self {
+        Self::start_with(redis, log, &[])
+    }
+
+    fn start_with(redis: &str, log: Option<&Path>, more: &[&str]) -> Self {
         let mut cmd = shardcall_command();
         cmd.args(["web", "--redis", redis, "--group", GROUP])
-            .args(["--listen", "127.0.0.1:0"]);
+            .args(["--listen", "127.0.0.1:0"])
+            .args(more);
         if let Some(log) = log {
             cmd.arg("--log").arg(log);
         }
@@ -187,11 +194,20 @@ impl WebServer {
 
     /// A GET of `path`: the status code and the body.
     fn get(&self, path: &str) -> (u16, String) {
+        self.request("GET", path, "")
+    }
+
+    /// A POST of `path` as the page sends an action.
+    fn act(&self, path: &str) -> (u16, String) {
+        self.request("POST", path, "x-shardcall-action: 1\r\nContent-Length: 0\r\n")
+    }
+
+    fn request(&self, method: &str, path: &str, headers: &str) -> (u16, String) {
         let host = self.root().trim_start_matches("http://");
         let mut s = std::net::TcpStream::connect(host).unwrap();
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"
         )
         .unwrap();
         let mut text = String::new();
@@ -217,8 +233,17 @@ fn lasting(doc: &serde_json::Value) -> serde_json::Value {
         .iter()
         .map(|r| {
             serde_json::json!([
-                r["partition"], r["topic"], r["partition_number"], r["phase"], r["holder"],
-                r["epoch"], r["offset"], r["log_end"], r["lag"], r["dead_letters"], r["target"]
+                r["partition"],
+                r["topic"],
+                r["partition_number"],
+                r["phase"],
+                r["holder"],
+                r["epoch"],
+                r["offset"],
+                r["log_end"],
+                r["lag"],
+                r["dead_letters"],
+                r["target"]
             ])
         })
         .collect();
@@ -282,6 +307,18 @@ async fn the_page_shows_the_group_and_a_handover_after_a_kill() {
         .collect();
     assert_eq!(members, status_members(&doc));
 
+    // The page's proposed moves are `plan`'s.
+    let (_, body) = web.get(&format!("/api/view?group={GROUP}"));
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let out = shardcall_command()
+        .args(["plan", "--redis", &url, "--group", GROUP, "--json", "--topic", "t", "--log"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(view["plan"]["explained"], plan["explained"]);
+    assert_eq!(view["plan"]["moves"], plan["moves"]);
+
     // kill -9: the dead worker's partitions rest in quarantine, counting
     // down, before the other takes them.
     let g = store.load_group(GROUP).await.unwrap();
@@ -318,13 +355,48 @@ async fn the_page_shows_the_group_and_a_handover_after_a_kill() {
         .iter()
         .filter(|a| a.get("class") == Some(&"countdown"))
         .count();
-    assert_eq!(countdowns, its.len(), "one countdown per quarantined partition");
-    assert!(page.contains("left (or its lease lapsed)"), "the timeline says the worker left");
+    assert_eq!(
+        countdowns,
+        its.len(),
+        "one countdown per quarantined partition"
+    );
+    assert!(
+        page.contains("left (or its lease lapsed)"),
+        "the timeline says the worker left"
+    );
+
+    // The page only reads unless told: an action is refused and changes
+    // nothing. Told, it releases one quarantine, audited.
+    let first = its.iter().next().unwrap().clone();
+    let release = format!("/api/release?group={GROUP}&partition={}", first.replace('/', "%2F"));
+    let (code, body) = web.act(&release);
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(status_cells(&status(&url, &log))[&first].0, "quarantined");
+    let acting = WebServer::start_with(&url, Some(&log), &["--allow-actions", "--actor", "ops-web"]);
+    let (code, body) = acting.request("POST", &release, "Content-Length: 0\r\n");
+    assert_eq!(code, 403, "an action without its header: {body}");
+    let (code, body) = acting.act(&release);
+    assert_eq!(code, 200, "{body}");
+    let audit = shardcall_command()
+        .args(["audit", "--redis", &url, "--group", GROUP, "--json"])
+        .output()
+        .unwrap();
+    let audit = String::from_utf8_lossy(&audit.stdout);
+    assert!(
+        audit.lines().any(|l| l.contains("ops-web") && l.contains(&first)),
+        "the release is audited: {audit}"
+    );
+    let (code, body) = acting.act(&format!("/api/drain?group={GROUP}&member=nobody"));
+    assert!(code == 409 || code == 502, "{code} {body}");
+    drop(acting);
 
     // Then the survivor owns them, and the page says so.
     eventually(Duration::from_secs(30), || async {
         let now = status_cells(&status(&url, &log));
-        if its.iter().all(|p| now[p] == ("owned".to_owned(), alive.clone())) {
+        if its
+            .iter()
+            .all(|p| now[p] == ("owned".to_owned(), alive.clone()))
+        {
             Ok(())
         } else {
             Err(format!("{now:?}"))
@@ -361,7 +433,8 @@ async fn the_page_shows_the_group_and_a_handover_after_a_kill() {
 fn a_missing_group_and_an_unreachable_redis_are_said_on_the_page() {
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("chromium");
-    let redis = shardcall_redis::testing::RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+    let redis =
+        shardcall_redis::testing::RedisServer::start(dir.path().join("redis"), &[]).unwrap();
     let web = WebServer::start(&redis.url(), None);
     let page = dom(&profile, &format!("{}/?group=nosuch", web.root()));
     assert!(page.contains("data-error=\"1\""), "{page}");

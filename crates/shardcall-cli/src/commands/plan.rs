@@ -9,7 +9,7 @@ use shardcall::CoordinationStore;
 use shardcall_core::{Command, GroupState, Millis, PartitionId, StepOptions, step_loaded};
 
 use super::group_reads::{explained, load_checkpoints, runtime};
-use crate::log_opts::LogOpts;
+use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
 use crate::views::lineage::{LineageView, held_back_line, lineage_json};
 
@@ -37,146 +37,198 @@ pub struct PlanArgs {
     json: bool,
 }
 
+/// What `plan` works out for a group: the coordinator's next decisions,
+/// each in words, with what each move transfers. The web view shows the
+/// same.
+pub(crate) struct PlanRead {
+    g: GroupState,
+    now: Millis,
+    plan: shardcall_core::Plan,
+    lines: Vec<String>,
+    transfers: BTreeMap<PartitionId, Option<u64>>,
+    lineage: LineageView,
+    held_back: BTreeMap<PartitionId, shardcall_core::Standing>,
+    by: crate::settings::BalanceBy,
+}
+
+/// Works out `group`'s plan, with the partitions of `topics` in `log` (if
+/// given) as the coordinator would discover them; `by` as `--by`.
+pub(crate) async fn read_plan(
+    store: &shardcall_redis::RedisStore,
+    group: &str,
+    log: Option<&Log>,
+    topics: &[String],
+    by: Option<crate::settings::BalanceBy>,
+) -> anyhow::Result<PlanRead> {
+    let g = crate::commands::group_check::existing_group(store, group).await?;
+    let now = store.now().await?;
+    let mut discovered: Vec<PartitionId> = g.partitions.keys().cloned().collect();
+    if let Some(log) = log {
+        discovered.extend(log.partitions(topics).await?);
+    }
+    let lineage = LineageView::read(log, topics, store, group).await?;
+    let mut held_back = lineage.standings.clone();
+    shardcall::hold_back_stopped(&mut held_back, store, group).await?;
+    // As the coordinator decides: with the loads reported, and what the
+    // lineage holds back.
+    let step_with = |g: &GroupState, now, discovered: &[PartitionId], options: &StepOptions| {
+        let loads = match options.balance {
+            Some(_) => shardcall_core::LoadBook::reported(g, now),
+            None => BTreeMap::new(),
+        };
+        step_loaded(g, now, discovered, options, &loads, &held_back)
+    };
+    // The balance the workers are assumed to keep.
+    let reports_load = g.members.values().any(|m| !m.load.is_empty());
+    use crate::settings::BalanceBy;
+    let by = by.unwrap_or(if reports_load {
+        BalanceBy::Records
+    } else {
+        BalanceBy::Count
+    });
+    let balance = by.measure().map(|measure| shardcall_core::BalanceRules {
+        measure,
+        ..shardcall_core::BalanceRules::default()
+    });
+    let plan = step_with(
+        &g,
+        now,
+        &discovered,
+        &StepOptions {
+            balance,
+            ..StepOptions::default()
+        },
+    );
+    // What each move transfers: a local state store's last snapshot
+    // (the new owner downloads it; none for state bytes in Redis).
+    let moving: Vec<PartitionId> = plan.moves.iter().map(|m| m.partition.clone()).collect();
+    let checkpoints = load_checkpoints(store, group, &moving).await?;
+    // Workers with local state stores keep a moving partition with its
+    // owner while the next one warms up (for the default wait).
+    let keeps_state = checkpoints
+        .values()
+        .any(|c| c.as_ref().is_some_and(|c| !c.backup.is_empty()));
+    let plan = if keeps_state {
+        let options = StepOptions {
+            warm_up_wait_ms: shardcall::DEFAULT_WARM_UP_WAIT.as_millis() as Millis,
+            balance,
+            ..StepOptions::default()
+        };
+        step_with(&g, now, &discovered, &options)
+    } else {
+        plan
+    };
+    let moves: BTreeMap<&PartitionId, &shardcall_core::Move> =
+        plan.moves.iter().map(|m| (&m.partition, m)).collect();
+    let transfer = |p: &PartitionId| -> Option<u64> {
+        checkpoints
+            .get(p)
+            .and_then(Option::as_ref)
+            .and_then(|c| c.backup.first())
+            .map(|b| b.state_bytes)
+    };
+    let waiting = plan.awaiting_warm_up.iter().map(|p| {
+        // The wait runs from when the target changed: now, if this
+        // plan changes it.
+        let r = &g.partitions[p];
+        let target = plan.targets.get(p);
+        let since = if r.target.as_ref() == target {
+            r.target_since
+        } else {
+            now
+        };
+        let left = (since + shardcall::DEFAULT_WARM_UP_WAIT.as_millis() as Millis)
+            .saturating_sub(now);
+        format!(
+            "keep {p} with its owner for now: {} is warming its state up (revoked once it is warm, or in {:.0} s at most)",
+            target.map_or("nobody".into(), ToString::to_string),
+            left as f64 / 1000.0
+        )
+    });
+    let lines: Vec<String> = plan
+        .commands
+        .iter()
+        .map(|c| match c {
+            Command::ExpireMember { member } => {
+                format!("expire member {member}: its lease lapsed; what it held is quarantined from then")
+            }
+            Command::AddPartition { partition } => format!("add {partition}: new in the source"),
+            Command::SetTarget { partition, target } => match (moves.get(partition), target) {
+                (Some(m), Some(t)) => format!(
+                    "move {partition}: {} -> {t} ({}){}",
+                    m.from.as_ref().map_or("nobody".into(), ToString::to_string),
+                    m.reason,
+                    transfer(partition).map_or(String::new(), |b| format!(
+                        "; its state store's snapshot is {}",
+                        crate::progress::human_bytes(b)
+                    ))
+                ),
+                (_, t) => format!(
+                    "target {partition} -> {}",
+                    t.as_ref().map_or("nobody".into(), ToString::to_string)
+                ),
+            },
+            Command::Revoke { partition, member, epoch } => {
+                format!("revoke {partition} from {member} (epoch {epoch}): it drains, then its quarantine starts")
+            }
+            Command::Free { partition } => format!("free {partition}: its quarantine is over"),
+            Command::Grant { partition, member, epoch } => {
+                format!("grant {partition} to {member} under epoch {epoch}")
+            }
+        })
+        .chain(waiting)
+        .chain(held_back.iter().map(|(p, s)| held_back_line(p, s)))
+        .collect();
+    let transfers = moves.keys().map(|&p| (p.clone(), transfer(p))).collect();
+    Ok(PlanRead {
+        now,
+        lines,
+        transfers,
+        lineage,
+        held_back,
+        by,
+        plan,
+        g,
+    })
+}
+
+impl PlanRead {
+    /// The document `plan --json` prints.
+    pub(crate) fn json(&self, group: &str) -> serde_json::Value {
+        let (plan, now) = (&self.plan, self.now);
+        let transfers: BTreeMap<String, Option<u64>> = self
+            .transfers
+            .iter()
+            .map(|(p, b)| (p.to_string(), *b))
+            .collect();
+        json!({
+            "group": group, "version": self.g.version, "now_ms": now,
+            "commands": plan.commands, "moves": plan.moves, "min_moves": plan.min_moves,
+            "state_bytes_moved": transfers,
+            "awaiting_warm_up": plan.awaiting_warm_up,
+            "lineage": lineage_json(&self.held_back),
+            "lineage_found": self.lineage.found_json(now),
+            "balance_by": self.by,
+            "load": plan.load,
+            "explained": self.lines,
+        })
+    }
+}
+
 /// Runs `shardcall plan`: what the coordinator would do now, and why.
 pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
-        let g = crate::commands::group_check::existing_group(&store, &args.group).await?;
-        let now = store.now().await?;
-        let mut discovered: Vec<PartitionId> = g.partitions.keys().cloned().collect();
-        let mut log = None;
-        if args.log.given() {
+        let log = if args.log.given() {
             anyhow::ensure!(!args.topic.is_empty(), "--log, --kafka and --kinesis need --topic");
-            let opened = args.log.open(&args.topic)?;
-            discovered.extend(opened.partitions(&args.topic).await?);
-            log = Some(opened);
-        }
-        let lineage = LineageView::read(log.as_ref(), &args.topic, &store, &args.group).await?;
-        let mut held_back = lineage.standings.clone();
-        shardcall::hold_back_stopped(&mut held_back, &store, &args.group).await?;
-        // As the coordinator decides: with the loads reported, and what the
-        // lineage holds back.
-        let step_with = |g: &GroupState, now, discovered: &[PartitionId], options: &StepOptions| {
-            let loads = match options.balance {
-                Some(_) => shardcall_core::LoadBook::reported(g, now),
-                None => BTreeMap::new(),
-            };
-            step_loaded(g, now, discovered, options, &loads, &held_back)
-        };
-        // The balance the workers are assumed to keep.
-        let reports_load = g.members.values().any(|m| !m.load.is_empty());
-        use crate::settings::BalanceBy;
-        let by = args.by.unwrap_or(if reports_load { BalanceBy::Records } else { BalanceBy::Count });
-        let balance = by.measure().map(|measure| shardcall_core::BalanceRules {
-            measure,
-            ..shardcall_core::BalanceRules::default()
-        });
-        let plan = step_with(
-            &g,
-            now,
-            &discovered,
-            &StepOptions {
-                balance,
-                ..StepOptions::default()
-            },
-        );
-        // What each move transfers: a local state store's last snapshot
-        // (the new owner downloads it; none for state bytes in Redis).
-        let moving: Vec<PartitionId> = plan.moves.iter().map(|m| m.partition.clone()).collect();
-        let checkpoints = load_checkpoints(&store, &args.group, &moving).await?;
-        // Workers with local state stores keep a moving partition with its
-        // owner while the next one warms up (for the default wait).
-        let keeps_state = checkpoints
-            .values()
-            .any(|c| c.as_ref().is_some_and(|c| !c.backup.is_empty()));
-        let plan = if keeps_state {
-            let options = StepOptions {
-                warm_up_wait_ms: shardcall::DEFAULT_WARM_UP_WAIT.as_millis() as Millis,
-                balance,
-                ..StepOptions::default()
-            };
-            step_with(&g, now, &discovered, &options)
+            Some(args.log.open(&args.topic)?)
         } else {
-            plan
+            None
         };
-        let moves: BTreeMap<&PartitionId, &shardcall_core::Move> =
-            plan.moves.iter().map(|m| (&m.partition, m)).collect();
-        let transfer = |p: &PartitionId| -> Option<u64> {
-            checkpoints
-                .get(p)
-                .and_then(Option::as_ref)
-                .and_then(|c| c.backup.first())
-                .map(|b| b.state_bytes)
-        };
-        let waiting = plan.awaiting_warm_up.iter().map(|p| {
-            // The wait runs from when the target changed: now, if this
-            // plan changes it.
-            let r = &g.partitions[p];
-            let target = plan.targets.get(p);
-            let since = if r.target.as_ref() == target {
-                r.target_since
-            } else {
-                now
-            };
-            let left = (since + shardcall::DEFAULT_WARM_UP_WAIT.as_millis() as Millis)
-                .saturating_sub(now);
-            format!(
-                "keep {p} with its owner for now: {} is warming its state up (revoked once it is warm, or in {:.0} s at most)",
-                target.map_or("nobody".into(), ToString::to_string),
-                left as f64 / 1000.0
-            )
-        });
-        let lines: Vec<String> = plan
-            .commands
-            .iter()
-            .map(|c| match c {
-                Command::ExpireMember { member } => {
-                    format!("expire member {member}: its lease lapsed; what it held is quarantined from then")
-                }
-                Command::AddPartition { partition } => format!("add {partition}: new in the source"),
-                Command::SetTarget { partition, target } => match (moves.get(partition), target) {
-                    (Some(m), Some(t)) => format!(
-                        "move {partition}: {} -> {t} ({}){}",
-                        m.from.as_ref().map_or("nobody".into(), ToString::to_string),
-                        m.reason,
-                        transfer(partition).map_or(String::new(), |b| format!(
-                            "; its state store's snapshot is {}",
-                            crate::progress::human_bytes(b)
-                        ))
-                    ),
-                    (_, t) => format!(
-                        "target {partition} -> {}",
-                        t.as_ref().map_or("nobody".into(), ToString::to_string)
-                    ),
-                },
-                Command::Revoke { partition, member, epoch } => {
-                    format!("revoke {partition} from {member} (epoch {epoch}): it drains, then its quarantine starts")
-                }
-                Command::Free { partition } => format!("free {partition}: its quarantine is over"),
-                Command::Grant { partition, member, epoch } => {
-                    format!("grant {partition} to {member} under epoch {epoch}")
-                }
-            })
-            .chain(waiting)
-            .chain(held_back.iter().map(|(p, s)| held_back_line(p, s)))
-            .collect();
+        let read = read_plan(&store, &args.group, log.as_ref(), &args.topic, args.by).await?;
+        let PlanRead { plan, lines, transfers, .. } = &read;
         if args.json {
-            let transfers: BTreeMap<String, Option<u64>> = moves
-                .keys()
-                .map(|p| (p.to_string(), transfer(p)))
-                .collect();
-            let doc = json!({
-                "group": args.group, "version": g.version, "now_ms": now,
-                "commands": plan.commands, "moves": plan.moves, "min_moves": plan.min_moves,
-                "state_bytes_moved": transfers,
-                "awaiting_warm_up": plan.awaiting_warm_up,
-                "lineage": lineage_json(&held_back),
-                "lineage_found": lineage.found_json(now),
-                "balance_by": by,
-                "load": plan.load,
-                "explained": lines,
-            });
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+            println!("{}", serde_json::to_string_pretty(&read.json(&args.group))?);
         } else if lines.is_empty() {
             match &plan.load {
                 Some(load) if !load.balanced => println!(
@@ -189,7 +241,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             }
         } else {
             println!("the coordinator would, now (a dry run; nothing is changed):");
-            for l in &lines {
+            for l in lines {
                 println!("  {l}");
             }
             match &plan.load {
@@ -207,7 +259,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             if let Some(load) = &plan.load {
                 print_load(load);
             }
-            let bytes: u64 = moves.keys().filter_map(|p| transfer(p)).sum();
+            let bytes: u64 = transfers.values().flatten().sum();
             if bytes > 0 {
                 println!(
                     "state to transfer: {} of local state store snapshots",

@@ -200,8 +200,7 @@ pub(crate) async fn read_status(
         *log = Some((topics.clone(), log_opts.open(&topics)?));
     }
     let ends = log.as_ref().expect("opened above").1.ends(&parts).await?;
-    let lineage =
-        LineageView::read(log.as_ref().map(|(_, l)| l), &topics, store, group).await?;
+    let lineage = LineageView::read(log.as_ref().map(|(_, l)| l), &topics, store, group).await?;
     let held_back = &lineage.standings;
     let checkpoints = load_checkpoints(store, group, &parts).await?;
     let stopped = store.stopped_partitions(group).await?;

@@ -269,14 +269,26 @@ mod tests {
     #[test]
     fn a_handover_shows_as_events_lanes_and_throughput() {
         let mut h = History::default();
-        h.observe(&doc(1_000, json!([row("t/0", "owned", Some("a"), 0)]), &["a", "b"]));
-        h.observe(&doc(2_000, json!([row("t/0", "owned", Some("a"), 50)]), &["a", "b"]));
+        h.observe(&doc(
+            1_000,
+            json!([row("t/0", "owned", Some("a"), 0)]),
+            &["a", "b"],
+        ));
+        h.observe(&doc(
+            2_000,
+            json!([row("t/0", "owned", Some("a"), 50)]),
+            &["a", "b"],
+        ));
         h.observe(&doc(
             3_000,
             json!([row("t/0", "quarantined", Some("a"), 50)]),
             &["b"],
         ));
-        h.observe(&doc(5_000, json!([row("t/0", "owned", Some("b"), 80)]), &["b"]));
+        h.observe(&doc(
+            5_000,
+            json!([row("t/0", "owned", Some("b"), 80)]),
+            &["b"],
+        ));
         let v = h.json();
         let texts: Vec<&str> = v["events"]
             .as_array()
@@ -323,7 +335,11 @@ mod tests {
     #[test]
     fn what_ended_long_ago_is_forgotten() {
         let mut h = History::default();
-        h.observe(&doc(1_000, json!([row("t/0", "owned", Some("a"), 0)]), &["a"]));
+        h.observe(&doc(
+            1_000,
+            json!([row("t/0", "owned", Some("a"), 0)]),
+            &["a"],
+        ));
         h.observe(&doc(2_000, json!([row("t/0", "free", None, 0)]), &[]));
         h.observe(&doc(
             2_000 + KEEP_MS + 1,

@@ -3,9 +3,10 @@
 //! from elsewhere) that asks the server once a second for a group's view:
 //! the `status` document plus what the server remembers of the last
 //! minutes (see [`history`]). The server reads a group at most once a
-//! second however many pages are open, and only while one is; it only
-//! reads.
+//! second however many pages are open, and only while one is. It only
+//! reads, unless started with `--allow-actions` (see [`actions`]).
 
+mod actions;
 mod history;
 mod server;
 
@@ -30,6 +31,15 @@ pub struct WebArgs {
     /// shows every group of this Redis to whoever can reach it.
     #[arg(long, default_value = "127.0.0.1:9480")]
     listen: String,
+    /// Let the page drain members and release quarantined partitions
+    /// (audited, as `shardcall drain` and `release` are). Off by default:
+    /// the page only reads.
+    #[arg(long)]
+    allow_actions: bool,
+    /// Who acts from the page, for the audit log (default: web: and the
+    /// user who started the server).
+    #[arg(long)]
+    actor: Option<String>,
     /// The log the groups consume, for log ends, lag and throughput.
     #[command(flatten)]
     log: LogOpts,

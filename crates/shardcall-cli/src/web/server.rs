@@ -1,6 +1,6 @@
 //! The web view's HTTP server: the page and its assets, and three JSON
 //! answers — the groups, a group's `status` document, and a group's view
-//! (that document with the remembered past).
+//! (that document, `plan`'s, the audit log and the remembered past).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -19,7 +19,9 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use super::WebArgs;
+use super::actions::{ACTION_HEADER, Action};
 use super::history::History;
+use crate::commands::plan::read_plan;
 use crate::commands::status::read_status;
 use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
@@ -36,6 +38,8 @@ const STYLE_CSS: &str = include_str!("assets/style.css");
 /// What every request shares.
 struct Web {
     redis: RedisOpts,
+    /// Who acts from the page, when actions are allowed.
+    actor: Option<String>,
     log: LogOpts,
     default_group: Option<String>,
     /// The connection, made when first needed and again after a failure,
@@ -60,6 +64,11 @@ pub(super) async fn serve(args: &WebArgs, addr: SocketAddr) -> anyhow::Result<Ex
         .with_context(|| format!("listening on {addr}"))?;
     let web = Arc::new(Web {
         redis: args.redis.clone(),
+        actor: args.allow_actions.then(|| {
+            args.actor.clone().unwrap_or_else(|| {
+                format!("web:{}", crate::commands::group_reads::actor(&None))
+            })
+        }),
         log: args.log.clone(),
         default_group: args.group.clone(),
         store: Mutex::new(None),
@@ -71,7 +80,12 @@ pub(super) async fn serve(args: &WebArgs, addr: SocketAddr) -> anyhow::Result<Ex
         url.push_str(&format!("?group={g}"));
     }
     // The address goes to stdout, so a script can read where it is served.
-    println!("shardcall web: serving {url} (read-only; Ctrl-C stops it)");
+    let mode = if web.actor.is_some() {
+        "drain and release allowed, audited"
+    } else {
+        "read-only"
+    };
+    println!("shardcall web: serving {url} ({mode}; Ctrl-C stops it)");
     std::io::Write::flush(&mut std::io::stdout())?;
     loop {
         let (socket, _) = match listener.accept().await {
@@ -100,13 +114,18 @@ pub(super) async fn serve(args: &WebArgs, addr: SocketAddr) -> anyhow::Result<Ex
 
 /// The answer to one request.
 async fn answer(web: &Web, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let query = req.uri().query().unwrap_or("");
+    let group = query_value(query, "group");
+    if req.method() == Method::POST {
+        let (status, body) = act(web, &req, group.as_deref()).await;
+        return json_response(status, &body);
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return json_response(
             StatusCode::METHOD_NOT_ALLOWED,
-            &json!({"error": "the web view only reads"}),
+            &json!({"error": "the web view answers GET, and POST for actions"}),
         );
     }
-    let group = query_value(req.uri().query().unwrap_or(""), "group");
     match req.uri().path() {
         "/" | "/index.html" => asset(INDEX_HTML, "text/html; charset=utf-8"),
         "/app.js" => asset(APP_JS, "text/javascript; charset=utf-8"),
@@ -134,8 +153,9 @@ async fn answer(web: &Web, req: Request<hyper::body::Incoming>) -> Response<Full
     }
 }
 
-/// The value of `key` in a query string (group names need no decoding:
-/// anything outside their characters is refused as invalid).
+/// The value of `key` in a query string, as sent (group and member names
+/// need no decoding: anything outside their characters is refused as
+/// invalid; a partition's slash may come as %2F).
 fn query_value(query: &str, key: &str) -> Option<String> {
     query
         .split('&')
@@ -196,6 +216,52 @@ async fn failed(web: &Web, e: &anyhow::Error) -> (StatusCode, Value) {
     (status, json!({"error": format!("{e:#}")}))
 }
 
+/// Carries out the action a POST asks for, if actions are allowed and the
+/// request carries [`ACTION_HEADER`].
+async fn act(
+    web: &Web,
+    req: &Request<hyper::body::Incoming>,
+    group: Option<&str>,
+) -> (StatusCode, Value) {
+    let Some(actor) = &web.actor else {
+        return (
+            StatusCode::FORBIDDEN,
+            json!({"error": "this view is read-only: start shardcall web with --allow-actions to act from the page"}),
+        );
+    };
+    if !req.headers().contains_key(ACTION_HEADER) {
+        return (
+            StatusCode::FORBIDDEN,
+            json!({"error": format!("an action must carry the {ACTION_HEADER} header")}),
+        );
+    }
+    let Some(group) = group else {
+        return (StatusCode::BAD_REQUEST, json!({"error": "no group given: add ?group=NAME"}));
+    };
+    if let Err(e) = crate::commands::group_check::valid_name(group) {
+        return (StatusCode::BAD_REQUEST, json!({"error": format!("{e:#}")}));
+    }
+    let query = req.uri().query().unwrap_or("");
+    let member = query_value(query, "member");
+    let partition = query_value(query, "partition");
+    let action = match Action::parse(req.uri().path(), member.as_deref(), partition.as_deref()) {
+        Ok(a) => a,
+        Err(e) => return (StatusCode::BAD_REQUEST, json!({"error": e})),
+    };
+    let store = match store(web).await {
+        Ok(s) => s,
+        Err(e) => return failed(web, &e).await,
+    };
+    let answer = action.run(&store, group, actor).await;
+    // The next view reads the group again, so the page shows the effect.
+    if let Some(slot) = web.groups.lock().expect("groups lock").get(group) {
+        if let Ok(mut v) = slot.try_lock() {
+            v.read_at = None;
+        }
+    }
+    answer
+}
+
 /// The groups of this Redis.
 async fn groups(web: &Web) -> (StatusCode, Value) {
     let read = async {
@@ -205,7 +271,11 @@ async fn groups(web: &Web) -> (StatusCode, Value) {
     match tokio::time::timeout(READ_BOUND, read).await {
         Ok(Ok(names)) => (
             StatusCode::OK,
-            json!({"groups": names, "default_group": web.default_group}),
+            json!({
+                "groups": names,
+                "default_group": web.default_group,
+                "actions": web.actor.is_some(),
+            }),
         ),
         Ok(Err(e)) => failed(web, &e).await,
         Err(_) => failed(web, &timed_out(web)).await,
@@ -243,16 +313,19 @@ async fn view(web: &Web, group: &str) -> (StatusCode, Value) {
     let read = async {
         let store = store(web).await?;
         let read = read_status(&store, group, &web.log, log, false).await?;
-        anyhow::Ok((read.json(group), read.audit_json(50)))
+        let (topics, opened) = log.as_ref().expect("read_status opens the log");
+        let plan = read_plan(&store, group, Some(opened), topics, None).await?;
+        anyhow::Ok((read.json(group), read.audit_json(50), plan.json(group)))
     };
     let answer = match tokio::time::timeout(READ_BOUND, read).await {
-        Ok(Ok((status, audit))) => {
+        Ok(Ok((status, audit, plan))) => {
             history.observe(&status);
             (
                 StatusCode::OK,
                 json!({
                     "status": status,
                     "audit": audit,
+                    "plan": plan,
                     "history": history.json(),
                     "log_given": web.log.given(),
                 }),

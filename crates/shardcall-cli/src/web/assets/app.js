@@ -5,7 +5,7 @@
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const page = { group: null, view: null, fetchedAt: 0, busy: false };
+const page = { group: null, view: null, fetchedAt: 0, busy: false, actions: false };
 // Beyond this many cells the grid draws small squares without words.
 const COMPACT_OVER = 2000;
 // The timeline draws at most this many lanes and this much time.
@@ -92,6 +92,7 @@ async function loadGroups() {
       document.body.dataset.ready = "1";
     }
     page.group = wanted;
+    page.actions = !!g.actions;
   } catch (e) {
     showError(`Could not list the groups: ${e.message}`);
     page.group = params.get("group");
@@ -160,6 +161,7 @@ function render() {
   renderMembers(status, history);
   renderPartitions(status);
   renderTimeline(status, history);
+  renderPlan(page.view.plan);
   renderList($("audit"), (audit || []).slice().reverse(), (a) => [el("time", {}, clockTime(a.at)), `${a.actor}: ${a.action}`]);
   $("updated").textContent = `read ${clockTime(status.now_ms)}`;
 }
@@ -212,6 +214,9 @@ function renderMembers(s, history) {
       el("td", {}, m.load && m.load.records_per_s !== undefined ? `${Math.round(m.load.records_per_s)}/s` : ""),
       el("td", {}, spark(points, "records_per_s"), last ? ` ${Math.round(last.records_per_s)}/s` : ""),
       el("td", {}, page.view.log_given ? [spark(points, "lag"), last ? ` ${last.lag}` : ""] : "start with --log for lag"),
+      page.actions && m.live && !m.draining && s.members.some((x) => x.member === m.id)
+        ? el("td", {}, actionButton("drain", `/api/drain?member=${encodeURIComponent(m.id)}`, `Drain ${m.id}? Its partitions move to the others.`))
+        : null,
     ));
   }
 }
@@ -251,7 +256,31 @@ function cell(p) {
   el("div", { class: "h" }, p.phase === "owned" || p.phase === "claimed" ? p.holder : p.phase === "quarantined" ? `after ${p.holder || "?"}` : p.phase),
   left !== null ? el("div", {}, el("span", { class: "countdown", "data-left-ms": left }, duration(left))) : null,
   el("div", { class: "l" }, p.lag !== null && p.lag !== undefined ? `lag ${p.lag}` : "", p.dead ? el("span", { class: "dl" }, ` ${p.dead} dead`) : ""),
+  page.actions && left !== null
+    ? actionButton("release", `/api/release?partition=${encodeURIComponent(p.id)}`, `End ${p.id}'s quarantine now?`)
+    : null,
   );
+}
+
+// A button for an operator action (only when the server allows them); the
+// answer is shown where errors are, and the next read shows the effect.
+function actionButton(label, path, question) {
+  const b = el("button", { type: "button", class: "action" }, label);
+  b.addEventListener("click", async () => {
+    if (!confirm(question)) return;
+    try {
+      const r = await fetch(`${path}&group=${encodeURIComponent(page.group)}`, {
+        method: "POST", headers: { "x-shardcall-action": "1" },
+      });
+      const body = await r.json();
+      if (!r.ok) throw new Error(body.error || `the server answered ${r.status}`);
+      $("notice").textContent = body.done;
+    } catch (e) {
+      showError(e.message);
+    }
+    poll();
+  });
+  return b;
 }
 
 function renderTimeline(s, history) {
@@ -291,6 +320,15 @@ function renderTimeline(s, history) {
   node.append(axis);
   $("timeline").replaceChildren(node);
   renderList($("events"), (history.events || []).slice().reverse(), (e) => [el("time", {}, clockTime(e.at_ms)), e.text]);
+}
+
+function renderPlan(plan) {
+  const lines = (plan && plan.explained) || [];
+  if (!lines.length) {
+    $("plan").replaceChildren(el("li", { class: "muted" }, "nothing to do: the group is balanced and no quarantine ends now"));
+    return;
+  }
+  renderList($("plan"), lines, (line) => [line]);
 }
 
 function renderList(list, items, parts) {
