@@ -67,6 +67,39 @@ impl LogOpts {
         self.log.is_some() || self.kafka.is_some() || self.kinesis.is_some()
     }
 
+    /// The options that open the log a worker's `source` reads (for the
+    /// web view a worker serves).
+    pub fn of_source(source: &crate::settings::SourceChoice) -> Self {
+        use crate::settings::SourceChoice;
+        let none = Self {
+            log: None,
+            kafka: None,
+            kafka_properties: Vec::new(),
+            kinesis: None,
+            kinesis_endpoint: None,
+        };
+        match source {
+            SourceChoice::File(dir) => Self {
+                log: Some(dir.clone()),
+                ..none
+            },
+            SourceChoice::Kafka(k, _) => Self {
+                kafka: Some(k.brokers.clone()),
+                kafka_properties: k
+                    .properties
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect(),
+                ..none
+            },
+            SourceChoice::Kinesis(k) => Self {
+                kinesis: Some(k.region.clone()),
+                kinesis_endpoint: k.endpoint.clone(),
+                ..none
+            },
+        }
+    }
+
     /// Opens the log for `topics` (Kafka needs them named).
     pub fn open(&self, topics: &[String]) -> anyhow::Result<Log> {
         if let Some(dir) = &self.log {

@@ -199,7 +199,11 @@ impl WebServer {
 
     /// A POST of `path` as the page sends an action.
     fn act(&self, path: &str) -> (u16, String) {
-        self.request("POST", path, "x-shardcall-action: 1\r\nContent-Length: 0\r\n")
+        self.request(
+            "POST",
+            path,
+            "x-shardcall-action: 1\r\nContent-Length: 0\r\n",
+        )
     }
 
     fn request(&self, method: &str, path: &str, headers: &str) -> (u16, String) {
@@ -267,6 +271,11 @@ async fn the_page_shows_the_group_and_a_handover_after_a_kill() {
     let log = dir.path().join("log");
     let store = RedisStore::connect(&url).await.unwrap();
     rig.produce(300, "a");
+    // Worker b serves the view beside itself too.
+    let beside = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     for name in ["a", "b"] {
         let mut cmd = shardcall_command();
         cmd.args(["worker", "--redis", &url, "--group", GROUP, "--topic", "t"])
@@ -275,6 +284,9 @@ async fn the_page_shows_the_group_and_a_handover_after_a_kill() {
             .args(["--name", name, "--ttl-ms", "1500", "--heartbeat-ms", "200"])
             .args(["--margin-ms", "500", "--tick-ms", "100"])
             .args(["--quarantine-ms", &QUARANTINE_MS.to_string()]);
+        if name == "b" {
+            cmd.args(["--web", &beside.to_string()]);
+        }
         rig.workers.start(name, cmd);
     }
     rig.settle(&store, GROUP, Duration::from_secs(30)).await;
@@ -297,6 +309,17 @@ async fn the_page_shows_the_group_and_a_handover_after_a_kill() {
     let served: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(lasting(&served), lasting(&status(&url, &log)));
 
+    // So does the view a worker serves.
+    let worker_view = WebServer {
+        child: Command::new("true").spawn().unwrap(),
+        url: format!("http://{beside}/"),
+    };
+    let (code, body) = worker_view.get(&format!("/api/status?group={GROUP}"));
+    assert_eq!(code, 200, "{body}");
+    let served: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(lasting(&served), lasting(&status(&url, &log)));
+    drop(worker_view);
+
     // The page shows what status shows.
     let page = dom(&profile, &web.url);
     let doc = status(&url, &log);
@@ -311,7 +334,9 @@ async fn the_page_shows_the_group_and_a_handover_after_a_kill() {
     let (_, body) = web.get(&format!("/api/view?group={GROUP}"));
     let view: serde_json::Value = serde_json::from_str(&body).unwrap();
     let out = shardcall_command()
-        .args(["plan", "--redis", &url, "--group", GROUP, "--json", "--topic", "t", "--log"])
+        .args([
+            "plan", "--redis", &url, "--group", GROUP, "--json", "--topic", "t", "--log",
+        ])
         .arg(&log)
         .output()
         .unwrap();
@@ -368,11 +393,15 @@ async fn the_page_shows_the_group_and_a_handover_after_a_kill() {
     // The page only reads unless told: an action is refused and changes
     // nothing. Told, it releases one quarantine, audited.
     let first = its.iter().next().unwrap().clone();
-    let release = format!("/api/release?group={GROUP}&partition={}", first.replace('/', "%2F"));
+    let release = format!(
+        "/api/release?group={GROUP}&partition={}",
+        first.replace('/', "%2F")
+    );
     let (code, body) = web.act(&release);
     assert_eq!(code, 403, "{body}");
     assert_eq!(status_cells(&status(&url, &log))[&first].0, "quarantined");
-    let acting = WebServer::start_with(&url, Some(&log), &["--allow-actions", "--actor", "ops-web"]);
+    let acting =
+        WebServer::start_with(&url, Some(&log), &["--allow-actions", "--actor", "ops-web"]);
     let (code, body) = acting.request("POST", &release, "Content-Length: 0\r\n");
     assert_eq!(code, 403, "an action without its header: {body}");
     let (code, body) = acting.act(&release);
@@ -383,7 +412,9 @@ async fn the_page_shows_the_group_and_a_handover_after_a_kill() {
         .unwrap();
     let audit = String::from_utf8_lossy(&audit.stdout);
     assert!(
-        audit.lines().any(|l| l.contains("ops-web") && l.contains(&first)),
+        audit
+            .lines()
+            .any(|l| l.contains("ops-web") && l.contains(&first)),
         "the release is audited: {audit}"
     );
     let (code, body) = acting.act(&format!("/api/drain?group={GROUP}&member=nobody"));

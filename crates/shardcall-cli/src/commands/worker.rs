@@ -132,6 +132,10 @@ pub struct WorkerArgs {
     /// a bare port such as 9464 binds to 127.0.0.1).
     #[arg(long)]
     metrics_addr: Option<String>,
+    /// Serve the group's live web view (as `shardcall web` does, read-only)
+    /// at http://ADDR/ beside the worker; a bare port binds to 127.0.0.1.
+    #[arg(long, value_name = "ADDR")]
+    web: Option<String>,
     /// Log lines on stderr as text or as one JSON object each (the level comes from RUST_LOG).
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
@@ -452,6 +456,17 @@ async fn worker(args: &WorkerArgs, r: Resolved) -> anyhow::Result<ExitCode> {
         redis_cluster: r.cluster,
         redis_ca: r.ca.clone(),
     };
+    if let Some(listen) = &args.web {
+        crate::web::serve_beside(
+            crate::web::WebConfig {
+                redis: redis.clone(),
+                log: crate::log_opts::LogOpts::of_source(&r.source),
+                group: Some(r.worker.group.clone()),
+                actor: None,
+            },
+            listen,
+        )?;
+    }
     let ca = redis.ca()?;
     // Signals count from the start: a worker still connecting stops too.
     let mut signals = Signals::new()?;

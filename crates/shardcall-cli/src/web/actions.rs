@@ -28,7 +28,11 @@ pub enum Action {
 
 impl Action {
     /// The action a path and its `member` or `partition` ask for.
-    pub fn parse(path: &str, member: Option<&str>, partition: Option<&str>) -> Result<Self, String> {
+    pub fn parse(
+        path: &str,
+        member: Option<&str>,
+        partition: Option<&str>,
+    ) -> Result<Self, String> {
         match (path, member, partition) {
             ("/api/drain", Some(m), _) if !m.is_empty() => Ok(Self::Drain(MemberId::new(m))),
             ("/api/release", _, Some(p)) => {
@@ -36,9 +40,9 @@ impl Action {
                     .rsplit_once("%2F")
                     .or_else(|| p.rsplit_once('/'))
                     .ok_or_else(|| format!("{p:?} is not TOPIC/PARTITION"))?;
-                let number = number
-                    .parse()
-                    .map_err(|_| format!("{p:?}: the partition number {number:?} is not a number"))?;
+                let number = number.parse().map_err(|_| {
+                    format!("{p:?}: the partition number {number:?} is not a number")
+                })?;
                 Ok(Self::Release(PartitionId::new(topic, number)))
             }
             ("/api/drain", ..) => Err("drain needs ?member=ID".into()),
@@ -60,9 +64,10 @@ impl Action {
         };
         match result {
             Ok(done) => (StatusCode::OK, json!({ "done": done })),
-            Err(e @ StoreError::Refused(_)) => {
-                (StatusCode::CONFLICT, json!({ "error": format!("refused: {e}") }))
-            }
+            Err(e @ StoreError::Refused(_)) => (
+                StatusCode::CONFLICT,
+                json!({ "error": format!("refused: {e}") }),
+            ),
             Err(e) => (StatusCode::BAD_GATEWAY, json!({ "error": e.to_string() })),
         }
     }

@@ -4,12 +4,9 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
@@ -18,7 +15,7 @@ use shardcall_redis::RedisStore;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::WebArgs;
+use super::WebConfig;
 use super::actions::{ACTION_HEADER, Action};
 use super::history::History;
 use crate::commands::plan::read_plan;
@@ -57,36 +54,39 @@ struct GroupView {
     history: History,
 }
 
-/// Serves the view on `addr` until the process is stopped.
-pub(super) async fn serve(args: &WebArgs, addr: SocketAddr) -> anyhow::Result<ExitCode> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("listening on {addr}"))?;
-    let web = Arc::new(Web {
-        redis: args.redis.clone(),
-        actor: args.allow_actions.then(|| {
-            args.actor.clone().unwrap_or_else(|| {
-                format!("web:{}", crate::commands::group_reads::actor(&None))
-            })
-        }),
-        log: args.log.clone(),
-        default_group: args.group.clone(),
-        store: Mutex::new(None),
-        groups: Default::default(),
-    });
-    let shown = listener.local_addr()?;
-    let mut url = format!("http://{shown}/");
-    if let Some(g) = &args.group {
+/// Where and how `listener` serves `config`, in words: the address to
+/// open, and whether the page may act.
+pub(super) fn describe(
+    config: &WebConfig,
+    listener: &std::net::TcpListener,
+) -> anyhow::Result<String> {
+    let mut url = format!("serving http://{}/", listener.local_addr()?);
+    if let Some(g) = &config.group {
         url.push_str(&format!("?group={g}"));
     }
-    // The address goes to stdout, so a script can read where it is served.
-    let mode = if web.actor.is_some() {
+    let mode = if config.actor.is_some() {
         "drain and release allowed, audited"
     } else {
         "read-only"
     };
-    println!("shardcall web: serving {url} ({mode}; Ctrl-C stops it)");
-    std::io::Write::flush(&mut std::io::stdout())?;
+    Ok(format!("{url} ({mode}; Ctrl-C stops it)"))
+}
+
+/// Serves `config` on `listener` until the process is stopped (on a
+/// `LocalSet`: the status read's futures are not all `Send`).
+pub(super) async fn serve(
+    config: WebConfig,
+    listener: std::net::TcpListener,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let web = Arc::new(Web {
+        redis: config.redis,
+        actor: config.actor,
+        log: config.log,
+        default_group: config.group,
+        store: Mutex::new(None),
+        groups: Default::default(),
+    });
     loop {
         let (socket, _) = match listener.accept().await {
             Ok(s) => s,
@@ -98,8 +98,6 @@ pub(super) async fn serve(args: &WebArgs, addr: SocketAddr) -> anyhow::Result<Ex
             }
         };
         let web = web.clone();
-        // On this thread: the status read's futures are not all Send, and
-        // one thread serves a read-only view at once a second per group.
         tokio::task::spawn_local(async move {
             let service = hyper::service::service_fn(move |req| {
                 let web = web.clone();
@@ -236,7 +234,10 @@ async fn act(
         );
     }
     let Some(group) = group else {
-        return (StatusCode::BAD_REQUEST, json!({"error": "no group given: add ?group=NAME"}));
+        return (
+            StatusCode::BAD_REQUEST,
+            json!({"error": "no group given: add ?group=NAME"}),
+        );
     };
     if let Err(e) = crate::commands::group_check::valid_name(group) {
         return (StatusCode::BAD_REQUEST, json!({"error": format!("{e:#}")}));
