@@ -22,16 +22,41 @@ pub(crate) async fn existing_group(store: &RedisStore, group: &str) -> anyhow::R
     if store.load_policy(group).await?.is_some() {
         return Ok(g);
     }
-    anyhow::bail!(
-        "group {group:?} does not exist in this Redis (no member, partition, ticket or quarantine rule); check --group (`shardcall groups` lists the groups there)"
-    )
+    Err(GroupProblem::Missing(group.to_owned()).into())
 }
 
 /// Refuses a group name no store key can hold, as the worker does.
 pub(crate) fn valid_name(group: &str) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        shardcall::is_valid_name(group),
-        "group name {group:?} is invalid: use 1 to 100 characters from A-Z a-z 0-9 . _ -"
-    );
-    Ok(())
+    if shardcall::is_valid_name(group) {
+        Ok(())
+    } else {
+        Err(GroupProblem::InvalidName(group.to_owned()).into())
+    }
 }
+
+/// Why a group cannot be read: what the operator typed, not the store (the
+/// web view answers these 404 and 400, and an outage 502).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GroupProblem {
+    /// Nothing in this Redis belongs to the group.
+    Missing(String),
+    /// No store key can hold the name.
+    InvalidName(String),
+}
+
+impl std::fmt::Display for GroupProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Missing(group) => write!(
+                f,
+                "group {group:?} does not exist in this Redis (no member, partition, ticket or quarantine rule); check --group (`shardcall groups` lists the groups there)"
+            ),
+            Self::InvalidName(group) => write!(
+                f,
+                "group name {group:?} is invalid: use 1 to 100 characters from A-Z a-z 0-9 . _ -"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for GroupProblem {}

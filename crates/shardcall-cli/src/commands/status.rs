@@ -173,10 +173,15 @@ pub(crate) async fn read_status(
     watching: bool,
 ) -> anyhow::Result<StatusRead> {
     crate::commands::group_check::valid_name(group)?;
-    let g: GroupState = store.load_group(group).await?;
-    let tickets = store.ticket_view(group).await?;
-    let policy = store.load_policy(group).await?;
-    let now = store.now().await?;
+    // Reads that do not depend on each other go out together: one
+    // connection pipelines them, so a read costs a few round trips,
+    // however many partitions the group has.
+    let (g, tickets, policy, now) = tokio::try_join!(
+        store.load_group(group),
+        store.ticket_view(group),
+        store.load_policy(group),
+        store.now(),
+    )?;
     // (Watching a group that does not exist yet shows it empty until it does.)
     if !watching
         && g.version == 0
@@ -202,11 +207,13 @@ pub(crate) async fn read_status(
     let ends = log.as_ref().expect("opened above").1.ends(&parts).await?;
     let lineage = LineageView::read(log.as_ref().map(|(_, l)| l), &topics, store, group).await?;
     let held_back = &lineage.standings;
-    let checkpoints = load_checkpoints(store, group, &parts).await?;
-    let stopped = store.stopped_partitions(group).await?;
-    let dead_letters = shardcall::DeadLetterCounts::dead_letter_counts(store, group).await?;
-    let failures = load_failures(store, group, &parts).await?;
-    let restores = load_restores(store, group, &parts).await?;
+    let (checkpoints, stopped, dead_letters, failures, restores) = tokio::try_join!(
+        load_checkpoints(store, group, &parts),
+        async { Ok(store.stopped_partitions(group).await?) },
+        async { Ok(shardcall::DeadLetterCounts::dead_letter_counts(store, group).await?) },
+        load_failures(store, group, &parts),
+        load_restores(store, group, &parts),
+    )?;
     let load = crate::views::load::LoadView::of(&g, now);
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {

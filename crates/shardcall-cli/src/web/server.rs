@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use super::WebConfig;
 use super::actions::{ACTION_HEADER, Action};
 use super::history::History;
+use crate::commands::group_check::GroupProblem;
 use crate::commands::plan::read_plan;
 use crate::commands::status::read_status;
 use crate::log_opts::{Log, LogOpts};
@@ -201,15 +202,13 @@ async fn store(web: &Web) -> anyhow::Result<RedisStore> {
 /// An error as the page shows it; a failed connection is made again on the
 /// next read.
 async fn failed(web: &Web, e: &anyhow::Error) -> (StatusCode, Value) {
-    let missing = format!("{e:#}").contains("does not exist");
-    let invalid = format!("{e:#}").contains("is invalid");
-    let status = if missing {
-        StatusCode::NOT_FOUND
-    } else if invalid {
-        StatusCode::BAD_REQUEST
-    } else {
-        *web.store.lock().await = None;
-        StatusCode::BAD_GATEWAY
+    let status = match e.downcast_ref::<GroupProblem>() {
+        Some(GroupProblem::Missing(_)) => StatusCode::NOT_FOUND,
+        Some(GroupProblem::InvalidName(_)) => StatusCode::BAD_REQUEST,
+        None => {
+            *web.store.lock().await = None;
+            StatusCode::BAD_GATEWAY
+        }
     };
     (status, json!({"error": format!("{e:#}")}))
 }
@@ -255,10 +254,10 @@ async fn act(
     };
     let answer = action.run(&store, group, actor).await;
     // The next view reads the group again, so the page shows the effect.
-    if let Some(slot) = web.groups.lock().expect("groups lock").get(group) {
-        if let Ok(mut v) = slot.try_lock() {
-            v.read_at = None;
-        }
+    if let Some(slot) = web.groups.lock().expect("groups lock").get(group)
+        && let Ok(mut v) = slot.try_lock()
+    {
+        v.read_at = None;
     }
     answer
 }

@@ -200,7 +200,8 @@ function renderMembers(s, history) {
     heartbeat: m.last_heartbeat_ms_ago, live: m.live, draining: m.draining, load: m.load,
   }));
   for (const w of s.ticket_workers || []) {
-    rows.push({ id: w.worker ?? w.name ?? w.member, host: w.host, partitions: w.claimed ?? "", lease: null, heartbeat: null, live: true, load: null });
+    // Ticket workers: their claims in the partitions column.
+    rows.push({ id: w.member, host: w.host, partitions: `${w.claims} claimed of ${w.slots ?? "?"} slots`, lease: null, heartbeat: null, live: true, load: null });
   }
   for (const m of rows) {
     const points = series[m.id] || [];
