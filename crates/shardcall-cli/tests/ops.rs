@@ -383,6 +383,22 @@ fn status_plan_and_release() {
         "{}",
         text(&out.stdout)
     );
+
+    // With the workers gone, a partition added to the log shows in plan
+    // when the log is given, with or without --topic (then the group's
+    // own topics are read), and not without the log.
+    drop(procs);
+    log.ensure_topic("t", 5).unwrap();
+    let plan_mentions_new = |extra: &[&str]| {
+        let mut args = vec!["plan", "--redis", &url, "--group", "ops", "--json"];
+        args.extend_from_slice(extra);
+        let out = shardcall(&args);
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+        text(&out.stdout).contains("t/4")
+    };
+    assert!(plan_mentions_new(&["--log", &log_arg]));
+    assert!(plan_mentions_new(&["--log", &log_arg, "--topic", "t"]));
+    assert!(!plan_mentions_new(&[]));
 }
 
 #[test]

@@ -9,6 +9,14 @@ use shardcall_core::PartitionId;
 
 use crate::redis_opts::RedisOpts;
 
+/// The topics of `parts`, sorted, each once.
+pub(crate) fn topics_of<'a>(parts: impl IntoIterator<Item = &'a PartitionId>) -> Vec<String> {
+    let mut topics: Vec<String> = parts.into_iter().map(|p| p.topic.to_string()).collect();
+    topics.sort();
+    topics.dedup();
+    topics
+}
+
 pub(crate) fn actor(given: &Option<String>) -> String {
     given
         .clone()

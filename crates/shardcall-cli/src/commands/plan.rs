@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use serde_json::json;
-use shardcall::CoordinationStore;
+use shardcall::{CoordinationStore, TicketStore};
 use shardcall_core::{Command, GroupState, Millis, PartitionId, StepOptions, step_loaded};
 
-use super::group_reads::{explained, load_checkpoints, runtime};
+use super::group_reads::{explained, load_checkpoints, runtime, topics_of};
 use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
 use crate::views::lineage::{LineageView, held_back_line, lineage_json};
@@ -24,7 +24,8 @@ pub struct PlanArgs {
     /// The log the group consumes, to include partitions added to it.
     #[command(flatten)]
     log: LogOpts,
-    /// Topics of that log the group consumes (comma separated).
+    /// Topics of that log the group consumes (comma separated). Default:
+    /// the topics the group holds partitions of.
     #[arg(long, value_delimiter = ',')]
     topic: Vec<String>,
     /// What the group's workers balance ([balance] by): count, records,
@@ -215,17 +216,35 @@ impl PlanRead {
     }
 }
 
+/// The topics `group` holds partitions of, owned or called by ticket,
+/// sorted; an error if the group does not exist.
+async fn group_topics(
+    store: &shardcall_redis::RedisStore,
+    group: &str,
+) -> anyhow::Result<Vec<String>> {
+    let g = crate::commands::group_check::existing_group(store, group).await?;
+    let tickets = store.ticket_view(group).await?;
+    let ticketed = tickets.partitions();
+    Ok(topics_of(g.partitions.keys().chain(ticketed.iter())))
+}
+
 /// Runs `shardcall plan`: what the coordinator would do now, and why.
 pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     let result = runtime()?.block_on(async {
         let store = args.redis.connect().await?;
-        let log = if args.log.given() {
-            anyhow::ensure!(!args.topic.is_empty(), "--log, --kafka and --kinesis need --topic");
-            Some(args.log.open(&args.topic)?)
-        } else {
-            None
-        };
-        let read = read_plan(&store, &args.group, log.as_ref(), &args.topic, args.by).await?;
+        // Without --topic, the topics the group already holds partitions
+        // of, as status reads them (reading the group first also names a
+        // missing group or foreign data before anything else).
+        let mut topics = args.topic.clone();
+        if args.log.given() && topics.is_empty() {
+            topics = group_topics(&store, &args.group).await?;
+            anyhow::ensure!(
+                !topics.is_empty(),
+                "the group holds no partitions yet: name the log's topics with --topic"
+            );
+        }
+        let log = if args.log.given() { Some(args.log.open(&topics)?) } else { None };
+        let read = read_plan(&store, &args.group, log.as_ref(), &topics, args.by).await?;
         let PlanRead { plan, lines, transfers, .. } = &read;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&read.json(&args.group))?);

@@ -198,9 +198,7 @@ pub(crate) async fn read_status(
     parts.extend(tickets.partitions());
     parts.sort();
     parts.dedup();
-    let mut topics: Vec<String> = parts.iter().map(|p| p.topic.to_string()).collect();
-    topics.sort();
-    topics.dedup();
+    let topics = crate::commands::group_reads::topics_of(&parts);
     if log.as_ref().is_none_or(|(t, _)| *t != topics) {
         *log = Some((topics.clone(), log_opts.open(&topics)?));
     }
