@@ -334,7 +334,7 @@ async fn view(web: &Web, group: &str) -> (StatusCode, Value) {
         Ok(Err(e)) => failed(web, &e).await,
         Err(_) => failed(web, &timed_out(web)).await,
     };
-    v.read_at = Some(Instant::now());
+    v.read_at = Some(shardcall::clock::timer_now());
     v.answer = Some(answer.clone());
     answer
 }
