@@ -269,8 +269,12 @@ impl Log {
                 }
             }
             n => {
-                let o: u64 = n.parse().with_context(|| {
-                    format!("--to {n}: use earliest, latest, an offset or @MILLIS")
+                // The parser's own words ("invalid digit found in string")
+                // tell a typo like `earlist` nothing: name the choices.
+                let o: u64 = n.parse().map_err(|_| {
+                    anyhow::anyhow!(
+                        "--to {n}: not one of earliest, latest, an offset (a whole number) or @MILLIS"
+                    )
                 })?;
                 anyhow::ensure!(
                     (start..=end).contains(&o),

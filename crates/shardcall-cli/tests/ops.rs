@@ -318,6 +318,11 @@ fn status_plan_and_release() {
         Some(2),
         "an offset beyond the records is refused"
     );
+    let out = reset(&url, &log_arg, &["--topic", "t", "--to", "earlist"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not one of earliest, latest"), "{err}");
+    assert!(!err.contains("invalid digit"), "{err}");
 
     // The dry run says nothing will move yet (the quarantine holds them).
     let out = shardcall(&["plan", "--redis", &url, "--group", "ops", "--json"]);
