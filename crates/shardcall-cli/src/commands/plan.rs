@@ -62,6 +62,19 @@ pub(crate) async fn read_plan(
     by: Option<crate::settings::BalanceBy>,
 ) -> anyhow::Result<PlanRead> {
     let g = crate::commands::group_check::existing_group(store, group).await?;
+    plan_of(store, group, g, log, topics, by).await
+}
+
+/// [`read_plan`] for a group already read (`g`), so a caller that needed
+/// it first does not read it twice.
+async fn plan_of(
+    store: &shardcall_redis::RedisStore,
+    group: &str,
+    g: GroupState,
+    log: Option<&Log>,
+    topics: &[String],
+    by: Option<crate::settings::BalanceBy>,
+) -> anyhow::Result<PlanRead> {
     let now = store.now().await?;
     let mut discovered: Vec<PartitionId> = g.partitions.keys().cloned().collect();
     if let Some(log) = log {
@@ -216,18 +229,6 @@ impl PlanRead {
     }
 }
 
-/// The topics `group` holds partitions of, owned or called by ticket,
-/// sorted; an error if the group does not exist.
-async fn group_topics(
-    store: &shardcall_redis::RedisStore,
-    group: &str,
-) -> anyhow::Result<Vec<String>> {
-    let g = crate::commands::group_check::existing_group(store, group).await?;
-    let tickets = store.ticket_view(group).await?;
-    let ticketed = tickets.partitions();
-    Ok(topics_of(g.partitions.keys().chain(ticketed.iter())))
-}
-
 /// Runs `shardcall plan`: what the coordinator would do now, and why.
 pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     let result = runtime()?.block_on(async {
@@ -235,16 +236,18 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         // Without --topic, the topics the group already holds partitions
         // of, as status reads them (reading the group first also names a
         // missing group or foreign data before anything else).
+        let g = crate::commands::group_check::existing_group(&store, &args.group).await?;
         let mut topics = args.topic.clone();
         if args.log.given() && topics.is_empty() {
-            topics = group_topics(&store, &args.group).await?;
+            let ticketed = store.ticket_view(&args.group).await?.partitions();
+            topics = topics_of(g.partitions.keys().chain(ticketed.iter()));
             anyhow::ensure!(
                 !topics.is_empty(),
                 "the group holds no partitions yet: name the log's topics with --topic"
             );
         }
         let log = if args.log.given() { Some(args.log.open(&topics)?) } else { None };
-        let read = read_plan(&store, &args.group, log.as_ref(), &topics, args.by).await?;
+        let read = plan_of(&store, &args.group, g, log.as_ref(), &topics, args.by).await?;
         let PlanRead { plan, lines, transfers, .. } = &read;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&read.json(&args.group))?);
