@@ -344,6 +344,18 @@ async fn the_page_shows_the_group_and_a_handover_after_a_kill() {
     assert_eq!(view["plan"]["explained"], plan["explained"]);
     assert_eq!(view["plan"]["moves"], plan["moves"]);
 
+    // Once the view knows the group's partitions, a refresh (status and
+    // plan alike) costs the store one request.
+    eventually(Duration::from_secs(10), || async {
+        let (_, body) = web.get(&format!("/api/view?group={GROUP}"));
+        let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+        match view["store_requests"].as_u64() {
+            Some(1) => Ok(()),
+            other => Err(format!("{other:?} requests")),
+        }
+    })
+    .await;
+
     // kill -9: the dead worker's partitions rest in quarantine, counting
     // down, before the other takes them.
     let g = store.load_group(GROUP).await.unwrap();

@@ -12,6 +12,25 @@ use crate::codec::{parse_partition_field, partition_field};
 use crate::error::map_error;
 use crate::store::{RedisStore, group_key};
 
+/// The counts from the whole hash at `key` (`HGETALL`).
+pub(crate) fn decode_dead_letter_counts(
+    key: &str,
+    raw: BTreeMap<String, String>,
+) -> StoreResult<BTreeMap<PartitionId, u64>> {
+    raw.into_iter()
+        .map(|(field, count)| {
+            let p = parse_partition_field(&field)?;
+            let n = count.parse().map_err(|_| {
+                StoreError::corrupt(
+                    "the dead-letter counts",
+                    format!("{key} field {field:?} is not a count: {count:?}"),
+                )
+            })?;
+            Ok((p, n))
+        })
+        .collect()
+}
+
 #[async_trait]
 impl DeadLetterCounts for RedisStore {
     async fn count_dead_letters(
@@ -33,18 +52,6 @@ impl DeadLetterCounts for RedisStore {
 
     async fn dead_letter_counts(&self, group: &str) -> StoreResult<BTreeMap<PartitionId, u64>> {
         let key = group_key(group, "dead_letters");
-        let raw = self.hash_all(&key).await?;
-        raw.into_iter()
-            .map(|(field, count)| {
-                let p = parse_partition_field(&field)?;
-                let n = count.parse().map_err(|_| {
-                    StoreError::corrupt(
-                        "the dead-letter counts",
-                        format!("{key} field {field:?} is not a count: {count:?}"),
-                    )
-                })?;
-                Ok((p, n))
-            })
-            .collect()
+        decode_dead_letter_counts(&key, self.hash_all(&key).await?)
     }
 }

@@ -9,8 +9,48 @@ use shardcall_core::{Epoch, MemberId, PartitionId};
 use crate::error::map_error;
 use crate::store::{RedisStore, partition_key};
 
-fn failing_key(group: &str, p: &PartitionId) -> String {
+pub(crate) fn failing_key(group: &str, p: &PartitionId) -> String {
     partition_key(group, p, "failing")
+}
+
+/// The answer to [`failure_read`].
+pub(crate) type FailureReply = (
+    Option<String>,
+    Option<u64>,
+    Option<u32>,
+    Option<u64>,
+    Option<String>,
+);
+
+/// The read of `partition`'s failure report: one `HMGET` in its slot.
+pub(crate) fn failure_read(group: &str, partition: &PartitionId) -> redis::Cmd {
+    let mut cmd = redis::cmd("HMGET");
+    cmd.arg(failing_key(group, partition))
+        .arg(&["m", "e", "n", "since", "err"]);
+    cmd
+}
+
+/// The report from the answer to [`failure_read`] of `key` (none: `None`).
+pub(crate) fn decode_failure(
+    key: &str,
+    fields: FailureReply,
+) -> StoreResult<Option<FailureReport>> {
+    match fields {
+        (None, None, None, None, None) => Ok(None),
+        (Some(m), Some(epoch), Some(attempts), Some(since_ms), Some(last_error)) => {
+            Ok(Some(FailureReport {
+                member: MemberId::new(m),
+                epoch,
+                attempts,
+                since_ms,
+                last_error,
+            }))
+        }
+        other => Err(StoreError::corrupt(
+            key,
+            format!("a failing partition's report with missing or unreadable fields: {other:?}"),
+        )),
+    }
 }
 
 #[async_trait]
@@ -60,37 +100,11 @@ impl FailureReports for RedisStore {
         group: &str,
         partition: &PartitionId,
     ) -> StoreResult<Option<FailureReport>> {
-        let key = failing_key(group, partition);
         let mut c = self.conn.clone();
-        let fields: (
-            Option<String>,
-            Option<u64>,
-            Option<u32>,
-            Option<u64>,
-            Option<String>,
-        ) = redis::cmd("HMGET")
-            .arg(&key)
-            .arg(&["m", "e", "n", "since", "err"])
+        let reply: FailureReply = failure_read(group, partition)
             .query_async(&mut c)
             .await
             .map_err(|e| map_error(&e))?;
-        match fields {
-            (None, None, None, None, None) => Ok(None),
-            (Some(m), Some(epoch), Some(attempts), Some(since_ms), Some(last_error)) => {
-                Ok(Some(FailureReport {
-                    member: MemberId::new(m),
-                    epoch,
-                    attempts,
-                    since_ms,
-                    last_error,
-                }))
-            }
-            other => Err(StoreError::corrupt(
-                key,
-                format!(
-                    "a failing partition's report with missing or unreadable fields: {other:?}"
-                ),
-            )),
-        }
+        decode_failure(&failing_key(group, partition), reply)
     }
 }

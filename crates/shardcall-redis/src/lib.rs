@@ -7,6 +7,7 @@ mod dead_letter_counts;
 mod error;
 mod failures;
 mod foreign;
+mod group_view;
 mod groups;
 mod lineage;
 mod redact;
@@ -21,5 +22,6 @@ pub mod testing;
 mod tickets;
 
 pub use foreign::Refused;
+pub use group_view::{GroupView, PartitionView};
 pub use redact::{redact_url, redact_urls};
 pub use store::{CONNECT_TIMEOUT, RedisStore};

@@ -21,6 +21,30 @@ struct Stored {
     s: BTreeMap<String, Standing>,
 }
 
+/// The key of `group`'s lineage record (a string, read with `GET`).
+pub(crate) fn lineage_key(group: &str) -> String {
+    group_key(group, "lineage")
+}
+
+/// The finding from the value at `key` (absent: none recorded yet).
+pub(crate) fn decode_lineage(key: &str, raw: Option<String>) -> StoreResult<Option<FoundLineage>> {
+    let Some(raw) = raw else { return Ok(None) };
+    let corrupt = |why: String| StoreError::corrupt("the lineage the coordinator found", why);
+    let stored: Stored = serde_json::from_str(&raw)
+        .map_err(|e| corrupt(format!("{key} is not a lineage record ({e}): {raw:?}")))?;
+    let standings = stored
+        .s
+        .into_iter()
+        .map(|(field, s)| Ok((parse_partition_field(&field)?, s)))
+        .collect::<StoreResult<_>>()?;
+    Ok(Some(FoundLineage {
+        by: MemberId::new(stored.by),
+        epoch: stored.e,
+        at_ms: stored.at,
+        standings,
+    }))
+}
+
 #[async_trait]
 impl LineageFindings for RedisStore {
     async fn record_lineage(
@@ -49,27 +73,13 @@ impl LineageFindings for RedisStore {
     }
 
     async fn found_lineage(&self, group: &str) -> StoreResult<Option<FoundLineage>> {
-        let key = group_key(group, "lineage");
+        let key = lineage_key(group);
         let mut c = self.conn.clone();
         let raw: Option<String> = redis::cmd("GET")
             .arg(&key)
             .query_async(&mut c)
             .await
             .map_err(|e| map_error(&e))?;
-        let Some(raw) = raw else { return Ok(None) };
-        let corrupt = |why: String| StoreError::corrupt("the lineage the coordinator found", why);
-        let stored: Stored = serde_json::from_str(&raw)
-            .map_err(|e| corrupt(format!("{key} is not a lineage record ({e}): {raw:?}")))?;
-        let standings = stored
-            .s
-            .into_iter()
-            .map(|(field, s)| Ok((parse_partition_field(&field)?, s)))
-            .collect::<StoreResult<_>>()?;
-        Ok(Some(FoundLineage {
-            by: MemberId::new(stored.by),
-            epoch: stored.e,
-            at_ms: stored.at,
-            standings,
-        }))
+        decode_lineage(&key, raw)
     }
 }

@@ -13,8 +13,54 @@ use shardcall_core::{MemberId, PartitionId};
 use crate::error::map_error;
 use crate::store::{RedisStore, partition_key};
 
-fn restoring_key(group: &str, p: &PartitionId) -> String {
+pub(crate) fn restoring_key(group: &str, p: &PartitionId) -> String {
     partition_key(group, p, "restoring")
+}
+
+/// The answer to [`restore_read`].
+pub(crate) type RestoreReply = (
+    Option<String>,
+    Option<u8>,
+    Option<String>,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+);
+
+/// The read of `partition`'s restore report: one `HMGET` in its slot.
+pub(crate) fn restore_read(group: &str, partition: &PartitionId) -> redis::Cmd {
+    let mut cmd = redis::cmd("HMGET");
+    cmd.arg(restoring_key(group, partition))
+        .arg(&["m", "w", "ph", "f", "t", "since"]);
+    cmd
+}
+
+/// The report from the answer to [`restore_read`] of `key` (none: `None`).
+pub(crate) fn decode_restore(
+    key: &str,
+    fields: RestoreReply,
+) -> StoreResult<Option<RestoreReport>> {
+    match fields {
+        (None, None, None, None, None, None) => Ok(None),
+        (Some(m), Some(w), Some(phase), Some(fetched), Some(total), Some(since_ms)) => {
+            let phase = RestorePhase::parse(&phase)
+                .ok_or_else(|| StoreError::corrupt(key, format!("a restore's phase {phase:?}")))?;
+            Ok(Some(RestoreReport {
+                progress: RestoreProgress {
+                    member: MemberId::new(m),
+                    warm_up: w == 1,
+                    phase,
+                    fetched_bytes: fetched,
+                    total_bytes: total,
+                },
+                since_ms,
+            }))
+        }
+        other => Err(StoreError::corrupt(
+            key,
+            format!("a restore's report with missing or unreadable fields: {other:?}"),
+        )),
+    }
 }
 
 #[async_trait]
@@ -63,43 +109,11 @@ impl RestoreReports for RedisStore {
         group: &str,
         partition: &PartitionId,
     ) -> StoreResult<Option<RestoreReport>> {
-        let key = restoring_key(group, partition);
         let mut c = self.conn.clone();
-        type Fields = (
-            Option<String>,
-            Option<u8>,
-            Option<String>,
-            Option<u64>,
-            Option<u64>,
-            Option<u64>,
-        );
-        let fields: Fields = redis::cmd("HMGET")
-            .arg(&key)
-            .arg(&["m", "w", "ph", "f", "t", "since"])
+        let reply: RestoreReply = restore_read(group, partition)
             .query_async(&mut c)
             .await
             .map_err(|e| map_error(&e))?;
-        match fields {
-            (None, None, None, None, None, None) => Ok(None),
-            (Some(m), Some(w), Some(phase), Some(fetched), Some(total), Some(since_ms)) => {
-                let phase = RestorePhase::parse(&phase).ok_or_else(|| {
-                    StoreError::corrupt(key.clone(), format!("a restore's phase {phase:?}"))
-                })?;
-                Ok(Some(RestoreReport {
-                    progress: RestoreProgress {
-                        member: MemberId::new(m),
-                        warm_up: w == 1,
-                        phase,
-                        fetched_bytes: fetched,
-                        total_bytes: total,
-                    },
-                    since_ms,
-                }))
-            }
-            other => Err(StoreError::corrupt(
-                key,
-                format!("a restore's report with missing or unreadable fields: {other:?}"),
-            )),
-        }
+        decode_restore(&restoring_key(group, partition), reply)
     }
 }

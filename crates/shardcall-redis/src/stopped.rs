@@ -21,6 +21,33 @@ struct Stored {
     reason: String,
 }
 
+/// The stops from the whole hash at `key` (`HGETALL`).
+pub(crate) fn decode_stopped(
+    key: &str,
+    raw: BTreeMap<String, String>,
+) -> StoreResult<BTreeMap<PartitionId, StoppedPartition>> {
+    raw.into_iter()
+        .map(|(field, json)| {
+            let p = parse_partition_field(&field)?;
+            let s: Stored = serde_json::from_str(&json).map_err(|e| {
+                StoreError::corrupt(
+                    "the stopped partitions",
+                    format!("{key} field {field:?} is not a stop record ({e}): {json:?}"),
+                )
+            })?;
+            Ok((
+                p,
+                StoppedPartition {
+                    member: MemberId::new(s.m),
+                    epoch: s.e,
+                    since_ms: s.since,
+                    reason: s.reason,
+                },
+            ))
+        })
+        .collect()
+}
+
 #[async_trait]
 impl StoppedPartitions for RedisStore {
     async fn stop_partition(
@@ -54,27 +81,7 @@ impl StoppedPartitions for RedisStore {
         group: &str,
     ) -> StoreResult<BTreeMap<PartitionId, StoppedPartition>> {
         let key = group_key(group, "stopped");
-        let raw = self.hash_all(&key).await?;
-        raw.into_iter()
-            .map(|(field, json)| {
-                let p = parse_partition_field(&field)?;
-                let s: Stored = serde_json::from_str(&json).map_err(|e| {
-                    StoreError::corrupt(
-                        "the stopped partitions",
-                        format!("{key} field {field:?} is not a stop record ({e}): {json:?}"),
-                    )
-                })?;
-                Ok((
-                    p,
-                    StoppedPartition {
-                        member: MemberId::new(s.m),
-                        epoch: s.e,
-                        since_ms: s.since,
-                        reason: s.reason,
-                    },
-                ))
-            })
-            .collect()
+        decode_stopped(&key, self.hash_all(&key).await?)
     }
 
     async fn clear_stop(

@@ -177,6 +177,110 @@ pub(crate) fn checkpoint_key(group: &str, p: &PartitionId) -> String {
     partition_key(group, p, "cp")
 }
 
+/// The answers to the reads [`add_group_reads`] adds, in their order.
+pub(crate) type GroupReply = (
+    Option<u64>,
+    Option<String>,
+    BTreeMap<String, String>,
+    BTreeMap<String, String>,
+    BTreeMap<String, String>,
+    Option<u64>,
+    Vec<String>,
+);
+
+/// Adds the reads of `group`'s state (all in its own slot) to `pipe`.
+pub(crate) fn add_group_reads(pipe: &mut redis::Pipeline, group: &str) {
+    let k = keys(group);
+    pipe.get(&k.version)
+        .get(&k.policy)
+        .hgetall(&k.members)
+        .hgetall(&k.table)
+        .hgetall(&k.lock)
+        .get(&k.lockseq)
+        .lrange(&k.audit, 0, -1);
+}
+
+/// The group state from the answers to [`add_group_reads`].
+pub(crate) fn decode_group(reply: GroupReply) -> StoreResult<GroupState> {
+    let (version, policy, members, table, lock, lockseq, audit) = reply;
+    let mut state = GroupState {
+        version: version.unwrap_or(0),
+        coordinator_epochs: lockseq.unwrap_or(0),
+        ..GroupState::default()
+    };
+    if let Some(p) = policy {
+        state.policy =
+            serde_json::from_str(&p).map_err(|e| StoreError::corrupt("the group policy", e))?;
+    }
+    for (id, raw) in members {
+        let rec: MemberRecord = codec::decode_member(&id, &raw)?;
+        state.members.insert(rec.id.clone(), rec);
+    }
+    for (field, raw) in table {
+        let p = codec::parse_partition_field(&field)?;
+        let entry = codec::decode_entry(&raw)?;
+        state.partitions.insert(p, entry.to_record());
+    }
+    if let (Some(holder), Some(epoch), Some(x)) =
+        (lock.get("holder"), lock.get("epoch"), lock.get("x"))
+    {
+        let num = |s: &str| {
+            s.parse::<u64>().map_err(|_| {
+                StoreError::corrupt("the coordinator lock", format!("{s:?} is not a number"))
+            })
+        };
+        state.coordinator = Some(CoordinatorLease {
+            holder: MemberId::new(holder),
+            epoch: num(epoch)?,
+            expires_at: num(x)?,
+        });
+    }
+    for raw in audit {
+        let a: AuditEntry =
+            serde_json::from_str(&raw).map_err(|e| StoreError::corrupt("an audit entry", e))?;
+        state.audit.push(a);
+    }
+    Ok(state)
+}
+
+/// The answer to [`checkpoint_read`].
+pub(crate) type CheckpointReply = (
+    Option<u64>,
+    Option<Vec<u8>>,
+    Option<u64>,
+    Option<Vec<u8>>,
+    Option<String>,
+    Option<u64>,
+);
+
+/// The read of `partition`'s checkpoint: one `HMGET` in its slot.
+pub(crate) fn checkpoint_read(group: &str, partition: &PartitionId) -> redis::Cmd {
+    let mut cmd = redis::cmd("HMGET");
+    cmd.arg(checkpoint_key(group, partition)).arg(&[
+        "offset",
+        "state",
+        "epoch",
+        "backup",
+        "position",
+        "store_bytes",
+    ]);
+    cmd
+}
+
+/// The checkpoint from the answer to [`checkpoint_read`] (none yet: `None`).
+pub(crate) fn decode_checkpoint_reply(
+    partition: &PartitionId,
+    reply: CheckpointReply,
+) -> StoreResult<Option<Checkpoint>> {
+    let (offset, state, epoch, backup, position, store_bytes) = reply;
+    let mut cp = decode_checkpoint(partition, (offset, state, epoch), backup)?;
+    if let Some(cp) = &mut cp {
+        cp.position = position.filter(|p| !p.is_empty());
+        cp.store_bytes = store_bytes;
+    }
+    Ok(cp)
+}
+
 /// A checkpoint from its hash's `offset`, `state` and `epoch` fields (all
 /// absent: none yet) and its snapshot history (`backup`, JSON; absent:
 /// none).
@@ -510,6 +614,12 @@ impl RedisStore {
             .map_err(|e| map_error(&e))
     }
 
+    /// Whether this store talks to a Redis Cluster (a pipeline there
+    /// cannot span slots).
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.conn.kind, ConnKind::Cluster(_))
+    }
+
     /// Requests sent to Redis so far by this store and its clones (a
     /// pipeline or a script call is one; a script that Redis had forgotten
     /// costs one more to send it again).
@@ -764,66 +874,11 @@ impl CoordinationStore for RedisStore {
     }
 
     async fn load_group(&self, group: &str) -> StoreResult<GroupState> {
-        let k = keys(group);
+        let mut pipe = redis::pipe();
+        add_group_reads(&mut pipe, group);
         let mut c = self.conn.clone();
-        #[allow(clippy::type_complexity)]
-        let (version, policy, members, table, lock, lockseq, audit): (
-            Option<u64>,
-            Option<String>,
-            BTreeMap<String, String>,
-            BTreeMap<String, String>,
-            BTreeMap<String, String>,
-            Option<u64>,
-            Vec<String>,
-        ) = redis::pipe()
-            .get(&k.version)
-            .get(&k.policy)
-            .hgetall(&k.members)
-            .hgetall(&k.table)
-            .hgetall(&k.lock)
-            .get(&k.lockseq)
-            .lrange(&k.audit, 0, -1)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
-        let mut state = GroupState {
-            version: version.unwrap_or(0),
-            coordinator_epochs: lockseq.unwrap_or(0),
-            ..GroupState::default()
-        };
-        if let Some(p) = policy {
-            state.policy =
-                serde_json::from_str(&p).map_err(|e| StoreError::corrupt("the group policy", e))?;
-        }
-        for (id, raw) in members {
-            let rec: MemberRecord = codec::decode_member(&id, &raw)?;
-            state.members.insert(rec.id.clone(), rec);
-        }
-        for (field, raw) in table {
-            let p = codec::parse_partition_field(&field)?;
-            let entry = codec::decode_entry(&raw)?;
-            state.partitions.insert(p, entry.to_record());
-        }
-        if let (Some(holder), Some(epoch), Some(x)) =
-            (lock.get("holder"), lock.get("epoch"), lock.get("x"))
-        {
-            let num = |s: &str| {
-                s.parse::<u64>().map_err(|_| {
-                    StoreError::corrupt("the coordinator lock", format!("{s:?} is not a number"))
-                })
-            };
-            state.coordinator = Some(CoordinatorLease {
-                holder: MemberId::new(holder),
-                epoch: num(epoch)?,
-                expires_at: num(x)?,
-            });
-        }
-        for raw in audit {
-            let a: AuditEntry =
-                serde_json::from_str(&raw).map_err(|e| StoreError::corrupt("an audit entry", e))?;
-            state.audit.push(a);
-        }
-        Ok(state)
+        let reply: GroupReply = pipe.query_async(&mut c).await.map_err(|e| map_error(&e))?;
+        decode_group(reply)
     }
 
     async fn refresh_group(
@@ -1151,35 +1206,14 @@ impl CoordinationStore for RedisStore {
         partition: &PartitionId,
     ) -> StoreResult<Option<Checkpoint>> {
         let mut c = self.conn.clone();
-        #[allow(clippy::type_complexity)]
-        let read: StoreResult<(
-            Option<u64>,
-            Option<Vec<u8>>,
-            Option<u64>,
-            Option<Vec<u8>>,
-            Option<String>,
-            Option<u64>,
-        )> = redis::cmd("HMGET")
-            .arg(checkpoint_key(group, partition))
-            .arg("offset")
-            .arg("state")
-            .arg("epoch")
-            .arg("backup")
-            .arg("position")
-            .arg("store_bytes")
+        let read: StoreResult<CheckpointReply> = checkpoint_read(group, partition)
             .query_async(&mut c)
             .await
             .map_err(|e| map_error(&e));
-        let (offset, state, epoch, backup, position, store_bytes) = match read {
-            Ok(fields) => fields,
-            Err(e) => return Err(self.explain_partition(group, partition, e).await),
-        };
-        let mut cp = decode_checkpoint(partition, (offset, state, epoch), backup)?;
-        if let Some(cp) = &mut cp {
-            cp.position = position.filter(|p| !p.is_empty());
-            cp.store_bytes = store_bytes;
+        match read {
+            Ok(reply) => decode_checkpoint_reply(partition, reply),
+            Err(e) => Err(self.explain_partition(group, partition, e).await),
         }
-        Ok(cp)
     }
 
     async fn save_checkpoint(

@@ -130,6 +130,69 @@ impl RedisStore {
     }
 }
 
+/// The answers to the reads [`add_ticket_reads`] adds, in their order.
+pub(crate) type TicketReply = (
+    Vec<(String, f64)>,
+    Vec<(String, String)>,
+    Vec<(String, String)>,
+);
+
+/// Adds the reads of `group`'s ticket queue, claims and workers (all in
+/// its own slot) to `pipe`.
+pub(crate) fn add_ticket_reads(pipe: &mut redis::Pipeline, group: &str) {
+    let k = ticket_keys(group);
+    pipe.cmd("ZRANGE")
+        .arg(&k.queue)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .cmd("HGETALL")
+        .arg(&k.claims)
+        .cmd("HGETALL")
+        .arg(&k.workers);
+}
+
+/// The ticket view from the answers to [`add_ticket_reads`], with the
+/// workers whose presence has lapsed by `now` left out.
+pub(crate) fn decode_ticket_view(
+    reply: TicketReply,
+    now: shardcall_core::Millis,
+) -> StoreResult<TicketView> {
+    let (queue, claims, workers) = reply;
+    let mut view = TicketView::default();
+    for (field, score) in queue {
+        view.queued
+            .push((parse_partition_field(&field)?, (score as u64) / 1024));
+    }
+    for (field, raw) in claims {
+        #[derive(serde::Deserialize)]
+        struct Raw {
+            h: String,
+            e: u64,
+            x: u64,
+        }
+        let r: Raw = serde_json::from_str(&raw)
+            .map_err(|e| StoreError::corrupt("a ticket claim", format!("{raw:?}: {e}")))?;
+        view.claimed.push(TicketClaim {
+            partition: parse_partition_field(&field)?,
+            holder: MemberId::new(r.h),
+            epoch: r.e,
+            expires: r.x,
+        });
+    }
+    view.claimed.sort_by(|a, b| a.partition.cmp(&b.partition));
+    for (member, raw) in workers {
+        let w: TicketWorkerInfo = serde_json::from_str(&raw).map_err(|e| {
+            StoreError::corrupt(format!("ticket worker {member:?}"), format!("{raw:?}: {e}"))
+        })?;
+        if w.expires > now {
+            view.workers.push(w);
+        }
+    }
+    view.workers.sort_by(|a, b| a.member.cmp(&b.member));
+    Ok(view)
+}
+
 #[async_trait]
 impl TicketStore for RedisStore {
     async fn seed_tickets(&self, group: &str, partitions: &[PartitionId]) -> StoreResult<usize> {
@@ -263,59 +326,11 @@ impl TicketStore for RedisStore {
     }
 
     async fn ticket_view(&self, group: &str) -> StoreResult<TicketView> {
-        let k = ticket_keys(group);
+        let mut pipe = redis::pipe();
+        add_ticket_reads(&mut pipe, group);
         let mut c = self.conn.clone();
-        type Reply = (
-            Vec<(String, f64)>,
-            Vec<(String, String)>,
-            Vec<(String, String)>,
-        );
-        let (queue, claims, workers): Reply = redis::pipe()
-            .cmd("ZRANGE")
-            .arg(&k.queue)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .cmd("HGETALL")
-            .arg(&k.claims)
-            .cmd("HGETALL")
-            .arg(&k.workers)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| map_error(&e))?;
-        let now = self.now().await?;
-        let mut view = TicketView::default();
-        for (field, score) in queue {
-            view.queued
-                .push((parse_partition_field(&field)?, (score as u64) / 1024));
-        }
-        for (field, raw) in claims {
-            #[derive(serde::Deserialize)]
-            struct Raw {
-                h: String,
-                e: u64,
-                x: u64,
-            }
-            let r: Raw = serde_json::from_str(&raw)
-                .map_err(|e| StoreError::corrupt("a ticket claim", format!("{raw:?}: {e}")))?;
-            view.claimed.push(TicketClaim {
-                partition: parse_partition_field(&field)?,
-                holder: MemberId::new(r.h),
-                epoch: r.e,
-                expires: r.x,
-            });
-        }
-        view.claimed.sort_by(|a, b| a.partition.cmp(&b.partition));
-        for (member, raw) in workers {
-            let w: TicketWorkerInfo = serde_json::from_str(&raw).map_err(|e| {
-                StoreError::corrupt(format!("ticket worker {member:?}"), format!("{raw:?}: {e}"))
-            })?;
-            if w.expires > now {
-                view.workers.push(w);
-            }
-        }
-        view.workers.sort_by(|a, b| a.member.cmp(&b.member));
-        Ok(view)
+        let reply: TicketReply = pipe.query_async(&mut c).await.map_err(|e| map_error(&e))?;
+        decode_ticket_view(reply, self.now().await?)
     }
 
     async fn announce_ticket_worker(

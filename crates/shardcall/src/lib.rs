@@ -98,7 +98,7 @@ pub use local_state::store::{
 };
 pub use local_state::txn::StateTxn;
 pub use member::builder::WorkerBuilder;
-pub use member::discovery::{hold_back_stopped, lineage_held_back};
+pub use member::discovery::{hold_back_stopped, hold_back_these_stopped, lineage_held_back};
 pub use member::lease::LocalLease;
 pub use member::running::RunningWorker;
 pub use member::worker::{RebalanceStat, Worker, WorkerHandle, WorkerStats, quarantine_left};

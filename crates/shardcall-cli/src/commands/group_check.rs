@@ -12,17 +12,29 @@ use shardcall_redis::RedisStore;
 pub(crate) async fn existing_group(store: &RedisStore, group: &str) -> anyhow::Result<GroupState> {
     valid_name(group)?;
     let g = store.load_group(group).await?;
-    if g.version > 0 || !g.members.is_empty() || !g.partitions.is_empty() || !g.audit.is_empty() {
+    // Read what else could show it only when the group state does not.
+    if shows_a_group(&g, &shardcall::TicketView::default(), false) {
         return Ok(g);
     }
     let tickets = store.ticket_view(group).await?;
-    if !tickets.partitions().is_empty() || !tickets.workers.is_empty() {
-        return Ok(g);
-    }
-    if store.load_policy(group).await?.is_some() {
+    let policy = store.load_policy(group).await?;
+    if shows_a_group(&g, &tickets, policy.is_some()) {
         return Ok(g);
     }
     Err(GroupProblem::Missing(group.to_owned()).into())
+}
+
+/// Whether a group's state `g`, its `tickets` and whether it has a policy
+/// show that it exists: a member, a partition, a ticket, a quarantine rule,
+/// or any change it ever saw.
+pub(crate) fn shows_a_group(g: &GroupState, tickets: &shardcall::TicketView, policy: bool) -> bool {
+    g.version > 0
+        || !g.members.is_empty()
+        || !g.partitions.is_empty()
+        || !g.audit.is_empty()
+        || !tickets.partitions().is_empty()
+        || !tickets.workers.is_empty()
+        || policy
 }
 
 /// Refuses a group name no store key can hold, as the worker does.

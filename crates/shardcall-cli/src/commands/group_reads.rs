@@ -91,31 +91,3 @@ pub(crate) async fn load_checkpoints(
 ) -> anyhow::Result<BTreeMap<PartitionId, Option<Checkpoint>>> {
     per_partition(parts, |p| store.load_checkpoint(group, p)).await
 }
-
-/// The failure reports of the failing ones of `parts`.
-pub(crate) async fn load_failures(
-    store: &shardcall_redis::RedisStore,
-    group: &str,
-    parts: &[PartitionId],
-) -> anyhow::Result<BTreeMap<PartitionId, shardcall::FailureReport>> {
-    use shardcall::FailureReports;
-    let found = per_partition(parts, |p| store.failure(group, p)).await?;
-    Ok(found
-        .into_iter()
-        .filter_map(|(p, f)| f.map(|f| (p, f)))
-        .collect())
-}
-
-/// The restores in progress of `parts`, as their workers report them.
-pub(crate) async fn load_restores(
-    store: &shardcall_redis::RedisStore,
-    group: &str,
-    parts: &[PartitionId],
-) -> anyhow::Result<BTreeMap<PartitionId, shardcall::RestoreReport>> {
-    use shardcall::RestoreReports;
-    let found = per_partition(parts, |p| store.restore_report(group, p)).await?;
-    Ok(found
-        .into_iter()
-        .filter_map(|(p, r)| r.map(|r| (p, r)))
-        .collect())
-}

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use serde_json::json;
-use shardcall::{CoordinationStore, TicketStore};
 use shardcall_core::{Command, GroupState, Millis, PartitionId, StepOptions, step_loaded};
 
 use super::group_reads::{explained, load_checkpoints, runtime, topics_of};
 use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
+use crate::views::group::GroupRead;
 use crate::views::lineage::{LineageView, held_back_line, lineage_json};
 
 /// Arguments of `shardcall plan`.
@@ -52,37 +52,26 @@ pub(crate) struct PlanRead {
     by: crate::settings::BalanceBy,
 }
 
-/// Works out `group`'s plan, with the partitions of `topics` in `log` (if
-/// given) as the coordinator would discover them; `by` as `--by`.
-pub(crate) async fn read_plan(
+/// Works out the plan of `group` as `read`, with the partitions of
+/// `topics` in `log` (if given) as the coordinator would discover them;
+/// `by` as `--by`.
+pub(crate) async fn plan_of(
     store: &shardcall_redis::RedisStore,
     group: &str,
+    read: &GroupRead,
     log: Option<&Log>,
     topics: &[String],
     by: Option<crate::settings::BalanceBy>,
 ) -> anyhow::Result<PlanRead> {
-    let g = crate::commands::group_check::existing_group(store, group).await?;
-    plan_of(store, group, g, log, topics, by).await
-}
-
-/// [`read_plan`] for a group already read (`g`), so a caller that needed
-/// it first does not read it twice.
-async fn plan_of(
-    store: &shardcall_redis::RedisStore,
-    group: &str,
-    g: GroupState,
-    log: Option<&Log>,
-    topics: &[String],
-    by: Option<crate::settings::BalanceBy>,
-) -> anyhow::Result<PlanRead> {
-    let now = store.now().await?;
+    let view = &read.view;
+    let (g, now) = (view.group.clone(), view.now);
     let mut discovered: Vec<PartitionId> = g.partitions.keys().cloned().collect();
     if let Some(log) = log {
         discovered.extend(log.partitions(topics).await?);
     }
-    let lineage = LineageView::read(log, topics, store, group).await?;
+    let lineage = LineageView::of(view.lineage.clone(), log, topics, store, group).await?;
     let mut held_back = lineage.standings.clone();
-    shardcall::hold_back_stopped(&mut held_back, store, group).await?;
+    shardcall::hold_back_these_stopped(&mut held_back, view.stopped.clone());
     // As the coordinator decides: with the loads reported, and what the
     // lineage holds back.
     let step_with = |g: &GroupState, now, discovered: &[PartitionId], options: &StepOptions| {
@@ -115,13 +104,24 @@ async fn plan_of(
     );
     // What each move transfers: a local state store's last snapshot
     // (the new owner downloads it; none for state bytes in Redis).
-    let moving: Vec<PartitionId> = plan.moves.iter().map(|m| m.partition.clone()).collect();
-    let checkpoints = load_checkpoints(store, group, &moving).await?;
+    // (A read without the partitions' details: those of the moves.)
+    let unread: Vec<PartitionId> = plan
+        .moves
+        .iter()
+        .map(|m| m.partition.clone())
+        .filter(|p| !view.partitions.contains_key(p))
+        .collect();
+    let fetched = load_checkpoints(store, group, &unread).await?;
+    let checkpoint = |p: &PartitionId| match view.partitions.get(p) {
+        Some(v) => v.checkpoint.as_ref(),
+        None => fetched.get(p).and_then(Option::as_ref),
+    };
     // Workers with local state stores keep a moving partition with its
     // owner while the next one warms up (for the default wait).
-    let keeps_state = checkpoints
-        .values()
-        .any(|c| c.as_ref().is_some_and(|c| !c.backup.is_empty()));
+    let keeps_state = plan
+        .moves
+        .iter()
+        .any(|m| checkpoint(&m.partition).is_some_and(|c| !c.backup.is_empty()));
     let plan = if keeps_state {
         let options = StepOptions {
             warm_up_wait_ms: shardcall::DEFAULT_WARM_UP_WAIT.as_millis() as Millis,
@@ -135,9 +135,7 @@ async fn plan_of(
     let moves: BTreeMap<&PartitionId, &shardcall_core::Move> =
         plan.moves.iter().map(|m| (&m.partition, m)).collect();
     let transfer = |p: &PartitionId| -> Option<u64> {
-        checkpoints
-            .get(p)
-            .and_then(Option::as_ref)
+        checkpoint(p)
             .and_then(|c| c.backup.first())
             .map(|b| b.state_bytes)
     };
@@ -236,18 +234,20 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         // Without --topic, the topics the group already holds partitions
         // of, as status reads them (reading the group first also names a
         // missing group or foreign data before anything else).
-        let g = crate::commands::group_check::existing_group(&store, &args.group).await?;
+        let read = GroupRead::summary(&store, &args.group)
+            .await?
+            .existing(&store, &args.group)
+            .await?;
         let mut topics = args.topic.clone();
         if args.log.given() && topics.is_empty() {
-            let ticketed = store.ticket_view(&args.group).await?.partitions();
-            topics = topics_of(g.partitions.keys().chain(ticketed.iter()));
+            topics = topics_of(&read.parts);
             anyhow::ensure!(
                 !topics.is_empty(),
                 "the group holds no partitions yet: name the log's topics with --topic"
             );
         }
         let log = if args.log.given() { Some(args.log.open(&topics)?) } else { None };
-        let read = plan_of(&store, &args.group, g, log.as_ref(), &topics, args.by).await?;
+        let read = plan_of(&store, &args.group, &read, log.as_ref(), &topics, args.by).await?;
         let PlanRead { plan, lines, transfers, .. } = &read;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&read.json(&args.group))?);

@@ -6,12 +6,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::json;
-use shardcall::{CoordinationStore, StoppedPartitions, TicketStore, quarantine_left};
+use shardcall::quarantine_left;
 use shardcall_core::{GroupState, Millis, PartitionId, Phase, Standing};
 
-use super::group_reads::{explained, load_checkpoints, load_failures, load_restores, runtime};
+use super::group_reads::{explained, runtime};
 use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
+use crate::views::group::GroupRead;
 use crate::views::lineage::{LineageView, held_back_line, lineage_json};
 
 /// Arguments of `shardcall status`.
@@ -40,11 +41,13 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         // The log stays open across --watch refreshes; it is opened again
         // only when the group's topics change.
         let mut log: Option<(Vec<String>, Log)> = None;
+        // And the partitions found are read beside the group next time.
+        let mut known: Vec<PartitionId> = Vec::new();
         // Watching on a terminal redraws the screen; into a pipe it writes
         // one document after another (JSON: one object a line).
         let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
         loop {
-            let text = status_once(args, &store, &mut log).await?;
+            let text = status_once(args, &store, &mut log, &mut known).await?;
             if args.watch.is_some() && terminal {
                 print!("\x1b[2J\x1b[H");
             }
@@ -161,61 +164,44 @@ pub(crate) struct StatusRead {
     members: Vec<serde_json::Value>,
 }
 
-/// Reads `group` as `status` shows it (`log` keeps the log open between
-/// reads; it is opened again when the group's topics change). A group that
-/// does not exist is an error unless `watching` (it is shown empty until
-/// it does).
+/// `group` as `status` shows it, from `read` (`log` keeps the log open
+/// between reads; it is opened again when the group's topics change).
 pub(crate) async fn read_status(
     store: &shardcall_redis::RedisStore,
     group: &str,
+    read: &GroupRead,
     log_opts: &LogOpts,
     log: &mut Option<(Vec<String>, Log)>,
-    watching: bool,
 ) -> anyhow::Result<StatusRead> {
-    crate::commands::group_check::valid_name(group)?;
-    // Reads that do not depend on each other go out together: one
-    // connection pipelines them, so a read costs a few round trips,
-    // however many partitions the group has.
-    let (g, tickets, policy, now) = tokio::try_join!(
-        store.load_group(group),
-        store.ticket_view(group),
-        store.load_policy(group),
-        store.now(),
-    )?;
-    // (Watching a group that does not exist yet shows it empty until it does.)
-    if !watching
-        && g.version == 0
-        && g.members.is_empty()
-        && g.partitions.is_empty()
-        && tickets.partitions().is_empty()
-        && tickets.workers.is_empty()
-        && policy.is_none()
-    {
-        // Said as every command says it.
-        crate::commands::group_check::existing_group(store, group).await?;
-    }
-    let mut parts: Vec<PartitionId> = g.partitions.keys().cloned().collect();
-    parts.extend(tickets.partitions());
-    parts.sort();
-    parts.dedup();
-    let topics = crate::commands::group_reads::topics_of(&parts);
+    let view = &read.view;
+    let (g, tickets, policy, now) = (
+        view.group.clone(),
+        view.tickets.clone(),
+        view.policy.clone(),
+        view.now,
+    );
+    let parts = &read.parts;
+    let topics = crate::commands::group_reads::topics_of(parts);
     if log.as_ref().is_none_or(|(t, _)| *t != topics) {
         *log = Some((topics.clone(), log_opts.open(&topics)?));
     }
-    let ends = log.as_ref().expect("opened above").1.ends(&parts).await?;
-    let lineage = LineageView::read(log.as_ref().map(|(_, l)| l), &topics, store, group).await?;
+    let ends = log.as_ref().expect("opened above").1.ends(parts).await?;
+    let lineage = LineageView::of(
+        view.lineage.clone(),
+        log.as_ref().map(|(_, l)| l),
+        &topics,
+        store,
+        group,
+    )
+    .await?;
     let held_back = &lineage.standings;
-    let (checkpoints, stopped, dead_letters, failures, restores) = tokio::try_join!(
-        load_checkpoints(store, group, &parts),
-        async { Ok(store.stopped_partitions(group).await?) },
-        async { Ok(shardcall::DeadLetterCounts::dead_letter_counts(store, group).await?) },
-        load_failures(store, group, &parts),
-        load_restores(store, group, &parts),
-    )?;
+    let (stopped, dead_letters) = (&view.stopped, &view.dead_letters);
+    let of = |p: &PartitionId| view.partitions.get(p);
+    let checkpoint = |p: &PartitionId| of(p).and_then(|v| v.checkpoint.as_ref());
     let load = crate::views::load::LoadView::of(&g, now);
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {
-        let cp = checkpoints.get(p).and_then(Option::as_ref);
+        let cp = checkpoint(p);
         let (holder, epoch) = match &r.phase {
             Phase::Owned { member, epoch, .. } | Phase::Draining { member, epoch, .. } => {
                 (Some(member.to_string()), Some(*epoch))
@@ -266,11 +252,11 @@ pub(crate) async fn read_status(
             // stores): the move goes ahead now.
             "target_warm": r.target.as_ref().and_then(|t| g.members.get(t)).is_some_and(|m| m.warm.contains(p)),
             // A restore (or warm-up) of its local state under way.
-            "restore": restore_json(restores.get(p), now),
+            "restore": restore_json(of(p).and_then(|v| v.restore.as_ref()), now),
             // Its load as its owner measures it (groups that balance by load).
             "load": load.as_ref().map_or(serde_json::Value::Null, |l| l.partition_json(p)),
             "failing": match &r.phase {
-                Phase::Owned { .. } | Phase::Draining { .. } => failing_json(failures.get(p), epoch, now),
+                Phase::Owned { .. } | Phase::Draining { .. } => failing_json(of(p).and_then(|v| v.failure.as_ref()), epoch, now),
                 _ => serde_json::Value::Null,
             },
         }));
@@ -293,10 +279,7 @@ pub(crate) async fn read_status(
         .iter()
         .map(|(p, due)| (p, "queued", None, None, None, Some(due.saturating_sub(now))));
     for (p, state, holder, epoch, lease_left, due_in) in claimed.chain(queued) {
-        let offset = checkpoints
-            .get(p)
-            .and_then(Option::as_ref)
-            .map(|c| c.offset);
+        let offset = checkpoint(p).map(|c| c.offset);
         let end = ends.get(p).copied();
         ticket_rows.push(json!({
             "partition": p.to_string(),
@@ -309,7 +292,7 @@ pub(crate) async fn read_status(
             "log_end": end,
             "lag": end.map(|e| e.saturating_sub(offset.unwrap_or(0))),
             "dead_letters": dead_letters.get(p).copied().unwrap_or(0),
-            "failing": failing_json(failures.get(p), epoch, now),
+            "failing": failing_json(of(p).and_then(|v| v.failure.as_ref()), epoch, now),
         }));
     }
     let ticket_workers = ticket_workers(&tickets);
@@ -389,9 +372,20 @@ async fn status_once(
     args: &StatusArgs,
     store: &shardcall_redis::RedisStore,
     log: &mut Option<(Vec<String>, Log)>,
+    known: &mut Vec<PartitionId>,
 ) -> anyhow::Result<String> {
     use std::fmt::Write;
-    let read = read_status(store, &args.group, &args.log, log, args.watch.is_some()).await?;
+    // Watching a group that does not exist yet shows it empty until it does.
+    let group = if args.watch.is_some() {
+        GroupRead::read(store, &args.group, known).await?
+    } else {
+        GroupRead::read(store, &args.group, known)
+            .await?
+            .existing(store, &args.group)
+            .await?
+    };
+    known.clone_from(&group.parts);
+    let read = read_status(store, &args.group, &group, &args.log, log).await?;
     if args.json {
         let doc = read.json(&args.group);
         return Ok(format!(

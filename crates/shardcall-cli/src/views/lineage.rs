@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::json;
-use shardcall::{FoundLineage, LineageFindings};
+use shardcall::FoundLineage;
 use shardcall_core::{Millis, PartitionId, Standing};
 
 use crate::log_opts::Log;
@@ -20,15 +20,16 @@ pub struct LineageView {
 }
 
 impl LineageView {
-    /// The coordinator's last finding for `group`; without one, what `log`
-    /// (if given) says of `topics`.
-    pub async fn read(
+    /// `found`, the coordinator's last finding for `group` (as the group's
+    /// read gave it); without one, what `log` (if given) says of `topics`.
+    pub async fn of(
+        found: Option<FoundLineage>,
         log: Option<&Log>,
         topics: &[String],
         store: &shardcall_redis::RedisStore,
         group: &str,
     ) -> anyhow::Result<Self> {
-        if let Some(found) = store.found_lineage(group).await? {
+        if let Some(found) = found {
             return Ok(Self {
                 standings: found.standings.clone(),
                 found: Some(found),

@@ -19,10 +19,11 @@ use super::WebConfig;
 use super::actions::{ACTION_HEADER, Action};
 use super::history::History;
 use crate::commands::group_check::GroupProblem;
-use crate::commands::plan::read_plan;
+use crate::commands::plan::plan_of;
 use crate::commands::status::read_status;
 use crate::log_opts::{Log, LogOpts};
 use crate::redis_opts::RedisOpts;
+use crate::views::group::GroupRead;
 
 /// A group is read at most this often, however many pages look at it.
 const READ_EVERY: Duration = Duration::from_secs(1);
@@ -52,6 +53,9 @@ struct GroupView {
     read_at: Option<Instant>,
     answer: Option<(StatusCode, Value)>,
     log: Option<(Vec<String>, Log)>,
+    /// The partitions the last read found: read beside the group next
+    /// time, so a refresh is one request.
+    known: Vec<shardcall_core::PartitionId>,
     history: History,
 }
 
@@ -309,16 +313,32 @@ async fn view(web: &Web, group: &str) -> (StatusCode, Value) {
     {
         return answer.clone();
     }
-    let GroupView { log, history, .. } = &mut *v;
+    let GroupView {
+        log,
+        known,
+        history,
+        ..
+    } = &mut *v;
     let read = async {
         let store = store(web).await?;
-        let read = read_status(&store, group, &web.log, log, false).await?;
+        let group_read = GroupRead::read(&store, group, known)
+            .await?
+            .existing(&store, group)
+            .await?;
+        known.clone_from(&group_read.parts);
+        let read = read_status(&store, group, &group_read, &web.log, log).await?;
         let (topics, opened) = log.as_ref().expect("read_status opens the log");
-        let plan = read_plan(&store, group, Some(opened), topics, None).await?;
-        anyhow::Ok((read.json(group), read.audit_json(50), plan.json(group)))
+        let plan = plan_of(&store, group, &group_read, Some(opened), topics, None).await?;
+        let status = read.json(group);
+        anyhow::Ok((
+            status,
+            read.audit_json(50),
+            plan.json(group),
+            group_read.requests,
+        ))
     };
     let answer = match tokio::time::timeout(READ_BOUND, read).await {
-        Ok(Ok((status, audit, plan))) => {
+        Ok(Ok((status, audit, plan, requests))) => {
             history.observe(&status);
             (
                 StatusCode::OK,
@@ -328,6 +348,9 @@ async fn view(web: &Web, group: &str) -> (StatusCode, Value) {
                     "plan": plan,
                     "history": history.json(),
                     "log_given": web.log.given(),
+                    // What this read cost the store: one request once the
+                    // group's partitions are known.
+                    "store_requests": requests,
                 }),
             )
         }

@@ -89,7 +89,17 @@ pub async fn hold_back_stopped<S: CoordinationStore + ?Sized>(
     store: &S,
     group: &str,
 ) -> StoreResult<()> {
-    for (p, stop) in store.stopped_partitions(group).await? {
+    hold_back_these_stopped(held_back, store.stopped_partitions(group).await?);
+    Ok(())
+}
+
+/// Adds the partitions in `stopped` to `held_back` (`Standing::Stopped`),
+/// for a caller that read the stops already.
+pub fn hold_back_these_stopped(
+    held_back: &mut BTreeMap<PartitionId, Standing>,
+    stopped: impl IntoIterator<Item = (PartitionId, crate::StoppedPartition)>,
+) {
+    for (p, stop) in stopped {
         held_back.insert(
             p,
             Standing::Stopped {
@@ -97,7 +107,6 @@ pub async fn hold_back_stopped<S: CoordinationStore + ?Sized>(
             },
         );
     }
-    Ok(())
 }
 
 /// A coordinator's lineage between ticks: the core's [`LineageWatch`]
