@@ -236,8 +236,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         // missing group or foreign data before anything else).
         let read = GroupRead::summary(&store, &args.group)
             .await?
-            .existing(&store, &args.group)
-            .await?;
+            .existing(&args.group)?;
         let mut topics = args.topic.clone();
         if args.log.given() && topics.is_empty() {
             topics = topics_of(&read.parts);

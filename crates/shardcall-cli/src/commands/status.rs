@@ -381,8 +381,7 @@ async fn status_once(
     } else {
         GroupRead::read(store, &args.group, known)
             .await?
-            .existing(store, &args.group)
-            .await?
+            .existing(&args.group)?
     };
     known.clone_from(&group.parts);
     let read = read_status(store, &args.group, &group, &args.log, log).await?;

@@ -10,6 +10,8 @@
 use shardcall_core::PartitionId;
 use shardcall_redis::{GroupView, RedisStore};
 
+use crate::commands::group_check::GroupProblem;
+
 /// A group as read at one moment, with every partition it holds.
 pub(crate) struct GroupRead {
     /// What the store answered.
@@ -29,31 +31,40 @@ impl GroupRead {
         group: &str,
         known: &[PartitionId],
     ) -> anyhow::Result<Self> {
-        crate::commands::group_check::valid_name(group)?;
-        let before = store.round_trips();
-        let mut view = store.read_group_view(group, known).await?;
-        let mut parts = held(&view);
-        if parts.iter().any(|p| !view.partitions.contains_key(p)) {
-            view = store.read_group_view(group, &parts).await?;
+        let mut read = Self::once(store, group, known).await?;
+        if read
+            .parts
+            .iter()
+            .any(|p| !read.view.partitions.contains_key(p))
+        {
+            let before = read.requests;
             // A partition added between the two reads is shown from the
             // next one (it has no checkpoint yet anyway).
-            parts = held(&view);
+            read = Self::once(store, group, &read.parts).await?;
+            read.requests += before;
         }
-        view.partitions
+        let parts = &read.parts;
+        read.view
+            .partitions
             .retain(|p, _| parts.binary_search(p).is_ok());
-        Ok(Self {
-            view,
-            parts,
-            requests: store.round_trips() - before,
-        })
+        Ok(read)
     }
 
     /// `group` without its partitions' checkpoints, failures and restores
     /// (what `plan` needs): one request.
     pub(crate) async fn summary(store: &RedisStore, group: &str) -> anyhow::Result<Self> {
+        Self::once(store, group, &[]).await
+    }
+
+    /// One request: `group` and the details of `partitions`.
+    async fn once(
+        store: &RedisStore,
+        group: &str,
+        partitions: &[PartitionId],
+    ) -> anyhow::Result<Self> {
         crate::commands::group_check::valid_name(group)?;
         let before = store.round_trips();
-        let view = store.read_group_view(group, &[]).await?;
+        let view = store.read_group_view(group, partitions).await?;
         Ok(Self {
             parts: held(&view),
             view,
@@ -63,11 +74,12 @@ impl GroupRead {
 
     /// The read, or an error if it shows no group there, said as every
     /// command says it.
-    pub(crate) async fn existing(self, store: &RedisStore, group: &str) -> anyhow::Result<Self> {
-        if !self.shows_a_group() {
-            crate::commands::group_check::existing_group(store, group).await?;
+    pub(crate) fn existing(self, group: &str) -> anyhow::Result<Self> {
+        if self.shows_a_group() {
+            Ok(self)
+        } else {
+            Err(GroupProblem::Missing(group.to_owned()).into())
         }
-        Ok(self)
     }
 
     /// Whether anything read belongs to a group: a member, a partition, a

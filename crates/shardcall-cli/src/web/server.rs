@@ -323,8 +323,7 @@ async fn view(web: &Web, group: &str) -> (StatusCode, Value) {
         let store = store(web).await?;
         let group_read = GroupRead::read(&store, group, known)
             .await?
-            .existing(&store, group)
-            .await?;
+            .existing(group)?;
         known.clone_from(&group_read.parts);
         let read = read_status(&store, group, &group_read, &web.log, log).await?;
         let (topics, opened) = log.as_ref().expect("read_status opens the log");
