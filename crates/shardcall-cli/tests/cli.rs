@@ -520,7 +520,7 @@ fn bad_balance_settings_are_each_named_and_good_ones_pass() {
     assert_eq!(out.status.code(), Some(1));
     let said = text(&out.stdout);
     assert!(
-        said.contains("2 problem(s)")
+        said.contains("2 problems:")
             && said.contains("balance.threshold: 1.5 is not between 0 and 1")
             && said.contains("balance.transfer_rate must be at least 1"),
         "{said}"
@@ -566,7 +566,7 @@ fn config_example_checks_and_errors_are_explained() {
     );
     assert_eq!(out.status.code(), Some(1));
     let said = text(&out.stdout);
-    assert!(said.contains("3 problem(s)"), "{said}");
+    assert!(said.contains("3 problems:"), "{said}");
     assert!(
         said.contains("timing.heartbeat_interval (--heartbeat-ms) = 1m")
             && said.contains("--set topics: topics[0].mode: unknown variant `queue`")

@@ -688,6 +688,20 @@ fn mistakes_are_said_in_the_users_words() {
         "{said}"
     );
     assert!(said.contains("c.toml:10: topics[1].mode"), "{said}");
+    // A value of the wrong kind is named in the user's words, with its line,
+    // and one problem is one problem, not "1 problem(s)".
+    std::fs::write(
+        &file,
+        "group = \"g\"\n[redis]\nurls = [\"redis://127.0.0.1:1/\"]\n[source]\nlog = \"/tmp\"\n[[topics]]\nname = \"s\"\n[batch]\nmax_records = \"five\"\n",
+    )
+    .unwrap();
+    let out = run(&["config", "check", file.to_str().unwrap()]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("c.toml: 1 problem:"), "{said}");
+    assert!(said.contains("c.toml:9: batch.max_records"), "{said}");
+    assert!(said.contains("a whole number"), "{said}");
+    assert!(!said.contains("usize"), "{said}");
     let out = run(&[
         "policy",
         "--redis",

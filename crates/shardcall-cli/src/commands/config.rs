@@ -66,7 +66,11 @@ fn check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(errors) => {
-            println!("{}: {} problem(s):", file.display(), errors.len());
+            println!(
+                "{}: {}:",
+                file.display(),
+                crate::words::plural(errors.len() as u64, "problem")
+            );
             for e in errors {
                 println!("  - {e}");
             }
