@@ -129,11 +129,22 @@ pub fn collect(manifests: &[(String, Manifest)], keep: usize) -> Collection {
 }
 
 /// Keeps the manifests named in `listed` (a partition's pointer history:
-/// the ones that were current) and gives what may be deleted: every other
-/// manifest (an older one, or a fenced former owner's that never became
-/// current) and the chunks that no kept manifest names.
+/// the ones that were current) and every manifest that sorts after the
+/// newest of them, and gives what may be deleted: every other manifest (an
+/// older one, or a fenced former owner's that never became current) and
+/// the chunks that no kept manifest names.
+///
+/// A manifest newer than the whole list is never deleted: it is a snapshot
+/// whose checkpoint is not written yet — this owner's upload that finished
+/// after the list was taken, or, when this owner has been fenced without
+/// knowing it, the next owner's. Deleting it would leave a checkpoint that
+/// names a snapshot the backup store lost, and the next owner would
+/// restore an older one and download everything again.
 pub fn collect_unlisted(manifests: &[(String, Manifest)], listed: &BTreeSet<String>) -> Collection {
-    collect_where(manifests, |_, name| listed.contains(name))
+    let newest_listed = listed.last();
+    collect_where(manifests, |_, name| {
+        listed.contains(name) || newest_listed.is_none_or(|newest| name > newest)
+    })
 }
 
 fn collect_where(
@@ -258,6 +269,36 @@ mod tests {
         let c = collect_unlisted(&history, &listed);
         assert_eq!(c.manifests, vec!["b".to_string()]);
         assert_eq!(c.chunks, vec!["zombie".to_string()]);
+    }
+
+    #[test]
+    fn collection_by_list_keeps_snapshots_newer_than_the_list() {
+        let m = |epoch, offset, files| Manifest::new(epoch, offset, files);
+        let history = vec![
+            (
+                manifest_name(1, 10),
+                m(1, 10, vec![file("r1", &[("x", 1), ("old", 1)])]),
+            ),
+            (
+                manifest_name(1, 20),
+                m(1, 20, vec![file("r1", &[("x", 1)])]),
+            ),
+            // Uploaded, its checkpoint not written yet (this owner's next
+            // snapshot, or the next owner's after a fence).
+            (
+                manifest_name(2, 30),
+                m(2, 30, vec![file("r2", &[("new", 1), ("old", 1)])]),
+            ),
+        ];
+        let listed: BTreeSet<String> = [manifest_name(1, 20)].into();
+        let c = collect_unlisted(&history, &listed);
+        assert_eq!(c.manifests, vec![manifest_name(1, 10)]);
+        assert!(
+            c.chunks.is_empty(),
+            "'old' is named by the newer snapshot: {c:?}"
+        );
+        let none = collect_unlisted(&history, &BTreeSet::new());
+        assert!(none.manifests.is_empty(), "an empty list deletes nothing");
     }
 
     #[test]
