@@ -674,3 +674,34 @@ fn worker_help_names_every_source_and_refuses_two_at_once() {
         text(&out.stderr)
     );
 }
+
+/// KCL starts a shard without a checkpoint at its oldest record unless told
+/// otherwise; this runtime cannot start a Kinesis shard at LATEST, so asking
+/// for it is refused before anything is contacted instead of ignored.
+#[test]
+fn a_kinesis_worker_refuses_start_latest_instead_of_ignoring_it() {
+    let started = std::time::Instant::now();
+    let out = shardcall(
+        &[
+            "worker",
+            "--kinesis",
+            "us-east-1",
+            "--kinesis-endpoint",
+            "http://127.0.0.1:1",
+            "--stream",
+            "s",
+            "--redis",
+            "redis://127.0.0.1:1/",
+            "--group",
+            "g",
+            "--set",
+            "source.start=\"latest\"",
+        ],
+        "",
+    );
+    let said = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("LATEST is not supported"), "{said}");
+    assert!(!said.contains("Redis"), "checked before connecting: {said}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}

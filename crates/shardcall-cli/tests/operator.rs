@@ -674,15 +674,19 @@ fn mistakes_are_said_in_the_users_words() {
         "{}",
         text(&out.stderr)
     );
+    // `config check` of a file with this text: what it said, once it
+    // refused the file.
     let file = dir.path().join("c.toml");
-    std::fs::write(
-        &file,
+    let check_refuses = |config: &str| {
+        std::fs::write(&file, config).unwrap();
+        let out = run(&["config", "check", file.to_str().unwrap()]);
+        let said = text(&out.stdout) + &text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{said}");
+        said
+    };
+    let said = check_refuses(
         "group = \"g\"\n[redis]\nurls = [\"redis://127.0.0.1:1/\"]\n[source]\nlog = \"/tmp\"\n[[topics]]\nname = \"s\"\n[[topics]]\nname = \"t\"\nmode = \"tiket\"\n[batch]\nmax_recrods = 5\n",
-    )
-    .unwrap();
-    let out = run(&["config", "check", file.to_str().unwrap()]);
-    let said = text(&out.stdout) + &text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{said}");
+    );
     assert!(
         said.contains("max_recrods (did you mean batch.max_records?)"),
         "{said}"
@@ -690,14 +694,9 @@ fn mistakes_are_said_in_the_users_words() {
     assert!(said.contains("c.toml:10: topics[1].mode"), "{said}");
     // A value of the wrong kind is named in the user's words, with its line,
     // and one problem is one problem, not "1 problem(s)".
-    std::fs::write(
-        &file,
+    let said = check_refuses(
         "group = \"g\"\n[redis]\nurls = [\"redis://127.0.0.1:1/\"]\n[source]\nlog = \"/tmp\"\n[[topics]]\nname = \"s\"\n[batch]\nmax_records = \"five\"\n",
-    )
-    .unwrap();
-    let out = run(&["config", "check", file.to_str().unwrap()]);
-    let said = text(&out.stdout) + &text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{said}");
+    );
     assert!(said.contains("c.toml: 1 problem:"), "{said}");
     assert!(said.contains("c.toml:9: batch.max_records"), "{said}");
     assert!(said.contains("a whole number"), "{said}");

@@ -68,6 +68,19 @@ fn redis_and_log(dir: &std::path::Path, partitions: u32) -> (RedisServer, PathBu
     (redis, log_dir, log)
 }
 
+/// [`redis_and_log`] with two partitions of "t": "0" to "19" round robin
+/// from t/0, ten each, then the record "poison" at t/0@10.
+fn redis_and_poisoned_log(dir: &std::path::Path) -> (RedisServer, PathBuf, FileLog) {
+    let (redis, log_dir, log) = redis_and_log(dir, 2);
+    let mut p = log.producer("t").unwrap();
+    for i in 0..20 {
+        p.send(None, i.to_string().as_bytes(), 0).unwrap();
+    }
+    assert_eq!(p.send(None, b"poison", 0).unwrap(), 0);
+    p.sync().unwrap();
+    (redis, log_dir, log)
+}
+
 /// Records "0", "1", ... to topic "t", synced.
 fn produce_numbers(log: &FileLog, n: u32) {
     let mut p = log.producer("t").unwrap();
@@ -791,18 +804,9 @@ fn unexpected_redis_data_stops_the_worker_with_a_clear_error() {
 #[test]
 fn a_panicking_handler_shows_as_failing_in_status_and_in_metrics() {
     let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 2);
+    let (redis, log_dir, _log) = redis_and_poisoned_log(dir.path());
     let url = redis.url();
     let log_arg = log_dir.display().to_string();
-    {
-        let mut p = log.producer("t").unwrap();
-        // Round robin from t/0: ten each, then the poison record at t/0@10.
-        for i in 0..20 {
-            p.send(None, i.to_string().as_bytes(), 0).unwrap();
-        }
-        assert_eq!(p.send(None, b"poison", 0).unwrap(), 0);
-        p.sync().unwrap();
-    }
     let port = shardcall_redis::testing::free_port();
     let child = worker(&url, "ops", &log_arg, "w", "1000")
         .args(["--set", "handler.digest_panic_prefix=\"poison\""])
@@ -865,6 +869,138 @@ fn a_panicking_handler_shows_as_failing_in_status_and_in_metrics() {
         ) >= 3.0,
         "{body}"
     );
+}
+
+/// A record that fails every attempt goes to the dead letters after
+/// `batch.max_attempts`, and the operator sees how many without reading the
+/// dead-letter topic: in `status` (JSON and table) and in the
+/// `shardcall_dead_letters_total` metric, the same count for the same
+/// partition, while the other partition shows none.
+#[test]
+fn dead_lettered_records_are_counted_in_status_and_in_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, log) = redis_and_poisoned_log(dir.path());
+    let url = redis.url();
+    let log_arg = log_dir.display().to_string();
+    let port = shardcall_redis::testing::free_port();
+    let child = worker(&url, "ops", &log_arg, "w", "1000")
+        .args(["--set", "handler.digest_panic_prefix=\"poison\""])
+        .args(["--set", "batch.max_attempts=2"])
+        .args(["--set", "batch.retry.first=50ms"])
+        .args(["--dead-letter-topic", "t.dead"])
+        .args(["--metrics-addr", &port.to_string()])
+        .spawn()
+        .unwrap();
+    let _k = Killer(vec![child]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let doc = loop {
+        let doc = status_json(&url, &log_arg);
+        let parts = doc["partitions"].as_array().unwrap();
+        if parts.len() == 2
+            && parts.iter().all(|p| p["lag"] == 0)
+            && parts[0]["dead_letters"].as_u64() > Some(0)
+        {
+            break doc;
+        }
+        poll_again(deadline, || format!("the poison never left: {doc:#}"));
+    };
+    let counted = doc["partitions"][0]["dead_letters"].as_u64().unwrap();
+    assert_eq!(doc["partitions"][0]["partition"], "t/0");
+    assert_eq!(doc["partitions"][1]["dead_letters"], 0, "{doc:#}");
+    // The letters hold the poison record, and the count says how many.
+    let letters = shardcall::FileLogDeadLetters::new(log.clone(), "t.dead")
+        .read_all()
+        .unwrap();
+    assert!(letters.iter().any(|d| d.offset == 10), "{letters:?}");
+    assert_eq!(letters.len() as u64, counted, "{letters:?}");
+    let table = text(
+        &shardcall(&[
+            "status", "--redis", &url, "--group", "ops", "--log", &log_arg,
+        ])
+        .stdout,
+    );
+    let section: Vec<&str> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("DEAD LETTERS"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    let want = format!(
+        "  t/0: {counted} record{}",
+        if counted == 1 { "" } else { "s" }
+    );
+    assert_eq!(section, [want.as_str()], "{table}");
+    let body = http_get(port, "/metrics").unwrap();
+    assert_eq!(
+        metric(
+            &body,
+            "shardcall_dead_letters_total{group=\"ops\",partition=\"t/0\",topic=\"t\",partition_number=\"0\"}"
+        ),
+        counted as f64,
+        "{body}"
+    );
+    assert!(
+        !body.contains("shardcall_dead_letters_total{group=\"ops\",partition=\"t/1\""),
+        "{body}"
+    );
+}
+
+/// A long handler error fills the FAILING table's LAST ERROR cell up to a
+/// word's end and says it was cut, while `--json` keeps the whole message.
+#[test]
+fn a_long_last_error_is_cut_at_a_word_in_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, log_dir, log) = redis_and_log(dir.path(), 1);
+    let url = redis.url();
+    let log_arg = log_dir.display().to_string();
+    produce_numbers(&log, 5);
+    // counts.py refuses every batch without a state store, with a message
+    // longer than the table's cell.
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/handlers/counts.py");
+    let child = worker(&url, "ops", &log_arg, "w", "1000")
+        .arg("--exec")
+        .arg(format!("python3 {}", script.display()))
+        .args(["--set", "batch.retry.first=50ms"])
+        .spawn()
+        .unwrap();
+    let _k = Killer(vec![child]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let whole = loop {
+        let doc = status_json(&url, &log_arg);
+        if let Some(e) = doc["partitions"][0]["failing"]["last_error"].as_str() {
+            break e.to_owned();
+        }
+        poll_again(deadline, || format!("never seen failing: {doc:#}"));
+    };
+    assert!(whole.contains("--backup-dir"), "{whole}");
+    let table = text(
+        &shardcall(&[
+            "status", "--redis", &url, "--group", "ops", "--log", &log_arg,
+        ])
+        .stdout,
+    );
+    let line = table
+        .lines()
+        .skip_while(|l| !l.starts_with("FAILING"))
+        .nth(1)
+        .unwrap_or_default();
+    let at = line.find("counts.py").unwrap_or_else(|| panic!("{table}"));
+    let shown = &line[at..];
+    let kept = shown
+        .strip_suffix('…')
+        .unwrap_or_else(|| panic!("a long error is not marked as cut: {shown:?}"));
+    let start = whole.find("counts.py").unwrap();
+    let rest = &whole[start..];
+    assert!(
+        rest.starts_with(kept),
+        "{kept:?} is not the start of {rest:?}"
+    );
+    assert!(
+        rest[kept.len()..].starts_with(char::is_whitespace),
+        "cut inside a word: {shown:?} of {rest:?}"
+    );
+    assert!(kept.len() < rest.len());
 }
 
 #[test]

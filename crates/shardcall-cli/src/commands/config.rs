@@ -69,7 +69,7 @@ fn check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitCode> {
             println!(
                 "{}: {}:",
                 file.display(),
-                crate::words::plural(errors.len() as u64, "problem")
+                crate::plural(errors.len() as u64, "problem")
             );
             for e in errors {
                 println!("  - {e}");
