@@ -168,6 +168,7 @@ async fn a_split_and_a_merge_show_as_lineage_and_a_parent_is_finished_only_at_it
         backup: Vec::new(),
         position: source.position(&parent, offset),
         store_bytes: None,
+        snapshot_uploading: false,
     };
     assert!(
         !source

@@ -251,6 +251,7 @@ pub(crate) type CheckpointReply = (
     Option<Vec<u8>>,
     Option<String>,
     Option<u64>,
+    Option<String>,
 );
 
 /// The read of `partition`'s checkpoint: one `HMGET` in its slot.
@@ -263,6 +264,7 @@ pub(crate) fn checkpoint_read(group: &str, partition: &PartitionId) -> redis::Cm
         "backup",
         "position",
         "store_bytes",
+        "uploading",
     ]);
     cmd
 }
@@ -272,11 +274,12 @@ pub(crate) fn decode_checkpoint_reply(
     partition: &PartitionId,
     reply: CheckpointReply,
 ) -> StoreResult<Option<Checkpoint>> {
-    let (offset, state, epoch, backup, position, store_bytes) = reply;
+    let (offset, state, epoch, backup, position, store_bytes, uploading) = reply;
     let mut cp = decode_checkpoint(partition, (offset, state, epoch), backup)?;
     if let Some(cp) = &mut cp {
         cp.position = position.filter(|p| !p.is_empty());
         cp.store_bytes = store_bytes;
+        cp.snapshot_uploading = uploading.is_some();
     }
     Ok(cp)
 }
@@ -307,6 +310,7 @@ pub(crate) fn decode_checkpoint(
             backup: history,
             position: None,
             store_bytes: None,
+            snapshot_uploading: false,
         })),
         _ => Err(StoreError::corrupt(
             format!("the checkpoint of {partition}"),
@@ -714,6 +718,7 @@ impl RedisStore {
             })
             .arg(cp.position.as_deref().unwrap_or(""))
             .arg(cp.store_bytes.map_or(String::new(), |b| b.to_string()))
+            .arg(if cp.snapshot_uploading { "1" } else { "0" })
             .invoke_async(&mut c)
             .await?;
         Ok(())

@@ -49,6 +49,7 @@ async fn the_store_works_across_a_three_master_cluster() {
             backup: Vec::new(),
             position: None,
             store_bytes: None,
+            snapshot_uploading: false,
         };
         store.save_checkpoint(group, &m, p, &cp).await.unwrap();
     }

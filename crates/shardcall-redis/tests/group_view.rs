@@ -51,6 +51,7 @@ async fn a_busy_group(store: &RedisStore, group: &str, n: u32) -> Vec<PartitionI
             backup: Vec::new(),
             position: None,
             store_bytes: Some(4096),
+            snapshot_uploading: false,
         };
         store.save_checkpoint(group, &m, p, &cp).await.unwrap();
     }

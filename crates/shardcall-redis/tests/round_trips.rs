@@ -39,6 +39,7 @@ async fn operations_cost_what_they_should() {
         backup: Vec::new(),
         position: None,
         store_bytes: None,
+        snapshot_uploading: false,
     };
     // Warm the script cache, then count.
     store.renew(g, &m, ttl).await.unwrap();

@@ -207,6 +207,7 @@ async fn measure_round_trips(store: &RedisStore) -> anyhow::Result<Vec<(String, 
                 backup: Vec::new(),
                 position: None,
                 store_bytes: None,
+                snapshot_uploading: false,
             };
             store.save_checkpoint(g, &m, &parts[0], &cp).await?;
             let n = round_trips(store, || async {
@@ -496,6 +497,7 @@ async fn measure_checkpoint_rate(
                     backup: Vec::new(),
                     position: None,
                     store_bytes: None,
+                    snapshot_uploading: false,
                 };
                 store.save_checkpoint(g, &m, &p, &cp).await?;
                 n += 1;

@@ -1,11 +1,16 @@
 //! A warm-up's progress (sans-IO): a partition on its way to this member
 //! follows the snapshot history its checkpoint names, restoring each newer
 //! snapshot into this member's local store of it, and is reported warm once
-//! a snapshot it restored is still the newest when looked at again.
+//! a snapshot it restored is still the newest when looked at again and the
+//! old owner was not uploading a newer one.
 //!
 //! Waiting for a second look means a snapshot the old owner takes when its
 //! partition starts to move is fetched before the move goes ahead, so the
-//! final delta after the revoke is small. A snapshot that cannot be
+//! final delta after the revoke is small. Waiting while the checkpoint says
+//! a snapshot is uploading covers the one the old owner began before it
+//! heard of the move: when that is a new base, reporting warm early would
+//! let the revoke come first, and the new owner would download the whole
+//! base after it, with the partition standing still. A snapshot that cannot be
 //! restored (every one it names is damaged) is not tried again until a
 //! newer one appears; the grant's own restore stops the partition with the
 //! error if none does.
@@ -44,8 +49,13 @@ pub enum WarmUpCommand {
 pub enum WarmUpEvent {
     /// Begin (the first call).
     Start,
-    /// The checkpoint's newest snapshot (`None`: no history).
-    Newest(Option<String>),
+    /// What the checkpoint says of the snapshots.
+    Newest {
+        /// The newest snapshot it names (`None`: no history).
+        manifest: Option<String>,
+        /// Its owner was uploading a newer one when it wrote it.
+        newer_coming: bool,
+    },
     /// The snapshot was restored.
     Restored,
     /// No snapshot of the history restores (damaged chunks).
@@ -74,16 +84,19 @@ impl WarmUpEngine {
         let look = |after| WarmUpCommand::Look { after };
         match event {
             WarmUpEvent::Start => look(Duration::ZERO),
-            WarmUpEvent::Newest(newest) if self.tried.as_ref() == Some(&newest) => {
-                if self.restored_any && !self.reported {
+            WarmUpEvent::Newest {
+                manifest,
+                newer_coming,
+            } if self.tried.as_ref() == Some(&manifest) => {
+                if self.restored_any && !self.reported && !newer_coming {
                     WarmUpCommand::ReportWarm
                 } else {
                     look(FOLLOW_EVERY)
                 }
             }
-            WarmUpEvent::Newest(newest) => {
-                self.restoring = Some(newest.clone());
-                WarmUpCommand::Restore { manifest: newest }
+            WarmUpEvent::Newest { manifest, .. } => {
+                self.restoring = Some(manifest.clone());
+                WarmUpCommand::Restore { manifest }
             }
             WarmUpEvent::Restored => {
                 self.tried = self.restoring.take();
@@ -111,7 +124,43 @@ mod tests {
     use super::*;
 
     fn newest(m: &str) -> WarmUpEvent {
-        WarmUpEvent::Newest(Some(m.into()))
+        WarmUpEvent::Newest {
+            manifest: Some(m.into()),
+            newer_coming: false,
+        }
+    }
+
+    fn no_history() -> WarmUpEvent {
+        WarmUpEvent::Newest {
+            manifest: None,
+            newer_coming: false,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_on_its_way_holds_the_warm_report_back() {
+        let mut w = WarmUpEngine::default();
+        w.step(WarmUpEvent::Start);
+        w.step(newest("a"));
+        w.step(WarmUpEvent::Restored);
+        let uploading = |m: &str| WarmUpEvent::Newest {
+            manifest: Some(m.into()),
+            newer_coming: true,
+        };
+        // The old owner is uploading a snapshot newer than "a" (a new base
+        // it began before it heard of the move): not warm yet.
+        for _ in 0..3 {
+            assert_eq!(
+                w.step(uploading("a")),
+                WarmUpCommand::Look {
+                    after: FOLLOW_EVERY
+                }
+            );
+        }
+        // It landed: restored, then warm.
+        assert!(matches!(w.step(newest("b")), WarmUpCommand::Restore { .. }));
+        w.step(WarmUpEvent::Restored);
+        assert_eq!(w.step(newest("b")), WarmUpCommand::ReportWarm);
     }
 
     #[test]
@@ -158,11 +207,11 @@ mod tests {
     fn a_report_nobody_heard_is_made_again() {
         let mut w = WarmUpEngine::default();
         w.step(WarmUpEvent::Start);
-        w.step(WarmUpEvent::Newest(None));
+        w.step(no_history());
         w.step(WarmUpEvent::Restored);
-        assert_eq!(w.step(WarmUpEvent::Newest(None)), WarmUpCommand::ReportWarm);
+        assert_eq!(w.step(no_history()), WarmUpCommand::ReportWarm);
         w.step(WarmUpEvent::Reported(false));
-        assert_eq!(w.step(WarmUpEvent::Newest(None)), WarmUpCommand::ReportWarm);
+        assert_eq!(w.step(no_history()), WarmUpCommand::ReportWarm);
     }
 
     #[test]

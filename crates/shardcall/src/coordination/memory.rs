@@ -604,6 +604,7 @@ impl CoordinationStore for MemoryStore {
             backup: Vec::new(),
             position: None,
             store_bytes: None,
+            snapshot_uploading: false,
         });
         cp.offset = offset;
         // The position is the operator's now: no grant's local state store
@@ -612,6 +613,7 @@ impl CoordinationStore for MemoryStore {
         cp.backup.clear();
         cp.position = None;
         cp.store_bytes = None;
+        cp.snapshot_uploading = false;
         if clear_state {
             cp.state.clear();
         }

@@ -43,6 +43,14 @@ pub struct Checkpoint {
     /// Written with each checkpoint, replacing the stored one; an
     /// operator's reset clears it.
     pub store_bytes: Option<u64>,
+    /// The owner was uploading a snapshot newer than `backup`'s newest when
+    /// it wrote this: a warm-up on the partition's next owner waits for
+    /// that snapshot instead of reporting warm, so the revoke does not
+    /// come while a new base is on its way (the next owner would download
+    /// all of it after the revoke). Written with each checkpoint of an
+    /// owned partition, replacing the stored one (tickets have no
+    /// warm-ups, and keep none); an operator's reset clears it.
+    pub snapshot_uploading: bool,
 }
 
 /// A group's quarantine rule and who set it when: group state, created by

@@ -124,9 +124,12 @@ impl<S: CoordinationStore> Follow<'_, S> {
                     }
                     match self.look(&mut local).await {
                         Some(cp) => {
-                            let newest = newest_snapshot(cp.as_ref());
+                            let event = WarmUpEvent::Newest {
+                                manifest: newest_snapshot(cp.as_ref()),
+                                newer_coming: cp.as_ref().is_some_and(|c| c.snapshot_uploading),
+                            };
                             checkpoint = Some(cp);
-                            WarmUpEvent::Newest(newest)
+                            event
                         }
                         None => WarmUpEvent::Failed,
                     }

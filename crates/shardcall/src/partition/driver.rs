@@ -824,6 +824,7 @@ where
             backup,
             position: self.d.source.position(&self.d.ctx.partition, offset),
             store_bytes: self.store_bytes(),
+            snapshot_uploading: self.uploading.is_some(),
         };
         match self.grant.save(&checkpoint).await {
             Ok(()) => {
@@ -1111,6 +1112,7 @@ where
                 .map_or_else(Vec::new, PartitionState::history_to_write),
             position: self.d.source.position(&self.d.ctx.partition, last + 1),
             store_bytes: self.store_bytes(),
+            snapshot_uploading: self.uploading.is_some(),
         };
         let mut write = self.open_write.take().unwrap_or(OpenWrite {
             first,

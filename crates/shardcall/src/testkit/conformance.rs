@@ -320,6 +320,7 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
         backup: Vec::new(),
         position: None,
         store_bytes: None,
+        snapshot_uploading: false,
     };
     store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
     match store
@@ -624,6 +625,7 @@ pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: Coordinatio
         backup,
         position: None,
         store_bytes: None,
+        snapshot_uploading: false,
     };
     let history = vec![pointer("m2", 8), pointer("m1", 4)];
     store
@@ -664,8 +666,9 @@ pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: Coordinatio
     );
 }
 
-/// A source's position (a Kinesis sequence number) and the local state
-/// store's size are written with the offset, replaced or cleared by the
+/// A source's position (a Kinesis sequence number), the local state
+/// store's size and whether a snapshot was uploading are written with the
+/// offset, replaced or cleared by the
 /// next checkpoint, never by a refused one, and cleared by an operator's
 /// reset.
 pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
@@ -683,6 +686,7 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         backup: Vec::new(),
         position: position.map(str::to_owned),
         store_bytes: position.map(|p| p.len() as u64),
+        snapshot_uploading: position.is_some(),
     };
     let long = "4959033827149025660855969253836157109592157598913658889".to_string();
     let read = || async { store.load_checkpoint(group, &p(0)).await.unwrap().unwrap() };
@@ -692,6 +696,7 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         .unwrap();
     assert_eq!(read().await.position.as_deref(), Some(long.as_str()));
     assert_eq!(read().await.store_bytes, Some(long.len() as u64));
+    assert!(read().await.snapshot_uploading);
     let zombie = store
         .save_checkpoint(group, &b, &p(0), &cp(9, Some("9")))
         .await;
@@ -706,6 +711,10 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         (None, None),
         "a checkpoint without them kept the old"
     );
+    assert!(
+        !read().await.snapshot_uploading,
+        "a checkpoint written after the upload kept it uploading"
+    );
     store
         .save_checkpoint(group, &a, &p(0), &cp(7, Some("77")))
         .await
@@ -719,6 +728,7 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         (None, None),
         "a reset kept the source's position or the store's size"
     );
+    assert!(!read().await.snapshot_uploading, "a reset kept the upload");
 }
 
 /// Only the live holder under the current epoch may checkpoint.
@@ -735,6 +745,7 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
         backup: Vec::new(),
         position: None,
         store_bytes: None,
+        snapshot_uploading: false,
     };
     assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), None);
     store
@@ -1248,6 +1259,7 @@ pub async fn checkpoint_bytes_round_trip<S: CoordinationStore>(store: &S, group:
             backup: Vec::new(),
             position: None,
             store_bytes: None,
+            snapshot_uploading: false,
         };
         store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
         assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), Some(cp));

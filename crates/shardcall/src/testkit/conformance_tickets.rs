@@ -241,6 +241,7 @@ pub async fn a_lapsed_claim_returns_and_is_fenced<S: TicketStore>(store: &S, gro
         backup: Vec::new(),
         position: None,
         store_bytes: None,
+        snapshot_uploading: false,
     };
     fenced(
         store.save_ticket_checkpoint(group, &renewed, &cp).await,
@@ -263,6 +264,7 @@ pub async fn checkpoints_follow_the_newest_claim<S: TicketStore>(store: &S, grou
         backup: Vec::new(),
         position: None,
         store_bytes: None,
+        snapshot_uploading: false,
     };
     store
         .save_ticket_checkpoint(group, &a, &cp(10, a.epoch))
