@@ -13,8 +13,9 @@
 //!   rule ([`membership`]), joining again ([`rejoin`]), [`standby`]
 //!   replicas.
 //! - `partition/`: one partition's engine under a grant or a claim, shared
-//!   by owned and ticket mode ([`partition_engine`]), isolating the records
-//!   that fail a batch ([`bisect`]), [`retry`] pauses, [`warm_up`]s, and the
+//!   by owned and ticket mode ([`partition_engine`]), the groundwork of
+//!   records run many at once by key ([`key_scheduler`], [`keyed_engine`]),
+//!   isolating the records that fail a batch ([`bisect`]), [`retry`] pauses, [`warm_up`]s, and the
 //!   plans of its local state's snapshots ([`state_plan`], [`backup_plan`]).
 //! - `ticket/`: ticket mode's pool ([`tickets`]), what a worker remembers
 //!   between claims ([`ticket_memory`]) and its slots' cadences
@@ -44,6 +45,7 @@ pub use partition::backup_plan;
 pub use partition::bisect;
 pub use partition::engine as partition_engine;
 pub use partition::key_scheduler;
+pub use partition::keyed as keyed_engine;
 pub use partition::lag_looks;
 pub use partition::retry;
 pub use partition::state_plan;

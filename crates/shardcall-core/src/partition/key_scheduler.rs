@@ -217,6 +217,16 @@ impl KeyScheduler {
         out
     }
 
+    /// How many more records may be taken before the buffer is full.
+    pub fn room(&self) -> usize {
+        self.max_buffered.saturating_sub(self.buffered)
+    }
+
+    /// The offset the next record taken must be at or past.
+    pub fn next_offset(&self) -> u64 {
+        self.next
+    }
+
     /// Records in flight.
     pub fn in_flight(&self) -> usize {
         self.running.len()

@@ -1,0 +1,731 @@
+//! A partition whose records run many at once (key or no ordering), as a
+//! sans-IO state machine: the part of key-ordered concurrency that decides,
+//! on top of the [`KeyScheduler`].
+//!
+//! Unlike [`crate::partition::engine`], where one command is outstanding
+//! at a time, this engine keeps many handler calls out at once and takes
+//! their answers in any order. Each [`KeyedEngine::step`] takes one
+//! [`KeyedEvent`] and the time, and returns the commands to carry out now
+//! (any number, each answered by one event later) and when to call again
+//! if nothing else happens ([`KeyedStep::wake_at`]).
+//!
+//! What it decides:
+//! - **Reading ahead**: one fetch at a time, for as many records as the
+//!   scheduler's bounded buffer has room for, and none once the partition
+//!   is ending.
+//! - **Starting**: every record the scheduler lets start (no two of a key
+//!   at once, at most `max_in_flight`).
+//! - **Failures, per record**: a failed record waits a doubling pause and
+//!   starts again before any later record of its key (its key stays busy,
+//!   other keys go on); after `max_attempts` it goes to the dead letters
+//!   when there are any, and counts as done once it has left.
+//! - **Checkpoints**: the watermark and the done ranges above it, at most
+//!   every `checkpoint_interval` while records keep finishing, one write at
+//!   a time; at once when ending.
+//! - **Ending** (revoked, or the worker stops): nothing new starts or is
+//!   read; the records in flight may finish until `drain_within` has
+//!   passed; then the last checkpoint, and the end. A fenced checkpoint
+//!   ends at once: the partition is someone else's.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crate::cause::Cause;
+use crate::ids::Millis;
+use crate::partition::key_scheduler::{KeyScheduler, RecordOrder};
+use crate::partition::retry::RetryBackoff;
+
+/// The rules a partition of concurrent records runs under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyedRules {
+    /// `Key` or `Unordered` (`Partition` runs one record at a time).
+    pub order: RecordOrder,
+    /// Most records in flight at once.
+    pub max_in_flight: usize,
+    /// Most records read and not started (the read-ahead's bound).
+    pub max_buffered: usize,
+    /// While records keep finishing, checkpoint at most this often.
+    pub checkpoint_interval: Duration,
+    /// Pauses between attempts of a failing record.
+    pub retry: RetryBackoff,
+    /// Attempts of one record before it goes to the dead letters (`0`:
+    /// retried for ever).
+    pub max_attempts: u32,
+    /// Whether there is a dead-letter destination (without one, a record
+    /// past its attempts is retried for ever, as the partition engine
+    /// does).
+    pub dead_letters: bool,
+    /// How long an ending partition waits for its records in flight.
+    pub drain_within: Duration,
+}
+
+/// Where a partition's processing stands, as a checkpoint carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Progress {
+    /// Every offset below it is done.
+    pub watermark: u64,
+    /// The offsets done above the watermark, as inclusive ranges in order.
+    pub done_above: Vec<(u64, u64)>,
+}
+
+/// What the last command came to, or what happened.
+#[derive(Debug, Clone)]
+pub enum KeyedEvent {
+    /// Nothing came back: the time passed ([`KeyedStep::wake_at`]), or
+    /// the engine has just been made.
+    Tick,
+    /// The fetch's records, offsets growing, each with its key.
+    Fetched(Vec<(u64, Option<Box<[u8]>>)>),
+    /// The fetch failed; it is tried again after a pause.
+    FetchFailed(Cause),
+    /// A record's handler call came back: `Ok` when its state change and
+    /// its mark as done committed together.
+    Finished {
+        /// The record.
+        offset: u64,
+        /// How it went.
+        outcome: Result<(), Cause>,
+    },
+    /// A record sent to the dead letters (or not).
+    DeadLettered {
+        /// The record.
+        offset: u64,
+        /// How it went.
+        outcome: Result<(), Cause>,
+    },
+    /// The checkpoint came back.
+    Checkpointed(CheckpointOutcome),
+    /// The partition is to end (revoked, or the worker stops).
+    End,
+}
+
+/// How a checkpoint write went.
+#[derive(Debug, Clone)]
+pub enum CheckpointOutcome {
+    /// Written.
+    Written,
+    /// Refused: the partition is no longer ours.
+    Fenced(Cause),
+    /// Failed; tried again.
+    Failed(Cause),
+}
+
+/// Something for the driver to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyedCommand {
+    /// Read up to `max` records from `from` on; answered by
+    /// [`KeyedEvent::Fetched`] or [`KeyedEvent::FetchFailed`].
+    Fetch {
+        /// The first offset wanted.
+        from: u64,
+        /// Most records.
+        max: usize,
+    },
+    /// Call the handler with the record; answered by
+    /// [`KeyedEvent::Finished`].
+    Start {
+        /// The record.
+        offset: u64,
+        /// Its attempt (1: the first).
+        attempt: u32,
+    },
+    /// Send the record to the dead letters; answered by
+    /// [`KeyedEvent::DeadLettered`].
+    DeadLetter {
+        /// The record.
+        offset: u64,
+        /// Its attempts.
+        attempts: u32,
+    },
+    /// Write a checkpoint; answered by [`KeyedEvent::Checkpointed`].
+    Checkpoint(Progress),
+}
+
+/// How the partition ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyedEnd {
+    /// Drained and checkpointed: the partition may be released.
+    Drained,
+    /// The partition is someone else's: stop without releasing.
+    Fenced(Cause),
+}
+
+/// One step's outcome.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct KeyedStep {
+    /// To carry out now.
+    pub commands: Vec<KeyedCommand>,
+    /// Step again with [`KeyedEvent::Tick`] at this time if nothing else
+    /// comes back first.
+    pub wake_at: Option<Millis>,
+    /// Set once: the partition's processing is over.
+    pub ended: Option<KeyedEnd>,
+}
+
+/// A record between attempts.
+#[derive(Debug, Clone, Copy)]
+struct Failing {
+    attempts: u32,
+    /// When it starts again (or is dead-lettered).
+    retry_at: Millis,
+}
+
+/// The engine of one partition whose records run at once.
+#[derive(Debug, Clone)]
+pub struct KeyedEngine {
+    rules: KeyedRules,
+    scheduler: KeyScheduler,
+    fetching: bool,
+    /// When a failed fetch may be tried again.
+    fetch_after: Millis,
+    /// Attempts made of each record in flight.
+    attempts: HashMap<u64, u32>,
+    /// Records whose handler call is out.
+    calling: usize,
+    /// Failed records waiting for their next attempt, by offset.
+    failing: BTreeMap<u64, Failing>,
+    /// Records on their way to the dead letters.
+    dead_lettering: usize,
+    /// The progress last written (`None`: the last write failed), and
+    /// whether a write is out.
+    written: Option<Progress>,
+    checkpointing: bool,
+    last_checkpoint_at: Millis,
+    /// When a failed checkpoint may be written again.
+    checkpoint_after: Millis,
+    /// When ending began, and so when the drain gives up.
+    ending_since: Option<Millis>,
+    ended: bool,
+}
+
+impl KeyedEngine {
+    /// An engine resuming from `progress` (what the checkpoint, or the
+    /// local state store, says is done), at `now`.
+    pub fn new(rules: KeyedRules, progress: &Progress, now: Millis) -> Self {
+        let scheduler = KeyScheduler::restored(
+            rules.order,
+            rules.max_in_flight,
+            rules.max_buffered,
+            progress.watermark,
+            &progress.done_above,
+        );
+        Self {
+            rules,
+            scheduler,
+            fetching: false,
+            fetch_after: 0,
+            attempts: HashMap::new(),
+            calling: 0,
+            failing: BTreeMap::new(),
+            dead_lettering: 0,
+            written: Some(progress.clone()),
+            checkpointing: false,
+            last_checkpoint_at: now,
+            checkpoint_after: now,
+            ending_since: None,
+            ended: false,
+        }
+    }
+
+    /// Where processing stands now.
+    pub fn progress(&self) -> Progress {
+        Progress {
+            watermark: self.scheduler.watermark(),
+            done_above: self.scheduler.done_above(),
+        }
+    }
+
+    /// Records in flight (calling, between attempts, or on their way to
+    /// the dead letters).
+    pub fn in_flight(&self) -> usize {
+        self.scheduler.in_flight()
+    }
+
+    /// Takes `event` at `now` and says what to do.
+    pub fn step(&mut self, event: KeyedEvent, now: Millis) -> KeyedStep {
+        let mut out = KeyedStep::default();
+        if self.ended {
+            return out;
+        }
+        match event {
+            KeyedEvent::Tick => {}
+            KeyedEvent::Fetched(records) => {
+                self.fetching = false;
+                for (offset, key) in records {
+                    self.scheduler.offer(offset, key.as_deref());
+                }
+            }
+            KeyedEvent::FetchFailed(_) => {
+                self.fetching = false;
+                self.fetch_after = now + self.rules.retry.first.as_millis() as Millis;
+            }
+            KeyedEvent::Finished { offset, outcome } => {
+                self.calling -= 1;
+                match outcome {
+                    Ok(()) => self.done(offset),
+                    Err(_) => {
+                        let attempts = self.attempts.get(&offset).copied().unwrap_or(1);
+                        let pause = self.rules.retry.after(attempts).as_millis() as Millis;
+                        self.failing.insert(
+                            offset,
+                            Failing {
+                                attempts,
+                                retry_at: now + pause,
+                            },
+                        );
+                    }
+                }
+            }
+            KeyedEvent::DeadLettered { offset, outcome } => {
+                self.dead_lettering -= 1;
+                match outcome {
+                    Ok(()) => self.done(offset),
+                    Err(_) => {
+                        let attempts = self.attempts.get(&offset).copied().unwrap_or(1);
+                        let pause = self.rules.retry.first.as_millis() as Millis;
+                        self.failing.insert(
+                            offset,
+                            Failing {
+                                attempts,
+                                retry_at: now + pause,
+                            },
+                        );
+                    }
+                }
+            }
+            KeyedEvent::Checkpointed(outcome) => {
+                self.checkpointing = false;
+                match outcome {
+                    CheckpointOutcome::Written => {}
+                    CheckpointOutcome::Fenced(cause) => {
+                        self.ended = true;
+                        out.ended = Some(KeyedEnd::Fenced(cause));
+                        return out;
+                    }
+                    // Written again after a pause, whatever it holds by
+                    // then.
+                    CheckpointOutcome::Failed(_) => {
+                        self.written = None;
+                        self.checkpoint_after = now + self.rules.retry.first.as_millis() as Millis;
+                    }
+                }
+            }
+            KeyedEvent::End => {
+                self.ending_since.get_or_insert(now);
+            }
+        }
+        self.plan(now, &mut out);
+        out
+    }
+
+    fn done(&mut self, offset: u64) {
+        self.attempts.remove(&offset);
+        self.scheduler.done(offset);
+    }
+
+    /// What to do now that the event is taken in.
+    fn plan(&mut self, now: Millis, out: &mut KeyedStep) {
+        let mut wake: Option<Millis> = None;
+        let mut wake_at = |t: Millis| wake = Some(wake.map_or(t, |w: Millis| w.min(t)));
+        let ending = self.ending_since.is_some();
+        // Retries and dead letters come due (while ending, a failed record
+        // is left for the next owner).
+        if !ending {
+            let due: Vec<u64> = self
+                .failing
+                .iter()
+                .filter(|(_, f)| f.retry_at <= now)
+                .map(|(&o, _)| o)
+                .collect();
+            for offset in due {
+                let f = self.failing.remove(&offset).expect("listed");
+                let exhausted =
+                    self.rules.max_attempts > 0 && f.attempts >= self.rules.max_attempts;
+                if exhausted && self.rules.dead_letters {
+                    self.dead_lettering += 1;
+                    out.commands.push(KeyedCommand::DeadLetter {
+                        offset,
+                        attempts: f.attempts,
+                    });
+                } else {
+                    let attempt = f.attempts + 1;
+                    self.attempts.insert(offset, attempt);
+                    self.calling += 1;
+                    out.commands.push(KeyedCommand::Start { offset, attempt });
+                }
+            }
+            if let Some(next) = self.failing.values().map(|f| f.retry_at).min() {
+                wake_at(next);
+            }
+            // New records start.
+            while let Some(offset) = self.scheduler.next_start() {
+                self.attempts.insert(offset, 1);
+                self.calling += 1;
+                out.commands
+                    .push(KeyedCommand::Start { offset, attempt: 1 });
+            }
+            // Read ahead.
+            if !self.fetching && self.scheduler.has_room() {
+                if now >= self.fetch_after {
+                    self.fetching = true;
+                    out.commands.push(KeyedCommand::Fetch {
+                        from: self.scheduler.next_offset(),
+                        max: self.scheduler.room(),
+                    });
+                } else {
+                    wake_at(self.fetch_after);
+                }
+            }
+        }
+        // Checkpoints.
+        let progress = self.progress();
+        let drained = self.calling == 0 && self.dead_lettering == 0;
+        let drain_over = self.ending_since.is_some_and(|since| {
+            drained || now >= since + self.rules.drain_within.as_millis() as Millis
+        });
+        if !self.checkpointing {
+            if self.written.as_ref() != Some(&progress) {
+                let interval_over =
+                    self.last_checkpoint_at + self.rules.checkpoint_interval.as_millis() as Millis;
+                let due = if drain_over { now } else { interval_over }.max(self.checkpoint_after);
+                if now >= due {
+                    self.checkpointing = true;
+                    self.last_checkpoint_at = now;
+                    self.written = Some(progress.clone());
+                    out.commands.push(KeyedCommand::Checkpoint(progress));
+                } else {
+                    wake_at(due);
+                }
+            } else if drain_over {
+                self.ended = true;
+                out.ended = Some(KeyedEnd::Drained);
+                return;
+            }
+        }
+        if let Some(since) = self.ending_since.filter(|_| !drain_over) {
+            wake_at(since + self.rules.drain_within.as_millis() as Millis);
+        }
+        out.wake_at = wake;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    fn rules() -> KeyedRules {
+        KeyedRules {
+            order: RecordOrder::Key,
+            max_in_flight: 4,
+            max_buffered: 8,
+            checkpoint_interval: Duration::from_millis(100),
+            retry: RetryBackoff {
+                first: Duration::from_millis(10),
+                max: Duration::from_millis(40),
+            },
+            max_attempts: 3,
+            dead_letters: true,
+            drain_within: Duration::from_millis(1000),
+        }
+    }
+
+    fn records(keys: &[(u64, u8)]) -> KeyedEvent {
+        KeyedEvent::Fetched(
+            keys.iter()
+                .map(|&(o, k)| (o, Some(vec![k].into_boxed_slice())))
+                .collect(),
+        )
+    }
+
+    fn starts(step: &KeyedStep) -> Vec<u64> {
+        step.commands
+            .iter()
+            .filter_map(|c| match c {
+                KeyedCommand::Start { offset, .. } => Some(*offset),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn ok(offset: u64) -> KeyedEvent {
+        KeyedEvent::Finished {
+            offset,
+            outcome: Ok(()),
+        }
+    }
+
+    fn failed(offset: u64) -> KeyedEvent {
+        KeyedEvent::Finished {
+            offset,
+            outcome: Err(Cause::msg("no")),
+        }
+    }
+
+    #[test]
+    fn it_reads_ahead_once_and_starts_every_key_it_may() {
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        let first = e.step(KeyedEvent::Tick, 0);
+        assert_eq!(
+            first.commands,
+            vec![KeyedCommand::Fetch { from: 0, max: 8 }]
+        );
+        assert!(
+            e.step(KeyedEvent::Tick, 1).commands.is_empty(),
+            "one fetch at a time"
+        );
+        let s = e.step(records(&[(0, 1), (1, 1), (2, 2), (3, 3)]), 2);
+        assert_eq!(starts(&s), vec![0, 2, 3], "offset 1 waits for its key");
+        assert!(
+            s.commands.contains(&KeyedCommand::Fetch {
+                from: 4,
+                max: 8 - 1
+            }),
+            "the next fetch fills the buffer's room: {:?}",
+            s.commands
+        );
+    }
+
+    #[test]
+    fn a_failing_record_holds_its_key_not_the_others_and_then_goes_to_the_dead_letters() {
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 1), (1, 1), (2, 2)]), 0);
+        let s = e.step(failed(0), 5);
+        assert_eq!(s.wake_at, Some(15), "the first pause is 10 ms");
+        assert!(starts(&s).is_empty());
+        // Key 2 goes on meanwhile.
+        e.step(ok(2), 6);
+        let s = e.step(KeyedEvent::Tick, 15);
+        assert_eq!(starts(&s), vec![0]);
+        assert!(s.commands.contains(&KeyedCommand::Start {
+            offset: 0,
+            attempt: 2
+        }));
+        let s = e.step(failed(0), 16);
+        assert_eq!(s.wake_at, Some(36), "the pause doubles");
+        e.step(KeyedEvent::Tick, 36);
+        let s = e.step(failed(0), 37);
+        let s2 = e.step(KeyedEvent::Tick, s.wake_at.unwrap());
+        assert!(
+            s2.commands.contains(&KeyedCommand::DeadLetter {
+                offset: 0,
+                attempts: 3
+            }),
+            "{:?}",
+            s2.commands
+        );
+        let s = e.step(
+            KeyedEvent::DeadLettered {
+                offset: 0,
+                outcome: Ok(()),
+            },
+            80,
+        );
+        assert_eq!(starts(&s), vec![1], "its key's next record starts after it");
+        assert_eq!(e.progress().watermark, 1);
+        assert_eq!(e.progress().done_above, vec![(2, 2)]);
+    }
+
+    #[test]
+    fn checkpoints_come_at_most_every_interval_and_one_at_a_time() {
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 1), (1, 2)]), 0);
+        let s = e.step(ok(0), 10);
+        assert!(
+            !s.commands
+                .iter()
+                .any(|c| matches!(c, KeyedCommand::Checkpoint(_)))
+        );
+        assert_eq!(s.wake_at, Some(100));
+        let s = e.step(KeyedEvent::Tick, 100);
+        assert!(s.commands.contains(&KeyedCommand::Checkpoint(Progress {
+            watermark: 1,
+            done_above: vec![],
+        })));
+        e.step(ok(1), 250);
+        let s = e.step(KeyedEvent::Tick, 260);
+        assert!(
+            !s.commands
+                .iter()
+                .any(|c| matches!(c, KeyedCommand::Checkpoint(_))),
+            "the first is still out"
+        );
+        let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 270);
+        assert!(s.commands.contains(&KeyedCommand::Checkpoint(Progress {
+            watermark: 2,
+            done_above: vec![],
+        })));
+    }
+
+    #[test]
+    fn ending_stops_starting_drains_what_is_in_flight_and_checkpoints_last() {
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 1), (1, 1), (2, 2)]), 0);
+        let s = e.step(KeyedEvent::End, 10);
+        assert!(s.commands.is_empty() && s.ended.is_none());
+        assert_eq!(s.wake_at, Some(1010), "the drain's bound");
+        let s = e.step(ok(0), 20);
+        assert!(
+            starts(&s).is_empty(),
+            "offset 1 is not started while ending"
+        );
+        let s = e.step(ok(2), 30);
+        assert_eq!(
+            s.commands,
+            vec![KeyedCommand::Checkpoint(Progress {
+                watermark: 1,
+                done_above: vec![(2, 2)],
+            })]
+        );
+        let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 40);
+        assert_eq!(s.ended, Some(KeyedEnd::Drained));
+    }
+
+    #[test]
+    fn a_drain_past_its_bound_checkpoints_what_is_done_and_ends() {
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 1), (1, 2)]), 0);
+        e.step(ok(1), 5);
+        e.step(KeyedEvent::End, 10);
+        let s = e.step(KeyedEvent::Tick, 1010);
+        assert_eq!(
+            s.commands,
+            vec![KeyedCommand::Checkpoint(Progress {
+                watermark: 0,
+                done_above: vec![(1, 1)],
+            })]
+        );
+        let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 1020);
+        assert_eq!(s.ended, Some(KeyedEnd::Drained));
+        // A late answer changes nothing.
+        assert_eq!(e.step(ok(0), 1030), KeyedStep::default());
+    }
+
+    #[test]
+    fn a_fenced_checkpoint_ends_at_once() {
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 1)]), 0);
+        e.step(ok(0), 200);
+        let s = e.step(
+            KeyedEvent::Checkpointed(CheckpointOutcome::Fenced(Cause::msg("moved"))),
+            210,
+        );
+        assert!(matches!(s.ended, Some(KeyedEnd::Fenced(_))));
+        assert!(s.commands.is_empty());
+    }
+
+    /// A run: each record's key, then which answer comes next at each
+    /// step, whether it fails, and where the process crashes.
+    fn run_strategy() -> impl Strategy<Value = (Vec<u8>, Vec<(usize, bool)>, usize)> {
+        (
+            prop::collection::vec(0u8..6, 1..50),
+            prop::collection::vec((0usize..16, prop::bool::weighted(0.15)), 1..300),
+            0usize..400,
+        )
+    }
+
+    proptest! {
+        /// Answers come back in any order, some records fail (and are
+        /// retried or dead-lettered), checkpoints land or fail, and the
+        /// process crashes once: a new engine resumes from what the local
+        /// store committed. Each key's records are done in offset order,
+        /// each record once, and the checkpointed watermark never passes
+        /// a record not done.
+        #[test]
+        fn keys_keep_order_and_every_record_is_done_exactly_once_across_a_crash(
+            (keys, answers, crash_at) in run_strategy()
+        ) {
+            let n = keys.len() as u64;
+            let key = |o: u64| Some(vec![keys[o as usize]].into_boxed_slice());
+            let mut now: Millis = 0;
+            let mut e = KeyedEngine::new(rules(), &Progress::default(), now);
+            // What the local store committed: done offsets, in the order
+            // they were done.
+            let mut committed: Vec<u64> = Vec::new();
+            let mut out: Vec<KeyedCommand> = e.step(KeyedEvent::Tick, now).commands;
+            let mut wake: Option<Millis> = None;
+            let mut step = 0usize;
+            let mut crashed = false;
+            while committed.len() < n as usize {
+                prop_assert!(step < 20_000, "no progress: {} of {} done", committed.len(), n);
+                if step == crash_at && !crashed {
+                    crashed = true;
+                    let done: BTreeSet<u64> = committed.iter().copied().collect();
+                    let mut watermark = 0;
+                    while done.contains(&watermark) { watermark += 1; }
+                    let mut above: Vec<(u64, u64)> = Vec::new();
+                    for &o in done.range(watermark..) {
+                        match above.last_mut() {
+                            Some((_, end)) if *end + 1 == o => *end = o,
+                            _ => above.push((o, o)),
+                        }
+                    }
+                    e = KeyedEngine::new(rules(), &Progress { watermark, done_above: above }, now);
+                    out = e.step(KeyedEvent::Tick, now).commands;
+                    wake = None;
+                    step += 1;
+                    continue;
+                }
+                let (pick, fail) = answers[step % answers.len()];
+                step += 1;
+                now += 1;
+                // A fetch at the log's end waits for records (a long
+                // poll): it is never answered.
+                out.retain(|c| !matches!(c, KeyedCommand::Fetch { from, .. } if *from >= n));
+                let event = if out.is_empty() {
+                    now = now.max(wake.unwrap_or(now));
+                    KeyedEvent::Tick
+                } else {
+                    let command = out.remove(pick % out.len());
+                    match command {
+                        KeyedCommand::Fetch { from, max } => KeyedEvent::Fetched(
+                            (from..n.min(from + max as u64)).map(|o| (o, key(o))).collect(),
+                        ),
+                        KeyedCommand::Start { offset, .. } if fail => KeyedEvent::Finished {
+                            offset,
+                            outcome: Err(Cause::msg("flaky")),
+                        },
+                        KeyedCommand::Start { offset, .. } => {
+                            committed.push(offset);
+                            KeyedEvent::Finished { offset, outcome: Ok(()) }
+                        }
+                        KeyedCommand::DeadLetter { offset, .. } => {
+                            committed.push(offset);
+                            KeyedEvent::DeadLettered { offset, outcome: Ok(()) }
+                        }
+                        KeyedCommand::Checkpoint(p) => {
+                            let done: BTreeSet<u64> = committed.iter().copied().collect();
+                            prop_assert!((0..p.watermark).all(|o| done.contains(&o)),
+                                "checkpointed watermark {} passes a record not done", p.watermark);
+                            for &(a, b) in &p.done_above {
+                                prop_assert!((a..=b).all(|o| done.contains(&o)));
+                            }
+                            KeyedEvent::Checkpointed(if fail {
+                                CheckpointOutcome::Failed(Cause::msg("down"))
+                            } else {
+                                CheckpointOutcome::Written
+                            })
+                        }
+                    }
+                };
+                let s = e.step(event, now);
+                out.extend(s.commands);
+                wake = s.wake_at;
+            }
+            let unique: BTreeSet<u64> = committed.iter().copied().collect();
+            prop_assert_eq!(unique.len(), committed.len(), "a record done twice");
+            for k in 0u8..6 {
+                let of_key: Vec<u64> = committed.iter().copied().filter(|&o| keys[o as usize] == k).collect();
+                let mut sorted = of_key.clone();
+                sorted.sort_unstable();
+                prop_assert_eq!(of_key, sorted, "key {} out of order", k);
+            }
+        }
+    }
+}
