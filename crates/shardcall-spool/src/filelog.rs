@@ -27,6 +27,11 @@ use crate::spool::Spool;
 pub const MAX_TOPIC_NAME: usize = 249;
 /// Records buffered per partition before a producer appends them.
 const PRODUCER_BATCH: usize = 1024;
+/// Partitions a producer keeps open at once (each holds a few files, and a
+/// flusher thread under the interval policy): a producer over a topic of
+/// thousands of partitions closes the one it appended to longest ago
+/// instead of running out of file descriptors.
+const MAX_OPEN_SPOOLS: usize = 256;
 
 /// A folder of topics.
 #[derive(Debug, Clone)]
@@ -237,6 +242,9 @@ impl FileLog {
             log: self.clone(),
             topic: topic.to_owned(),
             spools: Vec::new(),
+            open: 0,
+            appended_at: Vec::new(),
+            appends: 0,
             pending: Vec::new(),
             next_round_robin: 0,
             lineage: self.lineage(topic)?,
@@ -291,6 +299,11 @@ pub struct Producer {
     log: FileLog,
     topic: String,
     spools: Vec<Option<Spool>>,
+    /// How many of `spools` are open.
+    open: usize,
+    /// When each partition was last appended to (a count of appends).
+    appended_at: Vec<u64>,
+    appends: u64,
     pending: Vec<Vec<Pending>>,
     next_round_robin: u32,
     /// The topic's splits and merges as last read (`None`: never split).
@@ -306,6 +319,7 @@ impl Producer {
     fn grow_to(&mut self, count: u32) {
         while self.spools.len() < count as usize {
             self.spools.push(None);
+            self.appended_at.push(0);
             self.pending.push(Vec::new());
         }
     }
@@ -398,8 +412,14 @@ impl Producer {
             return Ok(());
         }
         if self.spools[i].is_none() {
+            if self.open >= MAX_OPEN_SPOOLS {
+                self.close_least_recent()?;
+            }
             match self.log.open_partition(&self.topic, partition) {
-                Ok(spool) => self.spools[i] = Some(spool),
+                Ok(spool) => {
+                    self.spools[i] = Some(spool);
+                    self.open += 1;
+                }
                 // Split or merged since this producer read the lineage:
                 // its records go where their keys go now.
                 Err(SpoolError::Closed { .. }) => return self.reroute(partition),
@@ -417,6 +437,23 @@ impl Producer {
             .collect();
         spool.append(&batch)?;
         self.pending[i].clear();
+        self.appends += 1;
+        self.appended_at[i] = self.appends;
+        Ok(())
+    }
+
+    /// Closes the open partition appended to longest ago, its records made
+    /// durable first (a later [`Self::sync`] looks only at open ones).
+    fn close_least_recent(&mut self) -> Result<()> {
+        let Some(i) = (0..self.spools.len())
+            .filter(|&i| self.spools[i].is_some())
+            .min_by_key(|&i| self.appended_at[i])
+        else {
+            return Ok(());
+        };
+        self.spools[i].as_ref().expect("open").sync()?;
+        self.spools[i] = None;
+        self.open -= 1;
         Ok(())
     }
 

@@ -97,3 +97,45 @@ fn bad_topics_and_partitions_are_clear_errors() {
     ));
     assert_eq!(log.topics().unwrap(), vec!["t".to_string()]);
 }
+
+/// Files this process has open.
+fn open_files() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn a_producer_over_thousands_of_partitions_keeps_a_bounded_number_of_files_open() {
+    const PARTITIONS: u32 = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let log = FileLog::open(dir.path(), SpoolConfig::default()).unwrap();
+    log.ensure_topic("wide", PARTITIONS).unwrap();
+    // What one open partition costs.
+    let before = open_files();
+    let one = log.open_partition("wide", 0).unwrap();
+    let per_partition = open_files() - before;
+    drop(one);
+    assert!(per_partition >= 1);
+
+    let before = open_files();
+    let mut producer = log.producer("wide").unwrap();
+    for i in 0..2 * PARTITIONS {
+        producer.send(None, i.to_string().as_bytes(), 0).unwrap();
+    }
+    producer.sync().unwrap();
+    let grown = open_files().saturating_sub(before);
+    // Every partition open at once would be 2000 of them.
+    assert!(
+        grown <= 256 * per_partition + 8,
+        "{grown} files open for {PARTITIONS} partitions ({per_partition} each)"
+    );
+    drop(producer);
+    // Nothing was lost by closing partitions on the way.
+    for p in 0..PARTITIONS {
+        let end = log
+            .open_partition_read_only("wide", p)
+            .unwrap()
+            .end_offset()
+            .unwrap();
+        assert_eq!(end, 2, "partition {p}");
+    }
+}

@@ -124,10 +124,7 @@ impl<S: CoordinationStore> Follow<'_, S> {
                     }
                     match self.look(&mut local).await {
                         Some(cp) => {
-                            let event = WarmUpEvent::Newest {
-                                manifest: newest_snapshot(cp.as_ref()),
-                                newer_coming: cp.as_ref().is_some_and(|c| c.snapshot_uploading),
-                            };
+                            let event = newest_of(cp.as_ref());
                             checkpoint = Some(cp);
                             event
                         }
@@ -220,8 +217,14 @@ impl<S: CoordinationStore> Follow<'_, S> {
     }
 }
 
-/// The newest snapshot `cp` names (`None`: no history).
-fn newest_snapshot(cp: Option<&Checkpoint>) -> Option<String> {
-    cp.and_then(|c| c.backup.first())
-        .map(|b| b.manifest.clone())
+/// What a look at `cp` tells the engine: the newest snapshot it names
+/// (`None`: no history), and whether the owner was uploading a newer one
+/// when it wrote `cp`.
+fn newest_of(cp: Option<&Checkpoint>) -> WarmUpEvent {
+    WarmUpEvent::Newest {
+        manifest: cp
+            .and_then(|c| c.backup.first())
+            .map(|b| b.manifest.clone()),
+        newer_coming: cp.is_some_and(|c| c.snapshot_uploading),
+    }
 }
