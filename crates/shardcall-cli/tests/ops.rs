@@ -59,26 +59,49 @@ fn reset(url: &str, log: &str, rest: &[&str]) -> Output {
     shardcall(&args)
 }
 
-/// A redis-server and a file log (in `dir`) with a topic "t" of `partitions`.
-fn redis_and_log(dir: &std::path::Path, partitions: u32) -> (RedisServer, PathBuf, FileLog) {
-    let redis = RedisServer::start(dir.join("redis"), &[]).unwrap();
-    let log_dir = dir.join("log");
-    let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
-    log.ensure_topic("t", partitions).unwrap();
-    (redis, log_dir, log)
+/// One test's servers, in a temporary folder: a redis-server and a file
+/// log with a topic "t", with the worker flags that name them.
+struct Ops {
+    dir: tempfile::TempDir,
+    redis: RedisServer,
+    /// `--redis`.
+    url: String,
+    log_dir: PathBuf,
+    /// `--log`.
+    log_arg: String,
+    log: FileLog,
 }
 
-/// [`redis_and_log`] with two partitions of "t": "0" to "19" round robin
-/// from t/0, ten each, then the record "poison" at t/0@10.
-fn redis_and_poisoned_log(dir: &std::path::Path) -> (RedisServer, PathBuf, FileLog) {
-    let (redis, log_dir, log) = redis_and_log(dir, 2);
-    let mut p = log.producer("t").unwrap();
-    for i in 0..20 {
-        p.send(None, i.to_string().as_bytes(), 0).unwrap();
+impl Ops {
+    /// Topic "t" of `partitions`, empty.
+    fn new(partitions: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let redis = RedisServer::start(dir.path().join("redis"), &[]).unwrap();
+        let log_dir = dir.path().join("log");
+        let log = FileLog::open(&log_dir, SpoolConfig::default()).unwrap();
+        log.ensure_topic("t", partitions).unwrap();
+        Self {
+            url: redis.url(),
+            log_arg: log_dir.display().to_string(),
+            dir,
+            redis,
+            log_dir,
+            log,
+        }
     }
-    assert_eq!(p.send(None, b"poison", 0).unwrap(), 0);
-    p.sync().unwrap();
-    (redis, log_dir, log)
+
+    /// Two partitions of "t": "0" to "19" round robin from t/0, ten each,
+    /// then the record "poison" at t/0@10.
+    fn poisoned() -> Self {
+        let ops = Self::new(2);
+        let mut p = ops.log.producer("t").unwrap();
+        for i in 0..20 {
+            p.send(None, i.to_string().as_bytes(), 0).unwrap();
+        }
+        assert_eq!(p.send(None, b"poison", 0).unwrap(), 0);
+        p.sync().unwrap();
+        ops
+    }
 }
 
 /// Records "0", "1", ... to topic "t", synced.
@@ -146,10 +169,14 @@ async fn python_caught_up(store: &shardcall_redis::RedisStore, log: &FileLog, pa
 
 #[test]
 fn status_plan_and_release() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 4);
-    let url = redis.url();
-    let log_arg = log_dir.display().to_string();
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(4);
     produce_numbers(&log, 400);
     let spawn = |name: &str| {
         worker(&url, "ops", &log_arg, name, "60000")
@@ -421,10 +448,13 @@ fn status_plan_and_release() {
 
 #[test]
 fn drain_moves_a_members_partitions_away() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, _log) = redis_and_log(dir.path(), 4);
-    let url = redis.url();
-    let log_arg = log_dir.display().to_string();
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        ..
+    } = Ops::new(4);
     let spawn = |name: &str| worker(&url, "ops", &log_arg, name, "300").spawn().unwrap();
     let _procs = Killer(vec![spawn("a"), spawn("b")]);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -480,21 +510,18 @@ fn drain_moves_a_members_partitions_away() {
 
 #[test]
 fn json_logs_name_the_group_member_partition_and_epoch() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, _log) = redis_and_log(dir.path(), 2);
+    let Ops {
+        dir,
+        redis: _redis,
+        url,
+        log_arg,
+        ..
+    } = Ops::new(2);
     let err_path = dir.path().join("w.log");
     let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-        .args([
-            "worker",
-            "--redis",
-            &redis.url(),
-            "--group",
-            "logs",
-            "--topic",
-            "t",
-        ])
+        .args(["worker", "--redis", &url, "--group", "logs", "--topic", "t"])
         .arg("--log")
-        .arg(&log_dir)
+        .arg(&log_arg)
         .args(["--name", "w", "--tick-ms", "100", "--log-format", "json"])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&err_path).unwrap())
@@ -524,14 +551,19 @@ fn json_logs_name_the_group_member_partition_and_epoch() {
 
 #[test]
 fn text_logs_name_each_field_once_and_show_no_option_wrappers() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, _log) = redis_and_log(dir.path(), 2);
+    let Ops {
+        dir,
+        redis: _redis,
+        url,
+        log_arg,
+        ..
+    } = Ops::new(2);
     let err_path = dir.path().join("w.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-        .args(["worker", "--redis", &redis.url(), "--group", "logs"])
+        .args(["worker", "--redis", &url, "--group", "logs"])
         .args(["--topic", "t", "--name", "w", "--tick-ms", "100"])
         .arg("--log")
-        .arg(&log_dir)
+        .arg(&log_arg)
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&err_path).unwrap())
@@ -603,22 +635,20 @@ fn metric(body: &str, name: &str) -> f64 {
 
 #[test]
 fn prometheus_metrics_on_an_opt_in_address() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 3);
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(3);
     produce_numbers(&log, 300);
     let port = shardcall_redis::testing::free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-        .args([
-            "worker",
-            "--redis",
-            &redis.url(),
-            "--group",
-            "m",
-            "--topic",
-            "t",
-        ])
+        .args(["worker", "--redis", &url, "--group", "m", "--topic", "t"])
         .arg("--log")
-        .arg(&log_dir)
+        .arg(&log_arg)
         .args(["--name", "w", "--tick-ms", "100"])
         .args(["--metrics-addr", &port.to_string()]) // a bare port: loopback
         .stdout(Stdio::null())
@@ -648,8 +678,14 @@ fn prometheus_metrics_on_an_opt_in_address() {
 #[test]
 fn a_python_handler_over_exec_survives_its_own_crash() {
     use shardcall::oracle::DigestState;
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 3);
+    let Ops {
+        dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(3);
     let mut p = log.producer("t").unwrap();
     for i in 0..600u32 {
         p.send(
@@ -664,17 +700,9 @@ fn a_python_handler_over_exec_survives_its_own_crash() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/handlers/digest.py");
     let marker = dir.path().join("crashed");
     let child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-        .args([
-            "worker",
-            "--redis",
-            &redis.url(),
-            "--group",
-            "py",
-            "--topic",
-            "t",
-        ])
+        .args(["worker", "--redis", &url, "--group", "py", "--topic", "t"])
         .arg("--log")
-        .arg(&log_dir)
+        .arg(&log_arg)
         .args(["--name", "w", "--tick-ms", "100"])
         .arg("--exec")
         .arg(format!("python3 {}", script.display()))
@@ -691,9 +719,7 @@ fn a_python_handler_over_exec_survives_its_own_crash() {
         .unwrap();
     rt.block_on(async {
         use shardcall::CoordinationStore;
-        let store = shardcall_redis::RedisStore::connect(&redis.url())
-            .await
-            .unwrap();
+        let store = shardcall_redis::RedisStore::connect(&url).await.unwrap();
         python_caught_up(&store, &log, 3).await;
         for n in 0..3 {
             let records = log
@@ -718,8 +744,14 @@ fn a_python_handler_over_exec_survives_its_own_crash() {
 
 #[test]
 fn a_worker_runs_from_a_config_file_with_env_overrides() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, _log) = redis_and_log(dir.path(), 2);
+    let Ops {
+        dir,
+        redis,
+        url,
+        log_dir,
+        log_arg,
+        ..
+    } = Ops::new(2);
     let config = dir.path().join("w.toml");
     std::fs::write(
         &config,
@@ -739,8 +771,6 @@ fn a_worker_runs_from_a_config_file_with_env_overrides() {
         .spawn()
         .unwrap();
     let _k = Killer(vec![child]);
-    let url = redis.url();
-    let log_arg = log_dir.display().to_string();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let out = shardcall(&[
@@ -765,17 +795,21 @@ fn a_worker_runs_from_a_config_file_with_env_overrides() {
 /// signal.
 #[test]
 fn unexpected_redis_data_stops_the_worker_with_a_clear_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, _log) = redis_and_log(dir.path(), 2);
-    let url = redis.url();
+    let Ops {
+        dir,
+        redis,
+        url,
+        log_arg,
+        ..
+    } = Ops::new(2);
     let stderr = dir.path().join("worker.log");
-    let mut w = worker(&url, "ops", &log_dir.display().to_string(), "a", "0");
+    let mut w = worker(&url, "ops", &log_arg, "a", "0");
     w.stderr(std::fs::File::create(&stderr).unwrap());
     let mut procs = Killer(vec![w.spawn().unwrap()]);
     // Joined: then somebody writes a member record this version cannot read.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let doc = status_json(&url, &log_dir.display().to_string());
+        let doc = status_json(&url, &log_arg);
         if doc["members"].as_array().is_some_and(|m| !m.is_empty()) {
             break;
         }
@@ -803,10 +837,13 @@ fn unexpected_redis_data_stops_the_worker_with_a_clear_error() {
 
 #[test]
 fn a_panicking_handler_shows_as_failing_in_status_and_in_metrics() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, _log) = redis_and_poisoned_log(dir.path());
-    let url = redis.url();
-    let log_arg = log_dir.display().to_string();
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        ..
+    } = Ops::poisoned();
     let port = shardcall_redis::testing::free_port();
     let child = worker(&url, "ops", &log_arg, "w", "1000")
         .args(["--set", "handler.digest_panic_prefix=\"poison\""])
@@ -878,10 +915,14 @@ fn a_panicking_handler_shows_as_failing_in_status_and_in_metrics() {
 /// partition, while the other partition shows none.
 #[test]
 fn dead_lettered_records_are_counted_in_status_and_in_metrics() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_poisoned_log(dir.path());
-    let url = redis.url();
-    let log_arg = log_dir.display().to_string();
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::poisoned();
     let port = shardcall_redis::testing::free_port();
     let child = worker(&url, "ops", &log_arg, "w", "1000")
         .args(["--set", "handler.digest_panic_prefix=\"poison\""])
@@ -949,10 +990,14 @@ fn dead_lettered_records_are_counted_in_status_and_in_metrics() {
 /// word's end and says it was cut, while `--json` keeps the whole message.
 #[test]
 fn a_long_last_error_is_cut_at_a_word_in_the_table() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 1);
-    let url = redis.url();
-    let log_arg = log_dir.display().to_string();
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(1);
     produce_numbers(&log, 5);
     // counts.py refuses every batch without a state store, with a message
     // longer than the table's cell.
@@ -1005,10 +1050,13 @@ fn a_long_last_error_is_cut_at_a_word_in_the_table() {
 
 #[test]
 fn a_worker_with_another_quarantine_does_not_change_the_groups() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, _log) = redis_and_log(dir.path(), 2);
-    let url = redis.url();
-    let log_arg = log_dir.display().to_string();
+    let Ops {
+        dir,
+        redis,
+        url,
+        log_arg,
+        ..
+    } = Ops::new(2);
     let members = |n: usize| {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -1087,10 +1135,14 @@ fn lag_series(body: &str) -> BTreeMap<String, f64> {
 
 #[test]
 fn metrics_follow_the_truth_after_a_burst_and_after_a_move() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 4);
-    let url = redis.url();
-    let log_arg = log_dir.display().to_string();
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(4);
     let port = shardcall_redis::testing::free_port();
     let a = worker(&url, "ops", &log_arg, "a", "0")
         .args(["--metrics-addr", &port.to_string()])
@@ -1148,21 +1200,21 @@ fn metrics_follow_the_truth_after_a_burst_and_after_a_move() {
 /// not set for 5 s).
 #[test]
 fn a_long_handler_call_keeps_its_partition_gauges_and_shows_its_age() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 1);
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(1);
     let port = shardcall_redis::testing::free_port();
     // Answers the initialize, then sleeps 10 s in its first batch.
     let handler = r#"read l; echo '{"action":"ok"}'; read l; sleep 10; while true; do echo '{"action":"processed","state":""}'; read l || exit 0; done"#;
-    let a = worker(
-        &redis.url(),
-        "ops",
-        &log_dir.display().to_string(),
-        "a",
-        "0",
-    )
-    .args(["--metrics-addr", &port.to_string(), "--exec", handler])
-    .spawn()
-    .unwrap();
+    let a = worker(&url, "ops", &log_arg, "a", "0")
+        .args(["--metrics-addr", &port.to_string(), "--exec", handler])
+        .spawn()
+        .unwrap();
     let _procs = Killer(vec![a]);
     produce_numbers(&log, 10);
     // More records come once the first call is under way.
@@ -1196,18 +1248,18 @@ fn a_long_handler_call_keeps_its_partition_gauges_and_shows_its_age() {
 #[test]
 fn a_hung_exec_handler_is_killed_at_its_deadline_and_restarted_from_the_checkpoint() {
     use shardcall::oracle::DigestState;
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 1);
+    let Ops {
+        dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(1);
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/handlers/digest.py");
     let stderr = dir.path().join("worker.log");
-    let mut w = worker(
-        &redis.url(),
-        "ops",
-        &log_dir.display().to_string(),
-        "w",
-        "0",
-    );
+    let mut w = worker(&url, "ops", &log_arg, "w", "0");
     w.arg("--exec")
         .arg(format!("python3 {}", script.display()))
         .args(["--set", "handler.call_deadline=1500ms"])
@@ -1223,9 +1275,7 @@ fn a_hung_exec_handler_is_killed_at_its_deadline_and_restarted_from_the_checkpoi
     let checkpointed = |at: u64| {
         rt.block_on(async {
             use shardcall::CoordinationStore;
-            let store = shardcall_redis::RedisStore::connect(&redis.url())
-                .await
-                .unwrap();
+            let store = shardcall_redis::RedisStore::connect(&url).await.unwrap();
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
                 if let Some(cp) = store.load_checkpoint("ops", &p).await.unwrap()
@@ -1279,10 +1329,14 @@ fn a_hung_exec_handler_is_killed_at_its_deadline_and_restarted_from_the_checkpoi
 
 #[test]
 fn the_tools_a_kafka_user_reaches_for_audit_release_by_topic_and_drain() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 4);
-    let url = redis.url();
-    let log_arg = log_dir.display().to_string();
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(4);
     produce_numbers(&log, 40);
     let long = "a-very-long-worker-name-that-used-to-push-the-status-columns";
     let _procs = Killer(vec![
@@ -1370,8 +1424,14 @@ fn the_tools_a_kafka_user_reaches_for_audit_release_by_topic_and_drain() {
 #[test]
 fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
     use shardcall::StateStore;
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 2);
+    let Ops {
+        dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(2);
     let mut p = log.producer("t").unwrap();
     for i in 0..400u32 {
         p.send(Some(format!("k{}", i % 7).as_bytes()), b"v", 0)
@@ -1382,17 +1442,9 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/handlers/counts.py");
     let state_dir = dir.path().join("state");
     let mut child = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-        .args([
-            "worker",
-            "--redis",
-            &redis.url(),
-            "--group",
-            "py",
-            "--topic",
-            "t",
-        ])
+        .args(["worker", "--redis", &url, "--group", "py", "--topic", "t"])
         .arg("--log")
-        .arg(&log_dir)
+        .arg(&log_arg)
         .args(["--name", "w", "--tick-ms", "100"])
         .arg("--state-dir")
         .arg(&state_dir)
@@ -1410,14 +1462,12 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let store = shardcall_redis::RedisStore::connect(&redis.url())
-            .await
-            .unwrap();
+        let store = shardcall_redis::RedisStore::connect(&url).await.unwrap();
         python_caught_up(&store, &log, 2).await;
     });
     // While it runs, status shows each store's size, snapshot or not.
     let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-        .args(["status", "--redis", &redis.url(), "--group", "py", "--json"])
+        .args(["status", "--redis", &url, "--group", "py", "--json"])
         .output()
         .unwrap();
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -1428,9 +1478,9 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
     let _ = Command::new("kill").arg(child.id().to_string()).status();
     assert!(child.wait().unwrap().success());
     let out = Command::new(env!("CARGO_BIN_EXE_shardcall"))
-        .args(["status", "--redis", &redis.url(), "--group", "py", "--json"])
+        .args(["status", "--redis", &url, "--group", "py", "--json"])
         .arg("--log")
-        .arg(&log_dir)
+        .arg(&log_arg)
         .output()
         .unwrap();
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -1444,9 +1494,7 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
     // empty group, and once the quarantines end both partitions go to it.
     rt.block_on(async {
         use shardcall::CoordinationStore;
-        let store = shardcall_redis::RedisStore::connect(&redis.url())
-            .await
-            .unwrap();
+        let store = shardcall_redis::RedisStore::connect(&url).await.unwrap();
         store
             .join(
                 "py",
@@ -1458,7 +1506,7 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
             .await
             .unwrap();
     });
-    let redis_url = redis.url();
+    let redis_url = url.clone();
     let cli = |command: &str, json: bool| {
         let mut args = vec![command, "--redis", &redis_url, "--group", "py"];
         if json {
@@ -1495,9 +1543,7 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
     );
     let parts = shardcall_core::PartitionId::range("t", 2);
     let (store, lease) = rt.block_on(async {
-        let store = shardcall_redis::RedisStore::connect(&redis.url())
-            .await
-            .unwrap();
+        let store = shardcall_redis::RedisStore::connect(&url).await.unwrap();
         let lease = store
             .acquire_coordinator("py", &m1, Duration::from_secs(60))
             .await
@@ -1601,9 +1647,14 @@ fn a_python_handler_keeps_its_state_in_the_local_store_over_exec() {
 /// imbalance, and `plan` weighs it as the workers do.
 #[test]
 fn status_and_plan_show_the_load_of_a_group_that_balances_by_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 4);
-    let (url, log_arg) = (redis.url(), log_dir.display().to_string());
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(4);
     // t/0 gets ten records for every one the others get.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producing = {
@@ -1692,10 +1743,14 @@ fn status_and_plan_show_the_load_of_a_group_that_balances_by_it() {
 /// and the children are owned.
 #[test]
 fn a_split_shows_in_plan_and_status_children_wait_for_their_parent() {
-    let dir = tempfile::tempdir().unwrap();
-    let (redis, log_dir, log) = redis_and_log(dir.path(), 1);
-    let url = redis.url();
-    let log_arg = log_dir.display().to_string();
+    let Ops {
+        dir: _dir,
+        redis: _redis,
+        url,
+        log_arg,
+        log,
+        ..
+    } = Ops::new(1);
     produce_numbers(&log, 100);
     let mut procs = Killer(vec![
         worker(&url, "ops", &log_arg, "a", "200").spawn().unwrap(),
