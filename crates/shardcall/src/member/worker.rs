@@ -733,6 +733,19 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             .store
             .acquire_coordinator(group, &self.id, w.config.timing.coordinator_ttl)
             .await?;
+        // Said once per new holding, for an operator reading how a failover
+        // went: the coordinator's change is one of its steps.
+        if let Some(l) = &lease
+            && self
+                .coordinator
+                .as_ref()
+                .is_none_or(|held| held.epoch != l.epoch)
+        {
+            tracing::info!(
+                coordinator_epoch = l.epoch,
+                "became the group's coordinator"
+            );
+        }
         self.coordinator = lease.clone();
         let Some(lease) = lease else { return Ok(()) };
         // Until the source has been listed once there is nothing to assign.
