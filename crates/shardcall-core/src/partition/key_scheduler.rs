@@ -217,6 +217,12 @@ impl KeyScheduler {
         out
     }
 
+    /// Whether the record at `offset` is done: below the watermark, done
+    /// above it, or known done when restored.
+    pub fn is_done(&self, offset: u64) -> bool {
+        offset < self.watermark() || self.done.contains(&offset) || self.skip.contains(&offset)
+    }
+
     /// How many more records may be taken before the buffer is full.
     pub fn room(&self) -> usize {
         self.max_buffered.saturating_sub(self.buffered)

@@ -68,6 +68,45 @@ pub struct Progress {
     pub done_above: Vec<(u64, u64)>,
 }
 
+impl Progress {
+    /// The progress a local state store records: every offset below
+    /// `applied` done, and a done mark for each of `marks` (any order; those
+    /// below `applied` are stale and ignored).
+    pub fn from_marks(applied: u64, marks: impl IntoIterator<Item = u64>) -> Self {
+        let mut above: Vec<u64> = marks.into_iter().filter(|&o| o >= applied).collect();
+        above.sort_unstable();
+        above.dedup();
+        let mut watermark = applied;
+        let mut done_above: Vec<(u64, u64)> = Vec::new();
+        for o in above {
+            match done_above.last_mut() {
+                Some((_, end)) if *end + 1 == o => *end = o,
+                _ if o == watermark => watermark += 1,
+                _ => done_above.push((o, o)),
+            }
+        }
+        Self {
+            watermark,
+            done_above,
+        }
+    }
+}
+
+/// How a local state store records a record done, in the same commit as
+/// the record's state change: the store keeps the offset below which
+/// everything is done, plus a mark for each record done above it. What
+/// the store holds after the commit is then exactly what is done, and
+/// [`Progress::from_marks`] reads it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoneCommit {
+    /// The store's position after the commit: every offset below it done.
+    pub applied: u64,
+    /// Write a done mark for this offset (it is done above `applied`).
+    pub mark: Option<u64>,
+    /// Delete these offsets' marks: `applied` covers them now.
+    pub unmark: Vec<u64>,
+}
+
 /// What the last command came to, or what happened.
 #[derive(Debug, Clone)]
 pub enum KeyedEvent {
@@ -180,15 +219,16 @@ pub struct KeyedEngine {
     fetch_after: Millis,
     /// Attempts made of each record in flight.
     attempts: HashMap<u64, u32>,
-    /// Records whose handler call is out.
-    calling: usize,
-    /// Failed records waiting for their next attempt, by offset.
+    /// Failed records waiting for their next attempt, by offset. Every
+    /// other record in flight is calling the handler or on its way to the
+    /// dead letters.
     failing: BTreeMap<u64, Failing>,
-    /// Records on their way to the dead letters.
-    dead_lettering: usize,
-    /// The progress last written (`None`: the last write failed), and
-    /// whether a write is out.
-    written: Option<Progress>,
+    /// Records done so far: progress changes only when this grows, so the
+    /// done ranges are built only for a checkpoint that will carry them.
+    done_count: u64,
+    /// `done_count` when the last checkpoint was sent (`None`: the last
+    /// write failed), and whether a write is out.
+    written_at: Option<u64>,
     checkpointing: bool,
     last_checkpoint_at: Millis,
     /// When a failed checkpoint may be written again.
@@ -215,10 +255,9 @@ impl KeyedEngine {
             fetching: false,
             fetch_after: 0,
             attempts: HashMap::new(),
-            calling: 0,
             failing: BTreeMap::new(),
-            dead_lettering: 0,
-            written: Some(progress.clone()),
+            done_count: 0,
+            written_at: Some(0),
             checkpointing: false,
             last_checkpoint_at: now,
             checkpoint_after: now,
@@ -241,6 +280,37 @@ impl KeyedEngine {
         self.scheduler.in_flight()
     }
 
+    /// How the local state store records `offset` done, with its state
+    /// change, in one commit. Call it when the record's handler call
+    /// succeeded (or its dead-lettering did); then report the commit's
+    /// outcome ([`KeyedEvent::Finished`] or [`KeyedEvent::DeadLettered`])
+    /// before planning the next: one commit at a time, each planned on
+    /// everything committed before it.
+    pub fn done_commit(&self, offset: u64) -> DoneCommit {
+        let watermark = self.scheduler.watermark();
+        if offset != watermark {
+            return DoneCommit {
+                applied: watermark,
+                mark: Some(offset),
+                unmark: Vec::new(),
+            };
+        }
+        // The lowest record not done: the watermark moves past it and past
+        // every record done right above it, whose marks are no longer
+        // needed.
+        let mut applied = offset + 1;
+        let mut unmark = Vec::new();
+        while self.scheduler.is_done(applied) {
+            unmark.push(applied);
+            applied += 1;
+        }
+        DoneCommit {
+            applied,
+            mark: None,
+            unmark,
+        }
+    }
+
     /// Takes `event` at `now` and says what to do.
     pub fn step(&mut self, event: KeyedEvent, now: Millis) -> KeyedStep {
         let mut out = KeyedStep::default();
@@ -259,40 +329,19 @@ impl KeyedEngine {
                 self.fetching = false;
                 self.fetch_after = now + self.rules.retry.first.as_millis() as Millis;
             }
-            KeyedEvent::Finished { offset, outcome } => {
-                self.calling -= 1;
-                match outcome {
-                    Ok(()) => self.done(offset),
-                    Err(_) => {
-                        let attempts = self.attempts.get(&offset).copied().unwrap_or(1);
-                        let pause = self.rules.retry.after(attempts).as_millis() as Millis;
-                        self.failing.insert(
-                            offset,
-                            Failing {
-                                attempts,
-                                retry_at: now + pause,
-                            },
-                        );
-                    }
+            KeyedEvent::Finished { offset, outcome } => match outcome {
+                Ok(()) => self.done(offset),
+                Err(_) => {
+                    let attempts = self.attempts_of(offset);
+                    self.wait_again(offset, self.rules.retry.after(attempts), now);
                 }
-            }
-            KeyedEvent::DeadLettered { offset, outcome } => {
-                self.dead_lettering -= 1;
-                match outcome {
-                    Ok(()) => self.done(offset),
-                    Err(_) => {
-                        let attempts = self.attempts.get(&offset).copied().unwrap_or(1);
-                        let pause = self.rules.retry.first.as_millis() as Millis;
-                        self.failing.insert(
-                            offset,
-                            Failing {
-                                attempts,
-                                retry_at: now + pause,
-                            },
-                        );
-                    }
-                }
-            }
+            },
+            // A dead-letter write that failed is tried again after the
+            // first pause: the record is past its attempts already.
+            KeyedEvent::DeadLettered { offset, outcome } => match outcome {
+                Ok(()) => self.done(offset),
+                Err(_) => self.wait_again(offset, self.rules.retry.first, now),
+            },
             KeyedEvent::Checkpointed(outcome) => {
                 self.checkpointing = false;
                 match outcome {
@@ -305,7 +354,7 @@ impl KeyedEngine {
                     // Written again after a pause, whatever it holds by
                     // then.
                     CheckpointOutcome::Failed(_) => {
-                        self.written = None;
+                        self.written_at = None;
                         self.checkpoint_after = now + self.rules.retry.first.as_millis() as Millis;
                     }
                 }
@@ -321,6 +370,21 @@ impl KeyedEngine {
     fn done(&mut self, offset: u64) {
         self.attempts.remove(&offset);
         self.scheduler.done(offset);
+        self.done_count += 1;
+    }
+
+    fn attempts_of(&self, offset: u64) -> u32 {
+        self.attempts.get(&offset).copied().unwrap_or(1)
+    }
+
+    /// The record failed (or its dead-lettering did): it waits `pause`
+    /// before its next attempt, its key held back meanwhile.
+    fn wait_again(&mut self, offset: u64, pause: Duration, now: Millis) {
+        let failing = Failing {
+            attempts: self.attempts_of(offset),
+            retry_at: now + pause.as_millis() as Millis,
+        };
+        self.failing.insert(offset, failing);
     }
 
     /// What to do now that the event is taken in.
@@ -342,7 +406,6 @@ impl KeyedEngine {
                 let exhausted =
                     self.rules.max_attempts > 0 && f.attempts >= self.rules.max_attempts;
                 if exhausted && self.rules.dead_letters {
-                    self.dead_lettering += 1;
                     out.commands.push(KeyedCommand::DeadLetter {
                         offset,
                         attempts: f.attempts,
@@ -350,7 +413,6 @@ impl KeyedEngine {
                 } else {
                     let attempt = f.attempts + 1;
                     self.attempts.insert(offset, attempt);
-                    self.calling += 1;
                     out.commands.push(KeyedCommand::Start { offset, attempt });
                 }
             }
@@ -360,7 +422,6 @@ impl KeyedEngine {
             // New records start.
             while let Some(offset) = self.scheduler.next_start() {
                 self.attempts.insert(offset, 1);
-                self.calling += 1;
                 out.commands
                     .push(KeyedCommand::Start { offset, attempt: 1 });
             }
@@ -377,22 +438,22 @@ impl KeyedEngine {
                 }
             }
         }
-        // Checkpoints.
-        let progress = self.progress();
-        let drained = self.calling == 0 && self.dead_lettering == 0;
+        // Checkpoints. Failed records waiting for another attempt are left
+        // for the next owner; only calls and dead-letter writes drain.
+        let drained = self.scheduler.in_flight() == self.failing.len();
         let drain_over = self.ending_since.is_some_and(|since| {
             drained || now >= since + self.rules.drain_within.as_millis() as Millis
         });
         if !self.checkpointing {
-            if self.written.as_ref() != Some(&progress) {
+            if self.written_at != Some(self.done_count) {
                 let interval_over =
                     self.last_checkpoint_at + self.rules.checkpoint_interval.as_millis() as Millis;
                 let due = if drain_over { now } else { interval_over }.max(self.checkpoint_after);
                 if now >= due {
                     self.checkpointing = true;
                     self.last_checkpoint_at = now;
-                    self.written = Some(progress.clone());
-                    out.commands.push(KeyedCommand::Checkpoint(progress));
+                    self.written_at = Some(self.done_count);
+                    out.commands.push(KeyedCommand::Checkpoint(self.progress()));
                 } else {
                     wake_at(due);
                 }
@@ -630,6 +691,47 @@ mod tests {
         )
     }
 
+    /// Carries out the engine's plan for recording `offset` done in the
+    /// simulated local store, and checks that the store then reads back
+    /// as exactly the records done.
+    fn commit(
+        e: &KeyedEngine,
+        store: &mut (u64, BTreeSet<u64>),
+        committed: &mut Vec<u64>,
+        offset: u64,
+    ) -> Result<(), TestCaseError> {
+        let plan = e.done_commit(offset);
+        store.0 = plan.applied;
+        store.1.extend(plan.mark);
+        for o in &plan.unmark {
+            prop_assert!(store.1.remove(o), "unmarked {} that had no mark", o);
+        }
+        prop_assert!(
+            store.1.iter().all(|&o| o >= store.0),
+            "a mark left below the store's position"
+        );
+        committed.push(offset);
+        let done: BTreeSet<u64> = committed.iter().copied().collect();
+        let read = Progress::from_marks(store.0, store.1.iter().copied());
+        let read_done: BTreeSet<u64> = (0..read.watermark)
+            .chain(read.done_above.iter().flat_map(|&(a, b)| a..=b))
+            .collect();
+        prop_assert_eq!(read_done, done, "the store reads back another done set");
+        Ok(())
+    }
+
+    #[test]
+    fn marks_read_back_as_ranges_above_the_position() {
+        let p = Progress::from_marks(5, [9, 2, 7, 5, 6, 10, 12]);
+        assert_eq!(
+            p,
+            Progress {
+                watermark: 8,
+                done_above: vec![(9, 10), (12, 12)],
+            }
+        );
+    }
+
     proptest! {
         /// Answers come back in any order, some records fail (and are
         /// retried or dead-lettered), checkpoints land or fail, and the
@@ -648,6 +750,8 @@ mod tests {
             // What the local store committed: done offsets, in the order
             // they were done.
             let mut committed: Vec<u64> = Vec::new();
+            // The local store itself: its position and its done marks.
+            let mut store: (u64, BTreeSet<u64>) = (0, BTreeSet::new());
             let mut out: Vec<KeyedCommand> = e.step(KeyedEvent::Tick, now).commands;
             let mut wake: Option<Millis> = None;
             let mut step = 0usize;
@@ -656,17 +760,8 @@ mod tests {
                 prop_assert!(step < 20_000, "no progress: {} of {} done", committed.len(), n);
                 if step == crash_at && !crashed {
                     crashed = true;
-                    let done: BTreeSet<u64> = committed.iter().copied().collect();
-                    let mut watermark = 0;
-                    while done.contains(&watermark) { watermark += 1; }
-                    let mut above: Vec<(u64, u64)> = Vec::new();
-                    for &o in done.range(watermark..) {
-                        match above.last_mut() {
-                            Some((_, end)) if *end + 1 == o => *end = o,
-                            _ => above.push((o, o)),
-                        }
-                    }
-                    e = KeyedEngine::new(rules(), &Progress { watermark, done_above: above }, now);
+                    let restored = Progress::from_marks(store.0, store.1.iter().copied());
+                    e = KeyedEngine::new(rules(), &restored, now);
                     out = e.step(KeyedEvent::Tick, now).commands;
                     wake = None;
                     step += 1;
@@ -692,11 +787,11 @@ mod tests {
                             outcome: Err(Cause::msg("flaky")),
                         },
                         KeyedCommand::Start { offset, .. } => {
-                            committed.push(offset);
+                            commit(&e, &mut store, &mut committed, offset)?;
                             KeyedEvent::Finished { offset, outcome: Ok(()) }
                         }
                         KeyedCommand::DeadLetter { offset, .. } => {
-                            committed.push(offset);
+                            commit(&e, &mut store, &mut committed, offset)?;
                             KeyedEvent::DeadLettered { offset, outcome: Ok(()) }
                         }
                         KeyedCommand::Checkpoint(p) => {
