@@ -252,6 +252,7 @@ pub(crate) type CheckpointReply = (
     Option<String>,
     Option<u64>,
     Option<String>,
+    Option<String>,
 );
 
 /// The read of `partition`'s checkpoint: one `HMGET` in its slot.
@@ -265,6 +266,7 @@ pub(crate) fn checkpoint_read(group: &str, partition: &PartitionId) -> redis::Cm
         "position",
         "store_bytes",
         "uploading",
+        "done",
     ]);
     cmd
 }
@@ -274,8 +276,8 @@ pub(crate) fn decode_checkpoint_reply(
     partition: &PartitionId,
     reply: CheckpointReply,
 ) -> StoreResult<Option<Checkpoint>> {
-    let (offset, state, epoch, backup, position, store_bytes, uploading) = reply;
-    let mut cp = decode_checkpoint(partition, (offset, state, epoch), backup)?;
+    let (offset, state, epoch, backup, position, store_bytes, uploading, done) = reply;
+    let mut cp = decode_checkpoint(partition, (offset, state, epoch), backup, done)?;
     if let Some(cp) = &mut cp {
         cp.position = position.filter(|p| !p.is_empty());
         cp.store_bytes = store_bytes;
@@ -285,12 +287,13 @@ pub(crate) fn decode_checkpoint_reply(
 }
 
 /// A checkpoint from its hash's `offset`, `state` and `epoch` fields (all
-/// absent: none yet) and its snapshot history (`backup`, JSON; absent:
-/// none).
+/// absent: none yet), its snapshot history (`backup`, JSON; absent: none)
+/// and its done ranges (`done`, [`codec::encode_ranges`]; absent: none).
 pub(crate) fn decode_checkpoint(
     partition: &PartitionId,
     fields: (Option<u64>, Option<Vec<u8>>, Option<u64>),
     backup: Option<Vec<u8>>,
+    done: Option<String>,
 ) -> StoreResult<Option<Checkpoint>> {
     let history = match backup.filter(|b| !b.is_empty()) {
         None => Vec::new(),
@@ -301,17 +304,32 @@ pub(crate) fn decode_checkpoint(
             )
         })?,
     };
+    let what = || format!("the checkpoint of {partition}");
+    let done_above = codec::decode_ranges(&what(), done.as_deref().unwrap_or(""))?;
     match fields {
         (None, None, None) => Ok(None),
-        (Some(offset), Some(state), Some(epoch)) => Ok(Some(Checkpoint {
-            offset,
-            state,
-            epoch,
-            backup: history,
-            position: None,
-            store_bytes: None,
-            snapshot_uploading: false,
-        })),
+        (Some(offset), Some(state), Some(epoch)) => {
+            let cp = Checkpoint {
+                offset,
+                state,
+                epoch,
+                backup: history,
+                position: None,
+                store_bytes: None,
+                snapshot_uploading: false,
+                done_above,
+            };
+            if !cp.done_above_well_formed() {
+                return Err(StoreError::corrupt(
+                    what(),
+                    format!(
+                        "its done ranges are not in order above offset {offset}: {:?}",
+                        done.unwrap_or_default()
+                    ),
+                ));
+            }
+            Ok(Some(cp))
+        }
         _ => Err(StoreError::corrupt(
             format!("the checkpoint of {partition}"),
             "some of its fields (offset, state, epoch) are missing",
@@ -719,6 +737,7 @@ impl RedisStore {
             .arg(cp.position.as_deref().unwrap_or(""))
             .arg(cp.store_bytes.map_or(String::new(), |b| b.to_string()))
             .arg(if cp.snapshot_uploading { "1" } else { "0" })
+            .arg(codec::encode_ranges(&cp.done_above))
             .invoke_async(&mut c)
             .await?;
         Ok(())

@@ -14,7 +14,7 @@ use shardcall::{
 };
 use shardcall_core::{MemberId, PartitionId, TicketClaim};
 
-use crate::codec::{parse_partition_field, partition_field};
+use crate::codec::{self, parse_partition_field, partition_field};
 use crate::error::map_error;
 use crate::store::{RedisStore, checkpoint_key, decode_checkpoint, group_key, ms, partition_key};
 
@@ -277,11 +277,16 @@ impl TicketStore for RedisStore {
             .key(checkpoint_key(group, &claim.partition))
             .arg(claim.epoch)
             .arg(claim.expires);
-        let (offset, state, epoch): (Option<u64>, Option<Vec<u8>>, Option<u64>) = self
+        let (offset, state, epoch, done): (
+            Option<u64>,
+            Option<Vec<u8>>,
+            Option<u64>,
+            Option<String>,
+        ) = self
             .invoke(&mut call)
             .await
             .map_err(|e| Self::fenced_as_claim(e, claim))?;
-        decode_checkpoint(&claim.partition, (offset, state, epoch), None)
+        decode_checkpoint(&claim.partition, (offset, state, epoch), None, done)
     }
 
     async fn count_delivery(
@@ -317,7 +322,8 @@ impl TicketStore for RedisStore {
             .arg(claim.epoch)
             .arg(claim.expires)
             .arg(checkpoint.offset)
-            .arg(checkpoint.state.as_slice());
+            .arg(checkpoint.state.as_slice())
+            .arg(codec::encode_ranges(&checkpoint.done_above));
         let _: i64 = self
             .invoke(&mut call)
             .await

@@ -40,6 +40,7 @@ async fn operations_cost_what_they_should() {
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        done_above: Vec::new(),
     };
     // Warm the script cache, then count.
     store.renew(g, &m, ttl).await.unwrap();

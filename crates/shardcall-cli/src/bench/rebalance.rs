@@ -208,6 +208,7 @@ async fn measure_round_trips(store: &RedisStore) -> anyhow::Result<Vec<(String, 
                 position: None,
                 store_bytes: None,
                 snapshot_uploading: false,
+                done_above: Vec::new(),
             };
             store.save_checkpoint(g, &m, &parts[0], &cp).await?;
             let n = round_trips(store, || async {
@@ -498,6 +499,7 @@ async fn measure_checkpoint_rate(
                     position: None,
                     store_bytes: None,
                     snapshot_uploading: false,
+                    done_above: Vec::new(),
                 };
                 store.save_checkpoint(g, &m, &p, &cp).await?;
                 n += 1;

@@ -605,6 +605,7 @@ impl CoordinationStore for MemoryStore {
             position: None,
             store_bytes: None,
             snapshot_uploading: false,
+            done_above: Vec::new(),
         });
         cp.offset = offset;
         // The position is the operator's now: no grant's local state store
@@ -614,6 +615,7 @@ impl CoordinationStore for MemoryStore {
         cp.position = None;
         cp.store_bytes = None;
         cp.snapshot_uploading = false;
+        cp.done_above.clear();
         if clear_state {
             cp.state.clear();
         }

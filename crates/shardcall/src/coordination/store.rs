@@ -51,6 +51,32 @@ pub struct Checkpoint {
     /// owned partition, replacing the stored one (tickets have no
     /// warm-ups, and keep none); an operator's reset clears it.
     pub snapshot_uploading: bool,
+    /// Offsets at or above `offset` already processed, as inclusive
+    /// ranges in order, none touching another or `offset` (a partition
+    /// whose records run many at once finishes them out of order; see
+    /// [`shardcall_core::keyed_engine`]): a restore skips them. Empty for
+    /// a partition processed in order. Written with each checkpoint,
+    /// replacing the stored ones, with no limit on how many; an operator's
+    /// reset clears them.
+    pub done_above: Vec<(u64, u64)>,
+}
+
+impl Checkpoint {
+    /// Whether `done_above` is in the form it documents: ranges in order,
+    /// each `first <= last`, the first starting above `offset` and each
+    /// after the last one's end with a gap.
+    pub fn done_above_well_formed(&self) -> bool {
+        // The lowest offset a range may start above (wide: a range may end
+        // at the last offset there is).
+        let mut floor = u128::from(self.offset);
+        for &(first, last) in &self.done_above {
+            if u128::from(first) <= floor || last < first {
+                return false;
+            }
+            floor = u128::from(last) + 1;
+        }
+        true
+    }
 }
 
 /// A group's quarantine rule and who set it when: group state, created by

@@ -825,6 +825,7 @@ where
             position: self.d.source.position(&self.d.ctx.partition, offset),
             store_bytes: self.store_bytes(),
             snapshot_uploading: self.uploading.is_some(),
+            done_above: Vec::new(),
         };
         match self.grant.save(&checkpoint).await {
             Ok(()) => {
@@ -1113,6 +1114,7 @@ where
             position: self.d.source.position(&self.d.ctx.partition, last + 1),
             store_bytes: self.store_bytes(),
             snapshot_uploading: self.uploading.is_some(),
+            done_above: Vec::new(),
         };
         let mut write = self.open_write.take().unwrap_or(OpenWrite {
             first,

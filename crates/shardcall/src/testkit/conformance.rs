@@ -37,6 +37,7 @@ macro_rules! __store_checks {
             load_reports_round_trip_and_are_fenced,
             checkpoint_bytes_round_trip,
             source_positions_move_with_the_checkpoint,
+            done_ranges_move_with_the_checkpoint,
             drain_is_recorded,
             reset_offsets,
             failure_reports_keep_the_streak,
@@ -321,6 +322,7 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        done_above: Vec::new(),
     };
     store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
     match store
@@ -626,6 +628,7 @@ pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: Coordinatio
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        done_above: Vec::new(),
     };
     let history = vec![pointer("m2", 8), pointer("m1", 4)];
     store
@@ -687,6 +690,7 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         position: position.map(str::to_owned),
         store_bytes: position.map(|p| p.len() as u64),
         snapshot_uploading: position.is_some(),
+        done_above: Vec::new(),
     };
     let long = "4959033827149025660855969253836157109592157598913658889".to_string();
     let read = || async { store.load_checkpoint(group, &p(0)).await.unwrap().unwrap() };
@@ -731,6 +735,68 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
     assert!(!read().await.snapshot_uploading, "a reset kept the upload");
 }
 
+/// A checkpoint's done ranges are stored whole (thousands of them: no
+/// limit may stall a partition), replaced by the next checkpoint, never
+/// written by a fenced member, and cleared by an operator's reset.
+pub async fn done_ranges_move_with_the_checkpoint<S: CoordinationStore>(store: &S, group: &str) {
+    let (a, b) = (m("a"), m("b"));
+    store.join(group, &a, 1, "h", LONG).await.unwrap();
+    store.join(group, &b, 1, "h", LONG).await.unwrap();
+    let (_, epochs) = grant_all(store, group, &a, 1).await;
+    let cp = |offset, done_above: Vec<(u64, u64)>| Checkpoint {
+        offset,
+        state: Vec::new(),
+        epoch: epochs[0],
+        backup: Vec::new(),
+        position: None,
+        store_bytes: None,
+        snapshot_uploading: false,
+        done_above,
+    };
+    let read = || async { store.load_checkpoint(group, &p(0)).await.unwrap().unwrap() };
+    // Every other offset done above the watermark, 5,000 ranges.
+    let many: Vec<(u64, u64)> = (0..5_000u64).map(|i| (11 + 2 * i, 11 + 2 * i)).collect();
+    store
+        .save_checkpoint(group, &a, &p(0), &cp(10, many.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        read().await.done_above,
+        many,
+        "the done ranges came back changed"
+    );
+    let zombie = store
+        .save_checkpoint(group, &b, &p(0), &cp(10, vec![(12, 20)]))
+        .await;
+    assert!(matches!(zombie, Err(StoreError::Fenced(_))), "{zombie:?}");
+    assert_eq!(read().await.done_above, many, "a fenced write changed them");
+    store
+        .save_checkpoint(group, &a, &p(0), &cp(40, vec![(42, 45)]))
+        .await
+        .unwrap();
+    assert_eq!(read().await.done_above, vec![(42, 45)], "not replaced");
+    store
+        .save_checkpoint(group, &a, &p(0), &cp(46, Vec::new()))
+        .await
+        .unwrap();
+    assert!(
+        read().await.done_above.is_empty(),
+        "an in-order checkpoint kept old ranges"
+    );
+    store
+        .save_checkpoint(group, &a, &p(0), &cp(46, vec![(48, 48)]))
+        .await
+        .unwrap();
+    store
+        .reset_offset(group, &p(0), 0, true, false, "operator")
+        .await
+        .unwrap();
+    assert!(
+        read().await.done_above.is_empty(),
+        "a reset kept done ranges: records above it would be skipped"
+    );
+}
+
 /// Only the live holder under the current epoch may checkpoint.
 pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str) {
     let (a, b) = (m("a"), m("b"));
@@ -746,6 +812,7 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        done_above: Vec::new(),
     };
     assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), None);
     store
@@ -1260,6 +1327,7 @@ pub async fn checkpoint_bytes_round_trip<S: CoordinationStore>(store: &S, group:
             position: None,
             store_bytes: None,
             snapshot_uploading: false,
+            done_above: Vec::new(),
         };
         store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
         assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), Some(cp));

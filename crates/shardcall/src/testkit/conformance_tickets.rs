@@ -60,6 +60,7 @@ macro_rules! __ticket_checks {
             claims_rotate_in_order,
             a_lapsed_claim_returns_and_is_fenced,
             checkpoints_follow_the_newest_claim,
+            a_claim_restores_the_done_ranges,
             backed_off_tickets_wait_and_wake,
             a_waiting_claim_gets_a_returned_ticket,
             deliveries_are_counted_across_claims,
@@ -242,6 +243,7 @@ pub async fn a_lapsed_claim_returns_and_is_fenced<S: TicketStore>(store: &S, gro
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        done_above: Vec::new(),
     };
     fenced(
         store.save_ticket_checkpoint(group, &renewed, &cp).await,
@@ -265,6 +267,7 @@ pub async fn checkpoints_follow_the_newest_claim<S: TicketStore>(store: &S, grou
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        done_above: Vec::new(),
     };
     store
         .save_ticket_checkpoint(group, &a, &cp(10, a.epoch))
@@ -286,6 +289,42 @@ pub async fn checkpoints_follow_the_newest_claim<S: TicketStore>(store: &S, grou
         .unwrap();
     let now = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
     assert_eq!((now.offset, now.epoch), (20, b.epoch));
+}
+
+/// A claim's checkpoint carries its done ranges; the next claim restores
+/// them, and a checkpoint without any clears them.
+pub async fn a_claim_restores_the_done_ranges<S: TicketStore>(store: &S, group: &str) {
+    store.seed_tickets(group, &ps(1)).await.unwrap();
+    let a = claim_for(store, group, "a", TTL).await;
+    assert_eq!(store.restore_ticket(group, &a).await.unwrap(), None);
+    let cp = |offset, epoch, done_above| Checkpoint {
+        offset,
+        state: Vec::new(),
+        epoch,
+        backup: Vec::new(),
+        position: None,
+        store_bytes: None,
+        snapshot_uploading: false,
+        done_above,
+    };
+    store
+        .save_ticket_checkpoint(group, &a, &cp(10, a.epoch, vec![(12, 14), (20, 20)]))
+        .await
+        .unwrap();
+    tokio::time::sleep(TTL + Duration::from_millis(150)).await;
+    let b = claim(store, group, "b").await;
+    let restored = store.restore_ticket(group, &b).await.unwrap().unwrap();
+    assert_eq!(
+        (restored.offset, restored.done_above),
+        (10, vec![(12, 14), (20, 20)]),
+        "the next claim would process done records again"
+    );
+    store
+        .save_ticket_checkpoint(group, &b, &cp(21, b.epoch, Vec::new()))
+        .await
+        .unwrap();
+    let now = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
+    assert!(now.done_above.is_empty(), "{:?}", now.done_above);
 }
 
 /// A ticket returned with a delay is not claimed before it is due, unless
