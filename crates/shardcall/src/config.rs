@@ -44,6 +44,9 @@ pub struct WorkerConfig {
     /// parent is processed to its end (per-key order across the lineage),
     /// or at once. Every member of a group should agree.
     pub child_order: shardcall_core::ChildOrder,
+    /// In which order each topic's records are processed: in batches, in
+    /// offset order (the default), or many at once by key.
+    pub ordering: crate::OrderingConfig,
 }
 
 impl Default for WorkerConfig {
@@ -60,6 +63,7 @@ impl Default for WorkerConfig {
             state: None,
             balance: None,
             child_order: shardcall_core::ChildOrder::ParentsFirst,
+            ordering: crate::OrderingConfig::default(),
         }
     }
 }
@@ -187,6 +191,20 @@ pub enum WorkerConfigError {
     /// A snapshot setting of the local state stores cannot work.
     #[error("state.snapshots.{0}")]
     Snapshots(String),
+    /// A topic runs by key, but the worker has no local state store to
+    /// commit each key's state with its record's mark as done.
+    #[error(
+        "ordering = \"key\" needs the local state store ([state] with kind = \"store\"): \
+         each record's key state commits there together with its mark as done, which is \
+         what keeps every state change applied exactly once across crashes and handovers"
+    )]
+    KeyOrderingWithoutStore,
+    /// A topic runs by key, but the handler processes batches.
+    #[error(
+        "ordering = \"key\" runs records many at once, one call per record: the handler \
+         must be a KeyedHandler (type Keeps = PerKey), not one that processes batches"
+    )]
+    KeyOrderingNeedsKeyedHandler,
     /// The handler keeps its state one way and the worker is set up for
     /// another.
     #[error("the handler keeps its state {handler}, but the worker runs {worker}: {fix}")]
@@ -264,6 +282,11 @@ impl WorkerConfig {
         if let Some(state) = &self.state {
             out.extend(state.problems());
         }
+        let store = self
+            .state
+            .as_ref()
+            .is_some_and(|s| s.kind == crate::StateKind::Store);
+        out.extend(self.ordering.problems(store));
         if let Some(balance) = &self.balance {
             if balance.threshold_ppm == 0 || balance.threshold_ppm >= 1_000_000 {
                 out.push(WorkerConfigError::BalanceThreshold {

@@ -76,8 +76,8 @@ pub use handler::typed::{
 };
 pub use handler::{
     AnyStateHandler, BatchObserver, BatchOutcome, BatchRecord, BytesHandler, ChosenAtRunTime,
-    HandlerError, HandlerFactory, HandlerResult, InBytes, InLocalStore, KeepsState,
-    LocalStoreHandler, PartitionContext, PartitionHandler,
+    HandlerError, HandlerFactory, HandlerResult, InBytes, InLocalStore, KeepsState, KeyState,
+    KeyedHandler, LocalStoreHandler, PartitionContext, PartitionHandler, PerKey,
 };
 pub use local_state::backup_dir::DirBackupStore;
 pub use local_state::backup_store::{
@@ -104,6 +104,9 @@ pub use member::running::RunningWorker;
 pub use member::worker::{RebalanceStat, Worker, WorkerHandle, WorkerStats, quarantine_left};
 pub use partition::dead_letters::{DeadLetter, DeadLetters, FileLogDeadLetters, dead_letter_key};
 pub use partition::local::{RestoreFailure, Restored};
+pub use partition::ordering::{
+    DEFAULT_MAX_IN_FLIGHT, MAX_IN_FLIGHT_LIMIT, OrderingConfig, TopicOrdering,
+};
 pub use partition::task::TaskEnd;
 pub use source::spooled::SpooledSource;
 pub use source::{FetchLimit, FileLogSource, Listing, Source, SourceError};
@@ -118,8 +121,8 @@ pub use ticket::worker::{TicketStats, TicketWorker, TicketWorkerHandle};
 pub mod prelude {
     pub use crate::{
         BytesHandler, CoordinationStore, FileLogSource, HandlerError, HandlerResult, InBytes,
-        InLocalStore, LocalStoreHandler, MemoryStore, PartitionContext, PartitionHandler, StateTxn,
-        StatefulHandler, Worker, typed,
+        InLocalStore, KeyState, KeyedHandler, LocalStoreHandler, MemoryStore, PartitionContext,
+        PartitionHandler, PerKey, StateTxn, StatefulHandler, Worker, typed,
     };
     pub use shardcall_core::PartitionId;
     pub use shardcall_spool::{FileLog, Record, SpoolConfig};

@@ -742,6 +742,8 @@ impl Settings {
             state: None,
             balance: self.balance.rules(),
             child_order: self.source.child_order,
+            // --exec and the built-in handlers process batches.
+            ordering: shardcall::OrderingConfig::default(),
         };
         if !self.group.is_empty() {
             // The library checks the stores' settings; the backup store is

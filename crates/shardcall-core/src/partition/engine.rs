@@ -30,6 +30,7 @@ use std::time::Duration;
 use crate::cause::Cause;
 use crate::ids::Millis;
 use crate::partition::bisect::{Bisect, BisectStep};
+use crate::partition::keyed::{KeyedEnd, KeyedRules};
 use crate::partition::retry::RetryBackoff;
 
 /// The pause after a store or source call failed (no fault of the
@@ -101,6 +102,12 @@ pub struct PartitionRules {
     /// to a backup store (`None`: the handler's state bytes, checkpointed
     /// whole).
     pub state: Option<StateRules>,
+    /// Records run many at once, by key, under these rules
+    /// ([`crate::keyed_engine`]) instead of in batches: once the partition
+    /// is restored and its handler ready, [`Command::RunKeyed`] hands
+    /// processing over until the partition ends. `None`: batches, in
+    /// offset order.
+    pub keyed: Option<KeyedRules>,
 }
 
 /// When a partition with a local state store snapshots.
@@ -294,6 +301,14 @@ pub enum Command {
         /// What cannot be read, said for the operator.
         reason: Cause,
     },
+    /// Process the partition's records many at once from `from` on, by
+    /// [`crate::keyed_engine::KeyedEngine`], until it is revoked (or the
+    /// worker stops): the keyed engine reads, calls, checkpoints and drains
+    /// by itself. Answer: [`Event::KeyedEnded`].
+    RunKeyed {
+        /// Where the restored partition resumes.
+        from: u64,
+    },
     /// Give the ticket back, due again after `delay`. Answer:
     /// [`Event::Done`].
     GiveBack {
@@ -457,6 +472,13 @@ pub enum Event {
     LeaseLapsed,
     /// Whether the stop was written ([`Command::StopPartition`]).
     StopWritten(StoreAnswer<()>),
+    /// How a [`Command::RunKeyed`] ended, and the watermark it reached.
+    KeyedEnded {
+        /// Drained (the partition may be released) or fenced.
+        end: KeyedEnd,
+        /// Every record below it is done.
+        watermark: u64,
+    },
     /// The answer to any command that asked the coordination store: it
     /// holds data this cannot read (another program's key, a record of an
     /// incompatible version). Retrying cannot mend it, and it is the
@@ -1003,6 +1025,14 @@ impl PartitionEngine {
                 }
                 None => self.retry_or_give_back(),
             },
+            (Some(Command::RunKeyed { .. }), Event::KeyedEnded { end, watermark }) => {
+                self.next_offset = watermark;
+                match end {
+                    KeyedEnd::Drained => self.finish(Served::Busy, Duration::ZERO),
+                    KeyedEnd::Fenced(why) => self.lose(why),
+                    KeyedEnd::StorageFailed(why) => self.storage_failed(why),
+                }
+            }
             (Some(Command::StartHandler), Event::HandlerStarted(result)) => match result {
                 Ok(()) => {
                     self.stage = Stage::Running;
@@ -1485,6 +1515,15 @@ impl PartitionEngine {
             self.finish(Served::Busy, Duration::ZERO);
             return None;
         }
+        // Records run many at once: the keyed engine takes over once
+        // whatever the restore left pending is checkpointed (by it, with
+        // the done marks the local store holds).
+        if self.rules.keyed.is_some() {
+            self.pending = None;
+            return Some(Command::RunKeyed {
+                from: self.next_offset,
+            });
+        }
         let mut wait = if self.pending.is_some() {
             Duration::ZERO
         } else {
@@ -1572,6 +1611,7 @@ mod tests {
             count_in_store: false,
             give_up_after: 0,
             state: None,
+            keyed: None,
         }
     }
 
@@ -1824,6 +1864,7 @@ mod tests {
                 }
                 Command::Release => Event::Released(StoreAnswer::Ok(())),
                 Command::GiveBack { .. } => Event::Done,
+                Command::RunKeyed { .. } => unreachable!("the world's rules process in batches"),
                 Command::StopPartition { .. } => Event::StopWritten(StoreAnswer::Ok(())),
                 Command::Snapshot { .. } if self.failing_snapshots > 0 => {
                     self.failing_snapshots -= 1;
@@ -2360,6 +2401,98 @@ mod tests {
                 Command::Release
             ]
         ));
+    }
+
+    fn keyed() -> PartitionRules {
+        PartitionRules {
+            keyed: Some(KeyedRules {
+                order: crate::key_scheduler::RecordOrder::Key,
+                max_in_flight: 4,
+                max_buffered: 16,
+                checkpoint_interval: Duration::ZERO,
+                retry: RetryBackoff::default(),
+                max_attempts: 0,
+                dead_letters: false,
+                drain_within: Duration::from_secs(1),
+            }),
+            ..owned()
+        }
+    }
+
+    fn env_at(now: Millis, revoked: bool) -> Env {
+        Env {
+            now,
+            lease_left: Duration::from_secs(10),
+            revoked,
+            unsnapshotted: 0,
+            moving: false,
+        }
+    }
+
+    /// Steps a keyed partition from its start to the hand-over.
+    fn keyed_started() -> PartitionEngine {
+        let mut e = PartitionEngine::new(keyed());
+        assert_eq!(e.step(Event::Start, env_at(0, false)), Command::Restore);
+        let c = e.step(Event::Restored(StoreAnswer::Ok(Some(5))), env_at(1, false));
+        assert_eq!(c, Command::StartHandler);
+        let c = e.step(Event::HandlerStarted(Ok(())), env_at(2, false));
+        assert_eq!(
+            c,
+            Command::RunKeyed { from: 5 },
+            "records run by key from the checkpoint"
+        );
+        e
+    }
+
+    #[test]
+    fn a_keyed_partition_hands_processing_over_and_is_released_once_drained() {
+        let mut e = keyed_started();
+        let ended = Event::KeyedEnded {
+            end: KeyedEnd::Drained,
+            watermark: 42,
+        };
+        assert_eq!(e.step(ended, env_at(3, true)), Command::Release);
+        assert_eq!(e.next_offset(), 42);
+        let c = e.step(Event::Released(StoreAnswer::Ok(())), env_at(4, true));
+        assert_eq!(
+            c,
+            Command::Backup {
+                state_backed_up: true
+            }
+        );
+        assert_eq!(
+            e.step(Event::Done, env_at(5, true)),
+            Command::Done(End::Released)
+        );
+    }
+
+    #[test]
+    fn a_keyed_partition_fenced_or_failing_storage_is_lost_or_given_up() {
+        let mut e = keyed_started();
+        let fenced = Event::KeyedEnded {
+            end: KeyedEnd::Fenced(Cause::msg("moved")),
+            watermark: 7,
+        };
+        assert!(matches!(
+            e.step(fenced, env_at(3, false)),
+            Command::Done(End::Lost(_))
+        ));
+        let mut e = keyed_started();
+        let broken = Event::KeyedEnded {
+            end: KeyedEnd::StorageFailed(Cause::msg("disk")),
+            watermark: 7,
+        };
+        let c = e.step(broken, env_at(3, false));
+        assert!(
+            matches!(c, Command::ReportFailure { retry_in: None, .. }),
+            "{c:?}"
+        );
+        assert_eq!(e.step(Event::Done, env_at(4, false)), Command::Release);
+        let c = e.step(Event::Released(StoreAnswer::Ok(())), env_at(5, false));
+        assert!(
+            matches!(c, Command::Done(End::GivenUp(_))),
+            "no backup: {c:?}"
+        );
     }
 
     #[test]

@@ -36,7 +36,7 @@ use crate::partition::key_scheduler::{KeyScheduler, RecordOrder};
 use crate::partition::retry::RetryBackoff;
 
 /// The rules a partition of concurrent records runs under.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyedRules {
     /// `Key` or `Unordered` (`Partition` runs one record at a time).
     pub order: RecordOrder,
@@ -136,6 +136,13 @@ pub enum KeyedEvent {
     Checkpointed(CheckpointOutcome),
     /// The partition is to end (revoked, or the worker stops).
     End,
+    /// The lease ran out (the process was paused, or the store could not
+    /// be reached to renew it): the partition may be someone else's by now,
+    /// so everything stops at once, nothing more written.
+    LeaseLapsed,
+    /// The local state store failed a commit: the partition ends at once,
+    /// to be given up (another member's disk may be fine).
+    StorageFailed(Cause),
 }
 
 /// How a checkpoint write went.
@@ -181,12 +188,15 @@ pub enum KeyedCommand {
 }
 
 /// How the partition ended.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyedEnd {
     /// Drained and checkpointed: the partition may be released.
     Drained,
-    /// The partition is someone else's: stop without releasing.
+    /// The partition is someone else's (or may be: the lease ran out):
+    /// stop without releasing.
     Fenced(Cause),
+    /// The local state store failed: give the partition up.
+    StorageFailed(Cause),
 }
 
 /// One step's outcome.
@@ -226,8 +236,8 @@ pub struct KeyedEngine {
     /// Records done so far: progress changes only when this grows, so the
     /// done ranges are built only for a checkpoint that will carry them.
     done_count: u64,
-    /// `done_count` when the last checkpoint was sent (`None`: the last
-    /// write failed), and whether a write is out.
+    /// `done_count` when the last checkpoint was sent (`None`: none yet,
+    /// or the last write failed), and whether a write is out.
     written_at: Option<u64>,
     checkpointing: bool,
     last_checkpoint_at: Millis,
@@ -257,7 +267,10 @@ impl KeyedEngine {
             attempts: HashMap::new(),
             failing: BTreeMap::new(),
             done_count: 0,
-            written_at: Some(0),
+            // The first checkpoint comes after the interval even if nothing
+            // is done by then: the stored one may be behind what the local
+            // store restored, or lack its done ranges.
+            written_at: None,
             checkpointing: false,
             last_checkpoint_at: now,
             checkpoint_after: now,
@@ -361,6 +374,18 @@ impl KeyedEngine {
             }
             KeyedEvent::End => {
                 self.ending_since.get_or_insert(now);
+            }
+            KeyedEvent::LeaseLapsed => {
+                self.ended = true;
+                out.ended = Some(KeyedEnd::Fenced(Cause::msg(
+                    "the lease ran out while records were in flight",
+                )));
+                return out;
+            }
+            KeyedEvent::StorageFailed(why) => {
+                self.ended = true;
+                out.ended = Some(KeyedEnd::StorageFailed(why));
+                return out;
             }
         }
         self.plan(now, &mut out);
@@ -628,7 +653,11 @@ mod tests {
         e.step(records(&[(0, 1), (1, 1), (2, 2)]), 0);
         let s = e.step(KeyedEvent::End, 10);
         assert!(s.commands.is_empty() && s.ended.is_none());
-        assert_eq!(s.wake_at, Some(1010), "the drain's bound");
+        assert_eq!(
+            s.wake_at,
+            Some(100),
+            "the first checkpoint's interval, before the drain's bound"
+        );
         let s = e.step(ok(0), 20);
         assert!(
             starts(&s).is_empty(),

@@ -17,9 +17,12 @@
 //! }
 //! ```
 
+use std::sync::Arc;
+
 use shardcall_spool::Record;
 
 use crate::config::WorkerConfigError;
+use crate::handler::per_key::SharedHandler;
 use crate::handler::{HandlerError, HandlerResult, PartitionContext, PartitionHandler};
 use crate::local_state::config::StateKind;
 use crate::local_state::txn::StateTxn;
@@ -33,6 +36,10 @@ pub trait KeepsState<H>: Send + 'static {
     /// must run without one (`Some(false)`), or either will do (`None`).
     const NEEDS_LOCAL_STORE: Option<bool>;
 
+    /// Whether the handler processes one record at a time, so that records
+    /// may run many at once (`ordering = key`): only [`crate::PerKey`].
+    const PER_RECORD: bool = false;
+
     /// Processes `batch`; `store` is the batch's transaction on the local
     /// state store when the worker has one. The state bytes to checkpoint
     /// (`None` when the state is in the store).
@@ -42,6 +49,20 @@ pub trait KeepsState<H>: Send + 'static {
         batch: &[Record],
         store: Option<&mut StateTxn<'_>>,
     ) -> HandlerResult<Option<Vec<u8>>>;
+
+    /// The handler, shared by the record calls of a partition whose
+    /// records run many at once; `Err` gives it back when this kind cannot
+    /// ([`Self::PER_RECORD`] is false).
+    fn share(handler: H) -> Result<Arc<dyn SharedHandler>, H> {
+        Err(handler)
+    }
+
+    /// The handler back from [`Self::share`], once no call holds it
+    /// (`None`: a call still does, or it was not shared by this kind).
+    fn unshare(shared: Arc<dyn SharedHandler>) -> Option<H> {
+        let _ = shared;
+        None
+    }
 }
 
 /// The state is bytes the handler returns after each batch, checkpointed

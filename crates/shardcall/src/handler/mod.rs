@@ -5,12 +5,14 @@ pub mod digest;
 pub(crate) mod either;
 pub mod exec;
 pub(crate) mod keeps;
+pub mod per_key;
 pub(crate) mod typed;
 
 pub use keeps::{
     AnyStateHandler, BytesHandler, ChosenAtRunTime, InBytes, InLocalStore, KeepsState,
     LocalStoreHandler,
 };
+pub use per_key::{KeyState, KeyedHandler, PerKey};
 
 use std::path::PathBuf;
 

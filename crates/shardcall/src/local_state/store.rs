@@ -177,6 +177,15 @@ pub enum StateStoreError {
         /// The limit.
         max: usize,
     },
+    /// A handler's key under the prefix the runtime keeps for itself
+    /// (four `0xff` bytes: where it marks records done).
+    #[error(
+        "state keys starting with four 0xff bytes are the runtime's; this one is {len} bytes long"
+    )]
+    ReservedKey {
+        /// Its length.
+        len: usize,
+    },
     /// A value over [`MAX_STATE_VALUE`].
     #[error("a state value of {len} bytes is longer than the limit of {max}")]
     ValueTooLong {

@@ -4,7 +4,8 @@
 //! with the offset after the batch (a failed batch's writes are dropped
 //! with it, so a retry starts from the committed state).
 
-use crate::local_state::store::{StateResult, StateStore, WriteSet};
+use crate::local_state::done_marks::RESERVED_PREFIX;
+use crate::local_state::store::{StateResult, StateStore, StateStoreError, WriteSet};
 
 /// One batch's view of a partition's state.
 pub struct StateTxn<'a> {
@@ -37,24 +38,36 @@ impl<'a> StateTxn<'a> {
         }
     }
 
-    /// Sets `key` to `value` (refused at once if either is too long).
+    /// Sets `key` to `value` (refused at once if either is too long, or if
+    /// the key starts with four `0xff` bytes: those are the runtime's).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> StateResult<()> {
+        refuse_reserved(key)?;
         self.writes.put(key, value)
     }
 
-    /// Deletes `key`.
+    /// Deletes `key` (refused under the runtime's prefix, as [`Self::put`]).
     pub fn delete(&mut self, key: &[u8]) -> StateResult<()> {
+        refuse_reserved(key)?;
         self.writes.delete(key)
     }
 
     /// Entries with `start <= key < end` (`None`: to the last key), in key
-    /// order, this batch's writes included, at most `limit` of them.
+    /// order, this batch's writes included, at most `limit` of them. The
+    /// runtime's own entries (under four `0xff` bytes) are never among
+    /// them.
     pub fn range(
         &self,
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
     ) -> StateResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let end = match end {
+            Some(end) if end <= RESERVED_PREFIX => Some(end),
+            _ => Some(RESERVED_PREFIX),
+        };
+        if start >= RESERVED_PREFIX {
+            return Ok(Vec::new());
+        }
         let mut out = Vec::new();
         let mut from = start.to_vec();
         // Committed entries come a page at a time; this batch's deletions
@@ -110,6 +123,12 @@ impl<'a> StateTxn<'a> {
         self.range(prefix, prefix_end(prefix).as_deref(), limit)
     }
 
+    /// The batch's writes, for the runtime to add its own (under the
+    /// prefix a handler cannot write).
+    pub(crate) fn runtime_writes(&mut self) -> &mut WriteSet {
+        &mut self.writes
+    }
+
     /// What the batch wrote.
     pub fn writes(&self) -> &WriteSet {
         &self.writes
@@ -119,6 +138,14 @@ impl<'a> StateTxn<'a> {
     pub fn into_writes(self) -> WriteSet {
         self.writes
     }
+}
+
+/// Refuses a handler's write under the runtime's prefix.
+fn refuse_reserved(key: &[u8]) -> StateResult<()> {
+    if key.starts_with(RESERVED_PREFIX) {
+        return Err(StateStoreError::ReservedKey { len: key.len() });
+    }
+    Ok(())
 }
 
 /// The first key after every key that starts with `prefix` (`None`: none,

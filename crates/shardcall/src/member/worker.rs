@@ -170,6 +170,13 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
         crate::handler::keeps::check_fits::<F::Handler>(
             self.config.state.as_ref().map(|s| s.kind),
         )?;
+        if self.config.ordering.any_key()
+            && !<<F::Handler as crate::PartitionHandler>::Keeps as crate::KeepsState<F::Handler>>::PER_RECORD
+        {
+            return Err(WorkerError::Config(
+                crate::config::WorkerConfigError::KeyOrderingNeedsKeyedHandler,
+            ));
+        }
         let (stop, stop_rx) = watch::channel(Stop::Run);
         let stats = Arc::new(WorkerStats::default());
         let s = stats.clone();
@@ -847,6 +854,12 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
             processed: self.stats.processed.clone(),
             lags: self.stats.lags.clone(),
             slots: self.slots.clone(),
+            keyed: w.config.ordering.keyed_rules(
+                &p.topic,
+                &w.config.batch,
+                w.config.call_deadline,
+                w.dead_letters.is_some(),
+            ),
             load: w.config.balance.map(|_| {
                 self.meters
                     .entry(p.clone())

@@ -41,6 +41,8 @@ use crate::partition::handler_cell::{CallError, HandlerCell};
 use crate::partition::local::{PartitionState, RestoreFailure, Restored};
 use crate::source::{FetchLimit, Source};
 
+mod keyed_run;
+
 /// What differs between a grant and a claim: how the partition's record in
 /// the store is restored, written, kept and ended.
 #[async_trait]
@@ -184,6 +186,10 @@ struct Driver<'a, S, Src, F: HandlerFactory, G> {
     local: Option<PartitionState>,
     /// The snapshot being written and uploaded beside processing.
     uploading: Option<Uploading>,
+    /// The done ranges above the last checkpoint's offset (records that
+    /// run many at once finish out of order), written again with every
+    /// checkpoint of the snapshot history.
+    done_above: Vec<(u64, u64)>,
 }
 
 /// A snapshot running beside processing.
@@ -221,7 +227,10 @@ where
         unreadable_store: None,
         local: None,
         uploading: None,
+        done_above: Vec::new(),
     };
+    let fetch_wait = rules.fetch_wait;
+    let keyed = rules.keyed.clone();
     let mut engine = PartitionEngine::new(rules);
     let mut event = Event::Start;
     let end = loop {
@@ -234,7 +243,15 @@ where
                 {
                     engine.snapshot_uploaded(answer, driver.env());
                 }
-                event = driver.carry_out(command, &engine).await;
+                event = match command {
+                    Command::RunKeyed { .. } => {
+                        let rules = keyed
+                            .clone()
+                            .expect("the engine runs keyed only with rules");
+                        driver.run_keyed(rules, fetch_wait).await
+                    }
+                    command => driver.carry_out(command, &engine).await,
+                };
                 // The store answered with data nobody can read: that is the
                 // answer, whatever the command was.
                 if let Some(why) = driver.unreadable_store.take() {
@@ -563,6 +580,7 @@ where
                 Event::Done
             }
             Command::Done(_) => unreachable!("the loop ends at Done"),
+            Command::RunKeyed { .. } => unreachable!("the loop runs the keyed engine itself"),
         }
     }
 
@@ -825,7 +843,7 @@ where
             position: self.d.source.position(&self.d.ctx.partition, offset),
             store_bytes: self.store_bytes(),
             snapshot_uploading: self.uploading.is_some(),
-            done_above: Vec::new(),
+            done_above: self.done_above.clone(),
         };
         match self.grant.save(&checkpoint).await {
             Ok(()) => {
@@ -1316,6 +1334,7 @@ mod tests {
             count_in_store: false,
             give_up_after: 0,
             state: None,
+            keyed: None,
         };
         let driven = drive(d, grant, rules).await;
         assert_eq!(driven.end, End::Released);

@@ -291,6 +291,17 @@ impl<F: HandlerFactory> HandlerCell<F> {
         })
     }
 
+    /// Lends the handler out (records that run many at once share it);
+    /// [`Self::put_back`] returns it. `None` if none is built.
+    pub(crate) fn lend(&mut self) -> Option<F::Handler> {
+        self.handler.take()
+    }
+
+    /// Takes a lent handler back.
+    pub(crate) fn put_back(&mut self, handler: F::Handler) {
+        self.handler = Some(handler);
+    }
+
     /// The handler, if one is built and sound (to keep for a later claim).
     pub(crate) fn into_handler(self) -> Option<F::Handler> {
         self.handler

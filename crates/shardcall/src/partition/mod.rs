@@ -6,4 +6,5 @@ pub(crate) mod dead_letters;
 pub(crate) mod driver;
 pub(crate) mod handler_cell;
 pub(crate) mod local;
+pub(crate) mod ordering;
 pub(crate) mod task;

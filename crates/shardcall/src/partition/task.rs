@@ -72,6 +72,9 @@ pub struct PartitionTask<S, Src, F> {
     pub released: tokio::sync::mpsc::UnboundedSender<shardcall_core::PartitionId>,
     /// Measures the partition's load, when the group balances by load.
     pub load: Option<Arc<std::sync::Mutex<shardcall_core::LoadMeter>>>,
+    /// The partition's records run many at once, by key, under these
+    /// rules (`None`: in batches).
+    pub keyed: Option<shardcall_core::keyed_engine::KeyedRules>,
 }
 
 /// The owned-mode grant: the member's lease, checkpoints and release
@@ -176,6 +179,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
                 rewind_on_failure: s.kind == crate::StateKind::Directory,
                 in_background: s.kind == crate::StateKind::Store,
             }),
+            keyed: self.keyed.clone(),
         };
         let grant = OwnedGrant {
             group: &self.group,

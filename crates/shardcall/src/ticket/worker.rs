@@ -393,6 +393,8 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
         count_in_store: true,
         give_up_after: 0,
         state: None,
+        // Ticket mode processes in batches, in offset order.
+        keyed: None,
     };
     let ctx = PartitionContext {
         partition: p.clone(),

@@ -1,0 +1,384 @@
+//! Workers whose topic runs by key (`ordering = key`), end to end on the
+//! embedded default: records of different keys run at once, each key's in
+//! offset order, and a partition that moves to a joining worker while
+//! records are in flight hands over without applying any record twice or
+//! losing one.
+//!
+//! The key state is the oracle: each key's state holds how many of its
+//! records were applied and the offset of the last. A record that finds
+//! its key's last offset at or past its own was applied out of order or
+//! twice; at the end every key's count must equal the records produced
+//! with that key (nothing lost, nothing twice). The handler also notes two
+//! records of one key in flight at once, and how many calls ran at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shardcall::eventually::eventually;
+use shardcall::{
+    CoordinationStore, FileLogSource, FjallStateStore, HandlerError, HandlerFactory, KeyState,
+    KeyedHandler, MemoryBackupStore, MemoryStore, OrderingConfig, PartitionContext,
+    PartitionHandler, PerKey, StateConfig, StateStore, TopicOrdering, Worker, WorkerConfig,
+    WorkerHandle,
+};
+use shardcall_core::{PartitionId, Phase};
+use shardcall_spool::{FileLog, Record, SpoolConfig};
+
+const GROUP: &str = "g";
+const PARTITIONS: u32 = 2;
+const KEYS: usize = 20;
+
+/// What every call of every worker saw.
+#[derive(Default)]
+struct Seen {
+    violations: Mutex<Vec<String>>,
+    /// Keys with a record in flight.
+    busy: Mutex<BTreeSet<Vec<u8>>>,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
+}
+
+/// Counts each key's records in its key state, 10 ms per record (60 ms
+/// for two slow keys).
+struct Tally {
+    seen: Arc<Seen>,
+}
+
+/// A key state: records applied, and the offset of the last.
+fn decode(state: Option<&[u8]>) -> (u64, Option<u64>) {
+    match state {
+        None => (0, None),
+        Some(b) => (
+            u64::from_le_bytes(b[..8].try_into().unwrap()),
+            Some(u64::from_le_bytes(b[8..16].try_into().unwrap())),
+        ),
+    }
+}
+
+impl PartitionHandler for Tally {
+    type Keeps = PerKey;
+
+    fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl KeyedHandler for Tally {
+    async fn process_record(
+        &self,
+        ctx: &PartitionContext,
+        record: &Record,
+        state: &mut KeyState,
+    ) -> Result<(), HandlerError> {
+        let key = record.key.clone().unwrap_or_default().to_vec();
+        if !self.seen.busy.lock().unwrap().insert(key.clone()) {
+            self.seen.violations.lock().unwrap().push(format!(
+                "{}: two records of key {:?} in flight at once (offset {})",
+                ctx.partition,
+                String::from_utf8_lossy(&key),
+                record.offset
+            ));
+        }
+        let now = self.seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.seen.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        // Two slow keys hold the watermark back while the others run
+        // ahead: a handover finds records done above it.
+        let slow = key == b"k0" || key == b"k1";
+        tokio::time::sleep(Duration::from_millis(if slow { 60 } else { 10 })).await;
+        self.seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.seen.busy.lock().unwrap().remove(&key);
+        let (count, last) = decode(state.get());
+        if last.is_some_and(|l| l >= record.offset) {
+            self.seen.violations.lock().unwrap().push(format!(
+                "{}: offset {} of key {:?} came after offset {} was applied (epoch {})",
+                ctx.partition,
+                record.offset,
+                String::from_utf8_lossy(&key),
+                last.unwrap(),
+                ctx.epoch
+            ));
+        }
+        state.set([(count + 1).to_le_bytes(), record.offset.to_le_bytes()].concat());
+        Ok(())
+    }
+}
+
+struct TallyFactory(Arc<Seen>);
+
+impl HandlerFactory for TallyFactory {
+    type Handler = Tally;
+    fn create(&self, _: &PartitionContext) -> Tally {
+        Tally {
+            seen: self.0.clone(),
+        }
+    }
+}
+
+struct Cluster {
+    root: PathBuf,
+    log: FileLog,
+    store: Arc<MemoryStore>,
+    backups: Arc<MemoryBackupStore>,
+    seen: Arc<Seen>,
+    workers: Vec<WorkerHandle>,
+    /// Records produced per key.
+    produced: BTreeMap<String, u64>,
+}
+
+impl Cluster {
+    fn new(root: &Path) -> Self {
+        let log = FileLog::open(root.join("log"), SpoolConfig::default()).unwrap();
+        log.ensure_topic("t", PARTITIONS).unwrap();
+        Self {
+            root: root.to_owned(),
+            log,
+            store: Arc::new(MemoryStore::default()),
+            backups: Arc::new(MemoryBackupStore::new()),
+            seen: Arc::default(),
+            workers: Vec::new(),
+            produced: BTreeMap::new(),
+        }
+    }
+
+    fn produce(&mut self, n: usize) {
+        let mut p = self.log.producer("t").unwrap();
+        let first: u64 = self.produced.values().sum();
+        for i in 0..n as u64 {
+            let key = format!("k{}", (first + i) as usize % KEYS);
+            p.send(Some(key.as_bytes()), b"x", 0).unwrap();
+            *self.produced.entry(key).or_default() += 1;
+        }
+        p.flush().unwrap();
+    }
+
+    fn state_dir(&self, i: usize) -> PathBuf {
+        self.root.join(format!("state-{i}"))
+    }
+
+    fn add_worker(&mut self) {
+        self.add_worker_ordered(TopicOrdering::Key);
+    }
+
+    fn add_worker_ordered(&mut self, ordering: TopicOrdering) {
+        let i = self.workers.len();
+        let config = WorkerConfig {
+            group: GROUP.into(),
+            name: format!("w{i}"),
+            timing: shardcall::quick::quick_timing(Duration::from_millis(300)),
+            batch: shardcall::BatchConfig {
+                fetch_wait: Duration::from_millis(50),
+                ..shardcall::BatchConfig::default()
+            },
+            state: Some(StateConfig::new(self.state_dir(i), self.backups.clone())),
+            ordering: OrderingConfig {
+                default: ordering,
+                max_in_flight: 16,
+                ..OrderingConfig::default()
+            },
+            ..WorkerConfig::default()
+        };
+        let source = Arc::new(FileLogSource::new(self.log.clone(), vec!["t".into()]));
+        let handle = Worker {
+            config,
+            store: self.store.clone(),
+            source,
+            factory: Arc::new(TallyFactory(self.seen.clone())),
+            observer: None,
+            dead_letters: None,
+        }
+        .spawn()
+        .unwrap();
+        self.workers.push(handle);
+    }
+
+    /// Records below the checkpoints, all partitions together.
+    async fn checkpointed(&self) -> u64 {
+        let mut sum = 0;
+        for p in 0..PARTITIONS {
+            let cp = self
+                .store
+                .load_checkpoint(GROUP, &PartitionId::new("t", p))
+                .await
+                .unwrap();
+            sum += cp.map_or(0, |c| c.offset);
+        }
+        sum
+    }
+
+    /// The worker (by its index) that owns each partition.
+    async fn owners(&self) -> Result<BTreeMap<u32, usize>, String> {
+        let g = self.store.load_group(GROUP).await.unwrap();
+        let mut out = BTreeMap::new();
+        for p in 0..PARTITIONS {
+            match g
+                .partitions
+                .get(&PartitionId::new("t", p))
+                .map(|r| &r.phase)
+            {
+                Some(Phase::Owned { member, .. }) => {
+                    let name = member.as_str();
+                    let i = (0..self.workers.len())
+                        .find(|i| name.starts_with(&format!("w{i}-")))
+                        .ok_or_else(|| format!("owner {name} is no worker of the test"))?;
+                    out.insert(p, i);
+                }
+                other => return Err(format!("t/{p} is {other:?}")),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keys_run_at_once_in_order_and_a_handover_in_flight_applies_every_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.produce(600);
+    c.add_worker();
+    // Part of the way through, a second worker joins: one partition moves
+    // while its records are in flight.
+    eventually(Duration::from_secs(60), || async {
+        let n = c.checkpointed().await;
+        if n >= 150 {
+            Ok(())
+        } else {
+            Err(format!("{n} checkpointed"))
+        }
+    })
+    .await;
+    c.add_worker();
+    c.produce(200);
+    let total: u64 = c.produced.values().sum();
+    let owners = eventually(Duration::from_secs(60), || async {
+        let owners = c.owners().await?;
+        let n = c.checkpointed().await;
+        let spread = owners.values().collect::<BTreeSet<_>>().len() == 2;
+        if spread && n == total {
+            Ok(owners)
+        } else {
+            Err(format!("{n} of {total} checkpointed, owners {owners:?}"))
+        }
+    })
+    .await;
+    for w in std::mem::take(&mut c.workers) {
+        w.shutdown();
+        w.join().await.unwrap();
+    }
+    let violations = c.seen.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    let most = c.seen.most_in_flight.load(Ordering::SeqCst);
+    assert!(
+        most > 2,
+        "records of different keys never ran at once ({most} at most)"
+    );
+    assert!(
+        most <= 2 * 16,
+        "more in flight than max_in_flight allows: {most}"
+    );
+    // Every key's count, from the store of the machine that owned its
+    // partition last.
+    let counted = counts(&c, |p| owners[&p]);
+    assert_eq!(counted, c.produced, "a record lost or applied twice");
+}
+
+/// Every key's count, each partition's read from the stores of the
+/// machine `machine_of` names.
+fn counts(c: &Cluster, machine_of: impl Fn(u32) -> usize) -> BTreeMap<String, u64> {
+    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+    for p in 0..PARTITIONS {
+        let store_dir = shardcall::partition_store_dir(
+            &c.state_dir(machine_of(p)),
+            GROUP,
+            &PartitionId::new("t", p),
+        );
+        let store = FjallStateStore::open(store_dir, 1 << 20).unwrap();
+        for k in 0..KEYS {
+            let key = format!("k{k}");
+            let at = [b"\xff\xff\xff\xffkey/".as_slice(), key.as_bytes()].concat();
+            let (n, _) = decode(store.get(&at).unwrap().as_deref());
+            *counted.entry(key).or_default() += n;
+        }
+    }
+    counted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_handler_under_partition_ordering_sees_one_record_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.produce(100);
+    c.add_worker_ordered(TopicOrdering::Partition);
+    let total: u64 = c.produced.values().sum();
+    eventually(Duration::from_secs(60), || async {
+        let n = c.checkpointed().await;
+        if n == total {
+            Ok(())
+        } else {
+            Err(format!("{n} of {total} checkpointed"))
+        }
+    })
+    .await;
+    for w in std::mem::take(&mut c.workers) {
+        w.shutdown();
+        w.join().await.unwrap();
+    }
+    let violations = c.seen.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    let most = c.seen.most_in_flight.load(Ordering::SeqCst);
+    assert!(
+        most <= PARTITIONS as usize,
+        "{most} records at once: more than one per partition"
+    );
+    assert_eq!(counts(&c, |_| 0), c.produced);
+}
+
+#[tokio::test]
+async fn key_ordering_is_refused_without_the_local_store_or_with_a_batch_handler() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::new(dir.path());
+    let source = Arc::new(FileLogSource::new(c.log.clone(), vec!["t".into()]));
+    let by_key = OrderingConfig {
+        topics: BTreeMap::from([("t".to_owned(), TopicOrdering::Key)]),
+        ..OrderingConfig::default()
+    };
+    let without_store = Worker {
+        config: WorkerConfig {
+            ordering: by_key.clone(),
+            ..WorkerConfig::default()
+        },
+        store: c.store.clone(),
+        source: source.clone(),
+        factory: Arc::new(TallyFactory(c.seen.clone())),
+        observer: None,
+        dead_letters: None,
+    }
+    .spawn();
+    let Err(err) = without_store else {
+        panic!("key ordering without a store was accepted");
+    };
+    let err = err.to_string();
+    assert!(err.contains("needs the local state store"), "{err}");
+    let batches = Worker {
+        config: WorkerConfig {
+            ordering: by_key,
+            state: Some(StateConfig::new(c.state_dir(0), c.backups.clone())),
+            ..WorkerConfig::default()
+        },
+        store: c.store.clone(),
+        source,
+        factory: Arc::new(shardcall::digest::DigestFactory::default()),
+        observer: None,
+        dead_letters: None,
+    }
+    .spawn();
+    let Err(err) = batches else {
+        panic!("key ordering with a batch handler was accepted");
+    };
+    let err = err.to_string();
+    assert!(err.contains("must be a KeyedHandler"), "{err}");
+}
