@@ -54,6 +54,9 @@ pub use testkit::faulty_store;
 #[cfg(feature = "testkit")]
 pub use testkit::quick;
 
+/// The attribute a [`KeyedHandler`]'s `impl` needs (its method is `async`),
+/// so that a handler's crate need not depend on `async-trait` itself.
+pub use async_trait::async_trait;
 pub use config::{
     BatchConfig, DEFAULT_MAX_BYTES, MAX_BYTES_LIMIT, MAX_RECORDS_LIMIT, WorkerConfig,
     WorkerConfigError, is_valid_name,
@@ -120,9 +123,10 @@ pub use ticket::worker::{TicketStats, TicketWorker, TicketWorkerHandle};
 /// answers to.
 pub mod prelude {
     pub use crate::{
-        BytesHandler, CoordinationStore, FileLogSource, HandlerError, HandlerResult, InBytes,
-        InLocalStore, KeyState, KeyedHandler, LocalStoreHandler, MemoryStore, PartitionContext,
-        PartitionHandler, PerKey, StateTxn, StatefulHandler, Worker, typed,
+        BytesHandler, CoordinationStore, FileLogSource, HandlerError, HandlerFactory,
+        HandlerResult, InBytes, InLocalStore, KeyState, KeyedHandler, LocalStoreHandler,
+        MemoryStore, PartitionContext, PartitionHandler, PerKey, StateTxn, StatefulHandler, Worker,
+        typed,
     };
     pub use shardcall_core::PartitionId;
     pub use shardcall_spool::{FileLog, Record, SpoolConfig};
@@ -133,3 +137,9 @@ pub mod prelude {
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/first-handler.md")]
 pub struct FirstHandlerGuide;
+
+/// The ordering guide's key-ordered handler, compiled and run as a doc
+/// test.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/ordering.md")]
+pub struct OrderingGuide;

@@ -9,7 +9,8 @@
 //! its key's last offset at or past its own was applied out of order or
 //! twice; at the end every key's count must equal the records produced
 //! with that key (nothing lost, nothing twice). The handler also notes two
-//! records of one key in flight at once, and how many calls ran at once.
+//! records of one key in flight at once, and how many calls ran at once;
+//! one call panics.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -40,6 +41,8 @@ struct Seen {
     busy: Mutex<BTreeSet<Vec<u8>>>,
     in_flight: AtomicUsize,
     most_in_flight: AtomicUsize,
+    /// The call of this record of `t/0` panics, once.
+    panic_at: Mutex<Option<u64>>,
 }
 
 /// Counts each key's records in its key state, 10 ms per record (60 ms
@@ -92,6 +95,14 @@ impl KeyedHandler for Tally {
         tokio::time::sleep(Duration::from_millis(if slow { 60 } else { 10 })).await;
         self.seen.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.seen.busy.lock().unwrap().remove(&key);
+        if ctx.partition.partition == 0 {
+            let mut panic_at = self.seen.panic_at.lock().unwrap();
+            if *panic_at == Some(record.offset) {
+                *panic_at = None;
+                drop(panic_at);
+                panic!("a handler bug at offset {}", record.offset);
+            }
+        }
         let (count, last) = decode(state.get());
         if last.is_some_and(|l| l >= record.offset) {
             self.seen.violations.lock().unwrap().push(format!(
@@ -239,6 +250,8 @@ async fn keys_run_at_once_in_order_and_a_handover_in_flight_applies_every_record
     let dir = tempfile::tempdir().unwrap();
     let mut c = Cluster::new(dir.path());
     c.produce(600);
+    // A call that panics fails its record, which is tried again.
+    *c.seen.panic_at.lock().unwrap() = Some(40);
     c.add_worker();
     // Part of the way through, a second worker joins: one partition moves
     // while its records are in flight.
@@ -284,6 +297,11 @@ async fn keys_run_at_once_in_order_and_a_handover_in_flight_applies_every_record
     // partition last.
     let counted = counts(&c, |p| owners[&p]);
     assert_eq!(counted, c.produced, "a record lost or applied twice");
+    assert_eq!(
+        *c.seen.panic_at.lock().unwrap(),
+        None,
+        "the panic never came"
+    );
 }
 
 /// Every key's count, each partition's read from the stores of the

@@ -50,6 +50,9 @@ struct Run {
     /// Why each failing record failed last (for its dead letter).
     last_error: HashMap<u64, Cause>,
     calls: JoinSet<CallAnswer>,
+    /// The record of each call's task (a task that panics answers only
+    /// its id).
+    calling: HashMap<tokio::task::Id, u64>,
     fetch: JoinSet<Result<Vec<Record>, SourceError>>,
     /// Answers carried out in turn, not yet given to the engine.
     answers: VecDeque<KeyedEvent>,
@@ -104,6 +107,7 @@ where
             records: HashMap::new(),
             last_error: HashMap::new(),
             calls: JoinSet::new(),
+            calling: HashMap::new(),
             fetch: JoinSet::new(),
             answers: VecDeque::new(),
             wake_at: None,
@@ -157,19 +161,28 @@ where
             run.told_end = true;
             return KeyedEvent::End;
         }
-        let tick = run.wake_at.map(|at| {
-            tokio::time::Instant::from_std(self.began.into_std())
-                + std::time::Duration::from_millis(at)
-        });
+        let tick = run
+            .wake_at
+            .map(|at| self.began + std::time::Duration::from_millis(at));
         let lease_left = self.grant.lease().remaining();
         tokio::select! {
-            Some(joined) = run.calls.join_next(), if !run.calls.is_empty() => {
-                let (offset, answer) = joined.unwrap_or_else(|e| {
-                    // A call's task cannot panic (the call is guarded), but
-                    // a cancelled one answers nothing: its record is lost
-                    // to this run only.
-                    (u64::MAX, Err(HandlerError::msg(format!("a record call's task failed: {e}"))))
-                });
+            Some(joined) = run.calls.join_next_with_id(), if !run.calls.is_empty() => {
+                let (offset, answer) = match joined {
+                    Ok((id, answer)) => {
+                        run.calling.remove(&id);
+                        answer
+                    }
+                    // The handler panicked: the record's call failed, as
+                    // an error would have.
+                    Err(e) => {
+                        let offset = run.calling.remove(&e.id()).expect("every call is known");
+                        let why = match e.try_into_panic() {
+                            Ok(payload) => crate::partition::handler_cell::panic_message(&*payload),
+                            Err(e) => e.to_string(),
+                        };
+                        (offset, Err(HandlerError::msg(format!("the handler panicked: {why}"))))
+                    }
+                };
                 self.record_answered(run, offset, answer).await
             }
             Some(joined) = run.fetch.join_next(), if !run.fetch.is_empty() => {
@@ -248,7 +261,7 @@ where
         let call = shared.call(Arc::new(self.d.ctx.clone()), record, state);
         let slots = self.d.slots.clone();
         let deadline = self.d.call_deadline;
-        run.calls.spawn(async move {
+        let call = run.calls.spawn(async move {
             let _permit = match slots {
                 Some(slots) => Some(slots.acquire_owned().await.expect("slots stay open")),
                 None => None,
@@ -261,6 +274,7 @@ where
             };
             (offset, answer)
         });
+        run.calling.insert(call.id(), offset);
     }
 
     /// A call came back: on success its key state and its done mark are
