@@ -99,6 +99,8 @@ enum BenchCommand {
     Kafka(bench::kafka::BenchKafkaArgs),
     /// Head-of-line blocking: owned mode, ticket mode and the ideal bound on one workload.
     Hol(bench::hol::BenchHolArgs),
+    /// Key ordering against partition ordering on an I/O-bound handler, next to the ideal bound.
+    Keys(bench::keys::BenchKeysArgs),
     /// CPU of idle workers holding many file-log partitions, and kill -9 failover next to its bound.
     Idle(bench::idle::BenchIdleArgs),
     /// Large state in local state stores: throughput, upload cost, handover and failover, Redis memory.
@@ -204,6 +206,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Spool(args)) => bench::spool::run(&args),
         Command::Bench(BenchCommand::Kafka(args)) => bench::kafka::run(&args),
         Command::Bench(BenchCommand::Hol(args)) => bench::hol::run(&args),
+        Command::Bench(BenchCommand::Keys(args)) => bench::keys::run_command(&args),
         Command::Bench(BenchCommand::Idle(args)) => bench::idle::run(&args),
         Command::Bench(BenchCommand::State(args)) => bench::state::run(&args),
         Command::Bench(BenchCommand::Balance(args)) => bench::balance::run(&args),

@@ -420,6 +420,49 @@ fn bench_assign_reports_against_its_baseline() {
 }
 
 #[test]
+fn bench_keys_runs_both_orderings_and_reports_its_targets() {
+    let out = shardcall(
+        &[
+            "bench",
+            "keys",
+            "--json",
+            "--records",
+            "400",
+            "--zipf-records",
+            "200",
+            "--keys",
+            "50",
+            "--call-ms",
+            "2",
+            "--slow-ms",
+            "20",
+            "--partition-seconds",
+            "2",
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (run, records) in [
+        ("key_uniform", 400),
+        ("key_zipf", 200),
+        ("no_latency_key", 400),
+    ] {
+        assert_eq!(doc["measured"][run]["records"], records, "{doc:#}");
+        assert_eq!(doc["measured"][run]["exactly_once"], true, "{doc:#}");
+        assert_eq!(doc["measured"][run]["order_violations"], 0, "{doc:#}");
+    }
+    assert!(
+        doc["baselines"]["partition_ordering"]["records_per_s"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(doc["baselines"]["ideal_uniform_s"].as_f64().unwrap() > 0.0);
+    assert_targets(&doc, 6);
+}
+
+#[test]
 fn bench_balance_runs_count_and_load_balance_and_reports_its_targets() {
     let out = shardcall(
         &[

@@ -7,6 +7,7 @@ pub(crate) mod balance;
 pub(crate) mod hol;
 pub(crate) mod idle;
 pub(crate) mod kafka;
+pub(crate) mod keys;
 pub(crate) mod rebalance;
 pub(crate) mod runtime;
 pub(crate) mod spool;

@@ -1,0 +1,469 @@
+//! `shardcall bench keys`: key ordering against partition ordering on an
+//! I/O-bound handler. The same records (seeded: keys uniform or Zipf, most
+//! calls `--call-ms`, a few `--slow-ms`) run through one worker on the
+//! embedded default with `ordering = partition` and with `ordering = key`,
+//! next to the ideal bound of key ordering: the larger of the total call
+//! time spread over every partition's `max_in_flight` and the longest
+//! single key's chain of calls. A handler with no latency shows what key
+//! ordering costs when calls are cheap. The handler is its own oracle: a
+//! key's state holds its count and last offset, so a record out of order
+//! or applied twice is seen, and the counts are read back at the end.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use shardcall::{
+    FileLogSource, FjallStateStore, HandlerError, HandlerFactory, KeyState, KeyedHandler,
+    MemoryBackupStore, MemoryStore, OrderingConfig, PartitionContext, PartitionHandler, PerKey,
+    StateConfig, StateStore, TopicOrdering, Worker, WorkerConfig,
+};
+use shardcall_core::{GroupConfig, PartitionId};
+use shardcall_spool::{FileLog, Record, SpoolConfig};
+
+use crate::bench::target::{Goal, target};
+
+/// Arguments of `shardcall bench keys`.
+#[derive(Debug, clap::Args)]
+pub struct BenchKeysArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Partitions of the topic.
+    #[arg(long, default_value_t = 8)]
+    partitions: u32,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 1000)]
+    keys: u64,
+    /// Records, all partitions together.
+    #[arg(long, default_value_t = 16_000)]
+    records: u64,
+    /// Milliseconds most calls take.
+    #[arg(long, default_value_t = 20)]
+    call_ms: u64,
+    /// Milliseconds a slow call takes.
+    #[arg(long, default_value_t = 1000)]
+    slow_ms: u64,
+    /// Percent of calls that are slow.
+    #[arg(long, default_value_t = 1.0)]
+    slow_percent: f64,
+    /// Zipf exponent of the skewed run.
+    #[arg(long, default_value_t = 1.1)]
+    zipf: f64,
+    /// Records of the skewed run: its hottest key takes a fifth of them,
+    /// one after another, so its makespan grows with them.
+    #[arg(long, default_value_t = 2000)]
+    zipf_records: u64,
+    /// Most records of a partition in flight under key ordering.
+    #[arg(long, default_value_t = 64)]
+    max_in_flight: usize,
+    /// The partition-ordering run stops after this many seconds; its rate
+    /// so far is its throughput (at 20 ms a call it would take minutes).
+    #[arg(long, default_value_t = 15)]
+    partition_seconds: u64,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 2121)]
+    seed: u64,
+}
+
+/// splitmix64, so every run has the same workload.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// One record of the workload: its key and how long its call takes.
+#[derive(Debug, Clone, Copy)]
+struct Work {
+    key: u64,
+    ms: u64,
+}
+
+/// The records: keys uniform (`zipf` = 0) or Zipf-distributed.
+fn workload(a: &BenchKeysArgs, zipf: f64, records: u64) -> Vec<Work> {
+    let mut rng = Rng(a.seed);
+    // The Zipf distribution's cumulative weights, searched per record.
+    let cumulative: Vec<f64> = (1..=a.keys)
+        .scan(0.0, |sum, k| {
+            *sum += 1.0 / (k as f64).powf(zipf);
+            Some(*sum)
+        })
+        .collect();
+    let total = cumulative.last().copied().unwrap_or(1.0);
+    (0..records)
+        .map(|_| {
+            let key = if zipf == 0.0 {
+                rng.next() % a.keys
+            } else {
+                let u = rng.unit() * total;
+                cumulative.partition_point(|&c| c < u) as u64
+            };
+            let ms = if rng.unit() * 100.0 < a.slow_percent {
+                a.slow_ms
+            } else {
+                a.call_ms
+            };
+            Work { key, ms }
+        })
+        .collect()
+}
+
+/// The ideal makespan of key ordering: every call spread evenly over the
+/// partitions' slots, or the longest key's calls one after another.
+fn ideal_ms(a: &BenchKeysArgs, work: &[Work]) -> f64 {
+    let all: u64 = work.iter().map(|w| w.ms).sum();
+    let mut chains: BTreeMap<u64, u64> = BTreeMap::new();
+    for w in work {
+        *chains.entry(w.key).or_default() += w.ms;
+    }
+    let longest = chains.values().copied().max().unwrap_or(0);
+    (all as f64 / (f64::from(a.partitions) * a.max_in_flight as f64)).max(longest as f64)
+}
+
+/// What every call saw.
+#[derive(Default)]
+struct Seen {
+    done: AtomicU64,
+    violations: Mutex<Vec<String>>,
+}
+
+/// Waits the record's time (its payload), then counts it in its key's
+/// state, checking the key's last offset.
+struct Caller {
+    seen: Arc<Seen>,
+}
+
+fn decode(state: Option<&[u8]>) -> (u64, Option<u64>) {
+    match state {
+        Some(b) if b.len() == 16 => (
+            u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            Some(u64::from_le_bytes(b[8..].try_into().expect("8 bytes"))),
+        ),
+        _ => (0, None),
+    }
+}
+
+impl PartitionHandler for Caller {
+    type Keeps = PerKey;
+    fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+#[shardcall::async_trait]
+impl KeyedHandler for Caller {
+    async fn process_record(
+        &self,
+        ctx: &PartitionContext,
+        record: &Record,
+        state: &mut KeyState,
+    ) -> Result<(), HandlerError> {
+        let ms = u64::from_le_bytes(record.payload[..8].try_into()?);
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let (count, last) = decode(state.get());
+        if last.is_some_and(|l| l >= record.offset) {
+            self.seen
+                .violations
+                .lock()
+                .expect("violations")
+                .push(format!(
+                    "{}: offset {} after offset {} of its key",
+                    ctx.partition,
+                    record.offset,
+                    last.unwrap_or_default()
+                ));
+        }
+        state.set([(count + 1).to_le_bytes(), record.offset.to_le_bytes()].concat());
+        self.seen.done.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+struct CallerFactory(Arc<Seen>);
+
+impl HandlerFactory for CallerFactory {
+    type Handler = Caller;
+    fn create(&self, _: &PartitionContext) -> Caller {
+        Caller {
+            seen: self.0.clone(),
+        }
+    }
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Measured {
+    records: u64,
+    seconds: f64,
+    records_per_s: f64,
+    /// Records applied out of order or twice (the handler's check).
+    order_violations: usize,
+    /// Whether every key's count, read back from the stores, equals its
+    /// records (only for a run that processed every record).
+    exactly_once: Option<bool>,
+}
+
+/// Runs `work` through one worker under `ordering`, for at most `limit`.
+async fn run(
+    a: &BenchKeysArgs,
+    name: &str,
+    work: &[Work],
+    ordering: TopicOrdering,
+    limit: Duration,
+) -> anyhow::Result<Measured> {
+    let dir = tempfile::Builder::new()
+        .prefix("shardcall-keys-")
+        .tempdir()?;
+    let log = FileLog::open(dir.path().join("log"), SpoolConfig::default())?;
+    log.ensure_topic("keys", a.partitions)?;
+    let mut producer = log.producer("keys")?;
+    // Each key's partition (the producer's, by the key's hash) and records.
+    let mut expected: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
+    for w in work {
+        let key = w.key.to_be_bytes();
+        let p = producer.send(Some(&key), &w.ms.to_le_bytes(), 0)?;
+        expected.entry(w.key).or_insert((p, 0)).1 += 1;
+    }
+    producer.flush()?;
+    let seen = Arc::new(Seen::default());
+    let state_dir = dir.path().join("state");
+    let config = WorkerConfig {
+        group: format!("keys-{name}"),
+        name: "w".into(),
+        timing: GroupConfig {
+            tick_interval: Duration::from_millis(10),
+            initial_rebalance_delay: Duration::ZERO,
+            ..GroupConfig::default()
+        },
+        batch: shardcall::BatchConfig {
+            fetch_wait: Duration::from_millis(20),
+            ..shardcall::BatchConfig::default()
+        },
+        state: Some(StateConfig::new(
+            &state_dir,
+            Arc::new(MemoryBackupStore::new()),
+        )),
+        ordering: OrderingConfig {
+            default: ordering,
+            max_in_flight: a.max_in_flight,
+            ..OrderingConfig::default()
+        },
+        ..WorkerConfig::default()
+    };
+    let worker = Worker {
+        config,
+        store: Arc::new(MemoryStore::default()),
+        source: Arc::new(FileLogSource::new(log.clone(), vec!["keys".into()])),
+        factory: Arc::new(CallerFactory(seen.clone())),
+        observer: None,
+        dead_letters: None,
+    }
+    .spawn()?;
+    let total = work.len() as u64;
+    // From the first record done: joining and restoring are not the
+    // ordering's cost.
+    let mut began = None;
+    let seconds = loop {
+        let n = seen.done.load(Ordering::Relaxed);
+        if n > 0 && began.is_none() {
+            began = Some(shardcall::clock::now());
+        }
+        let elapsed = began.map_or(Duration::ZERO, |b| b.elapsed());
+        if n >= total || elapsed >= limit {
+            break elapsed.as_secs_f64();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let records = seen.done.load(Ordering::Relaxed);
+    worker.shutdown();
+    worker.join().await?;
+    let exactly_once = if records >= total {
+        Some(counts(a, &state_dir, &format!("keys-{name}"), &expected)?)
+    } else {
+        None
+    };
+    let order_violations = seen.violations.lock().expect("violations").len();
+    Ok(Measured {
+        records,
+        seconds,
+        records_per_s: records as f64 / seconds.max(1e-9),
+        order_violations,
+        exactly_once,
+    })
+}
+
+/// Whether every key's count in the stores equals its records.
+fn counts(
+    a: &BenchKeysArgs,
+    state_dir: &std::path::Path,
+    group: &str,
+    expected: &BTreeMap<u64, (u32, u64)>,
+) -> anyhow::Result<bool> {
+    let mut stores = Vec::new();
+    for p in 0..a.partitions {
+        let dir = shardcall::partition_store_dir(state_dir, group, &PartitionId::new("keys", p));
+        stores.push(FjallStateStore::open(dir, 1 << 20)?);
+    }
+    for (&key, &(p, n)) in expected {
+        let store = &stores[p as usize];
+        let at = [b"\xff\xff\xff\xffkey/".as_slice(), &key.to_be_bytes()].concat();
+        if decode(store.get(&at)?.as_deref()).0 != n {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Runs the command.
+pub fn run_command(args: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.partitions >= 1
+            && args.keys >= 1
+            && args.records >= 1
+            && args.zipf_records >= 1
+            && args.max_in_flight >= 1,
+        "--partitions, --keys, --records, --zipf-records and --max-in-flight must be at least 1"
+    );
+    let runtime = crate::bench::runtime::bench_runtime(2)?;
+    runtime.block_on(bench(args))
+}
+
+async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
+    let uniform = workload(a, 0.0, a.records);
+    let skewed = workload(a, a.zipf, a.zipf_records);
+    let light: Vec<Work> = uniform.iter().map(|w| Work { ms: 0, ..*w }).collect();
+    let long = Duration::from_secs(3600);
+    let short = Duration::from_secs(a.partition_seconds);
+    eprintln!("partition ordering, uniform keys (at most {short:?})");
+    let partition = run(a, "partition", &uniform, TopicOrdering::Partition, short).await?;
+    eprintln!("key ordering, uniform keys");
+    let key = run(a, "key", &uniform, TopicOrdering::Key, long).await?;
+    eprintln!("key ordering, Zipf keys (s = {})", a.zipf);
+    let zipf = run(a, "zipf", &skewed, TopicOrdering::Key, long).await?;
+    eprintln!("no latency: partition ordering, then key ordering");
+    let light_partition = run(a, "light-partition", &light, TopicOrdering::Partition, long).await?;
+    let light_key = run(a, "light-key", &light, TopicOrdering::Key, long).await?;
+
+    let ideal_uniform_s = ideal_ms(a, &uniform) / 1000.0;
+    let ideal_zipf_s = ideal_ms(a, &skewed) / 1000.0;
+    let speedup = key.records_per_s / partition.records_per_s.max(1e-9);
+    let key_vs_ideal = key.seconds / ideal_uniform_s;
+    let zipf_vs_ideal = zipf.seconds / ideal_zipf_s;
+    let light_ratio = light_key.records_per_s / light_partition.records_per_s.max(1e-9);
+    let runs = [&partition, &key, &zipf, &light_partition, &light_key];
+    let violations: usize = runs.iter().map(|m| m.order_violations).sum();
+    let exact = runs.iter().all(|m| m.exactly_once != Some(false));
+    let targets = vec![
+        target(
+            "key ordering's throughput / partition ordering's (uniform keys)",
+            Goal::AtLeast,
+            20.0,
+            speedup,
+        ),
+        target(
+            "key ordering's makespan / the ideal bound (uniform keys)",
+            Goal::AtMost,
+            1.3,
+            key_vs_ideal,
+        ),
+        target(
+            "key ordering's makespan / the ideal bound (Zipf keys)",
+            Goal::AtMost,
+            1.5,
+            zipf_vs_ideal,
+        ),
+        target(
+            "key ordering's throughput / partition ordering's, no latency",
+            Goal::AtLeast,
+            0.9,
+            light_ratio,
+        ),
+        target(
+            "records applied out of order or twice",
+            Goal::AtMost,
+            0.0,
+            violations as f64,
+        ),
+        target(
+            "runs whose key states do not count every record once",
+            Goal::AtMost,
+            0.0,
+            if exact { 0.0 } else { 1.0 },
+        ),
+    ];
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "bench": "keys",
+                "inputs": {
+                    "partitions": a.partitions, "keys": a.keys, "records": a.records,
+                    "call_ms": a.call_ms, "slow_ms": a.slow_ms, "slow_percent": a.slow_percent,
+                    "zipf": a.zipf, "zipf_records": a.zipf_records, "max_in_flight": a.max_in_flight, "seed": a.seed,
+                    "partition_seconds": a.partition_seconds,
+                    "store": "in-process", "source": "file log", "state": "fjall",
+                },
+                "baselines": {
+                    "partition_ordering": partition,
+                    "ideal_uniform_s": ideal_uniform_s,
+                    "ideal_zipf_s": ideal_zipf_s,
+                    "no_latency_partition_ordering": light_partition,
+                },
+                "measured": {"key_uniform": key, "key_zipf": zipf, "no_latency_key": light_key},
+                "ratios": {
+                    "key_speedup_over_partition": speedup,
+                    "key_vs_ideal_uniform": key_vs_ideal,
+                    "key_vs_ideal_zipf": zipf_vs_ideal,
+                    "no_latency_key_vs_partition": light_ratio,
+                },
+                "targets": targets,
+            }))?
+        );
+    } else {
+        println!(
+            "bench keys: {} records, {} keys, {} partitions, calls {} ms ({}% take {} ms), max_in_flight {}",
+            a.records, a.keys, a.partitions, a.call_ms, a.slow_percent, a.slow_ms, a.max_in_flight
+        );
+        println!("                          records    seconds   records/s");
+        for (name, m) in [
+            ("partition ordering", &partition),
+            ("key, uniform keys", &key),
+            ("key, Zipf keys", &zipf),
+            ("no latency, partition", &light_partition),
+            ("no latency, key", &light_key),
+        ] {
+            println!(
+                "  {name:<22} {:>8} {:>10.2} {:>11.0}",
+                m.records, m.seconds, m.records_per_s
+            );
+        }
+        println!("  ideal bound: uniform {ideal_uniform_s:.2} s, Zipf {ideal_zipf_s:.2} s");
+        for t in &targets {
+            println!(
+                "  {:<66} {:>8.2}  (target {} {})  {}",
+                t["name"].as_str().unwrap_or_default(),
+                t["measured"].as_f64().unwrap_or_default(),
+                if t["goal"] == "at_least" { ">=" } else { "<=" },
+                t["threshold"],
+                if t["met"] == true { "met" } else { "NOT MET" }
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
