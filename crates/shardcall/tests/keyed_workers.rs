@@ -221,6 +221,18 @@ impl Cluster {
         sum
     }
 
+    /// Stops every worker gracefully, checks that no call saw a violation,
+    /// and says how many calls ran at once at most.
+    async fn stop_and_check(&mut self) -> usize {
+        for w in std::mem::take(&mut self.workers) {
+            w.shutdown();
+            w.join().await.unwrap();
+        }
+        let violations = self.seen.violations.lock().unwrap().clone();
+        assert!(violations.is_empty(), "{violations:#?}");
+        self.seen.most_in_flight.load(Ordering::SeqCst)
+    }
+
     /// The worker (by its index) that owns each partition.
     async fn owners(&self) -> Result<BTreeMap<u32, usize>, String> {
         let g = self.store.load_group(GROUP).await.unwrap();
@@ -278,13 +290,7 @@ async fn keys_run_at_once_in_order_and_a_handover_in_flight_applies_every_record
         }
     })
     .await;
-    for w in std::mem::take(&mut c.workers) {
-        w.shutdown();
-        w.join().await.unwrap();
-    }
-    let violations = c.seen.violations.lock().unwrap().clone();
-    assert!(violations.is_empty(), "{violations:#?}");
-    let most = c.seen.most_in_flight.load(Ordering::SeqCst);
+    let most = c.stop_and_check().await;
     assert!(
         most > 2,
         "records of different keys never ran at once ({most} at most)"
@@ -341,13 +347,7 @@ async fn the_same_handler_under_partition_ordering_sees_one_record_at_a_time() {
         }
     })
     .await;
-    for w in std::mem::take(&mut c.workers) {
-        w.shutdown();
-        w.join().await.unwrap();
-    }
-    let violations = c.seen.violations.lock().unwrap().clone();
-    assert!(violations.is_empty(), "{violations:#?}");
-    let most = c.seen.most_in_flight.load(Ordering::SeqCst);
+    let most = c.stop_and_check().await;
     assert!(
         most <= PARTITIONS as usize,
         "{most} records at once: more than one per partition"

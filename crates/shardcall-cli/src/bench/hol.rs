@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use serde_json::json;
 
+use crate::bench::seeded::Rng;
 use crate::bench::target::{Goal, target};
 use shardcall::{
     BytesHandler, FileLogSource, HandlerError, HandlerFactory, InBytes, MemoryStore,
@@ -57,23 +58,6 @@ pub struct BenchHolArgs {
     /// Ticket mode: milliseconds a slot keeps a partition.
     #[arg(long, default_value_t = 10)]
     budget_ms: u64,
-}
-
-/// splitmix64: a small seeded generator, so every run has the same workload.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 /// The milliseconds each record of each partition takes.

@@ -24,6 +24,7 @@ use shardcall::{
 use shardcall_core::{GroupConfig, PartitionId};
 use shardcall_spool::{FileLog, Record, SpoolConfig};
 
+use crate::bench::seeded::Rng;
 use crate::bench::target::{Goal, target};
 
 /// Arguments of `shardcall bench keys`.
@@ -67,23 +68,6 @@ pub struct BenchKeysArgs {
     /// Seed of the workload.
     #[arg(long, default_value_t = 2121)]
     seed: u64,
-}
-
-/// splitmix64, so every run has the same workload.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 /// One record of the workload: its key and how long its call takes.

@@ -10,6 +10,7 @@ pub(crate) mod kafka;
 pub(crate) mod keys;
 pub(crate) mod rebalance;
 pub(crate) mod runtime;
+pub(crate) mod seeded;
 pub(crate) mod spool;
 pub(crate) mod state;
 pub(crate) mod target;
