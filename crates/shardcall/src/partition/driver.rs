@@ -380,6 +380,17 @@ async fn log_holds_replay<Src: Source>(
     Err(Event::Unreadable(why.into()))
 }
 
+/// The done ranges that lie past `offset` (clipped): what a checkpoint at
+/// `offset` may carry. The local store's marks can reach below the stored
+/// checkpoint's offset when the store was restored from an older snapshot.
+fn done_past(ranges: &[(u64, u64)], offset: u64) -> Vec<(u64, u64)> {
+    ranges
+        .iter()
+        .filter(|&&(_, last)| last > offset)
+        .map(|&(first, last)| (first.max(offset + 1), last))
+        .collect()
+}
+
 fn failure(e: CallError) -> CallFailure {
     match e {
         CallError::Batch(e) => CallFailure::Batch(e.into_cause()),
@@ -843,7 +854,7 @@ where
             position: self.d.source.position(&self.d.ctx.partition, offset),
             store_bytes: self.store_bytes(),
             snapshot_uploading: self.uploading.is_some(),
-            done_above: self.done_above.clone(),
+            done_above: done_past(&self.done_above, offset),
         };
         match self.grant.save(&checkpoint).await {
             Ok(()) => {
@@ -1276,6 +1287,14 @@ mod tests {
         }
         async fn backup_done(&mut self) {}
         async fn give_back(&mut self, _delay: Duration) {}
+    }
+
+    #[test]
+    fn a_checkpoint_carries_only_the_done_ranges_past_its_offset() {
+        let ranges = [(3, 4), (6, 9), (12, 12)];
+        assert_eq!(done_past(&ranges, 2), ranges.to_vec());
+        assert_eq!(done_past(&ranges, 7), vec![(8, 9), (12, 12)]);
+        assert_eq!(done_past(&ranges, 12), Vec::<(u64, u64)>::new());
     }
 
     #[tokio::test]
