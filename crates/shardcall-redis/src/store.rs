@@ -1247,6 +1247,7 @@ impl CoordinationStore for RedisStore {
         partition: &PartitionId,
         checkpoint: &Checkpoint,
     ) -> StoreResult<()> {
+        checkpoint.check_done_above(partition)?;
         match self
             .try_checkpoint(group, member, partition, checkpoint)
             .await

@@ -316,6 +316,7 @@ impl TicketStore for RedisStore {
         claim: &TicketClaim,
         checkpoint: &Checkpoint,
     ) -> StoreResult<()> {
+        checkpoint.check_done_above(&claim.partition)?;
         let mut call = self.scripts.ticket_checkpoint.prepare_invoke();
         call.key(fence_key(group, &claim.partition))
             .key(checkpoint_key(group, &claim.partition))

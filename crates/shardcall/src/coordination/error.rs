@@ -70,6 +70,20 @@ pub enum Refusal {
     /// another phase).
     #[error(transparent)]
     State(#[from] StateError),
+    /// A checkpoint's done ranges are not ranges in order above its
+    /// offset ([`crate::Checkpoint::done_above`]): written, they would make
+    /// the checkpoint unreadable for every later reader.
+    #[error(
+        "the checkpoint of {partition} at offset {offset} has done ranges out of order or not above it: {ranges:?}"
+    )]
+    MalformedDoneRanges {
+        /// The partition.
+        partition: shardcall_core::PartitionId,
+        /// The checkpoint's offset.
+        offset: u64,
+        /// The ranges given.
+        ranges: Vec<(u64, u64)>,
+    },
     /// The group still has members, ticket workers or claims running.
     #[error("group {group} has {what} running ({}): stop them first", .names.join(", "))]
     InUse {

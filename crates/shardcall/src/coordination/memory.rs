@@ -651,6 +651,7 @@ impl CoordinationStore for MemoryStore {
         partition: &PartitionId,
         checkpoint: &Checkpoint,
     ) -> StoreResult<()> {
+        checkpoint.check_done_above(partition)?;
         let now = self.clock.now_ms();
         let mut inner = self.inner.lock().expect("store lock");
         let g = inner.groups.entry(group.to_owned()).or_default();

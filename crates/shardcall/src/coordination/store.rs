@@ -62,6 +62,19 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// Refuses a checkpoint whose done ranges are not in their documented
+    /// form; every store checks this before writing one.
+    pub fn check_done_above(&self, partition: &PartitionId) -> Result<(), StoreError> {
+        if self.done_above_well_formed() {
+            return Ok(());
+        }
+        Err(StoreError::Refused(Refusal::MalformedDoneRanges {
+            partition: partition.clone(),
+            offset: self.offset,
+            ranges: self.done_above.clone(),
+        }))
+    }
+
     /// Whether `done_above` is in the form it documents: ranges in order,
     /// each `first <= last`, the first starting above `offset` and each
     /// after the last one's end with a gap.

@@ -770,6 +770,23 @@ pub async fn done_ranges_move_with_the_checkpoint<S: CoordinationStore>(store: &
         .await;
     assert!(matches!(zombie, Err(StoreError::Fenced(_))), "{zombie:?}");
     assert_eq!(read().await.done_above, many, "a fenced write changed them");
+    for malformed in [vec![(10, 12)], vec![(20, 30), (15, 16)], vec![(12, 11)]] {
+        let refused = store
+            .save_checkpoint(group, &a, &p(0), &cp(10, malformed.clone()))
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::Refused(Refusal::MalformedDoneRanges { .. }))
+            ),
+            "{malformed:?}: {refused:?}"
+        );
+    }
+    assert_eq!(
+        read().await.done_above,
+        many,
+        "a refused write changed them"
+    );
     store
         .save_checkpoint(group, &a, &p(0), &cp(40, vec![(42, 45)]))
         .await

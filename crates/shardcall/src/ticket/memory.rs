@@ -179,6 +179,7 @@ impl TicketStore for MemoryStore {
         claim: &TicketClaim,
         checkpoint: &Checkpoint,
     ) -> StoreResult<()> {
+        checkpoint.check_done_above(&claim.partition)?;
         let now = self.clock.now_ms();
         let mut inner = self.inner.lock().expect("store lock");
         check_claim(&inner, group, claim, now)?;
