@@ -191,17 +191,19 @@ pub enum WorkerConfigError {
     /// A snapshot setting of the local state stores cannot work.
     #[error("state.snapshots.{0}")]
     Snapshots(String),
-    /// A topic runs by key, but the worker has no local state store to
-    /// commit each key's state with its record's mark as done.
+    /// A topic runs by key (or in no order), but the worker has no local
+    /// state store to commit each key's state with its record's mark as
+    /// done.
     #[error(
-        "ordering = \"key\" needs the local state store ([state] with kind = \"store\"): \
+        "ordering = \"key\" or \"none\" needs the local state store ([state] with kind = \"store\"): \
          each record's key state commits there together with its mark as done, which is \
          what keeps every state change applied exactly once across crashes and handovers"
     )]
     KeyOrderingWithoutStore,
-    /// A topic runs by key, but the handler processes batches.
+    /// A topic runs by key (or in no order), but the handler processes
+    /// batches.
     #[error(
-        "ordering = \"key\" runs records many at once, one call per record: the handler \
+        "ordering = \"key\" or \"none\" runs records many at once, one call per record: the handler \
          must be a KeyedHandler (type Keeps = PerKey), not one that processes batches"
     )]
     KeyOrderingNeedsKeyedHandler,

@@ -43,6 +43,13 @@ struct Seen {
     most_in_flight: AtomicUsize,
     /// The call of this record of `t/0` panics, once.
     panic_at: Mutex<Option<u64>>,
+    /// Under `ordering = none`: two records of one key at once are
+    /// allowed (and counted here), and each call is noted in `called`.
+    unordered: std::sync::atomic::AtomicBool,
+    key_overlaps: AtomicUsize,
+    /// Calls in flight of each key, under `ordering = none`.
+    calls_by_key: Mutex<BTreeMap<Vec<u8>, usize>>,
+    called: Mutex<Vec<(u32, u64)>>,
 }
 
 /// Counts each key's records in its key state, 10 ms per record (60 ms
@@ -79,6 +86,9 @@ impl KeyedHandler for Tally {
         state: &mut KeyState,
     ) -> Result<(), HandlerError> {
         let key = record.key.clone().unwrap_or_default().to_vec();
+        if self.seen.unordered.load(Ordering::SeqCst) {
+            return self.call_unordered(ctx, record, key).await;
+        }
         if !self.seen.busy.lock().unwrap().insert(key.clone()) {
             self.seen.violations.lock().unwrap().push(format!(
                 "{}: two records of key {:?} in flight at once (offset {})",
@@ -115,6 +125,37 @@ impl KeyedHandler for Tally {
             ));
         }
         state.set([(count + 1).to_le_bytes(), record.offset.to_le_bytes()].concat());
+        Ok(())
+    }
+}
+
+impl Tally {
+    /// A call under `ordering = none`: no key state, any order.
+    async fn call_unordered(
+        &self,
+        ctx: &PartitionContext,
+        record: &Record,
+        key: Vec<u8>,
+    ) -> Result<(), HandlerError> {
+        let seen = &self.seen;
+        let others = {
+            let mut calls = seen.calls_by_key.lock().unwrap();
+            let n = calls.entry(key.clone()).or_default();
+            *n += 1;
+            *n - 1
+        };
+        if others > 0 {
+            seen.key_overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        seen.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+        *seen.calls_by_key.lock().unwrap().get_mut(&key).unwrap() -= 1;
+        seen.called
+            .lock()
+            .unwrap()
+            .push((ctx.partition.partition, record.offset));
         Ok(())
     }
 }
@@ -353,6 +394,37 @@ async fn the_same_handler_under_partition_ordering_sees_one_record_at_a_time() {
         "{most} records at once: more than one per partition"
     );
     assert_eq!(counts(&c, |_| 0), c.produced);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_none_records_of_one_key_run_at_once_and_each_is_called_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.seen.unordered.store(true, Ordering::SeqCst);
+    c.produce(400);
+    c.add_worker_ordered(TopicOrdering::Unordered);
+    let total: u64 = c.produced.values().sum();
+    eventually(Duration::from_secs(60), || async {
+        let n = c.checkpointed().await;
+        if n == total {
+            Ok(())
+        } else {
+            Err(format!("{n} of {total} checkpointed"))
+        }
+    })
+    .await;
+    let most = c.stop_and_check().await;
+    assert!(most <= 2 * 16, "{most} in flight: more than max_in_flight");
+    assert!(
+        c.seen.key_overlaps.load(Ordering::SeqCst) > 0,
+        "records of one key never ran at once under none"
+    );
+    let mut called = c.seen.called.lock().unwrap().clone();
+    called.sort_unstable();
+    let before = called.len();
+    called.dedup();
+    assert_eq!(before, called.len(), "a record was called twice");
+    assert_eq!(called.len() as u64, total, "a record was never called");
 }
 
 #[tokio::test]

@@ -27,7 +27,7 @@
 //!   passed; then the last checkpoint, and the end. A fenced checkpoint
 //!   ends at once: the partition is someone else's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use crate::cause::Cause;
@@ -101,8 +101,8 @@ impl Progress {
 pub struct DoneCommit {
     /// The store's position after the commit: every offset below it done.
     pub applied: u64,
-    /// Write a done mark for this offset (it is done above `applied`).
-    pub mark: Option<u64>,
+    /// Write a done mark for each of these offsets (done above `applied`).
+    pub marks: Vec<u64>,
     /// Delete these offsets' marks: `applied` covers them now.
     pub unmark: Vec<u64>,
 }
@@ -125,6 +125,11 @@ pub enum KeyedEvent {
         /// How it went.
         outcome: Result<(), Cause>,
     },
+    /// These records' calls succeeded (or their dead-letter writes did),
+    /// and their state changes and marks as done committed together, in
+    /// one commit planned by [`KeyedEngine::done_commit`]. The same as a
+    /// successful [`Finished`](Self::Finished) for each.
+    Committed(Vec<u64>),
     /// A record sent to the dead letters (or not).
     DeadLettered {
         /// The record.
@@ -293,33 +298,28 @@ impl KeyedEngine {
         self.scheduler.in_flight()
     }
 
-    /// How the local state store records `offset` done, with its state
-    /// change, in one commit. Call it when the record's handler call
-    /// succeeded (or its dead-lettering did); then report the commit's
-    /// outcome ([`KeyedEvent::Finished`] or [`KeyedEvent::DeadLettered`])
-    /// before planning the next: one commit at a time, each planned on
-    /// everything committed before it.
-    pub fn done_commit(&self, offset: u64) -> DoneCommit {
+    /// How the local state store records `offsets` done (records whose
+    /// calls succeeded, or whose dead-letter writes did), with their state
+    /// changes, in one commit. Report the commit's outcome
+    /// ([`KeyedEvent::Committed`]) before planning the next: one commit at
+    /// a time, each planned on everything committed before it.
+    pub fn done_commit(&self, offsets: &[u64]) -> DoneCommit {
         let watermark = self.scheduler.watermark();
-        if offset != watermark {
-            return DoneCommit {
-                applied: watermark,
-                mark: Some(offset),
-                unmark: Vec::new(),
-            };
-        }
-        // The lowest record not done: the watermark moves past it and past
-        // every record done right above it, whose marks are no longer
-        // needed.
-        let mut applied = offset + 1;
+        let newly: BTreeSet<u64> = offsets.iter().copied().collect();
+        let done = |o: u64| newly.contains(&o) || self.scheduler.is_done(o);
+        // The watermark moves past every record done right above it; the
+        // marks of those done before are no longer needed.
+        let mut applied = watermark;
         let mut unmark = Vec::new();
-        while self.scheduler.is_done(applied) {
-            unmark.push(applied);
+        while done(applied) {
+            if !newly.contains(&applied) {
+                unmark.push(applied);
+            }
             applied += 1;
         }
         DoneCommit {
             applied,
-            mark: None,
+            marks: newly.range(applied..).copied().collect(),
             unmark,
         }
     }
@@ -341,6 +341,11 @@ impl KeyedEngine {
             KeyedEvent::FetchFailed(_) => {
                 self.fetching = false;
                 self.fetch_after = now + self.rules.retry.first.as_millis() as Millis;
+            }
+            KeyedEvent::Committed(offsets) => {
+                for offset in offsets {
+                    self.done(offset);
+                }
             }
             KeyedEvent::Finished { offset, outcome } => match outcome {
                 Ok(()) => self.done(offset),
@@ -720,18 +725,19 @@ mod tests {
         )
     }
 
-    /// Carries out the engine's plan for recording `offset` done in the
+    /// Carries out the engine's plan for recording `offsets` done in the
     /// simulated local store, and checks that the store then reads back
     /// as exactly the records done.
     fn commit(
         e: &KeyedEngine,
         store: &mut (u64, BTreeSet<u64>),
         committed: &mut Vec<u64>,
-        offset: u64,
+        offsets: &[u64],
     ) -> Result<(), TestCaseError> {
-        let plan = e.done_commit(offset);
+        let plan = e.done_commit(offsets);
+        prop_assert!(plan.applied >= store.0, "the store's position went back");
         store.0 = plan.applied;
-        store.1.extend(plan.mark);
+        store.1.extend(plan.marks);
         for o in &plan.unmark {
             prop_assert!(store.1.remove(o), "unmarked {} that had no mark", o);
         }
@@ -739,7 +745,7 @@ mod tests {
             store.1.iter().all(|&o| o >= store.0),
             "a mark left below the store's position"
         );
-        committed.push(offset);
+        committed.extend(offsets);
         let done: BTreeSet<u64> = committed.iter().copied().collect();
         let read = Progress::from_marks(store.0, store.1.iter().copied());
         let read_done: BTreeSet<u64> = (0..read.watermark)
@@ -747,6 +753,35 @@ mod tests {
             .collect();
         prop_assert_eq!(read_done, done, "the store reads back another done set");
         Ok(())
+    }
+
+    #[test]
+    fn a_group_commit_moves_the_position_past_the_group_and_marks_the_rest() {
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 0), (1, 1), (2, 2), (3, 3)]), 0);
+        // 2 is done alone first: marked above the position.
+        let alone = e.done_commit(&[2]);
+        assert_eq!(
+            (alone.applied, alone.marks.clone(), alone.unmark.clone()),
+            (0, vec![2], vec![])
+        );
+        e.step(KeyedEvent::Committed(vec![2]), 1);
+        // 0, 1 and 3 together: the position passes 0..=3, 2's mark goes.
+        let group = e.done_commit(&[3, 0, 1]);
+        assert_eq!(
+            (group.applied, group.marks, group.unmark),
+            (4, vec![], vec![2])
+        );
+        e.step(KeyedEvent::Committed(vec![3, 0, 1]), 2);
+        assert_eq!(e.progress().watermark, 4);
+        // A group that leaves a gap keeps marks for the records above it.
+        e.step(records(&[(4, 0), (5, 1), (6, 2)]), 3);
+        let gap = e.done_commit(&[5, 6]);
+        assert_eq!(
+            (gap.applied, gap.marks, gap.unmark),
+            (4, vec![5, 6], vec![])
+        );
     }
 
     #[test]
@@ -815,12 +850,26 @@ mod tests {
                             offset,
                             outcome: Err(Cause::msg("flaky")),
                         },
+                        // Every third answer commits together with every
+                        // other call that is out (a group commit).
+                        KeyedCommand::Start { offset, .. } if pick % 3 == 0 => {
+                            let mut group = vec![offset];
+                            out.retain(|c| match c {
+                                KeyedCommand::Start { offset, .. } => {
+                                    group.push(*offset);
+                                    false
+                                }
+                                _ => true,
+                            });
+                            commit(&e, &mut store, &mut committed, &group)?;
+                            KeyedEvent::Committed(group)
+                        }
                         KeyedCommand::Start { offset, .. } => {
-                            commit(&e, &mut store, &mut committed, offset)?;
+                            commit(&e, &mut store, &mut committed, &[offset])?;
                             KeyedEvent::Finished { offset, outcome: Ok(()) }
                         }
                         KeyedCommand::DeadLetter { offset, .. } => {
-                            commit(&e, &mut store, &mut committed, offset)?;
+                            commit(&e, &mut store, &mut committed, &[offset])?;
                             KeyedEvent::DeadLettered { offset, outcome: Ok(()) }
                         }
                         KeyedCommand::Checkpoint(p) => {

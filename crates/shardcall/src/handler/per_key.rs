@@ -27,10 +27,12 @@ use crate::local_state::txn::StateTxn;
 pub struct PerKey;
 
 /// One record key's state, as a [`KeyedHandler`] call sees and changes it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyState {
     value: Option<Vec<u8>>,
     changed: bool,
+    /// Whether the key's state is kept (not under `ordering = none`).
+    kept: bool,
 }
 
 impl KeyState {
@@ -39,6 +41,18 @@ impl KeyState {
         Self {
             value,
             changed: false,
+            kept: true,
+        }
+    }
+
+    /// The state of a record whose key keeps none (`ordering = none`: two
+    /// records of one key may run at once, and one would overwrite what the
+    /// other set). It reads as empty; a call that sets it fails.
+    pub fn unkept() -> Self {
+        Self {
+            value: None,
+            changed: false,
+            kept: false,
         }
     }
 
@@ -68,6 +82,12 @@ impl KeyState {
     ) -> Result<(), HandlerError> {
         if !self.changed {
             return Ok(());
+        }
+        if !self.kept {
+            return Err(HandlerError::msg(
+                "the call set its key's state, but ordering = \"none\" keeps no key state \
+                 (two records of one key may run at once); choose ordering = \"key\" to keep it",
+            ));
         }
         let at = state_key(key);
         match self.value {
@@ -193,5 +213,24 @@ impl<H: KeyedHandler> KeepsState<H> for PerKey {
         let shared = any.downcast::<Shared<H>>().ok()?;
         let Shared(handler) = Arc::try_unwrap(shared).ok()?;
         Arc::try_unwrap(handler).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_state_under_none_reads_empty_and_refuses_to_be_set() {
+        let mut untouched = KeyState::unkept();
+        assert_eq!(untouched.get(), None);
+        let mut writes = WriteSet::new();
+        untouched.clone().write_to(&mut writes, Some(b"k")).unwrap();
+        untouched.set(*b"v");
+        let err = untouched.write_to(&mut writes, Some(b"k")).unwrap_err();
+        assert!(err.to_string().contains("keeps no key state"), "{err}");
+        let mut kept = KeyState::new(None);
+        kept.set(*b"v");
+        kept.write_to(&mut writes, Some(b"k")).unwrap();
     }
 }

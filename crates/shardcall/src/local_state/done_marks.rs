@@ -29,9 +29,9 @@ fn mark_key(offset: u64) -> Vec<u8> {
     key
 }
 
-/// Adds the marks `plan` writes and deletes to a record's `writes`.
+/// Adds the marks `plan` writes and deletes to a commit's `writes`.
 pub(crate) fn record_done(writes: &mut WriteSet, plan: &DoneCommit) -> StateResult<()> {
-    if let Some(offset) = plan.mark {
+    for &offset in &plan.marks {
         writes.put(&mark_key(offset), &[])?;
     }
     for &offset in &plan.unmark {
@@ -98,7 +98,7 @@ mod tests {
         // 1 and 3 finish first, then 0: the position moves past 1.
         let mark = |o| DoneCommit {
             applied: 0,
-            mark: Some(o),
+            marks: vec![o],
             unmark: vec![],
         };
         commit(&store, &mark(1), b"k1");
@@ -112,7 +112,7 @@ mod tests {
         );
         let zero = DoneCommit {
             applied: 2,
-            mark: None,
+            marks: vec![],
             unmark: vec![1],
         };
         commit(&store, &zero, b"k0");
@@ -158,7 +158,7 @@ mod tests {
             &store,
             &DoneCommit {
                 applied: 0,
-                mark: Some(5),
+                marks: vec![5],
                 unmark: vec![],
             },
             b"\xfe",

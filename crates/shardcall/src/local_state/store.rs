@@ -104,6 +104,12 @@ impl WriteSet {
         Ok(())
     }
 
+    /// Adds `later`'s writes, which win where both touch a key (both were
+    /// checked when they were made).
+    pub(crate) fn absorb(&mut self, later: WriteSet) {
+        self.writes.extend(later.writes);
+    }
+
     /// What this set says of `key`: `None` if it does not touch it,
     /// `Some(None)` if it deletes it.
     pub fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {

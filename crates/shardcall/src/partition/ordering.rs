@@ -1,6 +1,7 @@
-//! In which order a topic's records are processed: one at a time in
-//! offset order (`partition`, the default), or many at once with each
-//! key's records in offset order (`key`).
+//! In which order a topic's records are processed: one batch at a time
+//! in offset order (`partition`, the default), many at once with each
+//! key's records in offset order (`key`), or many at once in any order
+//! (`none`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,6 +24,35 @@ pub enum TopicOrdering {
     /// [`crate::KeyedHandler`] and the local state store, where each key's
     /// state commits with its record's mark as done.
     Key,
+    /// Records in any order, up to [`OrderingConfig::max_in_flight`] per
+    /// partition at once, two of one key among them: for handlers whose
+    /// records need no order at all. There is no key state (two calls of
+    /// one key could overwrite each other's), so a call that sets it
+    /// fails; each record is still marked done once, in the local state
+    /// store, so a restore skips what is done.
+    #[serde(rename = "none")]
+    Unordered,
+}
+
+impl TopicOrdering {
+    /// The record order the key scheduler keeps, when records run one by
+    /// one (`None`: in batches).
+    pub fn per_record(self) -> Option<RecordOrder> {
+        match self {
+            Self::Partition => None,
+            Self::Key => Some(RecordOrder::Key),
+            Self::Unordered => Some(RecordOrder::Unordered),
+        }
+    }
+
+    /// The word a configuration file uses for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Partition => "partition",
+            Self::Key => "key",
+            Self::Unordered => "none",
+        }
+    }
 }
 
 /// The ordering of each topic, and how far key ordering may go.
@@ -62,9 +92,12 @@ impl OrderingConfig {
         self.topics.get(topic).copied().unwrap_or(self.default)
     }
 
-    /// Whether any topic runs by key.
-    pub fn any_key(&self) -> bool {
-        self.default == TopicOrdering::Key || self.topics.values().any(|o| *o == TopicOrdering::Key)
+    /// Whether any topic's records run one by one (`key` or `none`),
+    /// which needs a [`crate::KeyedHandler`] and the local state store.
+    pub fn any_per_record(&self) -> bool {
+        std::iter::once(&self.default)
+            .chain(self.topics.values())
+            .any(|o| o.per_record().is_some())
     }
 
     /// What cannot work; `store` says whether the worker has the local
@@ -81,7 +114,7 @@ impl OrderingConfig {
                 max: MAX_IN_FLIGHT_LIMIT,
             });
         }
-        if self.any_key() && !store {
+        if self.any_per_record() && !store {
             out.push(WorkerConfigError::KeyOrderingWithoutStore);
         }
         out
@@ -98,8 +131,9 @@ impl OrderingConfig {
         call_deadline: Duration,
         dead_letters: bool,
     ) -> Option<KeyedRules> {
-        (self.of(topic) == TopicOrdering::Key).then(|| KeyedRules {
-            order: RecordOrder::Key,
+        let order = self.of(topic).per_record()?;
+        Some(KeyedRules {
+            order,
             max_in_flight: self.max_in_flight,
             // Read ahead far enough that a few busy keys leave the others
             // work, never further than a batch may be.
@@ -142,6 +176,41 @@ mod tests {
         );
         let unknown = serde_json::from_str::<OrderingConfig>(r#"{"ordering": "key"}"#);
         assert!(unknown.is_err(), "an unknown field must be refused");
+    }
+
+    #[test]
+    fn none_runs_records_one_by_one_in_any_order() {
+        let config: OrderingConfig =
+            serde_json::from_str(r#"{"topics": {"clicks": "none"}}"#).unwrap();
+        assert_eq!(config.of("clicks"), TopicOrdering::Unordered);
+        assert_eq!(config.of("clicks").name(), "none");
+        assert!(config.any_per_record());
+        let rules = config
+            .keyed_rules(
+                "clicks",
+                &BatchConfig::default(),
+                Duration::from_secs(1),
+                false,
+            )
+            .unwrap();
+        assert_eq!(rules.order, RecordOrder::Unordered);
+        assert!(
+            config
+                .keyed_rules(
+                    "other",
+                    &BatchConfig::default(),
+                    Duration::from_secs(1),
+                    false
+                )
+                .is_none()
+        );
+        assert!(!OrderingConfig::default().any_per_record());
+        assert!(
+            config
+                .problems(false)
+                .contains(&WorkerConfigError::KeyOrderingWithoutStore),
+            "none marks records done in the local store too"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use shardcall_core::key_scheduler::RecordOrder;
 use shardcall_core::keyed_engine::{
     CheckpointOutcome, KeyedCommand, KeyedEnd, KeyedEngine, KeyedEvent, KeyedRules, Progress,
 };
@@ -45,6 +46,8 @@ type KeepsOf<F> = <<F as HandlerFactory>::Handler as PartitionHandler>::Keeps;
 /// The working state of one keyed run.
 struct Run {
     engine: KeyedEngine,
+    /// The order the records keep: under `none` no key state is read.
+    order: RecordOrder,
     /// Records read and not yet done, by offset.
     records: HashMap<u64, Record>,
     /// Why each failing record failed last (for its dead letter).
@@ -56,6 +59,9 @@ struct Run {
     fetch: JoinSet<Result<Vec<Record>, SourceError>>,
     /// Answers carried out in turn, not yet given to the engine.
     answers: VecDeque<KeyedEvent>,
+    /// Records whose calls succeeded (or whose dead letters were written),
+    /// with their state changes, waiting to commit together.
+    to_commit: Vec<(u64, WriteSet)>,
     /// When the next tick is due, if the engine asked for one.
     wake_at: Option<Millis>,
     /// The watermark of the last checkpoint written.
@@ -103,6 +109,7 @@ where
             "records run by key"
         );
         let mut run = Run {
+            order: rules.order,
             engine: KeyedEngine::new(rules, &progress, self.now_ms()),
             records: HashMap::new(),
             last_error: HashMap::new(),
@@ -110,6 +117,7 @@ where
             calling: HashMap::new(),
             fetch: JoinSet::new(),
             answers: VecDeque::new(),
+            to_commit: Vec::new(),
             wake_at: None,
             checkpointed: progress.watermark,
             told_end: false,
@@ -149,6 +157,7 @@ where
             }
             event = match run.answers.pop_front() {
                 Some(answer) => answer,
+                None if !run.to_commit.is_empty() => self.commit_group(run).await,
                 None => self.next_keyed_event(run).await,
             };
         }
@@ -167,23 +176,16 @@ where
         let lease_left = self.grant.lease().remaining();
         tokio::select! {
             Some(joined) = run.calls.join_next_with_id(), if !run.calls.is_empty() => {
-                let (offset, answer) = match joined {
-                    Ok((id, answer)) => {
-                        run.calling.remove(&id);
-                        answer
-                    }
-                    // The handler panicked: the record's call failed, as
-                    // an error would have.
-                    Err(e) => {
-                        let offset = run.calling.remove(&e.id()).expect("every call is known");
-                        let why = match e.try_into_panic() {
-                            Ok(payload) => crate::partition::handler_cell::panic_message(&*payload),
-                            Err(e) => e.to_string(),
-                        };
-                        (offset, Err(HandlerError::msg(format!("the handler panicked: {why}"))))
-                    }
-                };
-                self.record_answered(run, offset, answer).await
+                self.call_joined(run, joined);
+                // Every other call already back commits in the same
+                // commit: one local transaction for many cheap calls.
+                while let Some(joined) = run.calls.try_join_next_with_id() {
+                    self.call_joined(run, joined);
+                }
+                match run.answers.pop_front() {
+                    Some(failed) => failed,
+                    None => self.commit_group(run).await,
+                }
             }
             Some(joined) = run.fetch.join_next(), if !run.fetch.is_empty() => {
                 let fetched = joined.unwrap_or_else(|e| Err(SourceError::Task { what: "fetch", source: e }));
@@ -221,8 +223,9 @@ where
             }
             KeyedCommand::Start { offset, .. } => self.start_record(run, shared, offset).await,
             KeyedCommand::DeadLetter { offset, attempts } => {
-                let answer = self.dead_letter_record(run, offset, attempts).await;
-                run.answers.push_back(answer);
+                if let Some(answer) = self.dead_letter_record(run, offset, attempts).await {
+                    run.answers.push_back(answer);
+                }
             }
             KeyedCommand::Checkpoint(progress) => {
                 let answer = self.keyed_checkpoint(run, progress).await;
@@ -244,18 +247,24 @@ where
             .get(&offset)
             .expect("started records were fetched")
             .clone();
-        if let Some(why) = key_too_long(&record) {
+        // A key too long to keep state for fails its record; under `none`
+        // no state is kept, so any key will do.
+        if let Some(why) = key_too_long(&record).filter(|_| run.order != RecordOrder::Unordered) {
             run.answers.push_back(KeyedEvent::Finished {
                 offset,
                 outcome: Err(why.into_cause()),
             });
             return;
         }
-        let state = match key_state(self.keyed_store(), record.key.as_deref()).await {
-            Ok(state) => state,
-            Err(why) => {
-                run.answers.push_back(KeyedEvent::StorageFailed(why));
-                return;
+        let state = if run.order == RecordOrder::Unordered {
+            KeyState::unkept()
+        } else {
+            match key_state(self.keyed_store(), record.key.as_deref()).await {
+                Ok(state) => state,
+                Err(why) => {
+                    run.answers.push_back(KeyedEvent::StorageFailed(why));
+                    return;
+                }
             }
         };
         let call = shared.call(Arc::new(self.d.ctx.clone()), record, state);
@@ -277,57 +286,80 @@ where
         run.calling.insert(call.id(), offset);
     }
 
-    /// A call came back: on success its key state and its done mark are
-    /// committed together, as the engine plans.
-    async fn record_answered(
+    /// A call's task ended: its answer, or its panic as the record's
+    /// failure.
+    fn call_joined(
+        &mut self,
+        run: &mut Run,
+        joined: Result<(tokio::task::Id, CallAnswer), tokio::task::JoinError>,
+    ) {
+        let (offset, answer) = match joined {
+            Ok((id, answer)) => {
+                run.calling.remove(&id);
+                answer
+            }
+            // The handler panicked: the record's call failed, as an error
+            // would have.
+            Err(e) => {
+                let offset = run.calling.remove(&e.id()).expect("every call is known");
+                let why = match e.try_into_panic() {
+                    Ok(payload) => crate::partition::handler_cell::panic_message(&*payload),
+                    Err(e) => e.to_string(),
+                };
+                (
+                    offset,
+                    Err(HandlerError::msg(format!("the handler panicked: {why}"))),
+                )
+            }
+        };
+        self.record_answered(run, offset, answer);
+    }
+
+    /// A call came back: on success its key state waits to commit with its
+    /// done mark ([`Self::commit_group`]); a failure is the engine's to
+    /// hear.
+    fn record_answered(
         &mut self,
         run: &mut Run,
         offset: u64,
         answer: Result<KeyState, HandlerError>,
-    ) -> KeyedEvent {
-        let state = match answer {
-            Ok(state) => state,
+    ) {
+        let key = run.records.get(&offset).and_then(|r| r.key.clone());
+        let written = answer.and_then(|state| {
+            let mut writes = WriteSet::new();
+            // A value too long for the store is the record's own failure.
+            state.write_to(&mut writes, key.as_deref()).map(|()| writes)
+        });
+        match written {
+            Ok(writes) => run.to_commit.push((offset, writes)),
             Err(e) => {
                 tracing::warn!(offset, error = %e, "a record failed; its key waits, the others go on");
                 crate::telemetry::handler_failure(self.d.group, &self.d.ctx.partition);
                 let cause = e.into_cause();
                 run.last_error.insert(offset, cause.clone());
-                return KeyedEvent::Finished {
+                run.answers.push_back(KeyedEvent::Finished {
                     offset,
                     outcome: Err(cause),
-                };
+                });
             }
-        };
-        let key = run.records.get(&offset).and_then(|r| r.key.clone());
-        let mut writes = WriteSet::new();
-        if let Err(e) = state.write_to(&mut writes, key.as_deref()) {
-            // A value too long for the store: the record's own failure.
-            let cause = e.into_cause();
-            run.last_error.insert(offset, cause.clone());
-            return KeyedEvent::Finished {
-                offset,
-                outcome: Err(cause),
-            };
-        }
-        match self.commit_done(run, offset, writes).await {
-            Ok(()) => KeyedEvent::Finished {
-                offset,
-                outcome: Ok(()),
-            },
-            Err(why) => KeyedEvent::StorageFailed(why),
         }
     }
 
-    /// Commits `writes` with the record's done mark and the store's new
-    /// position, as the engine plans; the record is forgotten after.
-    async fn commit_done(
-        &mut self,
-        run: &mut Run,
-        offset: u64,
-        mut writes: WriteSet,
-    ) -> Result<(), Cause> {
-        let plan = run.engine.done_commit(offset);
-        done_marks::record_done(&mut writes, &plan).map_err(Cause::new)?;
+    /// Commits every waiting record's state change with its done mark and
+    /// the store's new position, in one local transaction, as the engine
+    /// plans; the records are forgotten after. The engine hears of the
+    /// commit before anything else, so the next commit is planned on it.
+    async fn commit_group(&mut self, run: &mut Run) -> KeyedEvent {
+        let group = std::mem::take(&mut run.to_commit);
+        let offsets: Vec<u64> = group.iter().map(|(o, _)| *o).collect();
+        let plan = run.engine.done_commit(&offsets);
+        let mut writes = WriteSet::new();
+        for (_, w) in group {
+            writes.absorb(w);
+        }
+        if let Err(e) = done_marks::record_done(&mut writes, &plan) {
+            return KeyedEvent::StorageFailed(Cause::new(e));
+        }
         let applied = Applied {
             offset: plan.applied,
             epoch: self.d.ctx.epoch,
@@ -335,23 +367,26 @@ where
         let local = self.local.as_mut().expect("a keyed run has a local store");
         if let Err(e) = local.commit(writes, applied).await {
             tracing::error!(error = %e, "the local state store refused a record; the partition is given up");
-            return Err(Cause::new(e));
+            return KeyedEvent::StorageFailed(Cause::new(e));
         }
-        run.records.remove(&offset);
-        run.last_error.remove(&offset);
-        Ok(())
+        for offset in &offsets {
+            run.records.remove(offset);
+            run.last_error.remove(offset);
+        }
+        KeyedEvent::Committed(offsets)
     }
 
-    /// Sends a record past its attempts to the dead letters, then marks it
-    /// done.
+    /// Sends a record past its attempts to the dead letters; once they
+    /// took it, it waits to be marked done with the next commit. `Some`:
+    /// what the engine hears instead.
     async fn dead_letter_record(
         &mut self,
         run: &mut Run,
         offset: u64,
         attempts: u32,
-    ) -> KeyedEvent {
+    ) -> Option<KeyedEvent> {
         if self.grant.lease().expired() {
-            return KeyedEvent::LeaseLapsed;
+            return Some(KeyedEvent::LeaseLapsed);
         }
         let record = run
             .records
@@ -366,18 +401,13 @@ where
             .dead_letter(std::slice::from_ref(&record), attempts, &why)
             .await
         {
-            return KeyedEvent::DeadLettered {
+            return Some(KeyedEvent::DeadLettered {
                 offset,
                 outcome: Err(Cause::msg("the dead letters did not take the record")),
-            };
+            });
         }
-        match self.commit_done(run, offset, WriteSet::new()).await {
-            Ok(()) => KeyedEvent::DeadLettered {
-                offset,
-                outcome: Ok(()),
-            },
-            Err(why) => KeyedEvent::StorageFailed(why),
-        }
+        run.to_commit.push((offset, WriteSet::new()));
+        None
     }
 
     fn fetched_keyed(
