@@ -262,6 +262,22 @@ impl Cluster {
         sum
     }
 
+    /// Waits until every record produced is below the checkpoints, and
+    /// says how many that is.
+    async fn all_checkpointed(&self) -> u64 {
+        let total: u64 = self.produced.values().sum();
+        eventually(Duration::from_secs(60), || async {
+            let n = self.checkpointed().await;
+            if n == total {
+                Ok(())
+            } else {
+                Err(format!("{n} of {total} checkpointed"))
+            }
+        })
+        .await;
+        total
+    }
+
     /// Stops every worker gracefully, checks that no call saw a violation,
     /// and says how many calls ran at once at most.
     async fn stop_and_check(&mut self) -> usize {
@@ -378,16 +394,7 @@ async fn the_same_handler_under_partition_ordering_sees_one_record_at_a_time() {
     let mut c = Cluster::new(dir.path());
     c.produce(100);
     c.add_worker_ordered(TopicOrdering::Partition);
-    let total: u64 = c.produced.values().sum();
-    eventually(Duration::from_secs(60), || async {
-        let n = c.checkpointed().await;
-        if n == total {
-            Ok(())
-        } else {
-            Err(format!("{n} of {total} checkpointed"))
-        }
-    })
-    .await;
+    c.all_checkpointed().await;
     let most = c.stop_and_check().await;
     assert!(
         most <= PARTITIONS as usize,
@@ -403,16 +410,7 @@ async fn under_none_records_of_one_key_run_at_once_and_each_is_called_once() {
     c.seen.unordered.store(true, Ordering::SeqCst);
     c.produce(400);
     c.add_worker_ordered(TopicOrdering::Unordered);
-    let total: u64 = c.produced.values().sum();
-    eventually(Duration::from_secs(60), || async {
-        let n = c.checkpointed().await;
-        if n == total {
-            Ok(())
-        } else {
-            Err(format!("{n} of {total} checkpointed"))
-        }
-    })
-    .await;
+    let total = c.all_checkpointed().await;
     let most = c.stop_and_check().await;
     assert!(most <= 2 * 16, "{most} in flight: more than max_in_flight");
     assert!(
