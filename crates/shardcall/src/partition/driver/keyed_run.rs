@@ -247,17 +247,16 @@ where
             .get(&offset)
             .expect("started records were fetched")
             .clone();
-        // A key too long to keep state for fails its record; under `none`
-        // no state is kept, so any key will do.
-        if let Some(why) = key_too_long(&record).filter(|_| run.order != RecordOrder::Unordered) {
+        // Under `none` no key state is kept, so any key will do; otherwise
+        // a key too long to keep state for fails its record.
+        let state = if run.order == RecordOrder::Unordered {
+            KeyState::unkept()
+        } else if let Some(why) = key_too_long(&record) {
             run.answers.push_back(KeyedEvent::Finished {
                 offset,
                 outcome: Err(why.into_cause()),
             });
             return;
-        }
-        let state = if run.order == RecordOrder::Unordered {
-            KeyState::unkept()
         } else {
             match key_state(self.keyed_store(), record.key.as_deref()).await {
                 Ok(state) => state,
