@@ -620,9 +620,7 @@ async fn bench(args: &BenchStateArgs) -> anyhow::Result<ExitCode> {
     // The same over `--exec`, fewer records (each key goes through a pipe).
     let script = dir.join("aggregates.py");
     std::fs::write(&script, EXEC_AGGREGATES)?;
-    let exec = shardcall::exec::ExecFactory {
-        command: format!("python3 {} {keys}", script.display()),
-    };
+    let exec = shardcall::exec::ExecFactory::new(format!("python3 {} {keys}", script.display()));
     let exec_records = (args.records / 5).max(1000);
     let exec_updates = |from: u64| (from..from + exec_records).map(|j| format!("u:{j}"));
     eprintln!("empty state over --exec: {exec_records} updates");

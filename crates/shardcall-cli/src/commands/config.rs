@@ -35,6 +35,22 @@ pub fn run(command: &ConfigCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// What a topic's ordering means for its records, in a line.
+pub(crate) fn explain_ordering(ordering: &shardcall::OrderingConfig, topic: &str) -> String {
+    let n = ordering.max_in_flight;
+    match ordering.of(topic) {
+        shardcall::TopicOrdering::Partition => {
+            "ordering = \"partition\": a batch at a time, in offset order".to_owned()
+        }
+        shardcall::TopicOrdering::Key => format!(
+            "ordering = \"key\": one key's records in offset order, up to {n} records of other keys at once per partition"
+        ),
+        shardcall::TopicOrdering::Unordered => format!(
+            "ordering = \"none\": up to {n} records at once per partition, in any order, no key state"
+        ),
+    }
+}
+
 fn check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitCode> {
     match settings::load(Some(file), std::env::vars(), sets).and_then(|s| s.resolve()) {
         Ok(r) => {
@@ -60,6 +76,9 @@ fn check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitCode> {
                 shardcall_redis::redact_urls(&r.redis),
                 r.exec.as_deref().unwrap_or("built-in digest")
             );
+            for topic in &r.topics {
+                println!("  {topic}: {}", explain_ordering(&r.worker.ordering, topic));
+            }
             for note in &r.renamed {
                 println!("  note: {note}");
             }

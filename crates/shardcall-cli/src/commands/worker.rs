@@ -346,6 +346,7 @@ fn handlers(r: &Resolved) -> Arc<Handlers> {
     Arc::new(match &r.exec {
         Some(command) => EitherFactory::Left(shardcall::exec::ExecFactory {
             command: command.clone(),
+            children: r.exec_children,
         }),
         None => EitherFactory::Right(r.digest),
     })

@@ -113,12 +113,23 @@ max_open_files = @                   # segment files held open for reading
 
 [handler]
 # exec = "python3 examples/handlers/digest.py"   # none: the built-in digest handler
+exec_children = @                    # exec under ordering key/none: 1, one child takes every record
+                                     # in flight (each with an id; answers in any order); more, a
+                                     # pool of children that each take one record at a time
 call_deadline = @                    # one call's deadline: warned at half; then it fails (an
                                      # exec child is killed) or the partition is given up
 digest_work = @                      # the built-in handler's simulated work per record
 # digest_refuse_prefix = "poison"    # test knobs of the built-in handler: fail batches
 # digest_crash_prefix = "poison"     # holding such a record / abort the process on one
 # digest_panic_prefix = "poison"     # / panic on one
+
+[ordering]                           # in which order each topic's records are processed (owned mode)
+default = @                          # "partition": a batch at a time, in offset order; "key": each
+                                     # key's records in order, other keys at once; "none": any
+                                     # order (key and none need [state] and an exec handler)
+max_in_flight = @                    # key and none: most records of one partition at once
+# [ordering.topics]                  # a topic's own ordering
+# "orders" = "key"
 
 # [state]                           # a local state store per partition (owned mode):
 # dir = "/var/lib/shardcall/state"  # where partitions' stores live (--state-dir)

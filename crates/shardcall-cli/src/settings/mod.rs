@@ -60,6 +60,8 @@ pub struct Settings {
     pub spool: SpoolConfig,
     /// The handler.
     pub handler: HandlerSettings,
+    /// In which order each topic's records are processed (owned mode).
+    pub ordering: shardcall::OrderingConfig,
     /// Local state stores for the handler's partitions (owned mode).
     pub state: StateSettings,
     /// What the assignment balances (owned mode): partition counts, or
@@ -353,6 +355,11 @@ pub struct DeadLetterSettings {
 pub struct HandlerSettings {
     /// A command speaking the line-delimited JSON protocol; none: the built-in digest handler.
     pub exec: Option<String>,
+    /// `--exec` children per partition when records run one by one
+    /// (`ordering = key` or `none`): 1, one child takes every record in
+    /// flight and may answer in any order; more, a pool of children that
+    /// each take one record at a time.
+    pub exec_children: usize,
     /// How long one handler call may take, in either mode: a warning at
     /// half; past it the call fails (an `--exec` child is killed and
     /// restarted from the checkpoint) or the partition is given up.
@@ -377,6 +384,7 @@ impl Default for HandlerSettings {
     fn default() -> Self {
         Self {
             exec: None,
+            exec_children: 1,
             call_deadline: WorkerConfig::default().call_deadline,
             digest_work: Duration::ZERO,
             digest_refuse_prefix: None,
@@ -432,6 +440,7 @@ impl Default for Settings {
             dead_letters: DeadLetterSettings::default(),
             spool: SpoolConfig::default(),
             handler: HandlerSettings::default(),
+            ordering: shardcall::OrderingConfig::default(),
             state: StateSettings::default(),
             balance: BalanceSettings::default(),
             metrics: MetricsSettings::default(),
@@ -539,6 +548,8 @@ pub struct Resolved {
     pub dead_letters: Option<DeadLetterChoice>,
     /// The handler command, if any.
     pub exec: Option<String>,
+    /// Its children per partition when records run one by one.
+    pub exec_children: usize,
     /// The built-in digest handler.
     pub digest: shardcall::digest::DigestFactory,
     /// Metrics address, if any.
@@ -590,6 +601,39 @@ impl Settings {
             (None, None) => errors.push(
                 "state.backup_dir (--backup-dir) or [state.s3]: required with state.dir: where snapshots go (every member of the group must reach it)".into(),
             ),
+        }
+    }
+
+    /// What the command line adds to the library's checks of the
+    /// orderings: records run one by one only with a handler that takes
+    /// them so (`--exec`), and only in owned mode.
+    fn ordering_problems(&self, ticket_topics: &[String], errors: &mut Vec<String>) {
+        let per_record = |t: &str| self.ordering.of(t).per_record().is_some();
+        let owned_per_record: Vec<&str> = self
+            .topics
+            .iter()
+            .filter(|t| t.mode == TopicMode::Owned && per_record(&t.name))
+            .map(|t| t.name.as_str())
+            .collect();
+        if !owned_per_record.is_empty() && self.handler.exec.is_none() {
+            errors.push(format!(
+                "ordering: {} runs records one by one, which the built-in handler cannot (it processes batches): give an --exec handler (handler.exec), or ordering = \"partition\"",
+                owned_per_record.join(", ")
+            ));
+        }
+        let ticket_per_record: Vec<&str> = ticket_topics
+            .iter()
+            .filter(|t| per_record(t))
+            .map(String::as_str)
+            .collect();
+        if !ticket_per_record.is_empty() {
+            errors.push(format!(
+                "ordering: \"key\" and \"none\" work in owned mode; {} in ticket mode processes its records a batch at a time (set its ordering to \"partition\" under [ordering.topics])",
+                ticket_per_record.join(", ")
+            ));
+        }
+        if self.handler.exec_children == 0 {
+            errors.push("handler.exec_children must be at least 1".into());
         }
     }
 
@@ -742,22 +786,26 @@ impl Settings {
             state: None,
             balance: self.balance.rules(),
             child_order: self.source.child_order,
-            // --exec and the built-in handlers process batches.
-            ordering: shardcall::OrderingConfig::default(),
+            ordering: self.ordering.clone(),
         };
         if !self.group.is_empty() {
-            // The library checks the stores' settings; the backup store is
-            // opened only when the worker starts, so an inert one stands
-            // in for it here.
+            // The library checks the stores' settings (and what the
+            // orderings need of them); the backup store is opened only
+            // when the worker starts, so an inert one stands in for it
+            // here.
             let stand_in = std::sync::Arc::new(shardcall::MemoryBackupStore::new());
-            let mut problems = worker.problems();
-            if let Some(state) = self.state.config(stand_in) {
-                problems.extend(state.problems());
-                if self.dead_letters.topic.is_some() {
-                    problems.extend(state.fits_dead_letters().err());
-                }
+            let checked = WorkerConfig {
+                state: self.state.config(stand_in),
+                ..worker.clone()
+            };
+            let mut problems = checked.problems();
+            if let Some(state) = &checked.state
+                && self.dead_letters.topic.is_some()
+            {
+                problems.extend(state.fits_dead_letters().err());
             }
             errors.extend(problems.iter().map(crate::settings::errors::explain));
+            self.ordering_problems(&ticket_topics, &mut errors);
         }
         errors.extend(self.spool.problems().iter().map(|e| format!("spool: {e}")));
         self.state_problems(&ticket_topics, &mut errors);
@@ -799,6 +847,7 @@ impl Settings {
             ticket,
             dead_letters,
             exec: self.handler.exec.clone(),
+            exec_children: self.handler.exec_children,
             digest: shardcall::digest::DigestFactory {
                 work_per_record: self.handler.digest_work,
                 // Read once per process; they live as long as it does.

@@ -117,25 +117,27 @@ pub enum KeyedEvent {
     Fetched(Vec<(u64, Option<Box<[u8]>>)>),
     /// The fetch failed; it is tried again after a pause.
     FetchFailed(Cause),
-    /// A record's handler call came back: `Ok` when its state change and
-    /// its mark as done committed together.
-    Finished {
+    /// A record's handler call failed (or its state change could not be
+    /// kept): it waits a pause and is tried again, or goes to the dead
+    /// letters.
+    Failed {
         /// The record.
         offset: u64,
-        /// How it went.
-        outcome: Result<(), Cause>,
+        /// Why.
+        cause: Cause,
     },
     /// These records' calls succeeded (or their dead-letter writes did),
     /// and their state changes and marks as done committed together, in
-    /// one commit planned by [`KeyedEngine::done_commit`]. The same as a
-    /// successful [`Finished`](Self::Finished) for each.
+    /// one commit planned by [`KeyedEngine::done_commit`]: the only way a
+    /// record becomes done.
     Committed(Vec<u64>),
-    /// A record sent to the dead letters (or not).
-    DeadLettered {
+    /// The dead letters did not take a record past its attempts: it is
+    /// sent again after a pause.
+    DeadLetterFailed {
         /// The record.
         offset: u64,
-        /// How it went.
-        outcome: Result<(), Cause>,
+        /// Why.
+        cause: Cause,
     },
     /// The checkpoint came back.
     Checkpointed(CheckpointOutcome),
@@ -173,7 +175,8 @@ pub enum KeyedCommand {
         max: usize,
     },
     /// Call the handler with the record; answered by
-    /// [`KeyedEvent::Finished`].
+    /// [`KeyedEvent::Committed`] (with its state change) or
+    /// [`KeyedEvent::Failed`].
     Start {
         /// The record.
         offset: u64,
@@ -181,7 +184,8 @@ pub enum KeyedCommand {
         attempt: u32,
     },
     /// Send the record to the dead letters; answered by
-    /// [`KeyedEvent::DeadLettered`].
+    /// [`KeyedEvent::Committed`] (marked done once they took it) or
+    /// [`KeyedEvent::DeadLetterFailed`].
     DeadLetter {
         /// The record.
         offset: u64,
@@ -284,6 +288,11 @@ impl KeyedEngine {
         }
     }
 
+    /// The rules it runs under.
+    pub fn rules(&self) -> &KeyedRules {
+        &self.rules
+    }
+
     /// Where processing stands now.
     pub fn progress(&self) -> Progress {
         Progress {
@@ -347,19 +356,15 @@ impl KeyedEngine {
                     self.done(offset);
                 }
             }
-            KeyedEvent::Finished { offset, outcome } => match outcome {
-                Ok(()) => self.done(offset),
-                Err(_) => {
-                    let attempts = self.attempts_of(offset);
-                    self.wait_again(offset, self.rules.retry.after(attempts), now);
-                }
-            },
+            KeyedEvent::Failed { offset, .. } => {
+                let attempts = self.attempts_of(offset);
+                self.wait_again(offset, self.rules.retry.after(attempts), now);
+            }
             // A dead-letter write that failed is tried again after the
             // first pause: the record is past its attempts already.
-            KeyedEvent::DeadLettered { offset, outcome } => match outcome {
-                Ok(()) => self.done(offset),
-                Err(_) => self.wait_again(offset, self.rules.retry.first, now),
-            },
+            KeyedEvent::DeadLetterFailed { offset, .. } => {
+                self.wait_again(offset, self.rules.retry.first, now);
+            }
             KeyedEvent::Checkpointed(outcome) => {
                 self.checkpointing = false;
                 match outcome {
@@ -541,16 +546,13 @@ mod tests {
     }
 
     fn ok(offset: u64) -> KeyedEvent {
-        KeyedEvent::Finished {
-            offset,
-            outcome: Ok(()),
-        }
+        KeyedEvent::Committed(vec![offset])
     }
 
     fn failed(offset: u64) -> KeyedEvent {
-        KeyedEvent::Finished {
+        KeyedEvent::Failed {
             offset,
-            outcome: Err(Cause::msg("no")),
+            cause: Cause::msg("no"),
         }
     }
 
@@ -607,13 +609,7 @@ mod tests {
             "{:?}",
             s2.commands
         );
-        let s = e.step(
-            KeyedEvent::DeadLettered {
-                offset: 0,
-                outcome: Ok(()),
-            },
-            80,
-        );
+        let s = e.step(KeyedEvent::Committed(vec![0]), 80);
         assert_eq!(starts(&s), vec![1], "its key's next record starts after it");
         assert_eq!(e.progress().watermark, 1);
         assert_eq!(e.progress().done_above, vec![(2, 2)]);
@@ -846,9 +842,9 @@ mod tests {
                         KeyedCommand::Fetch { from, max } => KeyedEvent::Fetched(
                             (from..n.min(from + max as u64)).map(|o| (o, key(o))).collect(),
                         ),
-                        KeyedCommand::Start { offset, .. } if fail => KeyedEvent::Finished {
+                        KeyedCommand::Start { offset, .. } if fail => KeyedEvent::Failed {
                             offset,
-                            outcome: Err(Cause::msg("flaky")),
+                            cause: Cause::msg("flaky"),
                         },
                         // Every third answer commits together with every
                         // other call that is out (a group commit).
@@ -866,11 +862,11 @@ mod tests {
                         }
                         KeyedCommand::Start { offset, .. } => {
                             commit(&e, &mut store, &mut committed, &[offset])?;
-                            KeyedEvent::Finished { offset, outcome: Ok(()) }
+                            KeyedEvent::Committed(vec![offset])
                         }
                         KeyedCommand::DeadLetter { offset, .. } => {
                             commit(&e, &mut store, &mut committed, &[offset])?;
-                            KeyedEvent::DeadLettered { offset, outcome: Ok(()) }
+                            KeyedEvent::Committed(vec![offset])
                         }
                         KeyedCommand::Checkpoint(p) => {
                             let done: BTreeSet<u64> = committed.iter().copied().collect();

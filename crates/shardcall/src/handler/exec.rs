@@ -59,18 +59,16 @@
 //! grows with each failure in a row (the worker's retry backoff), to a
 //! fresh child started from the last checkpointed state.
 
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use shardcall_spool::Record;
 
+use crate::handler::exec_child::{Running, kill};
+use crate::handler::exec_records::{Children, ExecRecords};
+use crate::handler::per_key::{KeyState, RecordCall, SharedHandler};
 use crate::handler::{
     AnyStateHandler, ChosenAtRunTime, HandlerError, HandlerFactory, Interrupt, PartitionContext,
     PartitionHandler,
@@ -82,6 +80,22 @@ use crate::local_state::txn::StateTxn;
 pub struct ExecFactory {
     /// The command line.
     pub command: String,
+    /// Children per partition when records run one by one (`ordering =
+    /// key` or `none`): with 1, one child takes every record in flight,
+    /// each with an id, and may answer in any order; with more, each child
+    /// takes one record at a time (for a child that cannot take many).
+    /// Batches always go to one child.
+    pub children: usize,
+}
+
+impl ExecFactory {
+    /// One child per partition running `command`.
+    pub fn new(command: impl Into<String>) -> Self {
+        Self {
+            command: command.into(),
+            children: 1,
+        }
+    }
 }
 
 impl HandlerFactory for ExecFactory {
@@ -90,60 +104,55 @@ impl HandlerFactory for ExecFactory {
     fn create(&self, ctx: &PartitionContext) -> ExecHandler {
         ExecHandler {
             command: self.command.clone(),
+            children: self.children,
             ctx: ctx.clone(),
             child: None,
-            current: Arc::default(),
+            current: Children::default(),
+            records: None,
             state: None,
         }
     }
+
+    /// Every `--exec` child may take records one by one.
+    fn per_record(&self) -> bool {
+        true
+    }
 }
 
-struct Running {
-    /// Shared with the handler's [`Interrupt`], which kills it from another
-    /// thread when a call outlives its deadline.
-    child: Arc<Mutex<Child>>,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    /// The last lines the child wrote to stderr (each also goes to the
-    /// worker's own stderr, named after the partition).
-    stderr_tail: Arc<Mutex<VecDeque<String>>>,
-    stderr_reader: std::thread::JoinHandle<()>,
+/// The first request a child gets.
+pub(crate) fn initialize_request(ctx: &PartitionContext, state: Option<&[u8]>) -> Value {
+    json!({
+        "action": "initialize",
+        "partition": ctx.partition.to_string(),
+        "epoch": ctx.epoch,
+        "member": ctx.member.to_string(),
+        "state": state.map(|s| B64.encode(s)),
+        "state_dir": ctx.state_dir.as_ref().map(|d| d.display().to_string()),
+    })
 }
 
-/// How many of a child's last stderr lines a failure message quotes.
-const STDERR_TAIL: usize = 5;
-
-/// Kills the child a call is waiting on.
-struct KillChild(Arc<Mutex<Option<Arc<Mutex<Child>>>>>);
+/// Kills the children a call is waiting on.
+struct KillChild(Children);
 
 impl Interrupt for KillChild {
     fn interrupt(&self) {
-        if let Some(child) = self.0.lock().expect("child lock").as_ref() {
+        for child in self.0.lock().expect("children lock").iter() {
             kill(&mut child.lock().expect("child lock"));
         }
     }
 }
 
-/// Kills the child and everything it started: it runs in a process group
-/// of its own, and a shell's own child (`sh -c "a; b"`) would otherwise
-/// keep the pipes open after the shell is gone. (std has no killpg; the
-/// `kill` command does it without unsafe code.)
-fn kill(child: &mut Child) {
-    let _ = Command::new("kill")
-        .args(["-s", "KILL", "--"])
-        .arg(format!("-{}", child.id()))
-        .stderr(Stdio::null())
-        .status();
-    let _ = child.kill();
-}
-
-/// One partition's child process.
+/// One partition's child process (or processes, for records one by one).
 pub struct ExecHandler {
     command: String,
+    children: usize,
     ctx: PartitionContext,
+    /// The child batches go to.
     child: Option<Running>,
-    /// The running child, for the interrupter.
-    current: Arc<Mutex<Option<Arc<Mutex<Child>>>>>,
+    /// Every running child, for the interrupter.
+    current: Children,
+    /// The children records go to, one by one, once records ran that way.
+    records: Option<Arc<ExecRecords>>,
     /// The last state the child returned (or was restored with).
     state: Option<Vec<u8>>,
 }
@@ -169,9 +178,15 @@ fn err(msg: impl Into<String>) -> HandlerError {
 
 impl ExecHandler {
     fn stop(&mut self) {
-        *self.current.lock().expect("child lock") = None;
+        if let Some(records) = self.records.take() {
+            records.stop();
+        }
         if let Some(r) = self.child.take() {
-            let mut child = r.child.lock().expect("child lock");
+            self.current
+                .lock()
+                .expect("children lock")
+                .retain(|c| !Arc::ptr_eq(c, &r.life.child));
+            let mut child = r.life.child.lock().expect("child lock");
             kill(&mut child);
             let _ = child.wait();
             crate::handler::child_guard::release(&child);
@@ -181,6 +196,11 @@ impl ExecHandler {
     /// The partition's last call (`revoked` or `shard_ended`): the child
     /// answers `ok` once it backed up, and is stopped either way.
     fn last_call(&mut self, action: &str) -> Result<(), HandlerError> {
+        if let Some(records) = self.records.take() {
+            let out = records.last_call(action);
+            self.stop();
+            return out;
+        }
         self.ensure_started()?;
         let out = self.call(&json!({ "action": action }), "ok").map(|_| ());
         self.stop();
@@ -198,48 +218,13 @@ impl ExecHandler {
         if self.child.is_some() {
             return Ok(());
         }
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(&self.command)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(|e| err(format!("starting {:?}: {e}", self.command)))?;
-        crate::handler::child_guard::guard(&child);
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let stderr = BufReader::new(child.stderr.take().expect("piped"));
-        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
-        let (tail, partition) = (stderr_tail.clone(), self.ctx.partition.clone());
-        let stderr_reader = std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                eprintln!("handler {partition}: {line}");
-                let mut tail = tail.lock().expect("stderr lock");
-                if tail.len() == STDERR_TAIL {
-                    tail.pop_front();
-                }
-                tail.push_back(line);
-            }
-        });
-        let child = Arc::new(Mutex::new(child));
-        *self.current.lock().expect("child lock") = Some(child.clone());
-        self.child = Some(Running {
-            child,
-            stdin,
-            stdout,
-            stderr_tail,
-            stderr_reader,
-        });
-        let init = json!({
-            "action": "initialize",
-            "partition": self.ctx.partition.to_string(),
-            "epoch": self.ctx.epoch,
-            "member": self.ctx.member.to_string(),
-            "state": self.state.as_ref().map(|s| B64.encode(s)),
-            "state_dir": self.ctx.state_dir.as_ref().map(|d| d.display().to_string()),
-        });
+        let running = Running::start(&self.command, &self.ctx.partition).map_err(err)?;
+        self.current
+            .lock()
+            .expect("children lock")
+            .push(running.life.child.clone());
+        self.child = Some(running);
+        let init = initialize_request(&self.ctx, self.state.as_deref());
         self.call(&init, "ok").map(|_| ())
     }
 
@@ -255,69 +240,12 @@ impl ExecHandler {
         result.map_err(|why| self.failed(why))
     }
 
-    /// Writes one line to the child.
     fn send(&mut self, request: &Value) -> Result<(), String> {
-        let r = self.child.as_mut().ok_or("no child")?;
-        let mut line = serde_json::to_string(request).map_err(|e| e.to_string())?;
-        line.push('\n');
-        r.stdin
-            .write_all(line.as_bytes())
-            .and_then(|()| r.stdin.flush())
-            .map_err(|e| format!("writing to the handler: {e}"))
+        self.child.as_mut().ok_or("no child")?.send(request)
     }
 
-    /// Reads one line from the child: a JSON object (an `error` from the
-    /// child is an error here, with its message).
     fn receive(&mut self) -> Result<Value, String> {
-        let r = self.child.as_mut().ok_or("no child")?;
-        let mut answer = String::new();
-        let n = r
-            .stdout
-            .read_line(&mut answer)
-            .map_err(|e| format!("reading from the handler: {e}"))?;
-        if n == 0 {
-            let status = r
-                .child
-                .lock()
-                .expect("child lock")
-                .wait()
-                .map(|s| s.to_string())
-                .unwrap_or_default();
-            // Its last words, once its stderr is drained (a grandchild
-            // holding the pipe open gets a moment, not a wait).
-            let waited = crate::clock::now();
-            while !r.stderr_reader.is_finished() && waited.elapsed() < Duration::from_millis(200) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            let tail: Vec<String> = r
-                .stderr_tail
-                .lock()
-                .expect("stderr lock")
-                .iter()
-                .cloned()
-                .collect();
-            return Err(if tail.is_empty() {
-                format!("the handler exited ({status}) without a word on stderr")
-            } else {
-                format!(
-                    "the handler exited ({status}); its last stderr lines: {}",
-                    tail.join(" | ")
-                )
-            });
-        }
-        let v: Value = serde_json::from_str(answer.trim()).map_err(|e| {
-            format!(
-                "the handler answered something that is not JSON ({e}): {:?}",
-                answer.trim()
-            )
-        })?;
-        if v["action"].as_str() == Some("error") {
-            return Err(format!(
-                "the handler reported an error: {}",
-                v["message"].as_str().unwrap_or("(no message)")
-            ));
-        }
-        Ok(v)
+        self.child.as_mut().ok_or("no child")?.receive()
     }
 
     /// One batch whose state requests the child makes while it runs:
@@ -378,7 +306,7 @@ impl ExecHandler {
     }
 }
 
-fn unexpected(v: &Value, expect: &str) -> String {
+pub(crate) fn unexpected(v: &Value, expect: &str) -> String {
     format!("the handler answered {v} where {expect:?} was due")
 }
 
@@ -391,7 +319,7 @@ fn field_bytes(v: &Value, name: &str) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("the handler's {name:?} is not base64: {e}"))
 }
 
-fn record_json(r: &Record) -> Value {
+pub(crate) fn record_json(r: &Record) -> Value {
     let mut out = json!({
         "offset": r.offset,
         "timestamp_ms": r.timestamp_ms,
@@ -435,7 +363,59 @@ impl PartitionHandler for ExecHandler {
     }
 }
 
+/// An [`ExecHandler`] while its records run one by one: each call goes to
+/// its children.
+struct SharedExec {
+    handler: ExecHandler,
+    records: Arc<ExecRecords>,
+}
+
+impl SharedHandler for SharedExec {
+    fn call(&self, _ctx: Arc<PartitionContext>, record: Record, state: KeyState) -> RecordCall {
+        let records = self.records.clone();
+        Box::pin(async move { records.call(&record, state).await })
+    }
+}
+
 impl AnyStateHandler for ExecHandler {
+    /// The child started for the partition takes its records, the first
+    /// of [`ExecFactory::children`].
+    fn share(mut self) -> Result<Arc<dyn SharedHandler>, Self> {
+        let records = match self.records.take() {
+            Some(records) => records,
+            None => {
+                let running = self.child.take();
+                if let Some(r) = &running {
+                    self.current
+                        .lock()
+                        .expect("children lock")
+                        .retain(|c| !Arc::ptr_eq(c, &r.life.child));
+                }
+                Arc::new(ExecRecords::new(
+                    self.command.clone(),
+                    self.ctx.clone(),
+                    self.children,
+                    self.current.clone(),
+                    running,
+                ))
+            }
+        };
+        Ok(Arc::new(SharedExec {
+            handler: self,
+            records,
+        }))
+    }
+
+    fn unshare(shared: Arc<dyn SharedHandler>) -> Option<Self> {
+        let any: Arc<dyn std::any::Any + Send + Sync> = shared;
+        let SharedExec {
+            mut handler,
+            records,
+        } = Arc::try_unwrap(any.downcast::<SharedExec>().ok()?).ok()?;
+        handler.records = Some(records);
+        Some(handler)
+    }
+
     /// With a local state store the child reads and writes it through
     /// requests; without one it answers with its whole state.
     fn process(
@@ -444,6 +424,9 @@ impl AnyStateHandler for ExecHandler {
         batch: &[Record],
         store: Option<&mut StateTxn<'_>>,
     ) -> Result<Option<Vec<u8>>, HandlerError> {
+        if let Some(records) = self.records.take() {
+            records.stop();
+        }
         self.ensure_started()?;
         if let Some(txn) = store {
             self.process_with_store(batch, txn)
@@ -484,19 +467,13 @@ mod tests {
     fn a_misbehaving_child_fails_the_batch_clearly() {
         // Answers the initialize, then garbage.
         let script = r#"read l; echo '{"action":"ok"}'; while read l; do echo 'not json'; done"#;
-        let mut h = ExecFactory {
-            command: script.into(),
-        }
-        .create(&ctx());
+        let mut h = ExecFactory::new(script).create(&ctx());
         h.assigned(&ctx(), None).unwrap();
         let err = h.process(&ctx(), &batch(), None).unwrap_err();
         assert!(err.to_string().contains("not JSON"), "{err}");
         // A handler that reports an error is an error too, with its message.
         let script = r#"read l; echo '{"action":"ok"}'; while read l; do echo '{"action":"error","message":"boom"}'; done"#;
-        let mut h = ExecFactory {
-            command: script.into(),
-        }
-        .create(&ctx());
+        let mut h = ExecFactory::new(script).create(&ctx());
         h.assigned(&ctx(), None).unwrap();
         assert!(
             h.process(&ctx(), &batch(), None)
@@ -505,10 +482,7 @@ mod tests {
                 .contains("boom")
         );
         // One that exits at once is reported, not waited for.
-        let mut h = ExecFactory {
-            command: "exit 7".into(),
-        }
-        .create(&ctx());
+        let mut h = ExecFactory::new("exit 7").create(&ctx());
         let err = h.assigned(&ctx(), None).unwrap_err();
         assert!(
             err.to_string().contains("exited") || err.to_string().contains("writing"),
@@ -521,10 +495,7 @@ mod tests {
     fn a_child_that_dies_is_reported_with_its_status_and_last_words() {
         let script =
             r#"read l; echo '{"action":"ok"}'; read l; echo "no such table: orders" >&2; exit 3"#;
-        let mut h = ExecFactory {
-            command: script.into(),
-        }
-        .create(&ctx());
+        let mut h = ExecFactory::new(script).create(&ctx());
         h.assigned(&ctx(), None).unwrap();
         let err = h.process(&ctx(), &batch(), None).unwrap_err();
         assert!(err.to_string().contains("exit status: 3"), "{err}");
@@ -543,10 +514,7 @@ mod tests {
               *'"action":"revoked"'*) echo '{"action":"error","message":"told revoked"}';;
             esac"#;
         let child = || {
-            let mut h = ExecFactory {
-                command: script.into(),
-            }
-            .create(&ctx());
+            let mut h = ExecFactory::new(script).create(&ctx());
             h.assigned(&ctx(), None).unwrap();
             h
         };
@@ -566,10 +534,7 @@ mod tests {
                 *process*) echo "{\"action\":\"processed\",\"state\":\"$s\"}";;
               esac
             done"#;
-        let mut h = ExecFactory {
-            command: script.into(),
-        }
-        .create(&ctx());
+        let mut h = ExecFactory::new(script).create(&ctx());
         h.assigned(&ctx(), Some(b"restored")).unwrap();
         assert_eq!(
             h.process(&ctx(), &batch(), None).unwrap(),

@@ -120,6 +120,22 @@ pub trait AnyStateHandler: PartitionHandler<Keeps = ChosenAtRunTime> {
         batch: &[Record],
         store: Option<&mut StateTxn<'_>>,
     ) -> HandlerResult<Option<Vec<u8>>>;
+
+    /// The handler, shared by the record calls of a partition whose
+    /// records run one by one (`ordering = key` or `none`); `Err` gives it
+    /// back when it processes batches only (the default). A handler that
+    /// shares itself says so in its factory's
+    /// [`HandlerFactory::per_record`](crate::HandlerFactory::per_record).
+    fn share(self) -> Result<Arc<dyn SharedHandler>, Self> {
+        Err(self)
+    }
+
+    /// The handler back from [`Self::share`] once no call holds it
+    /// (`None`: a call still does, or it was not shared by this type).
+    fn unshare(shared: Arc<dyn SharedHandler>) -> Option<Self> {
+        let _ = shared;
+        None
+    }
 }
 
 /// The error of a handler run by a worker configured for the other kind.
@@ -177,6 +193,14 @@ impl<H: AnyStateHandler> KeepsState<H> for ChosenAtRunTime {
     ) -> HandlerResult<Option<Vec<u8>>> {
         AnyStateHandler::process(handler, ctx, batch, store)
     }
+
+    fn share(handler: H) -> Result<Arc<dyn SharedHandler>, H> {
+        AnyStateHandler::share(handler)
+    }
+
+    fn unshare(shared: Arc<dyn SharedHandler>) -> Option<H> {
+        AnyStateHandler::unshare(shared)
+    }
 }
 
 /// Whether a worker whose local state is `state` (`None`: none) can run
@@ -212,6 +236,17 @@ pub(crate) fn check_fits<H: PartitionHandler>(
         }),
         None => Ok(()),
     }
+}
+
+/// `handler`, shared by record calls the way its type allows
+/// ([`KeepsState::share`]).
+pub(crate) fn share<H: PartitionHandler>(handler: H) -> Result<Arc<dyn SharedHandler>, H> {
+    <H::Keeps as KeepsState<H>>::share(handler)
+}
+
+/// The handler back from [`share`] ([`KeepsState::unshare`]).
+pub(crate) fn unshare<H: PartitionHandler>(shared: Arc<dyn SharedHandler>) -> Option<H> {
+    <H::Keeps as KeepsState<H>>::unshare(shared)
 }
 
 /// Processes `batch` with `handler` the way its type keeps state.

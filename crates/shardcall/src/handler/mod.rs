@@ -4,6 +4,8 @@ pub mod child_guard;
 pub mod digest;
 pub(crate) mod either;
 pub mod exec;
+pub(crate) mod exec_child;
+pub(crate) mod exec_records;
 pub(crate) mod keeps;
 pub mod per_key;
 pub(crate) mod typed;
@@ -180,6 +182,14 @@ pub trait HandlerFactory: Send + Sync + 'static {
     type Handler: PartitionHandler;
     /// A handler for the partition in `ctx`.
     fn create(&self, ctx: &PartitionContext) -> Self::Handler;
+
+    /// Whether its handlers may process records one by one, many at once
+    /// (a topic's `ordering = key` or `none`). Said by the handler's type
+    /// ([`KeepsState::PER_RECORD`]) unless the factory knows better: a
+    /// handler that keeps its state as chosen at run time says so here.
+    fn per_record(&self) -> bool {
+        <<Self::Handler as PartitionHandler>::Keeps as KeepsState<Self::Handler>>::PER_RECORD
+    }
 }
 
 /// One processed and checkpointed batch, as an oracle records it.

@@ -170,9 +170,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
         crate::handler::keeps::check_fits::<F::Handler>(
             self.config.state.as_ref().map(|s| s.kind),
         )?;
-        if self.config.ordering.any_per_record()
-            && !<<F::Handler as crate::PartitionHandler>::Keeps as crate::KeepsState<F::Handler>>::PER_RECORD
-        {
+        if self.config.ordering.any_per_record() && !self.factory.per_record() {
             return Err(WorkerError::Config(
                 crate::config::WorkerConfigError::KeyOrderingNeedsKeyedHandler,
             ));

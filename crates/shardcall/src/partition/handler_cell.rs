@@ -440,9 +440,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_exec_child_past_its_deadline_is_killed_and_the_call_fails() {
-        let factory = crate::handler::exec::ExecFactory {
-            command: r#"read l; echo '{"action":"ok"}'; read l; sleep 30"#.into(),
-        };
+        let factory = crate::handler::exec::ExecFactory::new(
+            r#"read l; echo '{"action":"ok"}'; read l; sleep 30"#,
+        );
         let deadline = std::time::Duration::from_millis(300);
         let mut cell = HandlerCell::new(Arc::new(factory), ctx(), None).with_deadline(deadline);
         let began = crate::clock::now();

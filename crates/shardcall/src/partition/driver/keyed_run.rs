@@ -46,8 +46,6 @@ type KeepsOf<F> = <<F as HandlerFactory>::Handler as PartitionHandler>::Keeps;
 /// The working state of one keyed run.
 struct Run {
     engine: KeyedEngine,
-    /// The order the records keep: under `none` no key state is read.
-    order: RecordOrder,
     /// Records read and not yet done, by offset.
     records: HashMap<u64, Record>,
     /// Why each failing record failed last (for its dead letter).
@@ -109,7 +107,6 @@ where
             "records run by key"
         );
         let mut run = Run {
-            order: rules.order,
             engine: KeyedEngine::new(rules, &progress, self.now_ms()),
             records: HashMap::new(),
             last_error: HashMap::new(),
@@ -249,12 +246,12 @@ where
             .clone();
         // Under `none` no key state is kept, so any key will do; otherwise
         // a key too long to keep state for fails its record.
-        let state = if run.order == RecordOrder::Unordered {
+        let state = if run.engine.rules().order == RecordOrder::Unordered {
             KeyState::unkept()
         } else if let Some(why) = key_too_long(&record) {
-            run.answers.push_back(KeyedEvent::Finished {
+            run.answers.push_back(KeyedEvent::Failed {
                 offset,
-                outcome: Err(why.into_cause()),
+                cause: why.into_cause(),
             });
             return;
         } else {
@@ -336,10 +333,7 @@ where
                 crate::telemetry::handler_failure(self.d.group, &self.d.ctx.partition);
                 let cause = e.into_cause();
                 run.last_error.insert(offset, cause.clone());
-                run.answers.push_back(KeyedEvent::Finished {
-                    offset,
-                    outcome: Err(cause),
-                });
+                run.answers.push_back(KeyedEvent::Failed { offset, cause });
             }
         }
     }
@@ -400,9 +394,9 @@ where
             .dead_letter(std::slice::from_ref(&record), attempts, &why)
             .await
         {
-            return Some(KeyedEvent::DeadLettered {
+            return Some(KeyedEvent::DeadLetterFailed {
                 offset,
-                outcome: Err(Cause::msg("the dead letters did not take the record")),
+                cause: Cause::msg("the dead letters did not take the record"),
             });
         }
         run.to_commit.push((offset, WriteSet::new()));
