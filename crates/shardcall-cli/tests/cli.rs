@@ -428,6 +428,8 @@ fn bench_keys_runs_both_orderings_and_reports_its_targets() {
             "--json",
             "--records",
             "400",
+            "--exec-records",
+            "300",
             "--zipf-records",
             "200",
             "--keys",
@@ -447,11 +449,19 @@ fn bench_keys_runs_both_orderings_and_reports_its_targets() {
         ("key_uniform", 400),
         ("key_zipf", 200),
         ("no_latency_key", 400),
+        ("exec_key", 300),
     ] {
         assert_eq!(doc["measured"][run]["records"], records, "{doc:#}");
         assert_eq!(doc["measured"][run]["exactly_once"], true, "{doc:#}");
         assert_eq!(doc["measured"][run]["order_violations"], 0, "{doc:#}");
     }
+    assert!(
+        doc["baselines"]["exec_partition_ordering"]["records_per_s"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{doc:#}"
+    );
     assert!(
         doc["baselines"]["partition_ordering"]["records_per_s"]
             .as_f64()
@@ -459,7 +469,7 @@ fn bench_keys_runs_both_orderings_and_reports_its_targets() {
             > 0.0
     );
     assert!(doc["baselines"]["ideal_uniform_s"].as_f64().unwrap() > 0.0);
-    assert_targets(&doc, 6);
+    assert_targets(&doc, 7);
 }
 
 #[test]
@@ -580,6 +590,70 @@ fn bad_balance_settings_are_each_named_and_good_ones_pass() {
     );
     let out = shardcall(&["config", "check", &p, "--set", "balance.by=\"busy\""], "");
     assert!(out.status.success(), "{}", text(&out.stdout));
+}
+
+/// `config check` says what each topic's ordering means, and refuses an
+/// ordering the handler or the mode cannot keep, saying why.
+#[test]
+fn config_check_explains_each_topics_ordering_and_refuses_what_cannot_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = shardcall(&["config", "example"], "");
+    let path = dir.path().join("worker.toml");
+    std::fs::write(&path, &out.stdout).unwrap();
+    let check = |sets: &[&str]| {
+        let mut args = vec!["config", "check", path.to_str().unwrap()];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let out = shardcall(&args, "");
+        (out.status.code(), text(&out.stdout))
+    };
+    let state = [
+        "state.dir=\"/tmp/s\"",
+        "state.backup_dir=\"/tmp/b\"",
+        "topics=[{name = \"orders\"}, {name = \"audit\"}]",
+    ];
+    let by_key = [
+        &state[..],
+        &[
+            "ordering.default=\"key\"",
+            "ordering.max_in_flight=32",
+            "ordering.topics={audit = \"partition\"}",
+            "handler.exec=\"python3 keyed.py\"",
+        ],
+    ]
+    .concat();
+    let (code, said) = check(&by_key);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("orders: ordering = \"key\": one key's records in offset order, up to 32"),
+        "{said}"
+    );
+    assert!(said.contains("audit: ordering = \"partition\""), "{said}");
+    // Without --exec: the built-in handler takes batches only.
+    let (code, said) = check(&by_key[..by_key.len() - 1]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains(
+            "ordering: orders runs records one by one, which the built-in handler cannot"
+        ),
+        "{said}"
+    );
+    // Without the local state store: nothing keeps the done marks.
+    let (code, said) = check(&by_key[2..]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("needs the local state store"), "{said}");
+    // A ticket topic runs in batches.
+    let (code, said) = check(&[
+        "ordering.default=\"none\"",
+        "handler.exec=\"python3 keyed.py\"",
+        "topics=[{name = \"jobs\", mode = \"ticket\"}]",
+    ]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("jobs in ticket mode processes its records a batch at a time"),
+        "{said}"
+    );
 }
 
 #[test]

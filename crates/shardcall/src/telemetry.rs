@@ -45,6 +45,31 @@ pub fn describe() {
         "How long a held partition's handler call in progress has run (0: none runs)"
     );
     describe_gauge!(
+        "shardcall_records_in_flight",
+        Unit::Count,
+        "Records of a partition in flight at once (ordering key or none)"
+    );
+    describe_gauge!(
+        "shardcall_oldest_in_flight_seconds",
+        Unit::Seconds,
+        "How long a partition's oldest record in flight has been, since its first attempt (ordering key or none)"
+    );
+    describe_gauge!(
+        "shardcall_watermark_lag_records",
+        Unit::Count,
+        "Records read and not all done below them: how far a partition's watermark trails what it read (ordering key or none)"
+    );
+    describe_gauge!(
+        "shardcall_key_queue_records",
+        Unit::Count,
+        "Records of a partition waiting behind another record of their key (ordering key)"
+    );
+    describe_gauge!(
+        "shardcall_key_queue_longest",
+        Unit::Count,
+        "The most records of one key waiting behind another of theirs, in a partition (ordering key)"
+    );
+    describe_gauge!(
         "shardcall_owned_partitions",
         Unit::Count,
         "Partitions this worker runs now (owned mode)"
@@ -173,6 +198,18 @@ pub fn call_age(group: &str, p: &PartitionId, d: Duration) {
         partition_labels(group, p)
     )
     .set(d.as_secs_f64());
+}
+
+/// How a partition whose records run at once looks.
+pub fn keyed_looks(group: &str, p: &PartitionId, looks: &shardcall_core::keyed_engine::KeyedLooks) {
+    let labels = partition_labels(group, p);
+    metrics::gauge!("shardcall_records_in_flight", labels.clone()).set(looks.in_flight as f64);
+    metrics::gauge!("shardcall_oldest_in_flight_seconds", labels.clone())
+        .set(looks.oldest_in_flight_ms as f64 / 1000.0);
+    metrics::gauge!("shardcall_watermark_lag_records", labels.clone())
+        .set(looks.watermark_lag as f64);
+    metrics::gauge!("shardcall_key_queue_records", labels.clone()).set(looks.queues.records as f64);
+    metrics::gauge!("shardcall_key_queue_longest", labels).set(looks.queues.longest as f64);
 }
 
 /// Partitions this worker runs now.

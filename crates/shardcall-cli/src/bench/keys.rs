@@ -8,6 +8,14 @@
 //! ordering costs when calls are cheap. The handler is its own oracle: a
 //! key's state holds its count and last offset, so a record out of order
 //! or applied twice is seen, and the counts are read back at the end.
+//!
+//! The same runs over `--exec` use the Python asyncio example
+//! (`examples/handlers/keyed_counts.py`, built into the binary): with
+//! `partition` ordering its records come in batches, one call after
+//! another; with `key` ordering many at once, answered in any order.
+//!
+//! Each record's payload is JSON, `{"call_ms": N}`: how long its call
+//! takes, read by both handlers.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -39,9 +47,15 @@ pub struct BenchKeysArgs {
     /// Distinct keys.
     #[arg(long, default_value_t = 1000)]
     keys: u64,
-    /// Records, all partitions together.
-    #[arg(long, default_value_t = 16_000)]
+    /// Records, all partitions together. Enough that the longest key's
+    /// chain of calls (its records one after another, a slow call among
+    /// them) is not the whole makespan: with 16 records a key, it is, and
+    /// caps key ordering at about 19x whatever the runtime does.
+    #[arg(long, default_value_t = 64_000)]
     records: u64,
+    /// Records of the `--exec` runs (each goes through a pipe to Python).
+    #[arg(long, default_value_t = 32_000)]
+    exec_records: u64,
     /// Milliseconds most calls take.
     #[arg(long, default_value_t = 20)]
     call_ms: u64,
@@ -118,6 +132,30 @@ fn ideal_ms(a: &BenchKeysArgs, work: &[Work]) -> f64 {
     (all as f64 / (f64::from(a.partitions) * a.max_in_flight as f64)).max(longest as f64)
 }
 
+/// A record's payload: how long its call takes.
+fn payload(ms: u64) -> Vec<u8> {
+    format!("{{\"call_ms\":{ms}}}").into_bytes()
+}
+
+/// How long the call of a record with `payload` takes.
+fn call_ms(payload: &[u8]) -> Result<u64, HandlerError> {
+    let doc: serde_json::Value = serde_json::from_slice(payload)?;
+    doc["call_ms"]
+        .as_u64()
+        .ok_or_else(|| HandlerError::msg("the payload has no call_ms"))
+}
+
+/// The Python asyncio example, run by the `--exec` targets.
+const EXEC_EXAMPLE: &str = include_str!("../../../../examples/handlers/keyed_counts.py");
+
+/// Which handler a run calls.
+enum Handler<'a> {
+    /// The Rust handler, noting what it sees in `Seen`.
+    Rust,
+    /// The Python example at this path, over `--exec`.
+    Exec(&'a std::path::Path),
+}
+
 /// What every call saw.
 #[derive(Default)]
 struct Seen {
@@ -156,7 +194,7 @@ impl KeyedHandler for Caller {
         record: &Record,
         state: &mut KeyState,
     ) -> Result<(), HandlerError> {
-        let ms = u64::from_le_bytes(record.payload[..8].try_into()?);
+        let ms = call_ms(&record.payload)?;
         if ms > 0 {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
@@ -196,7 +234,8 @@ struct Measured {
     records: u64,
     seconds: f64,
     records_per_s: f64,
-    /// Records applied out of order or twice (the handler's check).
+    /// Records applied out of order or twice (the Rust handler's check;
+    /// the Python example's own shows in `exactly_once`).
     order_violations: usize,
     /// Whether every key's count, read back from the stores, equals its
     /// records (only for a run that processed every record).
@@ -210,6 +249,7 @@ async fn run(
     work: &[Work],
     ordering: TopicOrdering,
     limit: Duration,
+    handler: Handler<'_>,
 ) -> anyhow::Result<Measured> {
     let dir = tempfile::Builder::new()
         .prefix("shardcall-keys-")
@@ -221,7 +261,7 @@ async fn run(
     let mut expected: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
     for w in work {
         let key = w.key.to_be_bytes();
-        let p = producer.send(Some(&key), &w.ms.to_le_bytes(), 0)?;
+        let p = producer.send(Some(&key), &payload(w.ms), 0)?;
         expected.entry(w.key).or_insert((p, 0)).1 += 1;
     }
     producer.flush()?;
@@ -237,6 +277,14 @@ async fn run(
         },
         batch: shardcall::BatchConfig {
             fetch_wait: Duration::from_millis(20),
+            // A child's records are counted as they are checkpointed, after
+            // each batch: small batches (a call after another either way)
+            // count them as they go.
+            max_records: if matches!(handler, Handler::Exec(_)) {
+                10
+            } else {
+                shardcall::BatchConfig::default().max_records
+            },
             ..shardcall::BatchConfig::default()
         },
         state: Some(StateConfig::new(
@@ -250,54 +298,101 @@ async fn run(
         },
         ..WorkerConfig::default()
     };
-    let worker = Worker {
-        config,
-        store: Arc::new(MemoryStore::default()),
-        source: Arc::new(FileLogSource::new(log.clone(), vec!["keys".into()])),
-        factory: Arc::new(CallerFactory(seen.clone())),
-        observer: None,
-        dead_letters: None,
-    }
-    .spawn()?;
+    let store = Arc::new(MemoryStore::default());
+    let source = Arc::new(FileLogSource::new(log.clone(), vec!["keys".into()]));
+    let worker = match handler {
+        Handler::Rust => Worker {
+            config,
+            store,
+            source,
+            factory: Arc::new(CallerFactory(seen.clone())),
+            observer: None,
+            dead_letters: None,
+        }
+        .spawn()?,
+        Handler::Exec(script) => Worker {
+            config,
+            store,
+            source,
+            factory: Arc::new(shardcall::exec::ExecFactory::new(format!(
+                "python3 {}",
+                script.display()
+            ))),
+            observer: None,
+            dead_letters: None,
+        }
+        .spawn()?,
+    };
+    // The Rust handler counts its calls; a child's records are counted as
+    // they are checkpointed (every 100 ms at most).
+    let rust = matches!(handler, Handler::Rust);
+    let done = || {
+        if rust {
+            seen.done.load(Ordering::Relaxed)
+        } else {
+            worker.stats.processed.load(Ordering::Relaxed)
+        }
+    };
     let total = work.len() as u64;
     // From the first record done: joining and restoring are not the
-    // ordering's cost.
-    let mut began = None;
-    let seconds = loop {
-        let n = seen.done.load(Ordering::Relaxed);
+    // ordering's cost. (Counted from the first count seen, so a run
+    // counted at checkpoints is not credited with the records before it.)
+    let mut began: Option<(tokio::time::Instant, u64)> = None;
+    let (seconds, records) = loop {
+        let n = done();
         if n > 0 && began.is_none() {
-            began = Some(shardcall::clock::now());
+            began = Some((shardcall::clock::now(), if rust { 0 } else { n }));
         }
-        let elapsed = began.map_or(Duration::ZERO, |b| b.elapsed());
+        let elapsed = began.map_or(Duration::ZERO, |(b, _)| b.elapsed());
         if n >= total || elapsed >= limit {
-            break elapsed.as_secs_f64();
+            break (elapsed.as_secs_f64(), n);
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    let records = seen.done.load(Ordering::Relaxed);
+    let counted_from = began.map_or(0, |(_, n)| n);
     worker.shutdown();
     worker.join().await?;
-    let exactly_once = if records >= total {
-        Some(counts(a, &state_dir, &format!("keys-{name}"), &expected)?)
-    } else {
+    let group = format!("keys-{name}");
+    let exactly_once = if records < total {
         None
+    } else if rust {
+        Some(counts(a, &state_dir, &group, &expected, |s| {
+            (decode(s).0, 0)
+        })?)
+    } else {
+        Some(counts(a, &state_dir, &group, &expected, exec_count)?)
     };
     let order_violations = seen.violations.lock().expect("violations").len();
     Ok(Measured {
         records,
         seconds,
-        records_per_s: records as f64 / seconds.max(1e-9),
+        records_per_s: (records - counted_from) as f64 / seconds.max(1e-9),
         order_violations,
         exactly_once,
     })
 }
 
-/// Whether every key's count in the stores equals its records.
+/// A key state the Python example wrote: its count, and the records it
+/// saw come after a later one of their key.
+fn exec_count(state: Option<&[u8]>) -> (u64, u64) {
+    let doc: serde_json::Value = state
+        .and_then(|s| serde_json::from_slice(s).ok())
+        .unwrap_or_default();
+    (
+        doc["count"].as_u64().unwrap_or(0),
+        doc["out_of_order"].as_u64().unwrap_or(0),
+    )
+}
+
+/// Whether every key's count in the stores equals its records, and no
+/// record of a key came after a later one (as `read` reads a key state:
+/// its count, and such records).
 fn counts(
     a: &BenchKeysArgs,
     state_dir: &std::path::Path,
     group: &str,
     expected: &BTreeMap<u64, (u32, u64)>,
+    read: impl Fn(Option<&[u8]>) -> (u64, u64),
 ) -> anyhow::Result<bool> {
     let mut stores = Vec::new();
     for p in 0..a.partitions {
@@ -307,7 +402,7 @@ fn counts(
     for (&key, &(p, n)) in expected {
         let store = &stores[p as usize];
         let at = [b"\xff\xff\xff\xffkey/".as_slice(), &key.to_be_bytes()].concat();
-        if decode(store.get(&at)?.as_deref()).0 != n {
+        if read(store.get(&at)?.as_deref()) != (n, 0) {
             return Ok(false);
         }
     }
@@ -320,9 +415,10 @@ pub fn run_command(args: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
         args.partitions >= 1
             && args.keys >= 1
             && args.records >= 1
+            && args.exec_records >= 1
             && args.zipf_records >= 1
             && args.max_in_flight >= 1,
-        "--partitions, --keys, --records, --zipf-records and --max-in-flight must be at least 1"
+        "--partitions, --keys, --records, --exec-records, --zipf-records and --max-in-flight must be at least 1"
     );
     let runtime = crate::bench::runtime::bench_runtime(2)?;
     runtime.block_on(bench(args))
@@ -335,14 +431,56 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
     let long = Duration::from_secs(3600);
     let short = Duration::from_secs(a.partition_seconds);
     eprintln!("partition ordering, uniform keys (at most {short:?})");
-    let partition = run(a, "partition", &uniform, TopicOrdering::Partition, short).await?;
+    use Handler::Rust;
+    let partition = run(
+        a,
+        "partition",
+        &uniform,
+        TopicOrdering::Partition,
+        short,
+        Rust,
+    )
+    .await?;
     eprintln!("key ordering, uniform keys");
-    let key = run(a, "key", &uniform, TopicOrdering::Key, long).await?;
+    let key = run(a, "key", &uniform, TopicOrdering::Key, long, Rust).await?;
     eprintln!("key ordering, Zipf keys (s = {})", a.zipf);
-    let zipf = run(a, "zipf", &skewed, TopicOrdering::Key, long).await?;
+    let zipf = run(a, "zipf", &skewed, TopicOrdering::Key, long, Rust).await?;
     eprintln!("no latency: partition ordering, then key ordering");
-    let light_partition = run(a, "light-partition", &light, TopicOrdering::Partition, long).await?;
-    let light_key = run(a, "light-key", &light, TopicOrdering::Key, long).await?;
+    let light_partition = run(
+        a,
+        "light-partition",
+        &light,
+        TopicOrdering::Partition,
+        long,
+        Rust,
+    )
+    .await?;
+    let light_key = run(a, "light-key", &light, TopicOrdering::Key, long, Rust).await?;
+    let script_dir = tempfile::Builder::new()
+        .prefix("shardcall-keys-exec-")
+        .tempdir()?;
+    let script = script_dir.path().join("keyed_counts.py");
+    std::fs::write(&script, EXEC_EXAMPLE)?;
+    let exec_work = workload(a, 0.0, a.exec_records);
+    eprintln!("--exec (Python asyncio): partition ordering (at most {short:?}), then key ordering");
+    let exec_partition = run(
+        a,
+        "exec-partition",
+        &exec_work,
+        TopicOrdering::Partition,
+        short,
+        Handler::Exec(&script),
+    )
+    .await?;
+    let exec_key = run(
+        a,
+        "exec-key",
+        &exec_work,
+        TopicOrdering::Key,
+        long,
+        Handler::Exec(&script),
+    )
+    .await?;
 
     let ideal_uniform_s = ideal_ms(a, &uniform) / 1000.0;
     let ideal_zipf_s = ideal_ms(a, &skewed) / 1000.0;
@@ -350,7 +488,16 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
     let key_vs_ideal = key.seconds / ideal_uniform_s;
     let zipf_vs_ideal = zipf.seconds / ideal_zipf_s;
     let light_ratio = light_key.records_per_s / light_partition.records_per_s.max(1e-9);
-    let runs = [&partition, &key, &zipf, &light_partition, &light_key];
+    let exec_speedup = exec_key.records_per_s / exec_partition.records_per_s.max(1e-9);
+    let runs = [
+        &partition,
+        &key,
+        &zipf,
+        &light_partition,
+        &light_key,
+        &exec_partition,
+        &exec_key,
+    ];
     let violations: usize = runs.iter().map(|m| m.order_violations).sum();
     let exact = runs.iter().all(|m| m.exactly_once != Some(false));
     let targets = vec![
@@ -379,6 +526,12 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
             light_ratio,
         ),
         target(
+            "--exec asyncio example: key ordering's throughput / partition ordering's",
+            Goal::AtLeast,
+            10.0,
+            exec_speedup,
+        ),
+        target(
             "records applied out of order or twice",
             Goal::AtMost,
             0.0,
@@ -398,6 +551,7 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
                 "bench": "keys",
                 "inputs": {
                     "partitions": a.partitions, "keys": a.keys, "records": a.records,
+                    "exec_records": a.exec_records, "exec_handler": "examples/handlers/keyed_counts.py",
                     "call_ms": a.call_ms, "slow_ms": a.slow_ms, "slow_percent": a.slow_percent,
                     "zipf": a.zipf, "zipf_records": a.zipf_records, "max_in_flight": a.max_in_flight, "seed": a.seed,
                     "partition_seconds": a.partition_seconds,
@@ -408,13 +562,18 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
                     "ideal_uniform_s": ideal_uniform_s,
                     "ideal_zipf_s": ideal_zipf_s,
                     "no_latency_partition_ordering": light_partition,
+                    "exec_partition_ordering": exec_partition,
                 },
-                "measured": {"key_uniform": key, "key_zipf": zipf, "no_latency_key": light_key},
+                "measured": {
+                    "key_uniform": key, "key_zipf": zipf, "no_latency_key": light_key,
+                    "exec_key": exec_key,
+                },
                 "ratios": {
                     "key_speedup_over_partition": speedup,
                     "key_vs_ideal_uniform": key_vs_ideal,
                     "key_vs_ideal_zipf": zipf_vs_ideal,
                     "no_latency_key_vs_partition": light_ratio,
+                    "exec_key_speedup_over_partition": exec_speedup,
                 },
                 "targets": targets,
             }))?
@@ -431,6 +590,8 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
             ("key, Zipf keys", &zipf),
             ("no latency, partition", &light_partition),
             ("no latency, key", &light_key),
+            ("--exec, partition", &exec_partition),
+            ("--exec, key", &exec_key),
         ] {
             println!(
                 "  {name:<22} {:>8} {:>10.2} {:>11.0}",

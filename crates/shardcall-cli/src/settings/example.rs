@@ -126,7 +126,7 @@ digest_work = @                      # the built-in handler's simulated work per
 [ordering]                           # in which order each topic's records are processed (owned mode)
 default = @                          # "partition": a batch at a time, in offset order; "key": each
                                      # key's records in order, other keys at once; "none": any
-                                     # order (key and none need [state] and an exec handler)
+                                     # order (key and none need the local state store and an exec handler)
 max_in_flight = @                    # key and none: most records of one partition at once
 # [ordering.topics]                  # a topic's own ordering
 # "orders" = "key"

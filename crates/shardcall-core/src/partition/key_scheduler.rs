@@ -237,12 +237,65 @@ impl KeyScheduler {
     pub fn in_flight(&self) -> usize {
         self.running.len()
     }
+
+    /// Records read and waiting for their key (a record of it in flight, or
+    /// before it in its queue), and the longest such queue of one key.
+    /// Walks every queue: for figures taken now and then, not every step.
+    pub fn key_queues(&self) -> KeyQueues {
+        let mut out = KeyQueues::default();
+        for (key, queue) in &self.queues {
+            // A ready key's first record waits only for a free slot.
+            let waiting = queue.len() - usize::from(!self.busy.contains(key));
+            if waiting > 0 {
+                out.keys += 1;
+                out.records += waiting;
+                out.longest = out.longest.max(waiting);
+            }
+        }
+        out
+    }
+}
+
+/// Records held back by their keys, at one look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KeyQueues {
+    /// Keys with a record waiting behind another of theirs.
+    pub keys: usize,
+    /// Records waiting behind another of their key.
+    pub records: usize,
+    /// The most records waiting behind one key.
+    pub longest: usize,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn key_queues_count_the_records_waiting_behind_their_keys() {
+        let mut s = KeyScheduler::new(RecordOrder::Key, 1, 100, 0);
+        for (o, k) in [
+            (0, b"a"),
+            (1, b"a"),
+            (2, b"a"),
+            (3, b"b"),
+            (4, b"c"),
+            (5, b"c"),
+        ] {
+            s.offer(o, Some(k));
+        }
+        assert_eq!(s.next_start(), Some(0));
+        // a: 1 and 2 behind 0; b: 3 waits only for a slot; c: 5 behind 4.
+        assert_eq!(
+            s.key_queues(),
+            KeyQueues {
+                keys: 2,
+                records: 3,
+                longest: 2
+            }
+        );
+    }
 
     fn key(k: u8) -> Option<Vec<u8>> {
         (k > 0).then(|| vec![k])

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use crate::cause::Cause;
 use crate::ids::Millis;
-use crate::partition::key_scheduler::{KeyScheduler, RecordOrder};
+use crate::partition::key_scheduler::{KeyQueues, KeyScheduler, RecordOrder};
 use crate::partition::retry::RetryBackoff;
 
 /// The rules a partition of concurrent records runs under.
@@ -90,6 +90,23 @@ impl Progress {
             done_above,
         }
     }
+}
+
+/// How a partition whose records run at once looks, at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KeyedLooks {
+    /// Records in flight (calling, between attempts, or on their way to
+    /// the dead letters).
+    pub in_flight: usize,
+    /// How long the oldest of them has been in flight, since its first
+    /// attempt (0: none).
+    pub oldest_in_flight_ms: Millis,
+    /// Records read and not all done below them: how far the watermark (and
+    /// so a restart's replay) trails what was read. A slow key holds it
+    /// back while other keys run ahead.
+    pub watermark_lag: u64,
+    /// Records held back by their keys.
+    pub queues: KeyQueues,
 }
 
 /// How a local state store records a record done, in the same commit as
@@ -238,6 +255,8 @@ pub struct KeyedEngine {
     fetch_after: Millis,
     /// Attempts made of each record in flight.
     attempts: HashMap<u64, u32>,
+    /// When each record in flight first started.
+    started_at: HashMap<u64, Millis>,
     /// Failed records waiting for their next attempt, by offset. Every
     /// other record in flight is calling the handler or on its way to the
     /// dead letters.
@@ -274,6 +293,7 @@ impl KeyedEngine {
             fetching: false,
             fetch_after: 0,
             attempts: HashMap::new(),
+            started_at: HashMap::new(),
             failing: BTreeMap::new(),
             done_count: 0,
             // The first checkpoint comes after the interval even if nothing
@@ -305,6 +325,22 @@ impl KeyedEngine {
     /// the dead letters).
     pub fn in_flight(&self) -> usize {
         self.scheduler.in_flight()
+    }
+
+    /// How the partition looks at `now`, for status and metrics. Walks the
+    /// key queues: take it now and then, not every step.
+    pub fn looks(&self, now: Millis) -> KeyedLooks {
+        let watermark = self.scheduler.watermark();
+        KeyedLooks {
+            in_flight: self.scheduler.in_flight(),
+            oldest_in_flight_ms: self
+                .started_at
+                .values()
+                .min()
+                .map_or(0, |&since| now.saturating_sub(since)),
+            watermark_lag: self.scheduler.next_offset().saturating_sub(watermark),
+            queues: self.scheduler.key_queues(),
+        }
     }
 
     /// How the local state store records `offsets` done (records whose
@@ -404,6 +440,7 @@ impl KeyedEngine {
 
     fn done(&mut self, offset: u64) {
         self.attempts.remove(&offset);
+        self.started_at.remove(&offset);
         self.scheduler.done(offset);
         self.done_count += 1;
     }
@@ -457,6 +494,7 @@ impl KeyedEngine {
             // New records start.
             while let Some(offset) = self.scheduler.next_start() {
                 self.attempts.insert(offset, 1);
+                self.started_at.insert(offset, now);
                 out.commands
                     .push(KeyedCommand::Start { offset, attempt: 1 });
             }
@@ -778,6 +816,21 @@ mod tests {
             (gap.applied, gap.marks, gap.unmark),
             (4, vec![5, 6], vec![])
         );
+    }
+
+    #[test]
+    fn looks_show_the_oldest_record_in_flight_and_how_far_the_watermark_trails() {
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 1), (1, 1), (2, 2)]), 10);
+        e.step(ok(2), 20);
+        let looks = e.looks(50);
+        assert_eq!(looks.in_flight, 1, "offset 0 (1 waits for its key)");
+        assert_eq!(looks.oldest_in_flight_ms, 40, "offset 0 started at 10");
+        assert_eq!(looks.watermark_lag, 3, "0..=2 read, the watermark at 0");
+        assert_eq!(looks.queues.longest, 1);
+        e.step(failed(0), 60);
+        assert_eq!(e.looks(70).oldest_in_flight_ms, 60, "a retry keeps its age");
     }
 
     #[test]

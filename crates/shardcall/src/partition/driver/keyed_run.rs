@@ -66,7 +66,13 @@ struct Run {
     checkpointed: u64,
     /// Whether the engine was told the partition ends.
     told_end: bool,
+    /// When the gauges of in-flight records are next set.
+    next_looks: Millis,
 }
+
+/// How often the gauges of in-flight records are set (taking them walks
+/// the key queues).
+const LOOKS_EVERY_MS: Millis = 500;
 
 impl<S, Src, F, G> Driver<'_, S, Src, F, G>
 where
@@ -118,6 +124,7 @@ where
             wake_at: None,
             checkpointed: progress.watermark,
             told_end: false,
+            next_looks: 0,
         };
         self.done_above = progress.done_above.clone();
         let end = self.keyed_loop(&mut run, &shared, fetch_wait).await;
@@ -126,6 +133,7 @@ where
         // neither committed nor checkpointed.
         run.calls.shutdown().await;
         run.fetch.shutdown().await;
+        crate::telemetry::keyed_looks(self.d.group, &self.d.ctx.partition, &Default::default());
         match KeepsOf::<F>::unshare(shared) {
             Some(handler) => self.cell().put_back(handler),
             None => tracing::warn!(
@@ -149,6 +157,12 @@ where
                 return end;
             }
             run.wake_at = step.wake_at;
+            let now = self.now_ms();
+            if now >= run.next_looks {
+                run.next_looks = now + LOOKS_EVERY_MS;
+                let looks = run.engine.looks(now);
+                crate::telemetry::keyed_looks(self.d.group, &self.d.ctx.partition, &looks);
+            }
             for command in step.commands {
                 self.carry_out_keyed(run, shared, command, fetch_wait).await;
             }
@@ -167,9 +181,11 @@ where
             run.told_end = true;
             return KeyedEvent::End;
         }
-        let tick = run
+        // The engine's tick, or the next look at the gauges.
+        let at = run
             .wake_at
-            .map(|at| self.began + std::time::Duration::from_millis(at));
+            .map_or(run.next_looks, |w| w.min(run.next_looks));
+        let tick = self.began + std::time::Duration::from_millis(at);
         let lease_left = self.grant.lease().remaining();
         tokio::select! {
             Some(joined) = run.calls.join_next_with_id(), if !run.calls.is_empty() => {
@@ -195,7 +211,7 @@ where
             _ = tokio::time::sleep(lease_left) => {
                 if self.grant.lease().expired() { KeyedEvent::LeaseLapsed } else { KeyedEvent::Tick }
             }
-            _ = async { tokio::time::sleep_until(tick.expect("guarded")).await }, if tick.is_some() => {
+            _ = tokio::time::sleep_until(tick.into()) => {
                 KeyedEvent::Tick
             }
         }
