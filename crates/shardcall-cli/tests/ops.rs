@@ -1861,3 +1861,97 @@ fn a_split_shows_in_plan_and_status_children_wait_for_their_parent() {
         "{doc:#}"
     );
 }
+
+/// Under key ordering, a record whose call hangs holds back its key and
+/// the watermark, not the other keys: status shows the record in flight
+/// with its age, the records done above the watermark and how far the
+/// watermark trails; the metrics show the same, and the record of its key
+/// waiting behind it.
+#[test]
+fn a_record_that_hangs_under_key_ordering_shows_in_status_and_in_metrics() {
+    let ops = Ops::new(1);
+    let script = ops.dir.path().join("hangs.py");
+    // Answers every record at once, but never one of key "slow".
+    std::fs::write(
+        &script,
+        "import json, sys\n\
+         for line in sys.stdin:\n    \
+             m = json.loads(line)\n    \
+             if m['action'] != 'record':\n        \
+                 print(json.dumps({'action': 'ok'}), flush=True); continue\n    \
+             if m['record']['key'] == 'c2xvdw==': continue\n    \
+             print(json.dumps({'action': 'processed', 'id': m['id'], 'state': 'eA=='}), flush=True)\n",
+    )
+    .unwrap();
+    let port = shardcall_redis::testing::free_port();
+    let w = worker(&ops.url, "ops", &ops.log_arg, "a", "0")
+        .arg("--state-dir")
+        .arg(ops.dir.path().join("state"))
+        .arg("--backup-dir")
+        .arg(ops.dir.path().join("backups"))
+        .args(["--set", "ordering.default=\"key\""])
+        .args(["--metrics-addr", &port.to_string()])
+        .arg("--exec")
+        .arg(format!("python3 {}", script.display()))
+        .spawn()
+        .unwrap();
+    let _procs = Killer(vec![w]);
+    let mut p = ops.log.producer("t").unwrap();
+    p.send(Some(b"slow"), b"0", 0).unwrap();
+    for i in 0..30 {
+        p.send(Some(format!("k{}", i % 10).as_bytes()), b"1", 0)
+            .unwrap();
+    }
+    p.send(Some(b"slow"), b"2", 0).unwrap();
+    p.sync().unwrap();
+    // Offset 0 hangs; 1..=30 are done above the watermark; 31 waits for
+    // its key.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let row = loop {
+        let doc = status_json(&ops.url, &ops.log_arg);
+        let row = doc["partitions"][0].clone();
+        if row["done_above"] == 30 && row["in_flight"]["oldest_age_ms"].as_u64() > Some(1500) {
+            break row;
+        }
+        poll_again(deadline, || format!("not held back yet: {doc:#}"));
+    };
+    assert_eq!(row["offset"], 0, "{row:#}");
+    assert_eq!(row["in_flight"]["records"], 1, "{row:#}");
+    assert_eq!(row["watermark_lag"], 31, "{row:#}");
+    let table = text(
+        &shardcall(&[
+            "status",
+            "--redis",
+            &ops.url,
+            "--group",
+            "ops",
+            "--log",
+            &ops.log_arg,
+        ])
+        .stdout,
+    );
+    let line = table
+        .lines()
+        .skip_while(|l| !l.starts_with("IN FLIGHT"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no IN FLIGHT section: {table}"));
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        (cells[0], cells[1], cells[3], cells[4]),
+        ("t/0", "1", "30", "31"),
+        "{table}"
+    );
+    let body = http_get(port, "/metrics").unwrap_or_default();
+    assert_eq!(metric(&body, "shardcall_records_in_flight"), 1.0, "{body}");
+    assert!(
+        metric(&body, "shardcall_oldest_in_flight_seconds") >= 1.0,
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "shardcall_watermark_lag_records"),
+        32.0,
+        "{body}"
+    );
+    assert_eq!(metric(&body, "shardcall_key_queue_records"), 1.0, "{body}");
+    assert_eq!(metric(&body, "shardcall_key_queue_longest"), 1.0, "{body}");
+}

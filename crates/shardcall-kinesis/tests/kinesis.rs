@@ -169,6 +169,7 @@ async fn a_split_and_a_merge_show_as_lineage_and_a_parent_is_finished_only_at_it
         position: source.position(&parent, offset),
         store_bytes: None,
         snapshot_uploading: false,
+        in_flight: None,
         done_above: Vec::new(),
     };
     assert!(

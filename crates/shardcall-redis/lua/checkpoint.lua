@@ -2,7 +2,8 @@
 -- ARGV: member, epoch, offset, state, lease end (server ms, as the last renewal reported it),
 --       snapshot history (JSON; empty: leave the stored one), source position (empty: none),
 --       local state store size (empty: none), a snapshot uploading ('1' or '0'),
---       the done ranges above the offset (empty: none)
+--       the done ranges above the offset (empty: none), the records in flight
+--       ('records,oldest_since_ms'; empty: none)
 -- Written only by the holder under its epoch, and only while its lease runs
 -- on this server's clock (the lease itself lives in another slot, so the
 -- member hands in the end the server last gave it); offset and state together.
@@ -21,4 +22,6 @@ if ARGV[9] == '1' then redis.call('HSET', KEYS[2], 'uploading', '1')
 else redis.call('HDEL', KEYS[2], 'uploading') end
 if ARGV[10] ~= '' then redis.call('HSET', KEYS[2], 'done', ARGV[10])
 else redis.call('HDEL', KEYS[2], 'done') end
+if ARGV[11] ~= '' then redis.call('HSET', KEYS[2], 'inflight', ARGV[11])
+else redis.call('HDEL', KEYS[2], 'inflight') end
 return 1

@@ -8,7 +8,7 @@ end
 local prev = redis.call('HGET', KEYS[2], 'offset')
 if prev then
   redis.call('HSET', KEYS[2], 'offset', ARGV[1], 'epoch', '0')
-  redis.call('HDEL', KEYS[2], 'backup', 'position', 'store_bytes', 'uploading', 'done')
+  redis.call('HDEL', KEYS[2], 'backup', 'position', 'store_bytes', 'uploading', 'done', 'inflight')
   if ARGV[3] == '1' then redis.call('HSET', KEYS[2], 'state', '') end
 else
   redis.call('HSET', KEYS[2], 'offset', ARGV[1], 'state', '', 'epoch', '0')

@@ -53,6 +53,36 @@ pub fn decode_ranges(what: &str, raw: &str) -> Result<Vec<(u64, u64)>, StoreErro
         .collect()
 }
 
+/// A checkpoint's records in flight as its hash keeps them:
+/// `records,oldest_since_ms`; none is the empty string.
+pub fn encode_in_flight(in_flight: Option<&shardcall::InFlight>) -> String {
+    in_flight.map_or(String::new(), |f| {
+        format!("{},{}", f.records, f.oldest_since_ms)
+    })
+}
+
+/// Reads [`encode_in_flight`] back; anything else is data this version
+/// cannot read, named by `what`.
+pub fn decode_in_flight(what: &str, raw: &str) -> Result<Option<shardcall::InFlight>, StoreError> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    raw.split_once(',')
+        .and_then(|(r, s)| {
+            Some(shardcall::InFlight {
+                records: r.parse().ok()?,
+                oldest_since_ms: s.parse().ok()?,
+            })
+        })
+        .map(Some)
+        .ok_or_else(|| {
+            StoreError::corrupt(
+                what,
+                format!("its records in flight {raw:?} are not records,oldest_since_ms"),
+            )
+        })
+}
+
 fn corrupt(what: &str, raw: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::corrupt(what, format!("{raw:?}: {e}"))
 }
@@ -375,6 +405,28 @@ mod tests {
         assert_eq!(encode_ranges(&[(3, 9), (11, 12)]), "3-9,11-12");
         for foreign in ["3", "3-x", "3-9,,11-12", "-1-2", "3-9;11-12"] {
             let e = decode_ranges("the checkpoint of t/0", foreign).unwrap_err();
+            assert!(
+                e.to_string().contains("the checkpoint of t/0"),
+                "{foreign}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn records_in_flight_round_trip_and_foreign_text_is_refused_by_name() {
+        for f in [
+            None,
+            Some(shardcall::InFlight::default()),
+            Some(shardcall::InFlight {
+                records: 64,
+                oldest_since_ms: 1_765_000_000_123,
+            }),
+        ] {
+            let text = encode_in_flight(f.as_ref());
+            assert_eq!(decode_in_flight("cp", &text).unwrap(), f, "{text}");
+        }
+        for foreign in ["3", "3,x", "-1,2", "3;4"] {
+            let e = decode_in_flight("the checkpoint of t/0", foreign).unwrap_err();
             assert!(
                 e.to_string().contains("the checkpoint of t/0"),
                 "{foreign}: {e}"

@@ -253,6 +253,7 @@ pub(crate) type CheckpointReply = (
     Option<u64>,
     Option<String>,
     Option<String>,
+    Option<String>,
 );
 
 /// The read of `partition`'s checkpoint: one `HMGET` in its slot.
@@ -267,6 +268,7 @@ pub(crate) fn checkpoint_read(group: &str, partition: &PartitionId) -> redis::Cm
         "store_bytes",
         "uploading",
         "done",
+        "inflight",
     ]);
     cmd
 }
@@ -276,12 +278,16 @@ pub(crate) fn decode_checkpoint_reply(
     partition: &PartitionId,
     reply: CheckpointReply,
 ) -> StoreResult<Option<Checkpoint>> {
-    let (offset, state, epoch, backup, position, store_bytes, uploading, done) = reply;
+    let (offset, state, epoch, backup, position, store_bytes, uploading, done, in_flight) = reply;
     let mut cp = decode_checkpoint(partition, (offset, state, epoch), backup, done)?;
     if let Some(cp) = &mut cp {
         cp.position = position.filter(|p| !p.is_empty());
         cp.store_bytes = store_bytes;
         cp.snapshot_uploading = uploading.is_some();
+        cp.in_flight = codec::decode_in_flight(
+            &format!("the checkpoint of {partition}"),
+            in_flight.as_deref().unwrap_or(""),
+        )?;
     }
     Ok(cp)
 }
@@ -317,6 +323,7 @@ pub(crate) fn decode_checkpoint(
                 position: None,
                 store_bytes: None,
                 snapshot_uploading: false,
+                in_flight: None,
                 done_above,
             };
             if !cp.done_above_well_formed() {
@@ -738,6 +745,7 @@ impl RedisStore {
             .arg(cp.store_bytes.map_or(String::new(), |b| b.to_string()))
             .arg(if cp.snapshot_uploading { "1" } else { "0" })
             .arg(codec::encode_ranges(&cp.done_above))
+            .arg(codec::encode_in_flight(cp.in_flight.as_ref()))
             .invoke_async(&mut c)
             .await?;
         Ok(())

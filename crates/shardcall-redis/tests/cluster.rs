@@ -50,6 +50,7 @@ async fn the_store_works_across_a_three_master_cluster() {
             position: None,
             store_bytes: None,
             snapshot_uploading: false,
+            in_flight: None,
             done_above: Vec::new(),
         };
         store.save_checkpoint(group, &m, p, &cp).await.unwrap();

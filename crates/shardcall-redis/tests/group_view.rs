@@ -52,6 +52,7 @@ async fn a_busy_group(store: &RedisStore, group: &str, n: u32) -> Vec<PartitionI
             position: None,
             store_bytes: Some(4096),
             snapshot_uploading: false,
+            in_flight: None,
             done_above: Vec::new(),
         };
         store.save_checkpoint(group, &m, p, &cp).await.unwrap();

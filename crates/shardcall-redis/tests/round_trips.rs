@@ -40,6 +40,7 @@ async fn operations_cost_what_they_should() {
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        in_flight: None,
         done_above: Vec::new(),
     };
     // Warm the script cache, then count.

@@ -69,7 +69,7 @@ pub use coordination::found_lineage::{FoundLineage, LineageFindings};
 pub use coordination::memory::{Clock, MemoryStore, SystemClock};
 pub use coordination::stopped::{StoppedPartition, StoppedPartitions};
 pub use coordination::store::{
-    Cause, Checkpoint, CoordinationStore, Disposition, GroupPolicy, Refusal, StoreError,
+    Cause, Checkpoint, CoordinationStore, Disposition, GroupPolicy, InFlight, Refusal, StoreError,
     StoreResult,
 };
 pub use error::WorkerError;

@@ -208,6 +208,7 @@ async fn measure_round_trips(store: &RedisStore) -> anyhow::Result<Vec<(String, 
                 position: None,
                 store_bytes: None,
                 snapshot_uploading: false,
+                in_flight: None,
                 done_above: Vec::new(),
             };
             store.save_checkpoint(g, &m, &parts[0], &cp).await?;
@@ -499,6 +500,7 @@ async fn measure_checkpoint_rate(
                     position: None,
                     store_bytes: None,
                     snapshot_uploading: false,
+                    in_flight: None,
                     done_above: Vec::new(),
                 };
                 store.save_checkpoint(g, &m, &p, &cp).await?;

@@ -129,6 +129,15 @@ fn restore_line(partition: &str, r: &serde_json::Value) -> String {
     )
 }
 
+/// Records in flight as a status row shows them: how many, and the age of
+/// the oldest (`null`: none).
+fn in_flight_json(f: &shardcall::InFlight, wall_now: u64) -> serde_json::Value {
+    json!({
+        "records": f.records,
+        "oldest_age_ms": (f.records > 0).then(|| wall_now.saturating_sub(f.oldest_since_ms)),
+    })
+}
+
 /// A failure report as a status row shows it, when it is about the grant
 /// or claim the partition has now (`epoch`; `None`: any): an older owner's
 /// report is stale.
@@ -199,6 +208,8 @@ pub(crate) async fn read_status(
     let of = |p: &PartitionId| view.partitions.get(p);
     let checkpoint = |p: &PartitionId| of(p).and_then(|v| v.checkpoint.as_ref());
     let load = crate::views::load::LoadView::of(&g, now);
+    // Records in flight say when the oldest began on its owner's clock.
+    let wall_now = shardcall::clock::wall_since_epoch().as_millis() as u64;
     let mut rows = Vec::new();
     for (p, r) in &g.partitions {
         let cp = checkpoint(p);
@@ -247,6 +258,10 @@ pub(crate) async fn read_status(
                 "state_bytes": b.state_bytes,
                 "age_ms": now.saturating_sub(b.taken_at_ms),
             })),
+            // Records run many at once (ordering key or none).
+            "in_flight": cp.and_then(|c| c.in_flight).map(|f| in_flight_json(&f, wall_now)),
+            "done_above": cp.map_or(0, |c| c.done_above.iter().map(|(a, b)| b - a + 1).sum::<u64>()),
+            "watermark_lag": cp.and_then(|c| c.done_above.last().map(|&(_, last)| last + 1 - c.offset)).unwrap_or(0),
             "target": r.target.as_ref().map(ToString::to_string),
             // The target has warmed the partition's state up (local state
             // stores): the move goes ahead now.
@@ -582,6 +597,31 @@ async fn status_once(
                 out,
                 "(no LOG END or LAG without the log: add --log DIR, --kafka BROKERS or --kinesis REGION)"
             )?;
+        }
+        let keyed: Vec<&serde_json::Value> =
+            rows.iter().filter(|r| !r["in_flight"].is_null()).collect();
+        if !keyed.is_empty() {
+            writeln!(out)?;
+            writeln!(
+                out,
+                "{:<pw$} {:>9} {:>8} {:>11} {:>14}  (records run many at once, at the last checkpoint)",
+                "IN FLIGHT", "RECORDS", "OLDEST", "DONE ABOVE", "WATERMARK LAG"
+            )?;
+            for r in keyed {
+                let f = &r["in_flight"];
+                let oldest = f["oldest_age_ms"]
+                    .as_u64()
+                    .map_or("-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
+                writeln!(
+                    out,
+                    "{:<pw$} {:>9} {:>8} {:>11} {:>14}",
+                    r["partition"].as_str().unwrap_or("-"),
+                    f["records"],
+                    oldest,
+                    r["done_above"],
+                    r["watermark_lag"]
+                )?;
+            }
         }
         for r in rows.iter().filter(|r| !r["restore"].is_null()) {
             writeln!(

@@ -605,6 +605,7 @@ impl CoordinationStore for MemoryStore {
             position: None,
             store_bytes: None,
             snapshot_uploading: false,
+            in_flight: None,
             done_above: Vec::new(),
         });
         cp.offset = offset;
@@ -615,6 +616,7 @@ impl CoordinationStore for MemoryStore {
         cp.position = None;
         cp.store_bytes = None;
         cp.snapshot_uploading = false;
+        cp.in_flight = None;
         cp.done_above.clear();
         if clear_state {
             cp.state.clear();

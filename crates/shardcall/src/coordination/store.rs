@@ -51,6 +51,12 @@ pub struct Checkpoint {
     /// owned partition, replacing the stored one (tickets have no
     /// warm-ups, and keep none); an operator's reset clears it.
     pub snapshot_uploading: bool,
+    /// The records of a partition that runs many at once (`ordering =
+    /// key` or `none`) that were in flight when this was written, for
+    /// `status`; `None` for one processed in batches. Written with each
+    /// checkpoint of an owned partition, replacing the stored one
+    /// (tickets keep none); an operator's reset clears it.
+    pub in_flight: Option<InFlight>,
     /// Offsets at or above `offset` already processed, as inclusive
     /// ranges in order, none touching another or `offset` (a partition
     /// whose records run many at once finishes them out of order; see
@@ -59,6 +65,17 @@ pub struct Checkpoint {
     /// replacing the stored ones, with no limit on how many; an operator's
     /// reset clears them.
     pub done_above: Vec<(u64, u64)>,
+}
+
+/// Records in flight at a checkpoint (see [`Checkpoint::in_flight`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InFlight {
+    /// How many.
+    pub records: u64,
+    /// When the oldest of them first started, in milliseconds since the
+    /// Unix epoch on its owner's clock (0: none in flight): `status`
+    /// shows its age even when no checkpoint comes while it hangs.
+    pub oldest_since_ms: u64,
 }
 
 impl Checkpoint {

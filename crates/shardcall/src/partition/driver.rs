@@ -854,6 +854,7 @@ where
             position: self.d.source.position(&self.d.ctx.partition, offset),
             store_bytes: self.store_bytes(),
             snapshot_uploading: self.uploading.is_some(),
+            in_flight: None,
             done_above: done_past(&self.done_above, offset),
         };
         match self.grant.save(&checkpoint).await {
@@ -1143,6 +1144,7 @@ where
             position: self.d.source.position(&self.d.ctx.partition, last + 1),
             store_bytes: self.store_bytes(),
             snapshot_uploading: self.uploading.is_some(),
+            in_flight: None,
             done_above: Vec::new(),
         };
         let mut write = self.open_write.take().unwrap_or(OpenWrite {

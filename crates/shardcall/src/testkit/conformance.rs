@@ -12,7 +12,7 @@ use shardcall_core::{
     BackupPointer, Command, Fenced, MemberId, PartitionId, Phase, QuarantinePolicy, StateError,
 };
 
-use crate::coordination::store::{Checkpoint, CoordinationStore, Refusal, StoreError};
+use crate::coordination::store::{Checkpoint, CoordinationStore, InFlight, Refusal, StoreError};
 
 const TTL: Duration = Duration::from_millis(400);
 const LONG: Duration = Duration::from_secs(30);
@@ -322,6 +322,7 @@ pub async fn reset_offsets<S: CoordinationStore>(store: &S, group: &str) {
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        in_flight: None,
         done_above: Vec::new(),
     };
     store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();
@@ -628,6 +629,7 @@ pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: Coordinatio
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        in_flight: None,
         done_above: Vec::new(),
     };
     let history = vec![pointer("m2", 8), pointer("m1", 4)];
@@ -670,7 +672,8 @@ pub async fn snapshot_history_moves_only_with_a_fenced_checkpoint<S: Coordinatio
 }
 
 /// A source's position (a Kinesis sequence number), the local state
-/// store's size and whether a snapshot was uploading are written with the
+/// store's size, whether a snapshot was uploading and the records in
+/// flight are written with the
 /// offset, replaced or cleared by the
 /// next checkpoint, never by a refused one, and cleared by an operator's
 /// reset.
@@ -690,6 +693,10 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         position: position.map(str::to_owned),
         store_bytes: position.map(|p| p.len() as u64),
         snapshot_uploading: position.is_some(),
+        in_flight: position.map(|p| InFlight {
+            records: p.len() as u64,
+            oldest_since_ms: 1_700_000_000_000 + p.len() as u64,
+        }),
         done_above: Vec::new(),
     };
     let long = "4959033827149025660855969253836157109592157598913658889".to_string();
@@ -701,6 +708,13 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
     assert_eq!(read().await.position.as_deref(), Some(long.as_str()));
     assert_eq!(read().await.store_bytes, Some(long.len() as u64));
     assert!(read().await.snapshot_uploading);
+    assert_eq!(
+        read().await.in_flight,
+        Some(InFlight {
+            records: long.len() as u64,
+            oldest_since_ms: 1_700_000_000_000 + long.len() as u64
+        })
+    );
     let zombie = store
         .save_checkpoint(group, &b, &p(0), &cp(9, Some("9")))
         .await;
@@ -719,6 +733,11 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         !read().await.snapshot_uploading,
         "a checkpoint written after the upload kept it uploading"
     );
+    assert_eq!(
+        read().await.in_flight,
+        None,
+        "a checkpoint without records in flight kept the old"
+    );
     store
         .save_checkpoint(group, &a, &p(0), &cp(7, Some("77")))
         .await
@@ -733,6 +752,11 @@ pub async fn source_positions_move_with_the_checkpoint<S: CoordinationStore>(
         "a reset kept the source's position or the store's size"
     );
     assert!(!read().await.snapshot_uploading, "a reset kept the upload");
+    assert_eq!(
+        read().await.in_flight,
+        None,
+        "a reset kept the records in flight"
+    );
 }
 
 /// A checkpoint's done ranges are stored whole (thousands of them: no
@@ -751,6 +775,7 @@ pub async fn done_ranges_move_with_the_checkpoint<S: CoordinationStore>(store: &
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        in_flight: None,
         done_above,
     };
     let read = || async { store.load_checkpoint(group, &p(0)).await.unwrap().unwrap() };
@@ -829,6 +854,7 @@ pub async fn checkpoints_are_fenced<S: CoordinationStore>(store: &S, group: &str
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        in_flight: None,
         done_above: Vec::new(),
     };
     assert_eq!(store.load_checkpoint(group, &p(0)).await.unwrap(), None);
@@ -1344,6 +1370,7 @@ pub async fn checkpoint_bytes_round_trip<S: CoordinationStore>(store: &S, group:
             position: None,
             store_bytes: None,
             snapshot_uploading: false,
+            in_flight: None,
             done_above: Vec::new(),
         };
         store.save_checkpoint(group, &a, &p(0), &cp).await.unwrap();

@@ -243,6 +243,7 @@ pub async fn a_lapsed_claim_returns_and_is_fenced<S: TicketStore>(store: &S, gro
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        in_flight: None,
         done_above: Vec::new(),
     };
     fenced(
@@ -267,6 +268,7 @@ pub async fn checkpoints_follow_the_newest_claim<S: TicketStore>(store: &S, grou
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        in_flight: None,
         done_above: Vec::new(),
     };
     store
@@ -305,6 +307,7 @@ pub async fn a_claim_restores_the_done_ranges<S: TicketStore>(store: &S, group: 
         position: None,
         store_bytes: None,
         snapshot_uploading: false,
+        in_flight: None,
         done_above,
     };
     store

@@ -25,7 +25,9 @@ use shardcall_spool::Record;
 use tokio::task::JoinSet;
 
 use super::{Driver, GrantPort, revoked};
-use crate::coordination::store::{Checkpoint, CoordinationStore, Disposition, StoreError};
+use crate::coordination::store::{
+    Checkpoint, CoordinationStore, Disposition, InFlight, StoreError,
+};
 use crate::handler::per_key::{KeyState, SharedHandler, key_too_long};
 use crate::handler::{HandlerError, HandlerFactory, KeepsState, PartitionHandler};
 use crate::local_state::done_marks;
@@ -469,6 +471,7 @@ where
             position: self.d.source.position(&self.d.ctx.partition, watermark),
             store_bytes: self.store_bytes(),
             snapshot_uploading: false,
+            in_flight: Some(in_flight(&run.engine.looks(self.now_ms()))),
             done_above: progress.done_above,
         };
         let sent = crate::clock::now();
@@ -537,6 +540,20 @@ async fn stored_progress(store: Result<Store, Cause>) -> Result<Progress, Cause>
         Ok(Ok(progress)) => Ok(progress),
         Ok(Err(e)) => Err(Cause::new(e)),
         Err(e) => Err(Cause::new(e)),
+    }
+}
+
+/// The records in flight as a checkpoint carries them: the oldest's start
+/// on the wall clock, so that its age shows from any machine.
+fn in_flight(looks: &shardcall_core::keyed_engine::KeyedLooks) -> InFlight {
+    let now = crate::clock::wall_since_epoch().as_millis() as u64;
+    InFlight {
+        records: looks.in_flight as u64,
+        oldest_since_ms: if looks.in_flight == 0 {
+            0
+        } else {
+            now.saturating_sub(looks.oldest_in_flight_ms)
+        },
     }
 }
 
