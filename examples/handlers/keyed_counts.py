@@ -17,6 +17,9 @@ answer names the id, in any order. Under ordering = "partition" records
 come in batches, and the key's counts live in the partition's local state
 store, read and written with get and put requests.
 
+For tests, KEYED_COUNTS_REFUSE in the environment names a value prefix:
+records whose value starts with it fail every time (a poison record).
+
 Run it with:
   shardcall worker ... --state-dir S --backup-dir B \\
       --set ordering.default=key --exec "python3 examples/handlers/keyed_counts.py"
@@ -28,6 +31,12 @@ import os
 import sys
 
 DEFAULT_CALL_MS = float(os.environ.get("CALL_MS", "0"))
+REFUSE = os.environ.get("KEYED_COUNTS_REFUSE")
+
+
+def refused(record):
+    """Whether the record is a poison record the test asked to fail."""
+    return bool(REFUSE) and (record.get("value") or "").startswith(REFUSE)
 
 
 def b64(raw):
@@ -72,6 +81,9 @@ class Handler:
         whatever came in since."""
         r = msg["record"]
         await asyncio.sleep(call_ms(r) / 1000)
+        if refused(r):
+            self.send({"action": "error", "id": msg["id"], "message": f"refused {r['value']!r}"})
+            return
         state = msg.get("state")
         old = base64.b64decode(state) if state else None
         self.send({"action": "processed", "id": msg["id"], "state": b64(counted(old, r["offset"]))})
