@@ -13,16 +13,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{Rig, member_of, shardcall_command, status_row};
+use common::{Rig, member_of, status_row};
 use shardcall::eventually::poll_again_async;
 use shardcall::{CoordinationStore, FjallStateStore, StateStore};
 use shardcall_redis::RedisStore;
 
 const GROUP: &str = "keyed";
-const TTL_MS: u64 = 1500;
 const KEYS: usize = 1000;
 /// Records produced before each fault: a few seconds of work for the
 /// workers, so that the fault lands with records in flight.
@@ -33,41 +31,21 @@ const BURST: usize = 12_000;
 struct Produced(BTreeMap<String, u64>);
 
 impl Rig {
-    fn keyed_state_dir(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("state-{name}"))
-    }
-
     /// A worker running the example under key ordering; `env` goes to its
     /// children.
     fn spawn_keyed(&mut self, name: &str, extra: &[&str], env: &[(&str, &str)]) {
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../examples/handlers/keyed_counts.py");
-        let mut cmd = shardcall_command();
-        cmd.args([
-            "worker",
-            "--redis",
-            &self.redis.url(),
-            "--group",
-            GROUP,
-            "--topic",
-            "t",
-        ])
-        .arg("--log")
-        .arg(self.dir.join("log"))
-        .arg("--state-dir")
-        .arg(self.keyed_state_dir(name))
-        .arg("--backup-dir")
-        .arg(self.dir.join("backups"))
-        .args(["--set", "ordering.default=\"key\""])
-        .args(["--set", "ordering.max_in_flight=64"])
-        .args(["--set", "state.snapshots.final_wait=2s"])
-        .args(["--name", name, "--ttl-ms", &TTL_MS.to_string()])
-        .args(["--heartbeat-ms", "200", "--margin-ms", "500"])
-        .args(["--tick-ms", "100", "--quarantine-ms", "400"])
-        .args(extra)
-        .arg("--exec")
-        .arg(format!("python3 {}", script.display()))
-        .env("CALL_MS", "20");
+        let mut cmd = self.state_worker(GROUP, name);
+        cmd.arg("--backup-dir")
+            .arg(self.dir.join("backups"))
+            .args(["--set", "ordering.default=\"key\""])
+            .args(["--set", "ordering.max_in_flight=64"])
+            .args(["--set", "state.snapshots.final_wait=2s"])
+            .args(extra)
+            .arg("--exec")
+            .arg(format!("python3 {}", script.display()))
+            .env("CALL_MS", "20");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -120,7 +98,7 @@ impl Rig {
         for p in self.ends().keys() {
             let cp = store.load_checkpoint(GROUP, p).await.unwrap().unwrap();
             let held = names.iter().find_map(|name| {
-                let dir = shardcall::partition_store_dir(&self.keyed_state_dir(name), GROUP, p);
+                let dir = shardcall::partition_store_dir(&self.state_dir(name), GROUP, p);
                 if !dir.exists() {
                     return None;
                 }

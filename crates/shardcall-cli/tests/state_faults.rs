@@ -12,7 +12,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{Rig, member_of, shardcall_command};
@@ -21,14 +20,9 @@ use shardcall::{CoordinationStore, FjallStateStore, StateStore};
 use shardcall_redis::RedisStore;
 
 const GROUP: &str = "state";
-const TTL_MS: u64 = 1500;
 const QUARANTINE_MS: u64 = 400;
 
 impl Rig {
-    fn state_dir(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("state-{name}"))
-    }
-
     fn spawn(&mut self, name: &str) {
         let cmd = self.worker_command(name);
         self.workers.start(name, cmd);
@@ -60,33 +54,10 @@ impl Rig {
     /// A worker with its state under its own folder, snapshotting `every`
     /// to wherever the caller says.
     fn worker_without_backups(&self, name: &str, every: &str) -> std::process::Command {
-        let mut cmd = shardcall_command();
-        cmd.args([
-            "worker",
-            "--redis",
-            &self.redis.url(),
-            "--group",
-            GROUP,
-            "--topic",
-            "t",
-        ])
-        .arg("--log")
-        .arg(self.dir.join("log"))
-        .arg("--state-dir")
-        .arg(self.state_dir(name))
-        .args(["--set", &format!("state.snapshots.every={every}")])
-        .args(["--set", "state.snapshots.final_wait=2s"])
-        .args(["--set", "batch.max_records=20"])
-        .args(["--name", name, "--ttl-ms", &TTL_MS.to_string()])
-        .args([
-            "--heartbeat-ms",
-            "200",
-            "--margin-ms",
-            "500",
-            "--tick-ms",
-            "100",
-        ])
-        .args(["--quarantine-ms", &QUARANTINE_MS.to_string()]);
+        let mut cmd = self.state_worker(GROUP, name);
+        cmd.args(["--set", &format!("state.snapshots.every={every}")])
+            .args(["--set", "state.snapshots.final_wait=2s"])
+            .args(["--set", "batch.max_records=20"]);
         cmd
     }
 

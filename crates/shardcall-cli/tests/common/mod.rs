@@ -218,6 +218,35 @@ impl Rig {
         }
     }
 
+    /// Where the worker `name` keeps its local state ([`Self::state_worker`]).
+    pub fn state_dir(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("state-{name}"))
+    }
+
+    /// `shardcall worker` in `group` on this rig's Redis and file log
+    /// (topic `t`), named `name`, its local state in `state-NAME`, on the
+    /// fault tests' timing: a 1.5 s lease, heartbeats every 200 ms, a 500 ms
+    /// safety margin, a 100 ms tick and a 400 ms quarantine.
+    pub fn state_worker(&self, group: &str, name: &str) -> Command {
+        let mut cmd = shardcall_command();
+        cmd.args(["worker", "--redis", &self.redis.url(), "--group", group])
+            .args(["--topic", "t", "--name", name])
+            .arg("--log")
+            .arg(self.dir.join("log"))
+            .arg("--state-dir")
+            .arg(self.state_dir(name))
+            .args([
+                "--ttl-ms",
+                "1500",
+                "--heartbeat-ms",
+                "200",
+                "--margin-ms",
+                "500",
+            ])
+            .args(["--tick-ms", "100", "--quarantine-ms", "400"]);
+        cmd
+    }
+
     /// Appends `n` records `TAG-I` keyed by 41 keys, synced.
     pub fn produce(&self, n: usize, tag: &str) {
         let mut p = self.log.producer("t").unwrap();
