@@ -14,7 +14,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Rig, member_of, shardcall_command};
+use common::{Rig, member_of};
 use shardcall::oracle::{check_coverage, check_final_state, check_ownership};
 use shardcall::{CoordinationStore, FjallStateStore, StateStore};
 use shardcall_redis::RedisStore;

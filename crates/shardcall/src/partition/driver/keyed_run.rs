@@ -213,7 +213,7 @@ where
             _ = tokio::time::sleep(lease_left) => {
                 if self.grant.lease().expired() { KeyedEvent::LeaseLapsed } else { KeyedEvent::Tick }
             }
-            _ = tokio::time::sleep_until(tick.into()) => {
+            _ = tokio::time::sleep_until(tick) => {
                 KeyedEvent::Tick
             }
         }
