@@ -204,7 +204,8 @@ pub enum WorkerConfigError {
     /// batches.
     #[error(
         "ordering = \"key\" or \"none\" runs records many at once, one call per record: the handler \
-         must be a KeyedHandler (type Keeps = PerKey), not one that processes batches"
+         must take them so (a KeyedHandler, type Keeps = PerKey, or an --exec handler), not process \
+         batches"
     )]
     KeyOrderingNeedsKeyedHandler,
     /// The handler keeps its state one way and the worker is set up for

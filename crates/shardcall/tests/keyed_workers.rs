@@ -512,5 +512,8 @@ async fn key_ordering_is_refused_without_the_local_store_or_with_a_batch_handler
         panic!("key ordering with a batch handler was accepted");
     };
     let err = err.to_string();
-    assert!(err.contains("must be a KeyedHandler"), "{err}");
+    assert!(
+        err.contains("a KeyedHandler, type Keeps = PerKey, or an --exec handler"),
+        "{err}"
+    );
 }

@@ -36,8 +36,11 @@ pub trait KeepsState<H>: Send + 'static {
     /// must run without one (`Some(false)`), or either will do (`None`).
     const NEEDS_LOCAL_STORE: Option<bool>;
 
-    /// Whether the handler processes one record at a time, so that records
-    /// may run many at once (`ordering = key`): only [`crate::PerKey`].
+    /// Whether every handler of this kind processes one record at a time,
+    /// so that records may run many at once (`ordering = key`): only
+    /// [`crate::PerKey`]. A handler that keeps its state as chosen at run
+    /// time may too ([`AnyStateHandler::share`]), as its factory says
+    /// ([`HandlerFactory::per_record`](crate::HandlerFactory::per_record)).
     const PER_RECORD: bool = false;
 
     /// Processes `batch`; `store` is the batch's transaction on the local
