@@ -30,6 +30,7 @@ mod testkit;
 mod ticket;
 
 pub use check::installed;
+pub use check::key_tally;
 pub use check::oracle;
 pub use check::settle;
 pub use handler::child_guard;
@@ -80,7 +81,7 @@ pub use handler::typed::{
 pub use handler::{
     AnyStateHandler, BatchObserver, BatchOutcome, BatchRecord, BytesHandler, ChosenAtRunTime,
     HandlerError, HandlerFactory, HandlerResult, InBytes, InLocalStore, KeepsState, KeyState,
-    KeyedHandler, LocalStoreHandler, PartitionContext, PartitionHandler, PerKey,
+    KeyedHandler, LocalStoreHandler, PartitionContext, PartitionHandler, PerKey, read_key_state,
 };
 pub use local_state::backup_dir::DirBackupStore;
 pub use local_state::backup_store::{

@@ -20,11 +20,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shardcall::eventually::eventually;
+use shardcall::key_tally::{KeyTally, check_key_tallies, read_tallies};
 use shardcall::{
     CoordinationStore, FileLogSource, FjallStateStore, HandlerError, HandlerFactory, KeyState,
     KeyedHandler, MemoryBackupStore, MemoryStore, OrderingConfig, PartitionContext,
-    PartitionHandler, PerKey, StateConfig, StateStore, TopicOrdering, Worker, WorkerConfig,
-    WorkerHandle,
+    PartitionHandler, PerKey, StateConfig, TopicOrdering, Worker, WorkerConfig, WorkerHandle,
 };
 use shardcall_core::{PartitionId, Phase};
 use shardcall_spool::{FileLog, Record, SpoolConfig};
@@ -56,17 +56,6 @@ struct Seen {
 /// for two slow keys).
 struct Tally {
     seen: Arc<Seen>,
-}
-
-/// A key state: records applied, and the offset of the last.
-fn decode(state: Option<&[u8]>) -> (u64, Option<u64>) {
-    match state {
-        None => (0, None),
-        Some(b) => (
-            u64::from_le_bytes(b[..8].try_into().unwrap()),
-            Some(u64::from_le_bytes(b[8..16].try_into().unwrap())),
-        ),
-    }
 }
 
 impl PartitionHandler for Tally {
@@ -113,18 +102,18 @@ impl KeyedHandler for Tally {
                 panic!("a handler bug at offset {}", record.offset);
             }
         }
-        let (count, last) = decode(state.get());
-        if last.is_some_and(|l| l >= record.offset) {
+        let tally = KeyTally::read(state.get()).map_err(HandlerError::msg)?;
+        if tally.last.is_some_and(|l| l >= record.offset) {
             self.seen.violations.lock().unwrap().push(format!(
                 "{}: offset {} of key {:?} came after offset {} was applied (epoch {})",
                 ctx.partition,
                 record.offset,
                 String::from_utf8_lossy(&key),
-                last.unwrap(),
+                tally.last.unwrap(),
                 ctx.epoch
             ));
         }
-        state.set([(count + 1).to_le_bytes(), record.offset.to_le_bytes()].concat());
+        state.set(tally.applied(record.offset).to_state());
         Ok(())
     }
 }
@@ -361,10 +350,9 @@ async fn keys_run_at_once_in_order_and_a_handover_in_flight_applies_every_record
         most <= 2 * 16,
         "more in flight than max_in_flight allows: {most}"
     );
-    // Every key's count, from the store of the machine that owned its
+    // Every key's tally, from the store of the machine that owned its
     // partition last.
-    let counted = counts(&c, |p| owners[&p]);
-    assert_eq!(counted, c.produced, "a record lost or applied twice");
+    check_tallies(&c, |p| owners[&p]);
     assert_eq!(
         *c.seen.panic_at.lock().unwrap(),
         None,
@@ -372,19 +360,11 @@ async fn keys_run_at_once_in_order_and_a_handover_in_flight_applies_every_record
     );
 }
 
-/// Every key's count, each partition's read from the stores of the
+/// Every key's tally, each partition's read from the stores of the
 /// machine `machine_of` names.
-fn counts(c: &Cluster, machine_of: impl Fn(u32) -> usize) -> BTreeMap<String, u64> {
-    counts_read(c, machine_of, |state| decode(state).0)
-}
-
-/// Every key's count as `count_of` reads it from the key's state.
-fn counts_read(
-    c: &Cluster,
-    machine_of: impl Fn(u32) -> usize,
-    count_of: impl Fn(Option<&[u8]>) -> u64,
-) -> BTreeMap<String, u64> {
-    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+fn tallies(c: &Cluster, machine_of: impl Fn(u32) -> usize) -> BTreeMap<Vec<u8>, KeyTally> {
+    let keys: Vec<Vec<u8>> = (0..KEYS).map(|k| format!("k{k}").into_bytes()).collect();
+    let mut all = BTreeMap::new();
     for p in 0..PARTITIONS {
         let store_dir = shardcall::partition_store_dir(
             &c.state_dir(machine_of(p)),
@@ -392,14 +372,20 @@ fn counts_read(
             &PartitionId::new("t", p),
         );
         let store = FjallStateStore::open(store_dir, 1 << 20).unwrap();
-        for k in 0..KEYS {
-            let key = format!("k{k}");
-            let at = [b"\xff\xff\xff\xffkey/".as_slice(), key.as_bytes()].concat();
-            let n = count_of(store.get(&at).unwrap().as_deref());
-            *counted.entry(key).or_default() += n;
-        }
+        all.extend(read_tallies(&store, keys.iter().map(Vec::as_slice)).unwrap());
     }
-    counted
+    all
+}
+
+/// The oracle: every key's records applied once each, in order.
+fn check_tallies(c: &Cluster, machine_of: impl Fn(u32) -> usize) {
+    let produced: BTreeMap<Vec<u8>, u64> = c
+        .produced
+        .iter()
+        .map(|(k, &n)| (k.clone().into_bytes(), n))
+        .collect();
+    let v = check_key_tallies(&tallies(c, machine_of), &produced);
+    assert!(v.is_empty(), "{v:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -414,7 +400,7 @@ async fn the_same_handler_under_partition_ordering_sees_one_record_at_a_time() {
         most <= PARTITIONS as usize,
         "{most} records at once: more than one per partition"
     );
-    assert_eq!(counts(&c, |_| 0), c.produced);
+    check_tallies(&c, |_| 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -454,19 +440,7 @@ async fn the_python_asyncio_example_counts_every_record_once_in_key_order() {
     c.add_worker_with(TopicOrdering::Key, Arc::new(exec));
     c.all_checkpointed().await;
     c.stop_and_check().await;
-    let out_of_order = std::cell::Cell::new(0);
-    let counted = counts_read(
-        &c,
-        |_| 0,
-        |state| {
-            let Some(state) = state else { return 0 };
-            let doc: serde_json::Value = serde_json::from_slice(state).unwrap();
-            out_of_order.set(out_of_order.get() + doc["out_of_order"].as_u64().unwrap());
-            doc["count"].as_u64().unwrap()
-        },
-    );
-    assert_eq!(counted, c.produced, "a record lost or counted twice");
-    assert_eq!(out_of_order.get(), 0, "records of a key came out of order");
+    check_tallies(&c, |_| 0);
 }
 
 #[tokio::test]

@@ -24,10 +24,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
+use shardcall::key_tally::{KeyTally, check_key_tallies, read_tallies};
 use shardcall::{
     FileLogSource, FjallStateStore, HandlerError, HandlerFactory, KeyState, KeyedHandler,
     MemoryBackupStore, MemoryStore, OrderingConfig, PartitionContext, PartitionHandler, PerKey,
-    StateConfig, StateStore, TopicOrdering, Worker, WorkerConfig,
+    StateConfig, TopicOrdering, Worker, WorkerConfig,
 };
 use shardcall_core::{GroupConfig, PartitionId};
 use shardcall_spool::{FileLog, Record, SpoolConfig};
@@ -169,16 +170,6 @@ struct Caller {
     seen: Arc<Seen>,
 }
 
-fn decode(state: Option<&[u8]>) -> (u64, Option<u64>) {
-    match state {
-        Some(b) if b.len() == 16 => (
-            u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
-            Some(u64::from_le_bytes(b[8..].try_into().expect("8 bytes"))),
-        ),
-        _ => (0, None),
-    }
-}
-
 impl PartitionHandler for Caller {
     type Keeps = PerKey;
     fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
@@ -198,20 +189,18 @@ impl KeyedHandler for Caller {
         if ms > 0 {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        let (count, last) = decode(state.get());
-        if last.is_some_and(|l| l >= record.offset) {
+        let tally = KeyTally::read(state.get()).map_err(HandlerError::msg)?;
+        if let Some(last) = tally.last.filter(|&l| l >= record.offset) {
             self.seen
                 .violations
                 .lock()
                 .expect("violations")
                 .push(format!(
-                    "{}: offset {} after offset {} of its key",
-                    ctx.partition,
-                    record.offset,
-                    last.unwrap_or_default()
+                    "{}: offset {} after offset {last} of its key",
+                    ctx.partition, record.offset
                 ));
         }
-        state.set([(count + 1).to_le_bytes(), record.offset.to_le_bytes()].concat());
+        state.set(tally.applied(record.offset).to_state());
         self.seen.done.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -355,12 +344,8 @@ async fn run(
     let group = format!("keys-{name}");
     let exactly_once = if records < total {
         None
-    } else if rust {
-        Some(counts(a, &state_dir, &group, &expected, |s| {
-            (decode(s).0, 0)
-        })?)
     } else {
-        Some(counts(a, &state_dir, &group, &expected, exec_count)?)
+        Some(counts(a, &state_dir, &group, &expected)?)
     };
     let order_violations = seen.violations.lock().expect("violations").len();
     Ok(Measured {
@@ -372,41 +357,30 @@ async fn run(
     })
 }
 
-/// A key state the Python example wrote: its count, and the records it
-/// saw come after a later one of their key.
-fn exec_count(state: Option<&[u8]>) -> (u64, u64) {
-    let doc: serde_json::Value = state
-        .and_then(|s| serde_json::from_slice(s).ok())
-        .unwrap_or_default();
-    (
-        doc["count"].as_u64().unwrap_or(0),
-        doc["out_of_order"].as_u64().unwrap_or(0),
-    )
-}
-
-/// Whether every key's count in the stores equals its records, and no
-/// record of a key came after a later one (as `read` reads a key state:
-/// its count, and such records).
+/// Whether every key's tally in the stores counts its records once each,
+/// in order (the Rust handler and the Python example keep the same one).
 fn counts(
     a: &BenchKeysArgs,
     state_dir: &std::path::Path,
     group: &str,
     expected: &BTreeMap<u64, (u32, u64)>,
-    read: impl Fn(Option<&[u8]>) -> (u64, u64),
 ) -> anyhow::Result<bool> {
-    let mut stores = Vec::new();
+    let mut tallies = BTreeMap::new();
     for p in 0..a.partitions {
         let dir = shardcall::partition_store_dir(state_dir, group, &PartitionId::new("keys", p));
-        stores.push(FjallStateStore::open(dir, 1 << 20)?);
+        let store = FjallStateStore::open(dir, 1 << 20)?;
+        let keys: Vec<[u8; 8]> = expected
+            .iter()
+            .filter(|(_, (q, _))| *q == p)
+            .map(|(k, _)| k.to_be_bytes())
+            .collect();
+        tallies.extend(read_tallies(&store, keys.iter().map(<[u8; 8]>::as_slice))?);
     }
-    for (&key, &(p, n)) in expected {
-        let store = &stores[p as usize];
-        let at = [b"\xff\xff\xff\xffkey/".as_slice(), &key.to_be_bytes()].concat();
-        if read(store.get(&at)?.as_deref()) != (n, 0) {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+    let produced: BTreeMap<Vec<u8>, u64> = expected
+        .iter()
+        .map(|(k, (_, n))| (k.to_be_bytes().to_vec(), *n))
+        .collect();
+    Ok(check_key_tallies(&tallies, &produced).is_empty())
 }
 
 /// Runs the command.

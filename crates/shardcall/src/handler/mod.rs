@@ -14,7 +14,7 @@ pub use keeps::{
     AnyStateHandler, BytesHandler, ChosenAtRunTime, InBytes, InLocalStore, KeepsState,
     LocalStoreHandler,
 };
-pub use per_key::{KeyState, KeyedHandler, PerKey};
+pub use per_key::{KeyState, KeyedHandler, PerKey, read_key_state};
 
 use std::path::PathBuf;
 

@@ -136,6 +136,16 @@ pub(crate) fn state_key(key: Option<&[u8]>) -> Vec<u8> {
     at
 }
 
+/// The committed state of `key` (`None`: a record without a key) in a
+/// partition's local state store, as a [`KeyedHandler`] call would see it:
+/// for tools and tests that read the states a run left.
+pub fn read_key_state(
+    store: &dyn crate::local_state::store::StateStore,
+    key: Option<&[u8]>,
+) -> crate::local_state::store::StateResult<Option<Vec<u8>>> {
+    store.get(&state_key(key))
+}
+
 /// Why a record cannot have a key state: its key is longer than a state
 /// key may be. Said before the call, so the record fails (and goes to the
 /// dead letters) instead of its commit failing the partition.
