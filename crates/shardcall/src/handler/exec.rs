@@ -66,8 +66,8 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use shardcall_spool::Record;
 
-use crate::handler::exec_child::{Running, kill};
-use crate::handler::exec_records::{Children, ExecRecords};
+use crate::handler::exec_child::{Children, Running, kill, stop_child};
+use crate::handler::exec_records::ExecRecords;
 use crate::handler::per_key::{KeyState, RecordCall, SharedHandler};
 use crate::handler::{
     AnyStateHandler, ChosenAtRunTime, HandlerError, HandlerFactory, Interrupt, PartitionContext,
@@ -182,14 +182,7 @@ impl ExecHandler {
             records.stop();
         }
         if let Some(r) = self.child.take() {
-            self.current
-                .lock()
-                .expect("children lock")
-                .retain(|c| !Arc::ptr_eq(c, &r.life.child));
-            let mut child = r.life.child.lock().expect("child lock");
-            kill(&mut child);
-            let _ = child.wait();
-            crate::handler::child_guard::release(&child);
+            stop_child(&self.current, &r.life.child);
         }
     }
 

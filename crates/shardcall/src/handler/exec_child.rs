@@ -166,6 +166,23 @@ pub(crate) fn child_error(v: &Value) -> String {
     )
 }
 
+/// The children a partition's handler has running, shared with its
+/// interrupter (which kills them all when a call outlives its deadline).
+pub(crate) type Children = Arc<Mutex<Vec<Arc<Mutex<Child>>>>>;
+
+/// Stops `child`: it leaves `children`, is killed and waited for, and its
+/// guardian forgets it.
+pub(crate) fn stop_child(children: &Children, child: &Arc<Mutex<Child>>) {
+    children
+        .lock()
+        .expect("children lock")
+        .retain(|c| !Arc::ptr_eq(c, child));
+    let mut child = child.lock().expect("child lock");
+    kill(&mut child);
+    let _ = child.wait();
+    crate::handler::child_guard::release(&child);
+}
+
 /// How many of a child's last stderr lines a failure message quotes.
 const STDERR_TAIL: usize = 5;
 

@@ -40,13 +40,12 @@ use shardcall_spool::Record;
 use tokio::sync::oneshot;
 
 use crate::handler::exec::{initialize_request, record_json, unexpected};
-use crate::handler::exec_child::{ChildLife, Running, child_error, kill, read_line, write_line};
+use crate::handler::exec_child::Children;
+use crate::handler::exec_child::{
+    ChildLife, Running, child_error, kill, read_line, stop_child, write_line,
+};
 use crate::handler::per_key::KeyState;
 use crate::handler::{HandlerError, PartitionContext};
-
-/// The children a partition's handler has running, shared with its
-/// interrupter (which kills them all when a last call hangs).
-pub(crate) type Children = Arc<Mutex<Vec<Arc<Mutex<Child>>>>>;
 
 /// What the reader of a child's answers gives a waiting call: the answer,
 /// or why none will come.
@@ -315,14 +314,7 @@ impl Pipe {
 
     /// Kills the child; its reader then fails whatever still waits.
     fn stop(&self) {
-        self.children
-            .lock()
-            .expect("children lock")
-            .retain(|c| !Arc::ptr_eq(c, &self.child));
-        let mut child = self.child.lock().expect("child lock");
-        kill(&mut child);
-        let _ = child.wait();
-        crate::handler::child_guard::release(&child);
+        stop_child(&self.children, &self.child);
     }
 }
 
