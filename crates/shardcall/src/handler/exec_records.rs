@@ -153,13 +153,19 @@ impl ExecRecords {
     /// The child of `slot`, started (and initialized) if it is not running.
     async fn pipe(&self, slot: usize) -> Result<Arc<Pipe>, HandlerError> {
         let _starting = self.starting[slot].lock().await;
-        if let Some(pipe) = self.slots[slot]
-            .lock()
-            .expect("slot lock")
-            .as_ref()
-            .filter(|p| !p.closed())
-        {
-            return Ok(pipe.clone());
+        let ended = {
+            let mut held = self.slots[slot].lock().expect("slot lock");
+            match held.as_ref() {
+                Some(pipe) if !pipe.closed() => return Ok(pipe.clone()),
+                _ => held.take(),
+            }
+        };
+        // The child that ended is forgotten by the interrupter and the
+        // guardian before another takes its place.
+        if let Some(ended) = ended {
+            tokio::task::spawn_blocking(move || ended.stop())
+                .await
+                .map_err(HandlerError::from)?;
         }
         let (command, ctx) = (self.command.clone(), self.ctx.clone());
         let started = tokio::task::spawn_blocking(move || {
@@ -545,6 +551,11 @@ mod tests {
             assert!(why.contains("lost my connection"), "{why}");
         }
         r.call(&record(0), KeyState::new(None)).await.unwrap();
+        assert_eq!(
+            r.children.lock().unwrap().len(),
+            1,
+            "the child that exited is still listed"
+        );
         r.stop();
     }
 
