@@ -1949,7 +1949,7 @@ fn a_record_that_hangs_under_key_ordering_shows_in_status_and_in_metrics() {
     );
     assert_eq!(
         metric(&body, "shardcall_watermark_lag_records"),
-        32.0,
+        31.0,
         "{body}"
     );
     assert_eq!(metric(&body, "shardcall_key_queue_records"), 1.0, "{body}");

@@ -57,7 +57,7 @@ pub fn describe() {
     describe_gauge!(
         "shardcall_watermark_lag_records",
         Unit::Count,
-        "Records read and not all done below them: how far a partition's watermark trails what it read (ordering key or none)"
+        "Offsets from a partition's watermark to the last record done above it: how far records finished out of order run ahead (ordering key or none)"
     );
     describe_gauge!(
         "shardcall_key_queue_records",

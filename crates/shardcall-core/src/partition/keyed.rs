@@ -101,9 +101,10 @@ pub struct KeyedLooks {
     /// How long the oldest of them has been in flight, since its first
     /// attempt (0: none).
     pub oldest_in_flight_ms: Millis,
-    /// Records read and not all done below them: how far the watermark (and
-    /// so a restart's replay) trails what was read. A slow key holds it
-    /// back while other keys run ahead.
+    /// Offsets from the watermark to the last record done above it: how
+    /// far records finished out of order run ahead of it (what a restart
+    /// finds done above it). A slow key holds the watermark back while
+    /// other keys run ahead.
     pub watermark_lag: u64,
     /// Records held back by their keys.
     pub queues: KeyQueues,
@@ -338,7 +339,11 @@ impl KeyedEngine {
                 .values()
                 .min()
                 .map_or(0, |&since| now.saturating_sub(since)),
-            watermark_lag: self.scheduler.next_offset().saturating_sub(watermark),
+            watermark_lag: self
+                .scheduler
+                .done_above()
+                .last()
+                .map_or(0, |&(_, last)| last + 1 - watermark),
             queues: self.scheduler.key_queues(),
         }
     }
@@ -827,7 +832,7 @@ mod tests {
         let looks = e.looks(50);
         assert_eq!(looks.in_flight, 1, "offset 0 (1 waits for its key)");
         assert_eq!(looks.oldest_in_flight_ms, 40, "offset 0 started at 10");
-        assert_eq!(looks.watermark_lag, 3, "0..=2 read, the watermark at 0");
+        assert_eq!(looks.watermark_lag, 3, "2 done, the watermark at 0");
         assert_eq!(looks.queues.longest, 1);
         e.step(failed(0), 60);
         assert_eq!(e.looks(70).oldest_in_flight_ms, 60, "a retry keeps its age");
