@@ -217,6 +217,15 @@ impl KeyScheduler {
         out
     }
 
+    /// The last offset done above the watermark, if any: without building
+    /// the ranges of [`Self::done_above`].
+    pub fn last_done_above(&self) -> Option<u64> {
+        let floor = self.watermark();
+        let done = self.done.range(floor..).next_back();
+        let skipped = self.skip.range(floor..).next_back();
+        done.max(skipped).copied()
+    }
+
     /// Whether the record at `offset` is done: below the watermark, done
     /// above it, or known done when restored.
     pub fn is_done(&self, offset: u64) -> bool {

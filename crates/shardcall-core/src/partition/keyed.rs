@@ -238,6 +238,15 @@ pub struct KeyedStep {
     pub ended: Option<KeyedEnd>,
 }
 
+/// A record in flight.
+#[derive(Debug, Clone, Copy)]
+struct Flight {
+    /// Attempts made.
+    attempts: u32,
+    /// When its first attempt started.
+    since: Millis,
+}
+
 /// A record between attempts.
 #[derive(Debug, Clone, Copy)]
 struct Failing {
@@ -254,10 +263,9 @@ pub struct KeyedEngine {
     fetching: bool,
     /// When a failed fetch may be tried again.
     fetch_after: Millis,
-    /// Attempts made of each record in flight.
-    attempts: HashMap<u64, u32>,
-    /// When each record in flight first started.
-    started_at: HashMap<u64, Millis>,
+    /// Each record in flight: its attempts so far and when it first
+    /// started.
+    flights: HashMap<u64, Flight>,
     /// Failed records waiting for their next attempt, by offset. Every
     /// other record in flight is calling the handler or on its way to the
     /// dead letters.
@@ -293,8 +301,7 @@ impl KeyedEngine {
             scheduler,
             fetching: false,
             fetch_after: 0,
-            attempts: HashMap::new(),
-            started_at: HashMap::new(),
+            flights: HashMap::new(),
             failing: BTreeMap::new(),
             done_count: 0,
             // The first checkpoint comes after the interval even if nothing
@@ -334,18 +341,23 @@ impl KeyedEngine {
         let watermark = self.scheduler.watermark();
         KeyedLooks {
             in_flight: self.scheduler.in_flight(),
-            oldest_in_flight_ms: self
-                .started_at
-                .values()
-                .min()
-                .map_or(0, |&since| now.saturating_sub(since)),
+            oldest_in_flight_ms: self.oldest_in_flight_ms(now),
             watermark_lag: self
                 .scheduler
-                .done_above()
-                .last()
-                .map_or(0, |&(_, last)| last + 1 - watermark),
+                .last_done_above()
+                .map_or(0, |last| last + 1 - watermark),
             queues: self.scheduler.key_queues(),
         }
+    }
+
+    /// How long the oldest record in flight has been, since its first
+    /// attempt (0: none in flight). Cheaper than [`Self::looks`].
+    pub fn oldest_in_flight_ms(&self, now: Millis) -> Millis {
+        self.flights
+            .values()
+            .map(|f| f.since)
+            .min()
+            .map_or(0, |since| now.saturating_sub(since))
     }
 
     /// How the local state store records `offsets` done (records whose
@@ -444,14 +456,13 @@ impl KeyedEngine {
     }
 
     fn done(&mut self, offset: u64) {
-        self.attempts.remove(&offset);
-        self.started_at.remove(&offset);
+        self.flights.remove(&offset);
         self.scheduler.done(offset);
         self.done_count += 1;
     }
 
     fn attempts_of(&self, offset: u64) -> u32 {
-        self.attempts.get(&offset).copied().unwrap_or(1)
+        self.flights.get(&offset).map_or(1, |f| f.attempts)
     }
 
     /// The record failed (or its dead-lettering did): it waits `pause`
@@ -489,7 +500,9 @@ impl KeyedEngine {
                     });
                 } else {
                     let attempt = f.attempts + 1;
-                    self.attempts.insert(offset, attempt);
+                    if let Some(flight) = self.flights.get_mut(&offset) {
+                        flight.attempts = attempt;
+                    }
                     out.commands.push(KeyedCommand::Start { offset, attempt });
                 }
             }
@@ -498,8 +511,13 @@ impl KeyedEngine {
             }
             // New records start.
             while let Some(offset) = self.scheduler.next_start() {
-                self.attempts.insert(offset, 1);
-                self.started_at.insert(offset, now);
+                self.flights.insert(
+                    offset,
+                    Flight {
+                        attempts: 1,
+                        since: now,
+                    },
+                );
                 out.commands
                     .push(KeyedCommand::Start { offset, attempt: 1 });
             }

@@ -471,7 +471,7 @@ where
             position: self.d.source.position(&self.d.ctx.partition, watermark),
             store_bytes: self.store_bytes(),
             snapshot_uploading: false,
-            in_flight: Some(in_flight(&run.engine.looks(self.now_ms()))),
+            in_flight: Some(in_flight(&run.engine, self.now_ms())),
             done_above: progress.done_above,
         };
         let sent = crate::clock::now();
@@ -545,14 +545,15 @@ async fn stored_progress(store: Result<Store, Cause>) -> Result<Progress, Cause>
 
 /// The records in flight as a checkpoint carries them: the oldest's start
 /// on the wall clock, so that its age shows from any machine.
-fn in_flight(looks: &shardcall_core::keyed_engine::KeyedLooks) -> InFlight {
-    let now = crate::clock::wall_since_epoch().as_millis() as u64;
+fn in_flight(engine: &KeyedEngine, now: Millis) -> InFlight {
+    let records = engine.in_flight() as u64;
+    let wall = crate::clock::wall_since_epoch().as_millis() as u64;
     InFlight {
-        records: looks.in_flight as u64,
-        oldest_since_ms: if looks.in_flight == 0 {
+        records,
+        oldest_since_ms: if records == 0 {
             0
         } else {
-            now.saturating_sub(looks.oldest_in_flight_ms)
+            wall.saturating_sub(engine.oldest_in_flight_ms(now))
         },
     }
 }
