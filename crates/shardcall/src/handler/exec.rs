@@ -211,14 +211,15 @@ impl ExecHandler {
         if self.child.is_some() {
             return Ok(());
         }
-        let running = Running::start(&self.command, &self.ctx.partition).map_err(err)?;
-        self.current
-            .lock()
-            .expect("children lock")
-            .push(running.life.child.clone());
+        let running = Running::start_initialized(
+            &self.command,
+            &self.ctx,
+            self.state.as_deref(),
+            &self.current,
+        )
+        .map_err(err)?;
         self.child = Some(running);
-        let init = initialize_request(&self.ctx, self.state.as_deref());
-        self.call(&init, "ok").map(|_| ())
+        Ok(())
     }
 
     /// Sends one request and reads its answer, which must be `expect`.
@@ -377,13 +378,8 @@ impl AnyStateHandler for ExecHandler {
         let records = match self.records.take() {
             Some(records) => records,
             None => {
+                // The batch child, already listed, becomes the first.
                 let running = self.child.take();
-                if let Some(r) = &running {
-                    self.current
-                        .lock()
-                        .expect("children lock")
-                        .retain(|c| !Arc::ptr_eq(c, &r.life.child));
-                }
                 Arc::new(ExecRecords::new(
                     self.command.clone(),
                     self.ctx.clone(),

@@ -111,6 +111,37 @@ impl Running {
         })
     }
 
+    /// Starts `command` for the partition of `ctx` and initializes it with
+    /// `state`: running, listed in `children` (so the interrupter can kill
+    /// a child that hangs before it answers), and past its `ok`. A child
+    /// that fails to answer `ok` is stopped.
+    pub(crate) fn start_initialized(
+        command: &str,
+        ctx: &crate::handler::PartitionContext,
+        state: Option<&[u8]>,
+        children: &Children,
+    ) -> Result<Self, String> {
+        let mut running = Self::start(command, &ctx.partition)?;
+        children
+            .lock()
+            .expect("children lock")
+            .push(running.life.child.clone());
+        let answered = running
+            .send(&crate::handler::exec::initialize_request(ctx, state))
+            .and_then(|()| running.receive())
+            .and_then(|v| match v["action"].as_str() {
+                Some("ok") => Ok(()),
+                _ => Err(crate::handler::exec::unexpected(&v, "ok")),
+            });
+        match answered {
+            Ok(()) => Ok(running),
+            Err(why) => {
+                stop_child(children, &running.life.child);
+                Err(why)
+            }
+        }
+    }
+
     /// Writes one line to the child.
     pub(crate) fn send(&mut self, request: &Value) -> Result<(), String> {
         write_line(&mut self.stdin, request)

@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 use shardcall_spool::Record;
 use tokio::sync::oneshot;
 
-use crate::handler::exec::{initialize_request, record_json, unexpected};
+use crate::handler::exec::{record_json, unexpected};
 use crate::handler::exec_child::Children;
 use crate::handler::exec_child::{
     ChildLife, Running, child_error, kill, read_line, stop_child, write_line,
@@ -168,15 +168,9 @@ impl ExecRecords {
                 .map_err(HandlerError::from)?;
         }
         let (command, ctx) = (self.command.clone(), self.ctx.clone());
+        let children = self.children.clone();
         let started = tokio::task::spawn_blocking(move || {
-            let mut running = Running::start(&command, &ctx.partition)?;
-            running.send(&initialize_request(&ctx, None))?;
-            let v = running.receive()?;
-            if v["action"] != "ok" {
-                kill(&mut running.life.child.lock().expect("child lock"));
-                return Err(unexpected(&v, "ok"));
-            }
-            Ok(running)
+            Running::start_initialized(&command, &ctx, None, &children)
         })
         .await
         .map_err(HandlerError::from)?
@@ -195,10 +189,10 @@ impl ExecRecords {
             let Some(pipe) = slot.lock().expect("slot lock").take() else {
                 continue;
             };
-            if pipe.closed() {
-                continue;
-            }
-            if let Err(why) = pipe.control(&json!({ "action": action })) {
+            // A child that ended hears nothing, but is stopped all the same.
+            if !pipe.closed()
+                && let Err(why) = pipe.control(&json!({ "action": action }))
+            {
                 first_error.get_or_insert(why);
             }
             pipe.stop();
@@ -250,15 +244,16 @@ struct Pipe {
 }
 
 impl Pipe {
-    /// Takes over an initialized child: its answers are read from now on.
+    /// Takes over an initialized child (listed in `children` by
+    /// [`Running::start_initialized`]): its answers are read from now on.
     fn new(running: Running, children: &Children) -> Self {
         let Running {
             stdin,
             stdout,
             life,
         } = running;
+        // Listed among the children since it started.
         let child = life.child.clone();
-        children.lock().expect("children lock").push(child.clone());
         let waiters = Arc::new(Mutex::new(Waiters::default()));
         let answered = Arc::new(AtomicU64::new(0));
         let (w, a) = (waiters.clone(), answered.clone());
