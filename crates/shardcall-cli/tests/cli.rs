@@ -639,7 +639,7 @@ fn config_check_explains_each_topics_ordering_and_refuses_what_cannot_run() {
         ),
         "{said}"
     );
-    // Without the local state store: nothing keeps the done marks.
+    // Without the local state store: nothing keeps the done ranges.
     let (code, said) = check(&by_key[2..]);
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("needs the local state store"), "{said}");

@@ -81,7 +81,7 @@ pub use partition::engine::{
     CallFailure, CheckpointAnswer, End, Env, Event, Grant, PartitionEngine, PartitionRules, Served,
     StateOf, StateRules, StoreAnswer, TicketHistory, TicketRules,
 };
-pub use partition::key_scheduler::{KeyScheduler, RecordOrder};
+pub use partition::key_scheduler::{KeyHash, KeyScheduler, RecordOrder};
 pub use partition::retry::RetryBackoff;
 pub use partition::state_plan::BackupPointer;
 pub use partition::warm_up::{WarmUpCommand, WarmUpEngine, WarmUpEvent};

@@ -1517,7 +1517,7 @@ impl PartitionEngine {
         }
         // Records run many at once: the keyed engine takes over once
         // whatever the restore left pending is checkpointed (by it, with
-        // the done marks the local store holds).
+        // the done ranges the local store holds).
         if self.rules.keyed.is_some() {
             self.pending = None;
             return Some(Command::RunKeyed {
@@ -2414,6 +2414,8 @@ mod tests {
                 max_attempts: 0,
                 dead_letters: false,
                 drain_within: Duration::from_secs(1),
+                max_commit: 16,
+                commit_within: Duration::from_millis(5),
             }),
             ..owned()
         }

@@ -26,9 +26,28 @@ pub enum RecordOrder {
     Unordered,
 }
 
-/// A record's key as the scheduler tells keys apart (`None`: a record
-/// without a key; those are ordered among themselves).
-type KeyOf = Option<Box<[u8]>>;
+/// A record's key as the scheduler tells keys apart: a 64-bit hash of its
+/// bytes. Two keys that share a hash are ordered as one key, which costs a
+/// little concurrency and never order; in exchange a record's key costs no
+/// allocation, however long it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyHash(u64);
+
+impl KeyHash {
+    /// The hash of `key`: the same in every process and every run (the
+    /// simulation replays schedules from a seed).
+    pub fn of(key: &[u8]) -> Self {
+        use std::hash::Hasher;
+        // SipHash with fixed keys: deterministic, and cheap for short keys.
+        let mut h = std::hash::DefaultHasher::new();
+        h.write(key);
+        Self(h.finish())
+    }
+}
+
+/// A record's key as the scheduler queues it (`None`: a record without a
+/// key; those are ordered among themselves).
+type KeyOf = Option<KeyHash>;
 
 /// The scheduler of one partition.
 #[derive(Debug, Clone)]
@@ -103,7 +122,7 @@ impl KeyScheduler {
 
     /// Takes the record at `offset` (offsets only grow) with its `key`.
     /// A record already done before a restore is skipped: it counts as done.
-    pub fn offer(&mut self, offset: u64, key: Option<&[u8]>) {
+    pub fn offer(&mut self, offset: u64, key: Option<KeyHash>) {
         assert!(
             offset >= self.next,
             "offsets only grow: {offset} after {}",
@@ -115,14 +134,14 @@ impl KeyScheduler {
             return;
         }
         let key: KeyOf = match self.order {
-            RecordOrder::Key => key.map(Into::into),
+            RecordOrder::Key => key,
             // One queue for all: offset order; or each record its own.
             RecordOrder::Partition => None,
-            RecordOrder::Unordered => Some(offset.to_be_bytes().into()),
+            RecordOrder::Unordered => Some(KeyHash(offset)),
         };
         self.pending.insert(offset);
         self.buffered += 1;
-        let queue = self.queues.entry(key.clone()).or_default();
+        let queue = self.queues.entry(key).or_default();
         queue.push_back(offset);
         if queue.len() == 1 && !self.busy.contains(&key) {
             self.ready.push_back(key);
@@ -130,7 +149,7 @@ impl KeyScheduler {
     }
 
     /// A record that may start now, if any (it counts as in flight until
-    /// [`Self::done`] or [`Self::failed`]).
+    /// [`Self::finished`] or [`Self::failed`]).
     pub fn next_start(&mut self) -> Option<u64> {
         if self.running.len() >= self.max_in_flight {
             return None;
@@ -142,23 +161,40 @@ impl KeyScheduler {
             self.queues.remove(&key);
         }
         self.buffered -= 1;
-        self.busy.insert(key.clone());
+        self.busy.insert(key);
         self.running.insert(offset, key);
         Some(offset)
     }
 
-    /// The record at `offset` is done (its state change committed).
-    pub fn done(&mut self, offset: u64) {
+    /// The record at `offset` finished (its call succeeded, or its dead
+    /// letter was written): its key's next record may start, though the
+    /// record is not done until [`Self::done`] (its state change
+    /// committed).
+    pub fn finished(&mut self, offset: u64) {
         let key = self
             .running
             .remove(&offset)
             .unwrap_or_else(|| panic!("{offset} is not in flight"));
-        self.pending.remove(&offset);
-        self.done.insert(offset);
-        // What the watermark passed needs no keeping.
-        let floor = self.watermark();
-        self.done = self.done.split_off(&floor);
         self.release(key);
+    }
+
+    /// The record at `offset`, finished, is done (its state change
+    /// committed).
+    pub fn done(&mut self, offset: u64) {
+        let was_pending = self.pending.remove(&offset);
+        assert!(
+            was_pending && !self.running.contains_key(&offset),
+            "{offset} is done before it finished"
+        );
+        // What the watermark passed needs no keeping (a record done in
+        // offset order is never kept at all).
+        let floor = self.watermark();
+        if offset >= floor {
+            self.done.insert(offset);
+        }
+        while self.done.first().is_some_and(|&d| d < floor) {
+            self.done.pop_first();
+        }
     }
 
     /// The record at `offset` failed: it starts again before any later
@@ -169,10 +205,7 @@ impl KeyScheduler {
             .remove(&offset)
             .unwrap_or_else(|| panic!("{offset} is not in flight"));
         self.buffered += 1;
-        self.queues
-            .entry(key.clone())
-            .or_default()
-            .push_front(offset);
+        self.queues.entry(key).or_default().push_front(offset);
         self.busy.remove(&key);
         self.ready.push_front(key);
     }
@@ -292,7 +325,7 @@ mod tests {
             (4, b"c"),
             (5, b"c"),
         ] {
-            s.offer(o, Some(k));
+            s.offer(o, Some(KeyHash::of(k)));
         }
         assert_eq!(s.next_start(), Some(0));
         // a: 1 and 2 behind 0; b: 3 waits only for a slot; c: 5 behind 4.
@@ -306,25 +339,29 @@ mod tests {
         );
     }
 
-    fn key(k: u8) -> Option<Vec<u8>> {
-        (k > 0).then(|| vec![k])
+    fn key(k: u8) -> Option<KeyHash> {
+        (k > 0).then(|| KeyHash::of(&[k]))
     }
 
     #[test]
     fn one_key_waits_for_its_record_in_flight_and_others_pass() {
         let mut s = KeyScheduler::new(RecordOrder::Key, 8, 100, 0);
         for (o, k) in [(0, 1), (1, 1), (2, 2)] {
-            s.offer(o, key(k).as_deref());
+            s.offer(o, key(k));
         }
         assert_eq!(s.next_start(), Some(0));
         assert_eq!(s.next_start(), Some(2), "key 2 passes key 1's second");
         assert_eq!(s.next_start(), None, "offset 1 waits for offset 0");
+        s.finished(2);
         s.done(2);
         assert_eq!(s.watermark(), 0);
         assert_eq!(s.done_above(), vec![(2, 2)]);
+        s.finished(0);
+        assert_eq!(s.next_start(), Some(1), "a finished record frees its key");
+        assert_eq!(s.watermark(), 0, "not done until committed");
         s.done(0);
-        assert_eq!(s.next_start(), Some(1));
         assert_eq!(s.watermark(), 1);
+        s.finished(1);
         s.done(1);
         assert_eq!((s.watermark(), s.done_above()), (3, vec![]));
     }
@@ -332,12 +369,13 @@ mod tests {
     #[test]
     fn partition_order_runs_one_at_a_time_and_the_buffer_is_bounded() {
         let mut s = KeyScheduler::new(RecordOrder::Partition, 8, 2, 10);
-        s.offer(10, key(1).as_deref());
-        s.offer(11, key(2).as_deref());
+        s.offer(10, key(1));
+        s.offer(11, key(2));
         assert!(!s.has_room());
         assert_eq!(s.next_start(), Some(10));
         assert!(s.has_room());
         assert_eq!(s.next_start(), None, "one at a time");
+        s.finished(10);
         s.done(10);
         assert_eq!(s.next_start(), Some(11));
     }
@@ -345,8 +383,8 @@ mod tests {
     #[test]
     fn a_failed_record_starts_again_before_the_rest_of_its_key() {
         let mut s = KeyScheduler::new(RecordOrder::Key, 8, 100, 0);
-        s.offer(0, key(1).as_deref());
-        s.offer(1, key(1).as_deref());
+        s.offer(0, key(1));
+        s.offer(1, key(1));
         assert_eq!(s.next_start(), Some(0));
         s.failed(0);
         assert_eq!(s.next_start(), Some(0));
@@ -379,7 +417,7 @@ mod tests {
             let mut crashed = false;
             loop {
                 while offered < n && s.has_room() {
-                    s.offer(offered, key(keys[offered as usize]).as_deref());
+                    s.offer(offered, key(keys[offered as usize]));
                     offered += 1;
                 }
                 while let Some(o) = s.next_start() {
@@ -400,6 +438,7 @@ mod tests {
                 }
                 let running: Vec<u64> = s.running.keys().copied().collect::<BTreeSet<_>>().into_iter().collect();
                 let o = running[picks[step % picks.len()] % running.len()];
+                s.finished(o);
                 s.done(o);
                 prop_assert!(done_once.insert(o), "{} done twice", o);
                 let w = s.watermark();

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use crate::cause::Cause;
 use crate::ids::Millis;
-use crate::partition::key_scheduler::{KeyQueues, KeyScheduler, RecordOrder};
+use crate::partition::key_scheduler::{KeyHash, KeyQueues, KeyScheduler, RecordOrder};
 use crate::partition::retry::RetryBackoff;
 
 /// The rules a partition of concurrent records runs under.
@@ -57,6 +57,13 @@ pub struct KeyedRules {
     pub dead_letters: bool,
     /// How long an ending partition waits for its records in flight.
     pub drain_within: Duration,
+    /// Most finished records committed together (one local transaction).
+    pub max_commit: usize,
+    /// Longest a finished record waits for its commit while other records
+    /// keep starting. Records finish faster than a commit can be made for
+    /// each; grouped, a handler with nothing to wait for commits as
+    /// batches do.
+    pub commit_within: Duration,
 }
 
 /// Where a partition's processing stands, as a checkpoint carries it.
@@ -70,26 +77,48 @@ pub struct Progress {
 
 impl Progress {
     /// The progress a local state store records: every offset below
-    /// `applied` done, and a done mark for each of `marks` (any order; those
-    /// below `applied` are stale and ignored).
-    pub fn from_marks(applied: u64, marks: impl IntoIterator<Item = u64>) -> Self {
-        let mut above: Vec<u64> = marks.into_iter().filter(|&o| o >= applied).collect();
-        above.sort_unstable();
-        above.dedup();
+    /// `applied` done, and the offsets in `done_above` (inclusive ranges,
+    /// any order; what lies below `applied` is stale and ignored). A range
+    /// that starts at the position moves the watermark past it.
+    pub fn from_store(applied: u64, done_above: &[(u64, u64)]) -> Self {
+        let clipped: Vec<(u64, u64)> = done_above
+            .iter()
+            .filter(|&&(a, b)| a <= b && b >= applied)
+            .map(|&(a, b)| (a.max(applied), b))
+            .collect();
+        let mut done_above = merged_ranges(&clipped, &BTreeSet::new(), applied);
         let mut watermark = applied;
-        let mut done_above: Vec<(u64, u64)> = Vec::new();
-        for o in above {
-            match done_above.last_mut() {
-                Some((_, end)) if *end + 1 == o => *end = o,
-                _ if o == watermark => watermark += 1,
-                _ => done_above.push((o, o)),
-            }
+        if let Some(&(a, b)) = done_above.first()
+            && a == applied
+        {
+            watermark = b + 1;
+            done_above.remove(0);
         }
         Self {
             watermark,
             done_above,
         }
     }
+}
+
+/// Merges single offsets into ordered inclusive ranges, keeping only what
+/// lies at or above `floor`.
+fn merged_ranges(ranges: &[(u64, u64)], offsets: &BTreeSet<u64>, floor: u64) -> Vec<(u64, u64)> {
+    let mut all: Vec<(u64, u64)> = ranges
+        .iter()
+        .copied()
+        .chain(offsets.iter().map(|&o| (o, o)))
+        .filter(|&(_, b)| b >= floor)
+        .collect();
+    all.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(all.len());
+    for (a, b) in all {
+        match out.last_mut() {
+            Some((_, end)) if a <= end.saturating_add(1) => *end = (*end).max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
 }
 
 /// How a partition whose records run at once looks, at one moment.
@@ -110,19 +139,27 @@ pub struct KeyedLooks {
     pub queues: KeyQueues,
 }
 
-/// How a local state store records a record done, in the same commit as
-/// the record's state change: the store keeps the offset below which
-/// everything is done, plus a mark for each record done above it. What
-/// the store holds after the commit is then exactly what is done, and
-/// [`Progress::from_marks`] reads it back.
+/// How a local state store records records done, in the same commit as
+/// their state changes: the store keeps the offset below which everything
+/// is done, plus the ranges done above it. What the store holds after the
+/// commit is then exactly what is done, and [`Progress::from_store`] reads
+/// it back.
+///
+/// The ranges are one entry, rewritten by a commit that changes them (not
+/// a mark per record, which would cost every record finished out of order
+/// two more writes). Their count is bounded by the gaps between them,
+/// records read and not done: at most the read-ahead and the records in
+/// flight, so the entry cannot grow without bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DoneCommit {
+    /// The finished records the commit makes done (their state changes
+    /// are committed with it).
+    pub offsets: Vec<u64>,
     /// The store's position after the commit: every offset below it done.
     pub applied: u64,
-    /// Write a done mark for each of these offsets (done above `applied`).
-    pub marks: Vec<u64>,
-    /// Delete these offsets' marks: `applied` covers them now.
-    pub unmark: Vec<u64>,
+    /// Every offset done above `applied` once the commit lands, as
+    /// inclusive ranges in order; `None`: as the store holds them already.
+    pub done_above: Option<Vec<(u64, u64)>>,
 }
 
 /// What the last command came to, or what happened.
@@ -131,8 +168,9 @@ pub enum KeyedEvent {
     /// Nothing came back: the time passed ([`KeyedStep::wake_at`]), or
     /// the engine has just been made.
     Tick,
-    /// The fetch's records, offsets growing, each with its key.
-    Fetched(Vec<(u64, Option<Box<[u8]>>)>),
+    /// The fetch's records, offsets growing, each with its key's hash
+    /// ([`KeyHash::of`]; `None`: a record without a key).
+    Fetched(Vec<(u64, Option<KeyHash>)>),
     /// The fetch failed; it is tried again after a pause.
     FetchFailed(Cause),
     /// A record's handler call failed (or its state change could not be
@@ -144,10 +182,14 @@ pub enum KeyedEvent {
         /// Why.
         cause: Cause,
     },
-    /// These records' calls succeeded (or their dead-letter writes did),
-    /// and their state changes and marks as done committed together, in
-    /// one commit planned by [`KeyedEngine::done_commit`]: the only way a
-    /// record becomes done.
+    /// These records' calls succeeded (or their dead-letter writes did):
+    /// their keys' next records may start. The driver keeps their state
+    /// changes, uncommitted, for those calls to see, until a
+    /// [`KeyedCommand::Commit`] takes them.
+    Finished(Vec<u64>),
+    /// The commit asked for came back: its records' state changes, the
+    /// store's position and the ranges done above it committed together.
+    /// The only way a record becomes done.
     Committed(Vec<u64>),
     /// The dead letters did not take a record past its attempts: it is
     /// sent again after a pause.
@@ -192,9 +234,9 @@ pub enum KeyedCommand {
         /// Most records.
         max: usize,
     },
-    /// Call the handler with the record; answered by
-    /// [`KeyedEvent::Committed`] (with its state change) or
-    /// [`KeyedEvent::Failed`].
+    /// Call the handler with the record (its key's state as the last
+    /// finished record of its key left it, committed or not); answered by
+    /// [`KeyedEvent::Finished`] or [`KeyedEvent::Failed`].
     Start {
         /// The record.
         offset: u64,
@@ -202,7 +244,7 @@ pub enum KeyedCommand {
         attempt: u32,
     },
     /// Send the record to the dead letters; answered by
-    /// [`KeyedEvent::Committed`] (marked done once they took it) or
+    /// [`KeyedEvent::Finished`] (once they took it) or
     /// [`KeyedEvent::DeadLetterFailed`].
     DeadLetter {
         /// The record.
@@ -210,6 +252,12 @@ pub enum KeyedCommand {
         /// Its attempts.
         attempts: u32,
     },
+    /// Commit the state changes of exactly these finished records, with
+    /// the store's position and ranges as planned, in one local
+    /// transaction; answered by [`KeyedEvent::Committed`] (or
+    /// [`KeyedEvent::StorageFailed`]). Comes before any `Start` of the
+    /// same step: the records started after it are not part of it.
+    Commit(DoneCommit),
     /// Write a checkpoint; answered by [`KeyedEvent::Checkpointed`].
     Checkpoint(Progress),
 }
@@ -270,6 +318,12 @@ pub struct KeyedEngine {
     /// other record in flight is calling the handler or on its way to the
     /// dead letters.
     failing: BTreeMap<u64, Failing>,
+    /// Records finished and not yet given to a commit, and when the first
+    /// of them finished.
+    finished: Vec<u64>,
+    finished_since: Millis,
+    /// Whether a commit is out.
+    committing: bool,
     /// Records done so far: progress changes only when this grows, so the
     /// done ranges are built only for a checkpoint that will carry them.
     done_count: u64,
@@ -303,6 +357,9 @@ impl KeyedEngine {
             fetch_after: 0,
             flights: HashMap::new(),
             failing: BTreeMap::new(),
+            finished: Vec::new(),
+            finished_since: now,
+            committing: false,
             done_count: 0,
             // The first checkpoint comes after the interval even if nothing
             // is done by then: the stored one may be behind what the local
@@ -360,29 +417,25 @@ impl KeyedEngine {
             .map_or(0, |since| now.saturating_sub(since))
     }
 
-    /// How the local state store records `offsets` done (records whose
-    /// calls succeeded, or whose dead-letter writes did), with their state
-    /// changes, in one commit. Report the commit's outcome
-    /// ([`KeyedEvent::Committed`]) before planning the next: one commit at
-    /// a time, each planned on everything committed before it.
-    pub fn done_commit(&self, offsets: &[u64]) -> DoneCommit {
-        let watermark = self.scheduler.watermark();
+    /// How the local state store records `offsets` done (finished records),
+    /// with their state changes, in one commit, planned on everything
+    /// committed before it.
+    fn done_commit(&self, offsets: Vec<u64>) -> DoneCommit {
         let newly: BTreeSet<u64> = offsets.iter().copied().collect();
         let done = |o: u64| newly.contains(&o) || self.scheduler.is_done(o);
-        // The watermark moves past every record done right above it; the
-        // marks of those done before are no longer needed.
-        let mut applied = watermark;
-        let mut unmark = Vec::new();
+        // The watermark moves past every record done right above it.
+        let mut applied = self.scheduler.watermark();
         while done(applied) {
-            if !newly.contains(&applied) {
-                unmark.push(applied);
-            }
             applied += 1;
         }
+        let before = self.scheduler.done_above();
+        let after = merged_ranges(&before, &newly, applied);
         DoneCommit {
+            offsets,
             applied,
-            marks: newly.range(applied..).copied().collect(),
-            unmark,
+            // Records done in offset order leave nothing above: the
+            // common case writes no ranges at all.
+            done_above: (after != before).then_some(after),
         }
     }
 
@@ -397,16 +450,28 @@ impl KeyedEngine {
             KeyedEvent::Fetched(records) => {
                 self.fetching = false;
                 for (offset, key) in records {
-                    self.scheduler.offer(offset, key.as_deref());
+                    self.scheduler.offer(offset, key);
                 }
             }
             KeyedEvent::FetchFailed(_) => {
                 self.fetching = false;
                 self.fetch_after = now + self.rules.retry.first.as_millis() as Millis;
             }
-            KeyedEvent::Committed(offsets) => {
+            KeyedEvent::Finished(offsets) => {
+                if self.finished.is_empty() {
+                    self.finished_since = now;
+                }
                 for offset in offsets {
-                    self.done(offset);
+                    self.flights.remove(&offset);
+                    self.scheduler.finished(offset);
+                    self.finished.push(offset);
+                }
+            }
+            KeyedEvent::Committed(offsets) => {
+                self.committing = false;
+                for offset in offsets {
+                    self.scheduler.done(offset);
+                    self.done_count += 1;
                 }
             }
             KeyedEvent::Failed { offset, .. } => {
@@ -453,12 +518,6 @@ impl KeyedEngine {
         }
         self.plan(now, &mut out);
         out
-    }
-
-    fn done(&mut self, offset: u64) {
-        self.flights.remove(&offset);
-        self.scheduler.done(offset);
-        self.done_count += 1;
     }
 
     fn attempts_of(&self, offset: u64) -> u32 {
@@ -534,9 +593,31 @@ impl KeyedEngine {
                 }
             }
         }
+        // Commits, one at a time: a group goes when no record started now
+        // (every call there is came back), when it is full, when its first
+        // record waited long enough, or when the partition ends. It comes
+        // first among the commands: records started in this step are not
+        // part of it.
+        if !self.committing && !self.finished.is_empty() {
+            let started = out
+                .commands
+                .iter()
+                .any(|c| matches!(c, KeyedCommand::Start { .. }));
+            let due = self.finished_since + self.rules.commit_within.as_millis() as Millis;
+            if ending || !started || self.finished.len() >= self.rules.max_commit || now >= due {
+                self.committing = true;
+                let offsets = std::mem::take(&mut self.finished);
+                out.commands
+                    .insert(0, KeyedCommand::Commit(self.done_commit(offsets)));
+            } else {
+                wake_at(due);
+            }
+        }
         // Checkpoints. Failed records waiting for another attempt are left
-        // for the next owner; only calls and dead-letter writes drain.
-        let drained = self.scheduler.in_flight() == self.failing.len();
+        // for the next owner; only calls, dead-letter writes and commits
+        // drain.
+        let committed_all = self.finished.is_empty() && !self.committing;
+        let drained = committed_all && self.scheduler.in_flight() == self.failing.len();
         let drain_over = self.ending_since.is_some_and(|since| {
             drained || now >= since + self.rules.drain_within.as_millis() as Millis
         });
@@ -553,7 +634,7 @@ impl KeyedEngine {
                 } else {
                     wake_at(due);
                 }
-            } else if drain_over {
+            } else if drain_over && committed_all {
                 self.ended = true;
                 out.ended = Some(KeyedEnd::Drained);
                 return;
@@ -585,13 +666,15 @@ mod tests {
             max_attempts: 3,
             dead_letters: true,
             drain_within: Duration::from_millis(1000),
+            max_commit: 100,
+            commit_within: Duration::ZERO,
         }
     }
 
     fn records(keys: &[(u64, u8)]) -> KeyedEvent {
         KeyedEvent::Fetched(
             keys.iter()
-                .map(|&(o, k)| (o, Some(vec![k].into_boxed_slice())))
+                .map(|&(o, k)| (o, Some(KeyHash::of(&[k]))))
                 .collect(),
         )
     }
@@ -606,8 +689,23 @@ mod tests {
             .collect()
     }
 
-    fn ok(offset: u64) -> KeyedEvent {
-        KeyedEvent::Committed(vec![offset])
+    /// A record's call succeeds and its commit comes back: both steps'
+    /// commands (but the commit), the last step's wake and end.
+    fn ok(e: &mut KeyedEngine, offset: u64, now: Millis) -> KeyedStep {
+        let first = e.step(KeyedEvent::Finished(vec![offset]), now);
+        let mut commands = Vec::new();
+        let mut commit = None;
+        for c in first.commands {
+            match c {
+                KeyedCommand::Commit(plan) => commit = Some(plan),
+                c => commands.push(c),
+            }
+        }
+        let plan = commit.expect("a commit at once");
+        let mut last = e.step(KeyedEvent::Committed(plan.offsets), now);
+        commands.append(&mut last.commands);
+        last.commands = commands;
+        last
     }
 
     fn failed(offset: u64) -> KeyedEvent {
@@ -650,7 +748,7 @@ mod tests {
         assert_eq!(s.wake_at, Some(15), "the first pause is 10 ms");
         assert!(starts(&s).is_empty());
         // Key 2 goes on meanwhile.
-        e.step(ok(2), 6);
+        ok(&mut e, 2, 6);
         let s = e.step(KeyedEvent::Tick, 15);
         assert_eq!(starts(&s), vec![0]);
         assert!(s.commands.contains(&KeyedCommand::Start {
@@ -670,7 +768,7 @@ mod tests {
             "{:?}",
             s2.commands
         );
-        let s = e.step(KeyedEvent::Committed(vec![0]), 80);
+        let s = ok(&mut e, 0, 80);
         assert_eq!(starts(&s), vec![1], "its key's next record starts after it");
         assert_eq!(e.progress().watermark, 1);
         assert_eq!(e.progress().done_above, vec![(2, 2)]);
@@ -681,7 +779,7 @@ mod tests {
         let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1), (1, 2)]), 0);
-        let s = e.step(ok(0), 10);
+        let s = ok(&mut e, 0, 10);
         assert!(
             !s.commands
                 .iter()
@@ -693,7 +791,7 @@ mod tests {
             watermark: 1,
             done_above: vec![],
         })));
-        e.step(ok(1), 250);
+        ok(&mut e, 1, 250);
         let s = e.step(KeyedEvent::Tick, 260);
         assert!(
             !s.commands
@@ -720,12 +818,12 @@ mod tests {
             Some(100),
             "the first checkpoint's interval, before the drain's bound"
         );
-        let s = e.step(ok(0), 20);
+        let s = ok(&mut e, 0, 20);
         assert!(
             starts(&s).is_empty(),
             "offset 1 is not started while ending"
         );
-        let s = e.step(ok(2), 30);
+        let s = ok(&mut e, 2, 30);
         assert_eq!(
             s.commands,
             vec![KeyedCommand::Checkpoint(Progress {
@@ -742,7 +840,7 @@ mod tests {
         let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1), (1, 2)]), 0);
-        e.step(ok(1), 5);
+        ok(&mut e, 1, 5);
         e.step(KeyedEvent::End, 10);
         let s = e.step(KeyedEvent::Tick, 1010);
         assert_eq!(
@@ -755,7 +853,10 @@ mod tests {
         let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 1020);
         assert_eq!(s.ended, Some(KeyedEnd::Drained));
         // A late answer changes nothing.
-        assert_eq!(e.step(ok(0), 1030), KeyedStep::default());
+        assert_eq!(
+            e.step(KeyedEvent::Finished(vec![0]), 1030),
+            KeyedStep::default()
+        );
     }
 
     #[test]
@@ -763,13 +864,22 @@ mod tests {
         let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1)]), 0);
-        e.step(ok(0), 200);
+        ok(&mut e, 0, 200);
         let s = e.step(
             KeyedEvent::Checkpointed(CheckpointOutcome::Fenced(Cause::msg("moved"))),
             210,
         );
         assert!(matches!(s.ended, Some(KeyedEnd::Fenced(_))));
         assert!(s.commands.is_empty());
+    }
+
+    /// The rules of the simulated runs: small groups, a short wait.
+    fn grouping() -> KeyedRules {
+        KeyedRules {
+            max_commit: 3,
+            commit_within: Duration::from_millis(3),
+            ..rules()
+        }
     }
 
     /// A run: each record's key, then which answer comes next at each
@@ -786,25 +896,18 @@ mod tests {
     /// simulated local store, and checks that the store then reads back
     /// as exactly the records done.
     fn commit(
-        e: &KeyedEngine,
-        store: &mut (u64, BTreeSet<u64>),
+        plan: &DoneCommit,
+        store: &mut (u64, Vec<(u64, u64)>),
         committed: &mut Vec<u64>,
-        offsets: &[u64],
     ) -> Result<(), TestCaseError> {
-        let plan = e.done_commit(offsets);
         prop_assert!(plan.applied >= store.0, "the store's position went back");
         store.0 = plan.applied;
-        store.1.extend(plan.marks);
-        for o in &plan.unmark {
-            prop_assert!(store.1.remove(o), "unmarked {} that had no mark", o);
+        if let Some(ranges) = &plan.done_above {
+            store.1 = ranges.clone();
         }
-        prop_assert!(
-            store.1.iter().all(|&o| o >= store.0),
-            "a mark left below the store's position"
-        );
-        committed.extend(offsets);
+        committed.extend(&plan.offsets);
         let done: BTreeSet<u64> = committed.iter().copied().collect();
-        let read = Progress::from_marks(store.0, store.1.iter().copied());
+        let read = Progress::from_store(store.0, &store.1);
         let read_done: BTreeSet<u64> = (0..read.watermark)
             .chain(read.done_above.iter().flat_map(|&(a, b)| a..=b))
             .collect();
@@ -812,33 +915,80 @@ mod tests {
         Ok(())
     }
 
+    /// The commit a step asks for.
+    fn the_commit(step: &KeyedStep) -> DoneCommit {
+        step.commands
+            .iter()
+            .find_map(|c| match c {
+                KeyedCommand::Commit(plan) => Some(plan.clone()),
+                _ => None,
+            })
+            .expect("a commit")
+    }
+
     #[test]
-    fn a_group_commit_moves_the_position_past_the_group_and_marks_the_rest() {
+    fn a_group_commit_moves_the_position_past_the_group_and_keeps_the_rest_as_ranges() {
         let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 0), (1, 1), (2, 2), (3, 3)]), 0);
-        // 2 is done alone first: marked above the position.
-        let alone = e.done_commit(&[2]);
+        // 2 finishes alone first: kept as done above the position.
+        let alone = the_commit(&e.step(KeyedEvent::Finished(vec![2]), 1));
         assert_eq!(
-            (alone.applied, alone.marks.clone(), alone.unmark.clone()),
-            (0, vec![2], vec![])
+            (alone.offsets, alone.applied, alone.done_above),
+            (vec![2], 0, Some(vec![(2, 2)]))
         );
         e.step(KeyedEvent::Committed(vec![2]), 1);
-        // 0, 1 and 3 together: the position passes 0..=3, 2's mark goes.
-        let group = e.done_commit(&[3, 0, 1]);
-        assert_eq!(
-            (group.applied, group.marks, group.unmark),
-            (4, vec![], vec![2])
-        );
+        // 0, 1 and 3 together: the position passes 0..=3, nothing above.
+        let group = the_commit(&e.step(KeyedEvent::Finished(vec![3, 0, 1]), 2));
+        assert_eq!((group.applied, group.done_above), (4, Some(vec![])));
         e.step(KeyedEvent::Committed(vec![3, 0, 1]), 2);
         assert_eq!(e.progress().watermark, 4);
-        // A group that leaves a gap keeps marks for the records above it.
-        e.step(records(&[(4, 0), (5, 1), (6, 2)]), 3);
-        let gap = e.done_commit(&[5, 6]);
-        assert_eq!(
-            (gap.applied, gap.marks, gap.unmark),
-            (4, vec![5, 6], vec![])
+        // In offset order, the ranges are not written at all.
+        e.step(records(&[(4, 0), (5, 1), (6, 2), (7, 3)]), 3);
+        let in_order = the_commit(&e.step(KeyedEvent::Finished(vec![4]), 4));
+        assert_eq!((in_order.applied, in_order.done_above), (5, None));
+        e.step(KeyedEvent::Committed(vec![4]), 4);
+        // A group that leaves a gap keeps the records above it.
+        let gap = the_commit(&e.step(KeyedEvent::Finished(vec![7, 6]), 5));
+        assert_eq!((gap.applied, gap.done_above), (5, Some(vec![(6, 7)])));
+    }
+
+    #[test]
+    fn finished_records_free_their_keys_at_once_and_commit_in_groups() {
+        let rules = KeyedRules {
+            max_commit: 3,
+            commit_within: Duration::from_millis(5),
+            ..rules()
+        };
+        let mut e = KeyedEngine::new(rules, &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 1), (1, 1), (2, 2), (3, 3), (4, 4)]), 0);
+        // 0 finishes: its key's next record starts before any commit, and
+        // the commit waits for more (records keep starting).
+        let s = e.step(KeyedEvent::Finished(vec![0]), 1);
+        assert_eq!(starts(&s), vec![1]);
+        assert!(
+            !s.commands
+                .iter()
+                .any(|c| matches!(c, KeyedCommand::Commit(_)))
         );
+        assert_eq!(s.wake_at, Some(6), "the first finished waits 5 ms at most");
+        assert_eq!(e.progress().watermark, 0, "finished is not done");
+        // Nothing starts: the group goes now.
+        let s = e.step(KeyedEvent::Finished(vec![2]), 2);
+        assert_eq!(the_commit(&s).offsets, vec![0, 2]);
+        // One commit at a time: what finishes meanwhile waits for it.
+        let s = e.step(KeyedEvent::Finished(vec![1, 3]), 3);
+        assert!(
+            !s.commands
+                .iter()
+                .any(|c| matches!(c, KeyedCommand::Commit(_)))
+        );
+        let s = e.step(KeyedEvent::Committed(vec![0, 2]), 4);
+        assert_eq!(e.progress().watermark, 1);
+        assert_eq!(the_commit(&s).offsets, vec![1, 3]);
+        e.step(KeyedEvent::Committed(vec![1, 3]), 5);
+        assert_eq!(e.progress().watermark, 4);
     }
 
     #[test]
@@ -846,7 +996,7 @@ mod tests {
         let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1), (1, 1), (2, 2)]), 10);
-        e.step(ok(2), 20);
+        ok(&mut e, 2, 20);
         let looks = e.looks(50);
         assert_eq!(looks.in_flight, 1, "offset 0 (1 waits for its key)");
         assert_eq!(looks.oldest_in_flight_ms, 40, "offset 0 started at 10");
@@ -857,14 +1007,22 @@ mod tests {
     }
 
     #[test]
-    fn marks_read_back_as_ranges_above_the_position() {
-        let p = Progress::from_marks(5, [9, 2, 7, 5, 6, 10, 12]);
+    fn stored_ranges_read_back_above_the_position() {
+        let p = Progress::from_store(5, &[(12, 12), (2, 3), (5, 7), (9, 9), (10, 10)]);
         assert_eq!(
             p,
             Progress {
                 watermark: 8,
                 done_above: vec![(9, 10), (12, 12)],
             }
+        );
+        assert_eq!(
+            Progress::from_store(5, &[(3, 6)]),
+            Progress {
+                watermark: 7,
+                done_above: vec![],
+            },
+            "a range across the position"
         );
     }
 
@@ -880,14 +1038,16 @@ mod tests {
             (keys, answers, crash_at) in run_strategy()
         ) {
             let n = keys.len() as u64;
-            let key = |o: u64| Some(vec![keys[o as usize]].into_boxed_slice());
+            let key = |o: u64| Some(KeyHash::of(&[keys[o as usize]]));
             let mut now: Millis = 0;
-            let mut e = KeyedEngine::new(rules(), &Progress::default(), now);
+            let mut e = KeyedEngine::new(grouping(), &Progress::default(), now);
             // What the local store committed: done offsets, in the order
             // they were done.
             let mut committed: Vec<u64> = Vec::new();
-            // The local store itself: its position and its done marks.
-            let mut store: (u64, BTreeSet<u64>) = (0, BTreeSet::new());
+            // Records finished, in the order they finished.
+            let mut finished: Vec<u64> = Vec::new();
+            // The local store itself: its position and its done ranges.
+            let mut store: (u64, Vec<(u64, u64)>) = (0, Vec::new());
             let mut out: Vec<KeyedCommand> = e.step(KeyedEvent::Tick, now).commands;
             let mut wake: Option<Millis> = None;
             let mut step = 0usize;
@@ -896,8 +1056,12 @@ mod tests {
                 prop_assert!(step < 20_000, "no progress: {} of {} done", committed.len(), n);
                 if step == crash_at && !crashed {
                     crashed = true;
-                    let restored = Progress::from_marks(store.0, store.1.iter().copied());
-                    e = KeyedEngine::new(rules(), &restored, now);
+                    let restored = Progress::from_store(store.0, &store.1);
+                    e = KeyedEngine::new(grouping(), &restored, now);
+                    // What finished and was not committed is lost with
+                    // the process, and runs again.
+                    let kept: BTreeSet<u64> = committed.iter().copied().collect();
+                    finished.retain(|o| kept.contains(o));
                     out = e.step(KeyedEvent::Tick, now).commands;
                     wake = None;
                     step += 1;
@@ -922,8 +1086,8 @@ mod tests {
                             offset,
                             cause: Cause::msg("flaky"),
                         },
-                        // Every third answer commits together with every
-                        // other call that is out (a group commit).
+                        // Every third answer comes with every other call
+                        // that is out.
                         KeyedCommand::Start { offset, .. } if pick % 3 == 0 => {
                             let mut group = vec![offset];
                             out.retain(|c| match c {
@@ -933,16 +1097,17 @@ mod tests {
                                 }
                                 _ => true,
                             });
-                            commit(&e, &mut store, &mut committed, &group)?;
-                            KeyedEvent::Committed(group)
+                            finished.extend(&group);
+                            KeyedEvent::Finished(group)
                         }
-                        KeyedCommand::Start { offset, .. } => {
-                            commit(&e, &mut store, &mut committed, &[offset])?;
-                            KeyedEvent::Committed(vec![offset])
+                        KeyedCommand::Start { offset, .. }
+                        | KeyedCommand::DeadLetter { offset, .. } => {
+                            finished.push(offset);
+                            KeyedEvent::Finished(vec![offset])
                         }
-                        KeyedCommand::DeadLetter { offset, .. } => {
-                            commit(&e, &mut store, &mut committed, &[offset])?;
-                            KeyedEvent::Committed(vec![offset])
+                        KeyedCommand::Commit(plan) => {
+                            commit(&plan, &mut store, &mut committed)?;
+                            KeyedEvent::Committed(plan.offsets)
                         }
                         KeyedCommand::Checkpoint(p) => {
                             let done: BTreeSet<u64> = committed.iter().copied().collect();
@@ -966,10 +1131,12 @@ mod tests {
             let unique: BTreeSet<u64> = committed.iter().copied().collect();
             prop_assert_eq!(unique.len(), committed.len(), "a record done twice");
             for k in 0u8..6 {
-                let of_key: Vec<u64> = committed.iter().copied().filter(|&o| keys[o as usize] == k).collect();
-                let mut sorted = of_key.clone();
-                sorted.sort_unstable();
-                prop_assert_eq!(of_key, sorted, "key {} out of order", k);
+                for (what, order) in [("committed", &committed), ("called", &finished)] {
+                    let of_key: Vec<u64> = order.iter().copied().filter(|&o| keys[o as usize] == k).collect();
+                    let mut sorted = of_key.clone();
+                    sorted.sort_unstable();
+                    prop_assert_eq!(of_key, sorted, "key {} {} out of order", k, what);
+                }
             }
         }
     }

@@ -17,7 +17,7 @@ use shardcall_spool::Record;
 
 use crate::handler::keeps::{KeepsState, wrong_kind};
 use crate::handler::{HandlerError, HandlerResult, PartitionContext, PartitionHandler};
-use crate::local_state::done_marks::RESERVED_PREFIX;
+use crate::local_state::done_ranges::RESERVED_PREFIX;
 use crate::local_state::store::{MAX_STATE_KEY, WriteSet};
 use crate::local_state::txn::StateTxn;
 

@@ -5,7 +5,7 @@
 pub(crate) mod backup_dir;
 pub(crate) mod backup_store;
 pub(crate) mod config;
-pub(crate) mod done_marks;
+pub(crate) mod done_ranges;
 pub(crate) mod fjall;
 pub(crate) mod memory;
 pub(crate) mod restores;

@@ -4,7 +4,7 @@
 //! with the offset after the batch (a failed batch's writes are dropped
 //! with it, so a retry starts from the committed state).
 
-use crate::local_state::done_marks::RESERVED_PREFIX;
+use crate::local_state::done_ranges::RESERVED_PREFIX;
 use crate::local_state::store::{StateResult, StateStore, StateStoreError, WriteSet};
 
 /// One batch's view of a partition's state.

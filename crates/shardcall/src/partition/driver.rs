@@ -41,6 +41,7 @@ use crate::partition::handler_cell::{CallError, HandlerCell};
 use crate::partition::local::{PartitionState, RestoreFailure, Restored};
 use crate::source::{FetchLimit, Source};
 
+mod key_states;
 mod keyed_run;
 
 /// What differs between a grant and a claim: how the partition's record in

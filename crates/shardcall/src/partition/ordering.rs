@@ -34,6 +34,10 @@ pub enum TopicOrdering {
     Unordered,
 }
 
+/// Longest a finished record waits to be committed while others keep
+/// starting (see [`KeyedRules::commit_within`]).
+const COMMIT_WITHIN: Duration = Duration::from_millis(5);
+
 impl TopicOrdering {
     /// The record order the key scheduler keeps, when records run one by
     /// one (`None`: in batches).
@@ -145,6 +149,11 @@ impl OrderingConfig {
             max_attempts: batch.max_attempts,
             dead_letters,
             drain_within: call_deadline,
+            // Commits group what finished, up to a batch's worth, waiting
+            // for more at most a few milliseconds: a record's state change
+            // then costs a fraction of a commit, as in a batch.
+            max_commit: batch.max_records,
+            commit_within: COMMIT_WITHIN,
         })
     }
 }

@@ -2,35 +2,45 @@
 //! (`ordering = key`), from the moment the partition engine hands
 //! processing over ([`Command::RunKeyed`](shardcall_core::partition_engine::Command::RunKeyed))
 //! until the keyed engine says it ended. It decides nothing: it starts the
-//! calls, fetches, dead-letter writes and checkpoints the engine asks for,
-//! commits each record's key state with its done mark as the engine plans
-//! it, and feeds every answer back.
+//! calls, fetches, dead-letter writes, commits and checkpoints the engine
+//! asks for, holds finished records' state changes until their commit,
+//! and feeds every answer back.
 //!
-//! Handler calls run as tasks of their own, so a slow call holds up its
-//! key and nothing else; fetches run as a task too (a fetch may wait for
-//! records). Commits, dead-letter writes and checkpoints are carried out
-//! in turn, one at a time, as the engine wants them.
+//! The records a step starts have their key states read together (most
+//! from what the run holds or saw, the rest in one blocking call), and
+//! each call is polled once right where it starts: a call that is done at
+//! once (a handler with nothing to wait for) costs no task. A call that
+//! waits runs on as a task of its own, so a slow call holds up its key and
+//! nothing else; fetches run as a task too (a fetch may wait for records).
+//! Commits, dead-letter writes and checkpoints are carried out in turn, one
+//! at a time, as the engine wants them.
 
 use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
 
-use shardcall_core::key_scheduler::RecordOrder;
+use shardcall_core::key_scheduler::{KeyHash, RecordOrder};
 use shardcall_core::keyed_engine::{
-    CheckpointOutcome, KeyedCommand, KeyedEnd, KeyedEngine, KeyedEvent, KeyedRules, Progress,
+    CheckpointOutcome, DoneCommit, KeyedCommand, KeyedEnd, KeyedEngine, KeyedEvent, KeyedRules,
+    Progress,
 };
 use shardcall_core::partition_engine::Event;
 use shardcall_core::{Cause, Millis};
 use shardcall_spool::Record;
 use tokio::task::JoinSet;
 
+use super::key_states::KeyStates;
 use super::{Driver, GrantPort, revoked};
 use crate::coordination::store::{
     Checkpoint, CoordinationStore, Disposition, InFlight, StoreError,
 };
-use crate::handler::per_key::{KeyState, SharedHandler, key_too_long};
-use crate::handler::{HandlerError, HandlerFactory, KeepsState, PartitionHandler};
-use crate::local_state::done_marks;
+use crate::handler::per_key::{KeyState, RecordCall, SharedHandler, key_too_long, state_key};
+use crate::handler::{
+    HandlerError, HandlerFactory, KeepsState, PartitionContext, PartitionHandler,
+};
+use crate::local_state::done_ranges;
 use crate::local_state::store::{Applied, WriteSet};
 use crate::partition::local::PartitionState;
 use crate::source::{FetchLimit, Source, SourceError};
@@ -48,6 +58,8 @@ type KeepsOf<F> = <<F as HandlerFactory>::Handler as PartitionHandler>::Keeps;
 /// The working state of one keyed run.
 struct Run {
     engine: KeyedEngine,
+    /// The partition, as every call sees it.
+    ctx: Arc<PartitionContext>,
     /// Records read and not yet done, by offset.
     records: HashMap<u64, Record>,
     /// Why each failing record failed last (for its dead letter).
@@ -59,9 +71,18 @@ struct Run {
     fetch: JoinSet<Result<Vec<Record>, SourceError>>,
     /// Answers carried out in turn, not yet given to the engine.
     answers: VecDeque<KeyedEvent>,
-    /// Records whose calls succeeded (or whose dead letters were written),
-    /// with their state changes, waiting to commit together.
-    to_commit: Vec<(u64, WriteSet)>,
+    /// Records whose calls succeeded (or whose dead letters were written)
+    /// since the engine last heard.
+    finished: Vec<u64>,
+    /// Records finished and told, not yet committed: the engine's next
+    /// commit takes exactly these.
+    told: Vec<u64>,
+    /// The state changes of every finished record not yet committed, the
+    /// later winning: what the next call of one of their keys sees, and
+    /// what the next commit writes.
+    uncommitted: WriteSet,
+    /// Committed key states already read or written.
+    states: KeyStates,
     /// When the next tick is due, if the engine asked for one.
     wake_at: Option<Millis>,
     /// The watermark of the last checkpoint written.
@@ -70,6 +91,17 @@ struct Run {
     told_end: bool,
     /// When the gauges of in-flight records are next set.
     next_looks: Millis,
+}
+
+impl Run {
+    /// The records finished since the engine last heard, as its event.
+    fn take_finished(&mut self) -> Option<KeyedEvent> {
+        if self.finished.is_empty() {
+            return None;
+        }
+        self.told.extend_from_slice(&self.finished);
+        Some(KeyedEvent::Finished(std::mem::take(&mut self.finished)))
+    }
 }
 
 /// How often the gauges of in-flight records are set (taking them walks
@@ -116,13 +148,17 @@ where
         );
         let mut run = Run {
             engine: KeyedEngine::new(rules, &progress, self.now_ms()),
+            ctx: Arc::new(self.d.ctx.clone()),
             records: HashMap::new(),
             last_error: HashMap::new(),
             calls: JoinSet::new(),
             calling: HashMap::new(),
             fetch: JoinSet::new(),
             answers: VecDeque::new(),
-            to_commit: Vec::new(),
+            finished: Vec::new(),
+            told: Vec::new(),
+            uncommitted: WriteSet::new(),
+            states: KeyStates::default(),
             wake_at: None,
             checkpointed: progress.watermark,
             told_end: false,
@@ -165,13 +201,27 @@ where
                 let looks = run.engine.looks(now);
                 crate::telemetry::keyed_looks(self.d.group, &self.d.ctx.partition, &looks);
             }
+            // The records to start go together (one read of their key
+            // states), after the rest: a fetch is under way meanwhile.
+            let mut starts = Vec::new();
             for command in step.commands {
-                self.carry_out_keyed(run, shared, command, fetch_wait).await;
+                match command {
+                    KeyedCommand::Start { offset, .. } => starts.push(offset),
+                    other => self.carry_out_keyed(run, other, fetch_wait).await,
+                }
             }
-            event = match run.answers.pop_front() {
-                Some(answer) => answer,
-                None if !run.to_commit.is_empty() => self.commit_group(run).await,
-                None => self.next_keyed_event(run).await,
+            if !starts.is_empty() {
+                self.start_records(run, shared, &starts).await;
+            }
+            // Records finished are told first, so that a commit the next
+            // step plans covers every finished record's writes, and only
+            // those.
+            event = match run.take_finished() {
+                Some(finished) => finished,
+                None => match run.answers.pop_front() {
+                    Some(answer) => answer,
+                    None => self.next_keyed_event(run).await,
+                },
             };
         }
     }
@@ -197,10 +247,9 @@ where
                 while let Some(joined) = run.calls.try_join_next_with_id() {
                     self.call_joined(run, joined);
                 }
-                match run.answers.pop_front() {
-                    Some(failed) => failed,
-                    None => self.commit_group(run).await,
-                }
+                run.take_finished()
+                    .or_else(|| run.answers.pop_front())
+                    .unwrap_or(KeyedEvent::Tick)
             }
             Some(joined) = run.fetch.join_next(), if !run.fetch.is_empty() => {
                 let fetched = joined.unwrap_or_else(|e| Err(SourceError::Task { what: "fetch", source: e }));
@@ -222,7 +271,6 @@ where
     async fn carry_out_keyed(
         &mut self,
         run: &mut Run,
-        shared: &Arc<dyn SharedHandler>,
         command: KeyedCommand,
         fetch_wait: std::time::Duration,
     ) {
@@ -236,11 +284,15 @@ where
                 run.fetch
                     .spawn(async move { source.fetch(&p, from, limit, fetch_wait).await });
             }
-            KeyedCommand::Start { offset, .. } => self.start_record(run, shared, offset).await,
+            KeyedCommand::Start { .. } => unreachable!("records start together"),
             KeyedCommand::DeadLetter { offset, attempts } => {
                 if let Some(answer) = self.dead_letter_record(run, offset, attempts).await {
                     run.answers.push_back(answer);
                 }
+            }
+            KeyedCommand::Commit(plan) => {
+                let answer = self.commit_finished(run, plan).await;
+                run.answers.push_back(answer);
             }
             KeyedCommand::Checkpoint(progress) => {
                 let answer = self.keyed_checkpoint(run, progress).await;
@@ -249,40 +301,99 @@ where
         }
     }
 
-    /// Starts a record's call as a task of its own, under the lease.
-    async fn start_record(&mut self, run: &mut Run, shared: &Arc<dyn SharedHandler>, offset: u64) {
+    /// Starts the records' calls, under the lease: their key states read
+    /// in one blocking call, then each call polled once where it starts.
+    async fn start_records(
+        &mut self,
+        run: &mut Run,
+        shared: &Arc<dyn SharedHandler>,
+        offsets: &[u64],
+    ) {
         // Records leave only under a lease: this process may have been
         // paused since the engine decided.
         if self.grant.lease().expired() {
             run.answers.push_back(KeyedEvent::LeaseLapsed);
             return;
         }
-        let record = run
-            .records
-            .get(&offset)
-            .expect("started records were fetched")
-            .clone();
-        // Under `none` no key state is kept, so any key will do; otherwise
-        // a key too long to keep state for fails its record.
-        let state = if run.engine.rules().order == RecordOrder::Unordered {
-            KeyState::unkept()
-        } else if let Some(why) = key_too_long(&record) {
-            run.answers.push_back(KeyedEvent::Failed {
-                offset,
-                cause: why.into_cause(),
-            });
+        let records = offsets.iter().map(|offset| {
+            run.records
+                .get(offset)
+                .expect("started records were fetched")
+                .clone()
+        });
+        // Under `none` no key state is kept, so any key will do.
+        if run.engine.rules().order == RecordOrder::Unordered {
+            for record in records.collect::<Vec<_>>() {
+                self.call_record(run, shared, record, KeyState::unkept());
+            }
             return;
-        } else {
-            match key_state(self.keyed_store(), record.key.as_deref()).await {
-                Ok(state) => state,
-                Err(why) => {
-                    run.answers.push_back(KeyedEvent::StorageFailed(why));
-                    return;
+        }
+        // A key too long to keep state for fails its record.
+        let mut reading = Vec::with_capacity(offsets.len());
+        for record in records {
+            match key_too_long(&record) {
+                Some(why) => run.answers.push_back(KeyedEvent::Failed {
+                    offset: record.offset,
+                    cause: why.into_cause(),
+                }),
+                None => reading.push(record),
+            }
+        }
+        // A key whose last record finished and is not committed yet has
+        // its state from that record, and a key seen before in this run
+        // the state it was seen with; the rest are read in one call.
+        let mut states: Vec<Option<KeyState>> = Vec::with_capacity(reading.len());
+        let mut unread = Vec::new();
+        for record in &reading {
+            let at = state_key(record.key.as_deref());
+            match run.uncommitted.get(&at).or_else(|| run.states.get(&at)) {
+                Some(value) => states.push(Some(KeyState::new(value.map(<[u8]>::to_vec)))),
+                None => {
+                    states.push(None);
+                    unread.push(at);
                 }
             }
+        }
+        let mut read = match key_states(self.keyed_store(), unread.clone()).await {
+            Ok(read) => {
+                for (at, state) in unread.into_iter().zip(&read) {
+                    run.states.read(at, state.get().map(<[u8]>::to_vec));
+                }
+                read.into_iter()
+            }
+            Err(why) => {
+                run.answers.push_back(KeyedEvent::StorageFailed(why));
+                return;
+            }
         };
-        let call = shared.call(Arc::new(self.d.ctx.clone()), record, state);
+        for (record, state) in reading.into_iter().zip(states) {
+            let state = state
+                .or_else(|| read.next())
+                .expect("one read per key not held");
+            self.call_record(run, shared, record, state);
+        }
+    }
+
+    /// Calls the handler on `record`. A call done at its first poll is
+    /// answered at once; one that waits goes on as a task of its own,
+    /// under the call deadline (and a slot, if the worker limits them: then
+    /// every call waits for its slot first).
+    fn call_record(
+        &mut self,
+        run: &mut Run,
+        shared: &Arc<dyn SharedHandler>,
+        record: shardcall_spool::Record,
+        state: KeyState,
+    ) {
+        let offset = record.offset;
+        let mut call = shared.call(run.ctx.clone(), record, state);
         let slots = self.d.slots.clone();
+        if slots.is_none()
+            && let Some(answer) = poll_once(&mut call)
+        {
+            self.record_answered(run, offset, answer);
+            return;
+        }
         let deadline = self.d.call_deadline;
         let call = run.calls.spawn(async move {
             let _permit = match slots {
@@ -316,36 +427,36 @@ where
             // would have.
             Err(e) => {
                 let offset = run.calling.remove(&e.id()).expect("every call is known");
-                let why = match e.try_into_panic() {
-                    Ok(payload) => crate::partition::handler_cell::panic_message(&*payload),
-                    Err(e) => e.to_string(),
+                let answer = match e.try_into_panic() {
+                    Ok(payload) => Err(panicked(&*payload)),
+                    Err(e) => Err(HandlerError::msg(format!("the call's task ended: {e}"))),
                 };
-                (
-                    offset,
-                    Err(HandlerError::msg(format!("the handler panicked: {why}"))),
-                )
+                (offset, answer)
             }
         };
         self.record_answered(run, offset, answer);
     }
 
-    /// A call came back: on success its key state waits to commit with its
-    /// done mark ([`Self::commit_group`]); a failure is the engine's to
-    /// hear.
+    /// A call came back: on success its key state waits for the commit
+    /// that makes the record done ([`Self::commit_finished`]); a failure is
+    /// the engine's to hear.
     fn record_answered(
         &mut self,
         run: &mut Run,
         offset: u64,
         answer: Result<KeyState, HandlerError>,
     ) {
-        let key = run.records.get(&offset).and_then(|r| r.key.clone());
+        let key = run.records.get(&offset).and_then(|r| r.key.as_deref());
         let written = answer.and_then(|state| {
             let mut writes = WriteSet::new();
             // A value too long for the store is the record's own failure.
-            state.write_to(&mut writes, key.as_deref()).map(|()| writes)
+            state.write_to(&mut writes, key).map(|()| writes)
         });
         match written {
-            Ok(writes) => run.to_commit.push((offset, writes)),
+            Ok(writes) => {
+                run.uncommitted.absorb(writes);
+                run.finished.push(offset);
+            }
             Err(e) => {
                 tracing::warn!(offset, error = %e, "a record failed; its key waits, the others go on");
                 crate::telemetry::handler_failure(self.d.group, &self.d.ctx.partition);
@@ -356,19 +467,27 @@ where
         }
     }
 
-    /// Commits every waiting record's state change with its done mark and
-    /// the store's new position, in one local transaction, as the engine
-    /// plans; the records are forgotten after. The engine hears of the
-    /// commit before anything else, so the next commit is planned on it.
-    async fn commit_group(&mut self, run: &mut Run) -> KeyedEvent {
-        let group = std::mem::take(&mut run.to_commit);
-        let offsets: Vec<u64> = group.iter().map(|(o, _)| *o).collect();
-        let plan = run.engine.done_commit(&offsets);
-        let mut writes = WriteSet::new();
-        for (_, w) in group {
-            writes.absorb(w);
+    /// Commits the finished records' state changes with the store's new
+    /// position and the ranges done above it, in one local transaction, as
+    /// the engine planned; the records are forgotten after.
+    async fn commit_finished(&mut self, run: &mut Run, plan: DoneCommit) -> KeyedEvent {
+        // The plan must cover exactly the writes held: a record's state
+        // committed without its mark as done would be applied again.
+        let mut planned = plan.offsets.clone();
+        planned.sort_unstable();
+        run.told.sort_unstable();
+        if !run.finished.is_empty() || planned != run.told {
+            return KeyedEvent::StorageFailed(Cause::msg(format!(
+                "a commit planned for {} records while {} finished ones wait (a runtime bug; the partition is given up)",
+                planned.len(),
+                run.told.len() + run.finished.len()
+            )));
         }
-        if let Err(e) = done_marks::record_done(&mut writes, &plan) {
+        let mut writes = std::mem::take(&mut run.uncommitted);
+        run.told.clear();
+        // Kept before the commit lands: if it fails, the run ends.
+        run.states.committed(&writes);
+        if let Err(e) = done_ranges::record_done(&mut writes, &plan) {
             return KeyedEvent::StorageFailed(Cause::new(e));
         }
         let applied = Applied {
@@ -380,11 +499,11 @@ where
             tracing::error!(error = %e, "the local state store refused a record; the partition is given up");
             return KeyedEvent::StorageFailed(Cause::new(e));
         }
-        for offset in &offsets {
+        for offset in &plan.offsets {
             run.records.remove(offset);
             run.last_error.remove(offset);
         }
-        KeyedEvent::Committed(offsets)
+        KeyedEvent::Committed(plan.offsets)
     }
 
     /// Sends a record past its attempts to the dead letters; once they
@@ -417,7 +536,7 @@ where
                 cause: Cause::msg("the dead letters did not take the record"),
             });
         }
-        run.to_commit.push((offset, WriteSet::new()));
+        run.finished.push(offset);
         None
     }
 
@@ -435,7 +554,7 @@ where
                 );
                 let keys = records
                     .iter()
-                    .map(|r| (r.offset, r.key.as_deref().map(Box::from)))
+                    .map(|r| (r.offset, r.key.as_deref().map(KeyHash::of)))
                     .collect();
                 for r in records {
                     run.records.insert(r.offset, r);
@@ -521,22 +640,50 @@ where
     }
 }
 
-/// The committed state of a record's key.
-async fn key_state(store: Result<Store, Cause>, key: Option<&[u8]>) -> Result<KeyState, Cause> {
+/// The committed states at `keys` (state keys), in one blocking call.
+async fn key_states(
+    store: Result<Store, Cause>,
+    keys: Vec<Vec<u8>>,
+) -> Result<Vec<KeyState>, Cause> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
     let store = store?;
-    let at = crate::handler::per_key::state_key(key);
-    match tokio::task::spawn_blocking(move || store.get(&at)).await {
-        Ok(Ok(value)) => Ok(KeyState::new(value)),
+    let read = move || {
+        keys.iter()
+            .map(|at| store.get(at).map(KeyState::new))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    match tokio::task::spawn_blocking(read).await {
+        Ok(Ok(states)) => Ok(states),
         Ok(Err(e)) => Err(Cause::new(e)),
         Err(e) => Err(Cause::new(e)),
     }
+}
+
+/// Polls a call once, with a waker that does nothing: its answer if it
+/// has one already (a panic is the record's failure, as in a task). A call
+/// that is pending is polled again by its task, whose waker it then holds.
+fn poll_once(call: &mut RecordCall) -> Option<Result<KeyState, HandlerError>> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match std::panic::catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(&mut cx))) {
+        Ok(Poll::Ready(answer)) => Some(answer),
+        Ok(Poll::Pending) => None,
+        Err(payload) => Some(Err(panicked(&*payload))),
+    }
+}
+
+/// A call that panicked, as the record's failure.
+fn panicked(payload: &(dyn std::any::Any + Send)) -> HandlerError {
+    let why = crate::partition::handler_cell::panic_message(payload);
+    HandlerError::msg(format!("the handler panicked: {why}"))
 }
 
 /// What the local store says is done: the authority a keyed run resumes
 /// from (its snapshots carry the marks).
 async fn stored_progress(store: Result<Store, Cause>) -> Result<Progress, Cause> {
     let store = store?;
-    match tokio::task::spawn_blocking(move || done_marks::progress(&*store)).await {
+    match tokio::task::spawn_blocking(move || done_ranges::progress(&*store)).await {
         Ok(Ok(progress)) => Ok(progress),
         Ok(Err(e)) => Err(Cause::new(e)),
         Err(e) => Err(Cause::new(e)),
