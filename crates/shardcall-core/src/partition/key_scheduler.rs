@@ -11,7 +11,9 @@
 //! is bounded, so one hot key cannot make the partition read without
 //! limit.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+use crate::partition::mix_hash::{MixMap, MixSet};
 
 /// In which order a partition's records may be processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,14 +58,14 @@ pub struct KeyScheduler {
     max_in_flight: usize,
     max_buffered: usize,
     /// Records taken, not started, per key, in offset order.
-    queues: HashMap<KeyOf, VecDeque<u64>>,
+    queues: MixMap<KeyOf, VecDeque<u64>>,
     /// Keys whose first queued record may start (no record of theirs in
     /// flight), in the order they became ready.
     ready: VecDeque<KeyOf>,
     /// Keys with a record in flight.
-    busy: HashSet<KeyOf>,
+    busy: MixSet<KeyOf>,
     /// The key of each record in flight.
-    running: HashMap<u64, KeyOf>,
+    running: MixMap<u64, KeyOf>,
     buffered: usize,
     /// Offsets taken and not done.
     pending: BTreeSet<u64>,
@@ -99,10 +101,10 @@ impl KeyScheduler {
             order,
             max_in_flight,
             max_buffered: max_buffered.max(1),
-            queues: HashMap::new(),
+            queues: MixMap::default(),
             ready: VecDeque::new(),
-            busy: HashSet::new(),
-            running: HashMap::new(),
+            busy: MixSet::default(),
+            running: MixMap::default(),
             buffered: 0,
             pending: BTreeSet::new(),
             done: BTreeSet::new(),

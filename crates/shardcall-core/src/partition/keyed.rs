@@ -27,12 +27,13 @@
 //!   passed; then the last checkpoint, and the end. A fenced checkpoint
 //!   ends at once: the partition is someone else's.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::cause::Cause;
 use crate::ids::Millis;
 use crate::partition::key_scheduler::{KeyHash, KeyQueues, KeyScheduler, RecordOrder};
+use crate::partition::mix_hash::MixMap;
 use crate::partition::retry::RetryBackoff;
 
 /// The rules a partition of concurrent records runs under.
@@ -313,7 +314,7 @@ pub struct KeyedEngine {
     fetch_after: Millis,
     /// Each record in flight: its attempts so far and when it first
     /// started.
-    flights: HashMap<u64, Flight>,
+    flights: MixMap<u64, Flight>,
     /// Failed records waiting for their next attempt, by offset. Every
     /// other record in flight is calling the handler or on its way to the
     /// dead letters.
@@ -355,7 +356,7 @@ impl KeyedEngine {
             scheduler,
             fetching: false,
             fetch_after: 0,
-            flights: HashMap::new(),
+            flights: MixMap::default(),
             failing: BTreeMap::new(),
             finished: Vec::new(),
             finished_since: now,

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod key_scheduler;
 pub mod keyed;
 pub mod lag_looks;
+pub mod mix_hash;
 pub mod retry;
 pub mod state_plan;
 pub mod warm_up;

@@ -26,6 +26,7 @@ use shardcall_core::keyed_engine::{
     CheckpointOutcome, DoneCommit, KeyedCommand, KeyedEnd, KeyedEngine, KeyedEvent, KeyedRules,
     Progress,
 };
+use shardcall_core::mix_hash::MixMap;
 use shardcall_core::partition_engine::Event;
 use shardcall_core::{Cause, Millis};
 use shardcall_spool::Record;
@@ -61,9 +62,9 @@ struct Run {
     /// The partition, as every call sees it.
     ctx: Arc<PartitionContext>,
     /// Records read and not yet done, by offset.
-    records: HashMap<u64, Record>,
+    records: MixMap<u64, Record>,
     /// Why each failing record failed last (for its dead letter).
-    last_error: HashMap<u64, Cause>,
+    last_error: MixMap<u64, Cause>,
     calls: JoinSet<CallAnswer>,
     /// The record of each call's task (a task that panics answers only
     /// its id).
@@ -149,8 +150,8 @@ where
         let mut run = Run {
             engine: KeyedEngine::new(rules, &progress, self.now_ms()),
             ctx: Arc::new(self.d.ctx.clone()),
-            records: HashMap::new(),
-            last_error: HashMap::new(),
+            records: MixMap::default(),
+            last_error: MixMap::default(),
             calls: JoinSet::new(),
             calling: HashMap::new(),
             fetch: JoinSet::new(),
