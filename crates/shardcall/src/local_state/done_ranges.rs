@@ -155,35 +155,25 @@ mod tests {
         assert_eq!((p.watermark, p.done_above), (1, ranges));
     }
 
-    #[test]
-    fn a_damaged_entry_is_refused_by_name() {
+    /// Progress read from a store whose ranges entry holds `entry`.
+    fn progress_of_entry(entry: &[u8]) -> Result<Progress, DoneRangesError> {
         let store = MemoryStateStore::new();
         let mut writes = WriteSet::new();
-        writes.put(DONE_ABOVE, b"seventeen bytes!!").unwrap();
-        store
-            .commit(
-                &writes,
-                Applied {
-                    offset: 0,
-                    epoch: 1,
-                },
-            )
-            .unwrap();
-        let err = progress(&store).unwrap_err();
+        writes.put(DONE_ABOVE, entry).unwrap();
+        let at = Applied {
+            offset: 0,
+            epoch: 1,
+        };
+        store.commit(&writes, at).unwrap();
+        progress(&store)
+    }
+
+    #[test]
+    fn a_damaged_entry_is_refused_by_name() {
+        let err = progress_of_entry(b"seventeen bytes!!").unwrap_err();
         assert!(matches!(err, DoneRangesError::Damaged { len: 17 }), "{err}");
-        let mut writes = WriteSet::new();
         let backwards = [9u64.to_be_bytes(), 3u64.to_be_bytes()].concat();
-        writes.put(DONE_ABOVE, &backwards).unwrap();
-        store
-            .commit(
-                &writes,
-                Applied {
-                    offset: 0,
-                    epoch: 1,
-                },
-            )
-            .unwrap();
-        let err = progress(&store).unwrap_err();
+        let err = progress_of_entry(&backwards).unwrap_err();
         assert!(err.to_string().contains("9..=3"), "{err}");
     }
 
