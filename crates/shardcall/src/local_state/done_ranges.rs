@@ -14,6 +14,7 @@
 use shardcall_core::keyed_engine::{DoneCommit, Progress};
 
 use crate::local_state::store::{StateStore, StateStoreError, WriteSet};
+use crate::local_state::txn::prefix_end;
 
 /// Keys starting with this belong to the runtime, not the handler.
 pub const RESERVED_PREFIX: &[u8] = b"\xff\xff\xff\xff";
@@ -24,6 +25,15 @@ const DONE_ABOVE: &[u8] = b"\xff\xff\xff\xffdone";
 
 /// Bytes of one range in the entry: its first and last offset, big-endian.
 const RANGE_BYTES: usize = 16;
+
+/// Where earlier versions kept a mark per record done above the position
+/// (the offset big-endian after the prefix). Still read, so that a store
+/// they wrote resumes without running those records again; the first
+/// commit that changes the ranges carries them into the entry.
+const LEGACY_MARKS: &[u8] = b"\xff\xff\xff\xffdone/";
+
+/// How many legacy marks one read of the store asks for.
+const PAGE: usize = 4096;
 
 /// Why the done ranges could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -86,7 +96,31 @@ pub(crate) fn progress(store: &dyn StateStore) -> Result<Progress, DoneRangesErr
         }
         ranges.push((first, last));
     }
+    ranges.extend(legacy_marks(store, applied)?.into_iter().map(|o| (o, o)));
     Ok(Progress::from_store(applied, &ranges))
+}
+
+/// The offsets at or above `applied` that an earlier version marked done.
+fn legacy_marks(store: &dyn StateStore, applied: u64) -> Result<Vec<u64>, StateStoreError> {
+    let end = prefix_end(LEGACY_MARKS);
+    let mut from = [LEGACY_MARKS, &applied.to_be_bytes()].concat();
+    let mut marks = Vec::new();
+    loop {
+        let page = store.range(&from, end.as_deref(), PAGE)?;
+        // A key under the prefix that is no mark says nothing of what is
+        // done.
+        marks.extend(page.iter().filter_map(|(key, _)| {
+            let offset = key.strip_prefix(LEGACY_MARKS)?;
+            Some(u64::from_be_bytes(offset.try_into().ok()?))
+        }));
+        match page.last() {
+            Some((last, _)) if page.len() == PAGE => {
+                from = last.clone();
+                from.push(0);
+            }
+            _ => return Ok(marks),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -175,6 +209,37 @@ mod tests {
         let backwards = [9u64.to_be_bytes(), 3u64.to_be_bytes()].concat();
         let err = progress_of_entry(&backwards).unwrap_err();
         assert!(err.to_string().contains("9..=3"), "{err}");
+    }
+
+    #[test]
+    fn marks_an_earlier_version_left_still_count_as_done() {
+        let store = MemoryStateStore::new();
+        let mut writes = WriteSet::new();
+        // One mark per record, across more than a page of them, and one
+        // below the position (stale).
+        for o in (1..=PAGE as u64 + 10).map(|i| 10 + 2 * i).chain([3]) {
+            writes
+                .put(&[LEGACY_MARKS, &o.to_be_bytes()].concat(), &[])
+                .unwrap();
+        }
+        let at = Applied {
+            offset: 10,
+            epoch: 1,
+        };
+        store.commit(&writes, at).unwrap();
+        commit(&store, &plan(10, Some(vec![(11, 11)])), b"k");
+        let p = progress(&store).unwrap();
+        assert_eq!(p.watermark, 10);
+        assert_eq!(
+            p.done_above.len(),
+            PAGE + 10,
+            "11..=12 merge into one range"
+        );
+        assert_eq!(p.done_above[0], (11, 12));
+        assert_eq!(
+            p.done_above.last(),
+            Some(&(30 + 2 * PAGE as u64, 30 + 2 * PAGE as u64))
+        );
     }
 
     #[test]
