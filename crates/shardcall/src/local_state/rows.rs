@@ -98,10 +98,22 @@ impl RowCache {
                 // A value of the same length (an aggregate updated in
                 // place, the common case) is overwritten where it is: no
                 // allocation and no free for the key or the value.
-                Some(v) => match rows.cache.get_mut(key) {
-                    Some(mut held) if held.len() == v.len() => held.copy_from_slice(v),
-                    _ => rows.cache.insert(key.into(), v.into()),
-                },
+                Some(v) => {
+                    // The handle from `get_mut` recounts the entry's weight
+                    // when it is dropped: it must be gone before an insert
+                    // replaces the entry, or the replaced weight is taken
+                    // off twice.
+                    let in_place = match rows.cache.get_mut(key) {
+                        Some(mut held) if held.len() == v.len() => {
+                            held.copy_from_slice(v);
+                            true
+                        }
+                        _ => false,
+                    };
+                    if !in_place {
+                        rows.cache.insert(key.into(), v.into());
+                    }
+                }
                 None => {
                     rows.cache.remove(key);
                 }
@@ -131,6 +143,20 @@ mod tests {
             }
         }
         w
+    }
+
+    #[test]
+    fn a_value_that_changes_length_replaces_the_entry_and_keeps_the_weights_true() {
+        // A value that shrinks at every commit: counting the change twice
+        // takes the cache's weight below zero (a panic in tests).
+        let rows = RowCache::new(1 << 20).unwrap();
+        for n in (1..=400usize).rev() {
+            let value = "x".repeat(n);
+            rows.committed(&writes(&[("k", Some(&value))]));
+            assert_eq!(rows.get(b"k").unwrap(), value.as_bytes());
+        }
+        rows.committed(&writes(&[("k", None)]));
+        assert!(rows.get(b"k").is_err());
     }
 
     #[test]
