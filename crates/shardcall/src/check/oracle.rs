@@ -251,7 +251,12 @@ pub async fn check_run_settled(
 
 /// Per-key order across a lineage: a closed parent's keys go to its
 /// children, so no batch of a child may start before every batch of each
-/// of its parents has ended (the parent processed to its end first).
+/// of its parents was processed (the parent processed to its end first).
+///
+/// A parent's batch counts until its handler returned, not until its
+/// checkpoint's answer came: a worker paused, or on a slow link, hears
+/// late of a checkpoint that took effect long before, and the children
+/// start once the store holds it.
 pub fn check_lineage_order(
     batches: &[BatchRecord],
     lineage: &BTreeMap<PartitionId, shardcall_core::Shard>,
@@ -268,10 +273,10 @@ pub fn check_lineage_order(
         for parent in &shard.parents {
             let last = parts
                 .get(parent)
-                .and_then(|b| b.iter().map(|b| b.ended_us).max());
+                .and_then(|b| b.iter().map(|b| b.processed_us).max());
             if last.is_some_and(|last| last > first) {
                 out.push(Violation(format!(
-                    "{child} was processed from {first} us, before its parent {parent}'s last batch ended at {last:?} us"
+                    "{child} was processed from {first} us, before its parent {parent}'s last batch was processed (until {last:?} us)"
                 )));
             }
         }
@@ -567,6 +572,33 @@ mod tests {
             [BatchOutcome::Committed, BatchOutcome::Unknown]
         );
         assert!(check_run(&batches, &ends, 0).is_empty());
+    }
+
+    #[test]
+    fn a_child_starts_after_its_parent_was_processed_even_if_the_answer_came_later() {
+        let (parent, child) = (PartitionId::new("t", 0), PartitionId::new("t", 1));
+        let lineage: BTreeMap<_, _> = [(
+            child.clone(),
+            shardcall_core::Shard {
+                parents: vec![parent.clone()],
+                end: None,
+            },
+        )]
+        .into_iter()
+        .collect();
+        // The parent's last batch was processed by 10; its answer came at
+        // 50 (a paused worker).
+        let late = BatchRecord {
+            ended_us: 50,
+            ..batch("a", 1, 0, 9, 0, 10)
+        };
+        let child_from = |start: u64| BatchRecord {
+            partition: child.clone(),
+            ..batch("b", 1, 0, 4, start, start + 1)
+        };
+        assert!(check_lineage_order(&[late.clone(), child_from(30)], &lineage).is_empty());
+        let early = check_lineage_order(&[late, child_from(5)], &lineage);
+        assert_eq!(early.len(), 1, "a child processed while its parent was");
     }
 
     #[test]
