@@ -355,12 +355,16 @@ where
                 }
             }
         }
-        let mut read = match key_states(self.keyed_store(), unread.clone()).await {
+        let mut read = match key_states(self.keyed_store(), unread).await {
             Ok(read) => {
-                for (at, state) in unread.into_iter().zip(&read) {
-                    run.states.read(at, state.get().map(<[u8]>::to_vec));
-                }
-                read.into_iter()
+                let states: Vec<KeyState> = read
+                    .into_iter()
+                    .map(|(at, value)| {
+                        run.states.read(at, value.clone());
+                        KeyState::new(value)
+                    })
+                    .collect();
+                states.into_iter()
             }
             Err(why) => {
                 run.answers.push_back(KeyedEvent::StorageFailed(why));
@@ -473,14 +477,13 @@ where
     /// the engine planned; the records are forgotten after.
     async fn commit_finished(&mut self, run: &mut Run, plan: DoneCommit) -> KeyedEvent {
         // The plan must cover exactly the writes held: a record's state
-        // committed without its mark as done would be applied again.
-        let mut planned = plan.offsets.clone();
-        planned.sort_unstable();
-        run.told.sort_unstable();
-        if !run.finished.is_empty() || planned != run.told {
+        // committed without its mark as done would be applied again. The
+        // engine keeps the finished records in the order it heard of them,
+        // which is the order they were told.
+        if !run.finished.is_empty() || plan.offsets != run.told {
             return KeyedEvent::StorageFailed(Cause::msg(format!(
                 "a commit planned for {} records while {} finished ones wait (a runtime bug; the partition is given up)",
-                planned.len(),
+                plan.offsets.len(),
                 run.told.len() + run.finished.len()
             )));
         }
@@ -641,18 +644,19 @@ where
     }
 }
 
-/// The committed states at `keys` (state keys), in one blocking call.
+/// The committed states at `keys` (state keys), each with its key, in one
+/// blocking call.
 async fn key_states(
     store: Result<Store, Cause>,
     keys: Vec<Vec<u8>>,
-) -> Result<Vec<KeyState>, Cause> {
+) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, Cause> {
     if keys.is_empty() {
         return Ok(Vec::new());
     }
     let store = store?;
     let read = move || {
-        keys.iter()
-            .map(|at| store.get(at).map(KeyState::new))
+        keys.into_iter()
+            .map(|at| store.get(&at).map(|value| (at, value)))
             .collect::<Result<Vec<_>, _>>()
     };
     match tokio::task::spawn_blocking(read).await {
