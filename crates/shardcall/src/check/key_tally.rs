@@ -10,8 +10,13 @@
 //! `examples/handlers/keyed_counts.py` keeps the same JSON.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use shardcall_spool::Record;
 
 use crate::check::oracle::Violation;
+use crate::handler::per_key::{KeyState, KeyedHandler, PerKey};
+use crate::handler::{HandlerError, HandlerFactory, PartitionContext, PartitionHandler};
 use crate::local_state::store::{StateStore, StateStoreError};
 
 /// Why the tallies could not be read.
@@ -141,6 +146,69 @@ pub fn check_key_tallies(
         }
     }
     out
+}
+
+/// A keyed handler that keeps a [`KeyTally`] in each key's state: the
+/// handler the demo's and the simulation's key-ordered runs check.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TallyFactory {
+    /// The longest a call waits, as a call to another service would: each
+    /// waits between none and this, spread by offset, so that records of
+    /// many keys are in flight at once.
+    pub max_wait: Duration,
+    /// Records whose payload starts with this fail (poison, for
+    /// dead-letter tests and demos).
+    pub refuse_prefix: Option<&'static [u8]>,
+}
+
+/// The handler [`TallyFactory`] makes.
+#[derive(Debug)]
+pub struct TallyHandler {
+    how: TallyFactory,
+}
+
+impl HandlerFactory for TallyFactory {
+    type Handler = TallyHandler;
+
+    fn create(&self, _: &PartitionContext) -> TallyHandler {
+        TallyHandler { how: *self }
+    }
+}
+
+impl PartitionHandler for TallyHandler {
+    type Keeps = PerKey;
+
+    fn assigned(&mut self, _: &PartitionContext, _: Option<&[u8]>) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl KeyedHandler for TallyHandler {
+    async fn process_record(
+        &self,
+        _: &PartitionContext,
+        record: &Record,
+        state: &mut KeyState,
+    ) -> Result<(), HandlerError> {
+        if let Some(prefix) = self.how.refuse_prefix
+            && record.payload.starts_with(prefix)
+        {
+            return Err(HandlerError::msg(format!(
+                "record {} is poison",
+                record.offset
+            )));
+        }
+        let most = self.how.max_wait.as_micros() as u64;
+        if most > 0 {
+            // A multiplicative hash of the offset: waits spread evenly.
+            let wait = record.offset.wrapping_mul(0x9E37_79B9_7F4A_7C15) % (most + 1);
+            tokio::time::sleep(Duration::from_micros(wait)).await;
+        }
+        let tally = KeyTally::read(state.get()).map_err(HandlerError::msg)?;
+        state.set(tally.applied(record.offset).to_state());
+        Ok(())
+    }
 }
 
 #[cfg(test)]

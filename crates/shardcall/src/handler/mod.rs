@@ -252,6 +252,12 @@ pub enum BatchOutcome {
 /// checkpoint may have landed: the first report keeps that batch in the
 /// record. Readers keep the last report of each batch
 /// ([`crate::oracle::latest_reports`]).
+///
+/// A partition that runs by key (`ordering = key`) finishes records out of
+/// order: it reports each checkpoint as the batch of offsets its watermark
+/// moved over, timed by the calls it made since its last report, and calls
+/// no checkpoint carried (the grant ended first) as a refused batch of the
+/// offsets they ran.
 pub trait BatchObserver: Send + Sync + 'static {
     /// Microseconds on this observer's clock.
     fn now_us(&self) -> u64;

@@ -42,6 +42,7 @@ use crate::partition::local::{PartitionState, RestoreFailure, Restored};
 use crate::source::{FetchLimit, Source};
 
 mod key_states;
+mod keyed_report;
 mod keyed_run;
 
 /// What differs between a grant and a claim: how the partition's record in

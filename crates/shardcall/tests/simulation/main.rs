@@ -6,7 +6,8 @@
 //! lands all at once: a zombie's late writes), answers lost after the call
 //! took effect, late answers, poison records, joins and graceful stops.
 //! The owned-mode run adds local state (snapshots, warm-ups, restores),
-//! splits and merges, and balance by measured load; see each module.
+//! splits and merges, and balance by measured load; the keyed run, records
+//! of different keys in flight at once (`ordering = key`); see each module.
 //!
 //! A failing seed prints itself and its schedule of faults; run it alone
 //! with `SHARDCALL_SIM_SEED=N` (`SHARDCALL_SIM_SEEDS=N` runs more seeds,
@@ -16,6 +17,7 @@
 //! from run to run.
 
 mod balance;
+mod keyed;
 mod owned;
 mod tickets;
 mod world;

@@ -192,19 +192,22 @@ fn run(seed: u64) {
 
 /// Whether records may still be added to `p` (a topic that was never
 /// split or merged has no lineage: all its partitions are open).
-fn is_open(lineage: &BTreeMap<PartitionId, shardcall_core::Shard>, p: &PartitionId) -> bool {
+pub(crate) fn is_open(
+    lineage: &BTreeMap<PartitionId, shardcall_core::Shard>,
+    p: &PartitionId,
+) -> bool {
     lineage.get(p).is_none_or(|shard| shard.end.is_none())
 }
 
 /// The topic's lineage as the source tells it.
-async fn lineage(world: &World) -> BTreeMap<PartitionId, shardcall_core::Shard> {
+pub(crate) async fn lineage(world: &World) -> BTreeMap<PartitionId, shardcall_core::Shard> {
     use shardcall::Source;
     world.source.lineage().await.unwrap()
 }
 
 /// Heals every link and waits until every partition is processed to its
 /// end (children after their parents).
-async fn settle(world: &mut World) {
+pub(crate) async fn settle(world: &mut World) {
     world.heal();
     let ends = world.ends();
     let lineage = lineage(world).await;

@@ -73,13 +73,13 @@ pub struct Start<'a> {
 }
 
 impl Start<'_> {
-    /// Starts an owned-mode worker on this link: `factory`'s digest
-    /// handlers, the world's oracle watching, the world's dead letters
-    /// when `dead_letters`.
-    pub fn worker(
+    /// Starts an owned-mode worker on this link: `factory`'s handlers,
+    /// the world's oracle watching, the world's dead letters when
+    /// `dead_letters`.
+    pub fn worker<F: shardcall::HandlerFactory>(
         self,
         config: shardcall::WorkerConfig,
-        factory: DigestFactory,
+        factory: F,
         dead_letters: bool,
     ) -> Box<dyn Running> {
         let handle = shardcall::Worker {

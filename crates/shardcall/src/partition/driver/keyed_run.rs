@@ -33,13 +33,14 @@ use shardcall_spool::Record;
 use tokio::task::JoinSet;
 
 use super::key_states::KeyStates;
+use super::keyed_report::{CallSpan, KeyedReport};
 use super::{Driver, GrantPort, revoked};
 use crate::coordination::store::{
     Checkpoint, CoordinationStore, Disposition, InFlight, StoreError,
 };
 use crate::handler::per_key::{KeyState, RecordCall, SharedHandler, key_too_long, state_key};
 use crate::handler::{
-    HandlerError, HandlerFactory, KeepsState, PartitionContext, PartitionHandler,
+    BatchOutcome, HandlerError, HandlerFactory, KeepsState, PartitionContext, PartitionHandler,
 };
 use crate::local_state::done_ranges;
 use crate::local_state::store::{Applied, WriteSet};
@@ -86,12 +87,18 @@ struct Run {
     states: KeyStates,
     /// When the next tick is due, if the engine asked for one.
     wake_at: Option<Millis>,
-    /// The watermark of the last checkpoint written.
+    /// The offset of the last checkpoint written (or found).
     checkpointed: u64,
     /// Whether the engine was told the partition ends.
     told_end: bool,
     /// When the gauges of in-flight records are next set.
     next_looks: Millis,
+    /// The calls since the observer's last report, if one watches.
+    calls_span: CallSpan,
+    /// The watermark's move (from, to) of the last checkpoint that failed
+    /// without a clear refusal (it may have landed), and the calls it told
+    /// of: a retry of the same move tells of them again.
+    unanswered: Option<(u64, u64, CallSpan)>,
 }
 
 impl Run {
@@ -161,12 +168,21 @@ where
             uncommitted: WriteSet::new(),
             states: KeyStates::default(),
             wake_at: None,
-            checkpointed: progress.watermark,
+            // A store may hold records done that no checkpoint carries yet
+            // (the last grant ended before its checkpoint): the first
+            // checkpoint carries them, from the stored offset.
+            checkpointed: self
+                .checkpoint
+                .map_or(0, |(offset, _)| offset)
+                .min(progress.watermark),
             told_end: false,
             next_looks: 0,
+            calls_span: CallSpan::default(),
+            unanswered: None,
         };
         self.done_above = progress.done_above.clone();
         let end = self.keyed_loop(&mut run, &shared, fetch_wait).await;
+        self.keyed_report().uncheckpointed(&run.calls_span);
         // Nothing of the run outlives it: calls still out (past the drain's
         // bound, or a fenced partition) are cancelled, their records
         // neither committed nor checkpointed.
@@ -391,6 +407,7 @@ where
         state: KeyState,
     ) {
         let offset = record.offset;
+        run.calls_span.began(self.d.observer.as_deref(), offset);
         let mut call = shared.call(run.ctx.clone(), record, state);
         let slots = self.d.slots.clone();
         if slots.is_none()
@@ -451,6 +468,7 @@ where
         offset: u64,
         answer: Result<KeyState, HandlerError>,
     ) {
+        run.calls_span.answered(self.d.observer.as_deref());
         let key = run.records.get(&offset).and_then(|r| r.key.as_deref());
         let written = answer.and_then(|state| {
             let mut writes = WriteSet::new();
@@ -540,6 +558,7 @@ where
                 cause: Cause::msg("the dead letters did not take the record"),
             });
         }
+        run.calls_span.answered(self.d.observer.as_deref());
         run.finished.push(offset);
         None
     }
@@ -578,11 +597,13 @@ where
 
     /// Writes the watermark and the done ranges above it, under the lease.
     async fn keyed_checkpoint(&mut self, run: &mut Run, progress: Progress) -> KeyedEvent {
+        let watermark = progress.watermark;
+        let from = run.checkpointed;
         let left = self.grant.lease().remaining();
         if left.is_zero() {
+            // (The calls are told as refused when the run ends.)
             return KeyedEvent::LeaseLapsed;
         }
-        let watermark = progress.watermark;
         let checkpoint = Checkpoint {
             offset: watermark,
             state: Vec::new(),
@@ -597,11 +618,18 @@ where
             in_flight: Some(in_flight(&run.engine, self.now_ms())),
             done_above: progress.done_above,
         };
+        // Told before it is sent: if this task ends while the checkpoint
+        // is on its way (a kill), it may have landed all the same.
+        let (told, was_unanswered) = self.tell_sending(run, from, watermark);
         let sent = crate::clock::now();
         let result = tokio::time::timeout(left, self.grant.save(&checkpoint)).await;
         crate::telemetry::store_seconds("checkpoint", sent.elapsed());
         match result {
             Ok(Ok(())) => {
+                if let Some(told) = &told {
+                    let report = self.keyed_report();
+                    report.checkpoint(told, from, watermark, BatchOutcome::Committed);
+                }
                 if let Some(local) = self.local.as_mut() {
                     local.history_written();
                 }
@@ -619,15 +647,58 @@ where
             }
             Ok(Err(StoreError::Fenced(f))) => {
                 crate::telemetry::fenced(self.d.group);
+                // An earlier try of this checkpoint that failed may have
+                // landed all the same.
+                let outcome = if was_unanswered {
+                    BatchOutcome::Unknown
+                } else {
+                    BatchOutcome::Refused
+                };
+                if let Some(told) = &told {
+                    self.keyed_report()
+                        .checkpoint(told, from, watermark, outcome);
+                }
                 KeyedEvent::Checkpointed(CheckpointOutcome::Fenced(Cause::new(f)))
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "checkpoint failed; retrying");
+                if let Some(told) = told {
+                    run.unanswered = Some((from, watermark, told));
+                }
                 KeyedEvent::Checkpointed(CheckpointOutcome::Failed(Cause::new(e)))
             }
             // No answer while the lease lasted: it may have landed, but the
             // partition can no longer be taken to be ours.
             Err(_) => KeyedEvent::LeaseLapsed,
+        }
+    }
+
+    /// Tells the observer of a checkpoint about to be sent, if it moves
+    /// the watermark: the calls it tells of (those since the last report,
+    /// and those an unanswered try of the same move told of), and whether
+    /// such a try may have landed.
+    fn tell_sending(&self, run: &mut Run, from: u64, to: u64) -> (Option<CallSpan>, bool) {
+        if to <= from {
+            return (None, false);
+        }
+        let mut told = run.calls_span.take();
+        let mut was_unanswered = false;
+        if let Some((f, t, earlier)) = run.unanswered.take()
+            && (f, t) == (from, to)
+        {
+            told = told.merge(earlier);
+            was_unanswered = true;
+        }
+        self.keyed_report()
+            .checkpoint(&told, from, to, BatchOutcome::Unknown);
+        (Some(told), was_unanswered)
+    }
+
+    /// What the observer is told, if one watches.
+    fn keyed_report(&self) -> KeyedReport<'_> {
+        KeyedReport {
+            observer: self.d.observer.as_deref(),
+            ctx: &self.d.ctx,
         }
     }
 
