@@ -348,6 +348,29 @@ fn demo_with_state_moves_local_stores_through_the_script_exactly_once() {
 }
 
 #[test]
+fn demo_by_key_hands_partitions_over_with_records_in_flight_and_applies_each_once() {
+    let stdout = demo_passing(
+        &["--ordering", "key"],
+        &[
+            "processed at least once",
+            "key states = exactly once",
+            "no overlapping ownership",
+            "quarantine respected",
+            "balanced at the end",
+        ],
+    );
+    assert!(stdout.contains("ordering = key"), "{stdout}");
+    assert!(!stdout.contains("state = exactly once"), "{stdout}");
+    let out = shardcall(&["demo", "--ordering", "key", "--mode", "ticket"], "");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("--ordering key runs in owned mode"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn demo_splits_and_merges_a_partition_while_workers_run() {
     let stdout = demo_passing(
         &["--reshard"],

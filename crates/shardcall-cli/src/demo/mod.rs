@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use anyhow::Context;
+use shardcall::key_tally::{TallyFactory, check_key_tallies, read_tallies};
 use shardcall::oracle::{
     DigestFactory, Oracle, check_commit_chain, check_coverage, check_final_state, check_ownership,
 };
@@ -37,6 +38,15 @@ pub enum DemoMode {
     Owned,
     /// Idle slots claim the next due partition from a ticket pool.
     Ticket,
+}
+
+/// How the demo's partitions run their records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoOrdering {
+    /// In batches, in offset order.
+    Partition,
+    /// Records of different keys at once, each key's in offset order.
+    Key,
 }
 
 /// Arguments of `shardcall demo`.
@@ -78,6 +88,14 @@ pub struct DemoArgs {
     /// without --state.
     #[arg(long)]
     pub reshard: bool,
+    /// How each partition's records run. `key`: records of different keys
+    /// at once (up to 64 per partition), each key's in offset order; each
+    /// call waits up to 20 ms, as a call to another service would. Each
+    /// key's state (a count of its records) is kept in a local state store
+    /// and checked at the end: every record applied once, in order. Owned
+    /// mode, without --state or --reshard.
+    #[arg(long, value_enum, default_value_t = DemoOrdering::Partition)]
+    pub ordering: DemoOrdering,
 }
 
 /// Lets the demo's producer stop writing for a moment (a split takes the
@@ -108,6 +126,9 @@ impl ProducerPause {
         self.wanted.store(false, Ordering::SeqCst);
     }
 }
+
+/// The longest a call of `--ordering key` waits.
+const KEYED_MAX_WAIT: Duration = Duration::from_millis(20);
 
 /// Keys one load record of `--state` writes.
 const LOAD_KEYS: u64 = 500;
@@ -193,6 +214,11 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         args.state.is_none() || args.mode == DemoMode::Owned,
         "--state runs in owned mode (a ticket's partition moves at every claim)"
     );
+    anyhow::ensure!(
+        args.ordering == DemoOrdering::Partition
+            || (args.mode == DemoMode::Owned && args.state.is_none() && !args.reshard),
+        "--ordering key runs in owned mode, without --state or --reshard"
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -228,9 +254,12 @@ struct Demo {
     last_status: (u64, Instant),
     /// Pauses the producer for a split or merge (`--reshard`).
     pause: Arc<ProducerPause>,
-    /// With `--state`: where the workers' stores live (one folder per
-    /// worker, as if each were a machine) and the backups they share.
+    /// With `--state` or `--ordering key`: where the workers' stores live
+    /// (one folder per worker, as if each were a machine) and the backups
+    /// they share.
     state: Option<(std::path::PathBuf, Arc<shardcall::DirBackupStore>)>,
+    /// `--ordering key`: records run by key, their key states tallied.
+    keyed: bool,
 }
 
 /// The verification a demo prints: a line per check, then PASS only if
@@ -362,9 +391,29 @@ impl Demo {
                 s.snapshots.every = Duration::from_secs(2);
                 s
             }),
+            ordering: shardcall::OrderingConfig {
+                default: if self.keyed {
+                    shardcall::TopicOrdering::Key
+                } else {
+                    shardcall::TopicOrdering::Partition
+                },
+                ..shardcall::OrderingConfig::default()
+            },
             ..WorkerConfig::default()
         };
         let handle = match self.state {
+            Some(_) if self.keyed => Worker {
+                config,
+                store: self.store.clone(),
+                source: self.source.clone(),
+                factory: Arc::new(TallyFactory {
+                    max_wait: KEYED_MAX_WAIT,
+                    refuse_prefix: None,
+                }),
+                observer: Some(self.oracle.clone()),
+                dead_letters: None,
+            }
+            .spawn()?,
             Some(_) => Worker {
                 config,
                 store: self.store.clone(),
@@ -672,13 +721,15 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         stats: Vec::new(),
         last_status: (0, shardcall::clock::now()),
         pause: Arc::new(ProducerPause::default()),
-        state: match args.state {
-            Some(_) => Some((
+        // Key ordering keeps each key's state in a local state store.
+        state: match (args.state, args.ordering) {
+            (Some(_), _) | (None, DemoOrdering::Key) => Some((
                 dir.join("state"),
                 Arc::new(shardcall::DirBackupStore::new(dir.join("backups"))?),
             )),
-            None => None,
+            (None, DemoOrdering::Partition) => None,
         },
+        keyed: args.ordering == DemoOrdering::Key,
     };
     println!(
         "shardcall demo: {} partitions in a file log at {}, an in-process store, {} workers",
@@ -697,6 +748,13 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         }
     );
 
+    if d.keyed {
+        println!(
+            "ordering = key: up to 64 records of different keys at once per partition, each call waiting up to {} ms; each key's count of its records in local state stores (one folder per worker), snapshots to {}",
+            KEYED_MAX_WAIT.as_millis(),
+            dir.join("backups").display()
+        );
+    }
     if let Some(mib) = args.state {
         // The tables first: `mib` MiB of aggregates over all partitions.
         let loads = (mib << 20).div_ceil(LOAD_KEYS * (AGGREGATE_BYTES as u64 + 16));
@@ -761,7 +819,9 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
             h.join().await?;
         }
     }
-    if d.state.is_some() {
+    if d.keyed {
+        d.say("checking: each key's state in its partition's final store against the log");
+    } else if d.state.is_some() {
         d.say("checking: each partition's final store against a replay of its records");
     }
     let ok = verify(&d, produced, &rebalances, &live_loads, interrupted).await?;
@@ -800,9 +860,24 @@ async fn verify(
             |v| v.0.clone(),
         ),
     );
+    if d.keyed {
+        let (keys, violations) = keyed_state(d, &ends).await?;
+        check.line(
+            "key states = exactly once",
+            violations.is_empty(),
+            violations.first().map_or_else(
+                || {
+                    format!(
+                        "{keys} keys: each key's state counts its records once, in offset order"
+                    )
+                },
+                |v| v.0.clone(),
+            ),
+        );
+    }
     let mut exact = 0;
     let mut wrong = Vec::new();
-    for p in ends.keys() {
+    for p in ends.keys().filter(|_| !d.keyed) {
         let spool = d.log.open_partition_read_only(TOPIC, p.partition)?;
         let records = spool.read(0, usize::MAX, usize::MAX)?;
         let cp = d.store.load_checkpoint(GROUP, p).await?;
@@ -816,23 +891,25 @@ async fn verify(
             wrong.push(p.to_string());
         }
     }
-    check.line(
-        "state = exactly once",
-        wrong.is_empty(),
-        if wrong.is_empty() {
-            format!(
-                "{exact}/{} final {} equal the log folded once, in order",
-                ends.len(),
-                if d.state.is_some() {
-                    "stores (each partition's last owner's)"
-                } else {
-                    "checkpoints"
-                }
-            )
-        } else {
-            format!("differs in {}", wrong.join(", "))
-        },
-    );
+    if !d.keyed {
+        check.line(
+            "state = exactly once",
+            wrong.is_empty(),
+            if wrong.is_empty() {
+                format!(
+                    "{exact}/{} final {} equal the log folded once, in order",
+                    ends.len(),
+                    if d.state.is_some() {
+                        "stores (each partition's last owner's)"
+                    } else {
+                        "checkpoints"
+                    }
+                )
+            } else {
+                format!("differs in {}", wrong.join(", "))
+            },
+        );
+    }
     let quarantine_us = d.timing.quarantine_min.as_micros() as u64;
     let violations = check_ownership(&batches, quarantine_us);
     // With local state stores a crash rolls a partition back to its last
@@ -967,13 +1044,27 @@ fn handover_gaps(batches: &[shardcall::BatchRecord]) -> (usize, Option<u64>) {
     (count, min_gap)
 }
 
-/// The digest in the store of `p` that ends at the checkpoint's offset,
-/// among the workers' folders (the partition's last owner's).
+/// The digest in the store of `p` that ends at the checkpoint's offset
+/// (the partition's last owner's).
 fn final_store_state(
     dir: &std::path::Path,
     p: &PartitionId,
     checkpoint: Option<u64>,
 ) -> anyhow::Result<Option<Vec<u8>>> {
+    use shardcall::StateStore;
+    match final_store(dir, p, checkpoint)? {
+        Some(store) => Ok(store.get(shardcall::digest::DIGEST_KEY)?),
+        None => Ok(None),
+    }
+}
+
+/// The store of `p` that ends at the checkpoint's offset, among the
+/// workers' folders.
+fn final_store(
+    dir: &std::path::Path,
+    p: &PartitionId,
+    checkpoint: Option<u64>,
+) -> anyhow::Result<Option<shardcall::FjallStateStore>> {
     use shardcall::StateStore;
     let Some(offset) = checkpoint else {
         return Ok(None);
@@ -985,10 +1076,41 @@ fn final_store_state(
         }
         let store = shardcall::FjallStateStore::open(&path, 1 << 20)?;
         if store.applied()?.is_some_and(|a| a.offset == offset) {
-            return Ok(store.get(shardcall::digest::DIGEST_KEY)?);
+            return Ok(Some(store));
         }
     }
     Ok(None)
+}
+
+/// `--ordering key`: each key's tally in its partition's final store
+/// against the records produced with the key; how many keys, and what is
+/// wrong.
+async fn keyed_state(
+    d: &Demo,
+    ends: &BTreeMap<PartitionId, u64>,
+) -> anyhow::Result<(usize, Vec<shardcall::oracle::Violation>)> {
+    let (dir, _) = d.state.as_ref().context("key ordering keeps local state")?;
+    let mut produced: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut tallies = BTreeMap::new();
+    let mut missing = Vec::new();
+    for p in ends.keys() {
+        let spool = d.log.open_partition_read_only(TOPIC, p.partition)?;
+        let mut keys: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+        for r in spool.read(0, usize::MAX, usize::MAX)? {
+            *keys.entry(r.key.unwrap_or_default().to_vec()).or_default() += 1;
+        }
+        let at = d.store.load_checkpoint(GROUP, p).await?.map(|c| c.offset);
+        match final_store(dir, p, at)? {
+            Some(store) => tallies.extend(read_tallies(&store, keys.keys().map(Vec::as_slice))?),
+            None if keys.is_empty() => {}
+            None => missing.push(shardcall::oracle::Violation(format!(
+                "no store of {p} ends at its checkpoint ({at:?})"
+            ))),
+        }
+        produced.extend(keys);
+    }
+    missing.extend(check_key_tallies(&tallies, &produced));
+    Ok((produced.len(), missing))
 }
 
 /// How long partitions were without an owner when they moved: from the
