@@ -953,6 +953,23 @@ impl PartitionEngine {
     /// The local state store failed a commit: the partition is given up
     /// (released for another member, whose disk may be fine), after what
     /// is pending is checkpointed.
+    /// The partition's records cannot be read (damaged): what is pending
+    /// is checkpointed, and the partition stops.
+    fn unreadable(&mut self, why: Cause, env: Env) {
+        self.queue.clear();
+        self.checkpoint_pending(env);
+        if self.ticket().is_some() {
+            self.queue.push_back(Command::Done(End::Failed(why)));
+        } else {
+            // Another member would hit the same damage: the partition
+            // stops for the group, and this member serves the rest.
+            self.queue.push_back(Command::StopPartition {
+                reason: why.clone(),
+            });
+            self.stopping = Some(why);
+        }
+    }
+
     fn storage_failed(&mut self, error: Cause) {
         self.streak += 1;
         self.queue.push_back(Command::ReportFailure {
@@ -1031,6 +1048,8 @@ impl PartitionEngine {
                     KeyedEnd::Drained => self.finish(Served::Busy, Duration::ZERO),
                     KeyedEnd::Fenced(why) => self.lose(why),
                     KeyedEnd::StorageFailed(why) => self.storage_failed(why),
+                    // Drained and checkpointed up to the damage already.
+                    KeyedEnd::Unreadable(why) => self.unreadable(why, env),
                 }
             }
             (Some(Command::StartHandler), Event::HandlerStarted(result)) => match result {
@@ -1222,21 +1241,7 @@ impl PartitionEngine {
             (
                 Some(Command::Fetch { .. } | Command::FindStart | Command::Restore),
                 Event::Unreadable(why),
-            ) => {
-                self.queue.clear();
-                self.checkpoint_pending(env);
-                if self.ticket().is_some() {
-                    self.queue.push_back(Command::Done(End::Failed(why)));
-                } else {
-                    // Another member would hit the same damage: the
-                    // partition stops for the group, and this member
-                    // serves the rest.
-                    self.queue.push_back(Command::StopPartition {
-                        reason: why.clone(),
-                    });
-                    self.stopping = Some(why);
-                }
-            }
+            ) => self.unreadable(why, env),
             (Some(Command::StopPartition { reason }), Event::StopWritten(answer)) => match answer {
                 StoreAnswer::Ok(()) => self.queue.push_back(Command::Release),
                 StoreAnswer::Fenced(why) => self.lose(why),
@@ -2495,6 +2500,23 @@ mod tests {
             matches!(c, Command::Done(End::GivenUp(_))),
             "no backup: {c:?}"
         );
+    }
+
+    #[test]
+    fn a_keyed_partition_with_damaged_records_stops_for_the_group() {
+        let mut e = keyed_started();
+        let damaged = Event::KeyedEnded {
+            end: KeyedEnd::Unreadable(Cause::msg("checksum mismatch")),
+            watermark: 9,
+        };
+        let c = e.step(damaged, env_at(3, false));
+        assert!(
+            matches!(&c, Command::StopPartition { reason } if reason.to_string().contains("checksum")),
+            "another member would hit the same damage: {c:?}"
+        );
+        assert_eq!(e.next_offset(), 9, "checkpointed up to the damage");
+        let c = e.step(Event::StopWritten(StoreAnswer::Ok(())), env_at(4, false));
+        assert_eq!(c, Command::Release);
     }
 
     #[test]

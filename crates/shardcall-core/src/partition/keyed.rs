@@ -174,6 +174,10 @@ pub enum KeyedEvent {
     Fetched(Vec<(u64, Option<KeyHash>)>),
     /// The fetch failed; it is tried again after a pause.
     FetchFailed(Cause),
+    /// The partition's records cannot be read (they are damaged): nothing
+    /// more is fetched, the records in flight drain and are checkpointed,
+    /// and the run ends with [`KeyedEnd::Unreadable`].
+    Unreadable(Cause),
     /// A record's handler call failed (or its state change could not be
     /// kept): it waits a pause and is tried again, or goes to the dead
     /// letters.
@@ -273,6 +277,9 @@ pub enum KeyedEnd {
     Fenced(Cause),
     /// The local state store failed: give the partition up.
     StorageFailed(Cause),
+    /// The partition's records cannot be read: drained and checkpointed
+    /// up to the damage, the partition stops for the group.
+    Unreadable(Cause),
 }
 
 /// One step's outcome.
@@ -337,6 +344,8 @@ pub struct KeyedEngine {
     checkpoint_after: Millis,
     /// When ending began, and so when the drain gives up.
     ending_since: Option<Millis>,
+    /// Why the records cannot be read, once a fetch found them damaged.
+    unreadable: Option<Cause>,
     ended: bool,
 }
 
@@ -370,6 +379,7 @@ impl KeyedEngine {
             last_checkpoint_at: now,
             checkpoint_after: now,
             ending_since: None,
+            unreadable: None,
             ended: false,
         }
     }
@@ -457,6 +467,11 @@ impl KeyedEngine {
             KeyedEvent::FetchFailed(_) => {
                 self.fetching = false;
                 self.fetch_after = now + self.rules.retry.first.as_millis() as Millis;
+            }
+            KeyedEvent::Unreadable(why) => {
+                self.fetching = false;
+                self.unreadable = Some(why);
+                self.ending_since.get_or_insert(now);
             }
             KeyedEvent::Finished(offsets) => {
                 if self.finished.is_empty() {
@@ -637,7 +652,10 @@ impl KeyedEngine {
                 }
             } else if drain_over && committed_all {
                 self.ended = true;
-                out.ended = Some(KeyedEnd::Drained);
+                out.ended = Some(match self.unreadable.take() {
+                    Some(why) => KeyedEnd::Unreadable(why),
+                    None => KeyedEnd::Drained,
+                });
                 return;
             }
         }
@@ -834,6 +852,35 @@ mod tests {
         );
         let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 40);
         assert_eq!(s.ended, Some(KeyedEnd::Drained));
+    }
+
+    #[test]
+    fn damaged_records_stop_fetching_drain_what_is_in_flight_and_end_unreadable() {
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 1), (1, 2)]), 0);
+        let why = Cause::msg("checksum mismatch");
+        let s = e.step(KeyedEvent::Unreadable(why.clone()), 10);
+        assert!(s.ended.is_none(), "two records are in flight");
+        assert!(
+            !s.commands
+                .iter()
+                .any(|c| matches!(c, KeyedCommand::Fetch { .. })),
+            "nothing more is read: {:?}",
+            s.commands
+        );
+        ok(&mut e, 0, 20);
+        let s = ok(&mut e, 1, 30);
+        assert_eq!(
+            s.commands,
+            vec![KeyedCommand::Checkpoint(Progress {
+                watermark: 2,
+                done_above: vec![],
+            })],
+            "what was in flight is checkpointed first"
+        );
+        let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 40);
+        assert_eq!(s.ended, Some(KeyedEnd::Unreadable(why)));
     }
 
     #[test]

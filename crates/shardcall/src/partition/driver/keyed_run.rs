@@ -584,12 +584,14 @@ where
                 }
                 KeyedEvent::Fetched(keys)
             }
+            // Damaged records: what is in flight drains, and the partition
+            // stops for the group, as a batch's fetch would stop it.
+            Err(e) if e.disposition() == Disposition::Fatal => {
+                tracing::error!(error = %e, "the partition's records cannot be read");
+                KeyedEvent::Unreadable(Cause::new(e))
+            }
             Err(e) => {
-                if e.disposition() == Disposition::Fatal {
-                    tracing::error!(error = %e, "the partition's records cannot be read; retrying");
-                } else {
-                    tracing::warn!(error = %e, "fetch failed; retrying");
-                }
+                tracing::warn!(error = %e, "fetch failed; retrying");
                 KeyedEvent::FetchFailed(Cause::new(e))
             }
         }
