@@ -85,6 +85,11 @@ pub struct BenchKeysArgs {
     /// fraction of a second, where one flush of a state store shows.
     #[arg(long, default_value_t = 3)]
     light_pairs: usize,
+    /// Records of each no-latency run (keys as the uniform run's). Enough
+    /// that a run lasts about a second: shorter, the partitions' start
+    /// (opening eight stores) and the 5 ms the bench polls at weigh on it.
+    #[arg(long, default_value_t = 640_000)]
+    light_records: u64,
     /// Seed of the workload.
     #[arg(long, default_value_t = 2121)]
     seed: u64,
@@ -397,8 +402,9 @@ pub fn run_command(args: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
             && args.exec_records >= 1
             && args.zipf_records >= 1
             && args.light_pairs >= 1
+            && args.light_records >= 1
             && args.max_in_flight >= 1,
-        "--partitions, --keys, --records, --exec-records, --zipf-records, --light-pairs and --max-in-flight must be at least 1"
+        "--partitions, --keys, --records, --exec-records, --zipf-records, --light-pairs, --light-records and --max-in-flight must be at least 1"
     );
     let runtime = crate::bench::runtime::bench_runtime(2)?;
     runtime.block_on(bench(args))
@@ -407,7 +413,10 @@ pub fn run_command(args: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
 async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
     let uniform = workload(a, 0.0, a.records);
     let skewed = workload(a, a.zipf, a.zipf_records);
-    let light: Vec<Work> = uniform.iter().map(|w| Work { ms: 0, ..*w }).collect();
+    let light: Vec<Work> = workload(a, 0.0, a.light_records)
+        .into_iter()
+        .map(|w| Work { ms: 0, ..w })
+        .collect();
     let long = Duration::from_secs(3600);
     let short = Duration::from_secs(a.partition_seconds);
     eprintln!("partition ordering, uniform keys (at most {short:?})");
@@ -548,7 +557,7 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
                     "exec_records": a.exec_records, "exec_handler": "examples/handlers/keyed_counts.py",
                     "call_ms": a.call_ms, "slow_ms": a.slow_ms, "slow_percent": a.slow_percent,
                     "zipf": a.zipf, "zipf_records": a.zipf_records, "max_in_flight": a.max_in_flight, "seed": a.seed,
-                    "partition_seconds": a.partition_seconds, "light_pairs": a.light_pairs,
+                    "partition_seconds": a.partition_seconds, "light_pairs": a.light_pairs, "light_records": a.light_records,
                     "store": "in-process", "source": "file log", "state": "fjall",
                 },
                 "baselines": {
