@@ -463,6 +463,8 @@ fn bench_keys_runs_both_orderings_and_reports_its_targets() {
             "20",
             "--partition-seconds",
             "2",
+            "--light-records",
+            "500",
         ],
         "",
     );
@@ -471,7 +473,7 @@ fn bench_keys_runs_both_orderings_and_reports_its_targets() {
     for (run, records) in [
         ("key_uniform", 400),
         ("key_zipf", 200),
-        ("no_latency_key", 400),
+        ("no_latency_key", 500),
         ("exec_key", 300),
     ] {
         assert_eq!(doc["measured"][run]["records"], records, "{doc:#}");

@@ -26,12 +26,12 @@ use shardcall::key_tally::{TallyFactory, check_key_tallies, read_tallies};
 use shardcall::oracle::{check_coverage, check_ownership};
 use shardcall::{CoordinationStore, StateStore};
 use shardcall::{
-    FjallStateStore, MemoryBackupStore, OrderingConfig, StateConfig, TopicOrdering, WorkerConfig,
+    FjallStateStore, MemoryBackupStore, OrderingConfig, TopicOrdering, WorkerConfig,
     partition_store_dir,
 };
 use shardcall_core::{GroupConfig, PartitionId};
 
-use crate::owned::settle;
+use crate::owned::{settle, with_local_state};
 use crate::world::{GROUP, POISON, Running, Start, World, paused_runtime};
 
 const PARTITIONS: u32 = 4;
@@ -48,29 +48,13 @@ fn timing() -> GroupConfig {
 /// `standbys`.
 fn starter(backups: Arc<MemoryBackupStore>, standbys: bool) -> crate::world::Starter {
     Box::new(move |start: Start<'_>| -> Box<dyn Running> {
-        let mut state = StateConfig::new(start.disk.clone(), backups.clone());
-        state.snapshots.every = Duration::from_millis(500);
-        state.standby_replicas = u32::from(standbys);
-        let mut batch = shardcall::BatchConfig {
-            max_records: 20,
-            fetch_wait: Duration::from_millis(50),
-            max_attempts: 3,
-            ..shardcall::BatchConfig::default()
-        };
-        batch.retry.first = Duration::from_millis(20);
-        batch.retry.max = Duration::from_millis(200);
         let config = WorkerConfig {
-            group: GROUP.into(),
-            name: start.name.to_owned(),
-            timing: timing(),
-            batch,
-            state: Some(state),
             ordering: OrderingConfig {
                 default: TopicOrdering::Key,
                 max_in_flight: 8,
                 ..OrderingConfig::default()
             },
-            ..WorkerConfig::default()
+            ..with_local_state(&start, &backups, u32::from(standbys), timing())
         };
         // A call waits up to 40 virtual ms, so that records of many keys
         // are in flight whenever a partition changes hands.
@@ -97,15 +81,7 @@ fn run(seed: u64) {
         );
         world.note(format!("ordering = key, standbys: {standbys}"));
         let mut dice = Dice::new(seed);
-        world.produce(100, 0);
-        world.start(0);
-        world.start(1);
-        let trickle = world.trickle();
-        for _ in 0..STEPS {
-            world.step(&mut dice).await;
-        }
-        trickle.abort();
-        let _ = trickle.await;
+        world.run_faults(&mut dice, STEPS).await;
         settle(&mut world).await;
         world.stop_all().await;
         let ends = world.ends();

@@ -52,28 +52,12 @@ fn timing() -> GroupConfig {
 /// `balance` says so.
 fn starter(backups: Arc<MemoryBackupStore>, standbys: u32, balance: bool) -> crate::world::Starter {
     Box::new(move |start: Start<'_>| -> Box<dyn Running> {
-        let mut state = StateConfig::new(start.disk.clone(), backups.clone());
-        state.snapshots.every = Duration::from_millis(500);
-        state.standby_replicas = standbys;
-        let mut batch = shardcall::BatchConfig {
-            max_records: 20,
-            fetch_wait: Duration::from_millis(50),
-            max_attempts: 3,
-            ..shardcall::BatchConfig::default()
-        };
-        batch.retry.first = Duration::from_millis(20);
-        batch.retry.max = Duration::from_millis(200);
         let config = WorkerConfig {
-            group: GROUP.into(),
-            name: start.name.to_owned(),
-            timing: timing(),
-            batch,
-            state: Some(state),
             balance: balance.then(|| BalanceRules {
                 cooldown_ms: 1_500,
                 ..BalanceRules::default()
             }),
-            ..WorkerConfig::default()
+            ..with_local_state(&start, &backups, standbys, timing())
         };
         let poison_fails = DigestFactory {
             refuse_prefix: Some(POISON),
@@ -81,6 +65,36 @@ fn starter(backups: Arc<MemoryBackupStore>, standbys: u32, balance: bool) -> cra
         };
         start.worker(config, poison_fails, true)
     })
+}
+
+/// An owned-mode worker's configuration with local state in fjall on its
+/// machine's disk, snapshotting to `backups` every 500 ms, `standbys` warm
+/// copies of each partition, small batches and quick retries.
+pub(crate) fn with_local_state(
+    start: &Start<'_>,
+    backups: &Arc<MemoryBackupStore>,
+    standbys: u32,
+    timing: GroupConfig,
+) -> WorkerConfig {
+    let mut state = StateConfig::new(start.disk.clone(), backups.clone());
+    state.snapshots.every = Duration::from_millis(500);
+    state.standby_replicas = standbys;
+    let mut batch = shardcall::BatchConfig {
+        max_records: 20,
+        fetch_wait: Duration::from_millis(50),
+        max_attempts: 3,
+        ..shardcall::BatchConfig::default()
+    };
+    batch.retry.first = Duration::from_millis(20);
+    batch.retry.max = Duration::from_millis(200);
+    WorkerConfig {
+        group: GROUP.into(),
+        name: start.name.to_owned(),
+        timing,
+        batch,
+        state: Some(state),
+        ..WorkerConfig::default()
+    }
 }
 
 /// Splits an open partition (at most [`SPLITS`] a run), or merges the two

@@ -76,15 +76,7 @@ fn run(seed: u64) {
         let mut world = World::new(dir.path(), seed, PARTITIONS, starter(budget));
         world.note(format!("budget {budget:?}"));
         let mut dice = Dice::new(seed);
-        world.produce(100, 0);
-        world.start(0);
-        world.start(1);
-        let trickle = world.trickle();
-        for _ in 0..STEPS {
-            world.step(&mut dice).await;
-        }
-        trickle.abort();
-        let _ = trickle.await;
+        world.run_faults(&mut dice, STEPS).await;
         world.heal();
         let ends = world.ends();
         let caught_up = shardcall::settle::wait_checkpointed(

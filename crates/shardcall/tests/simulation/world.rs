@@ -348,6 +348,21 @@ impl World {
         tokio::time::sleep(Duration::from_millis(100 + dice.below(2500))).await;
     }
 
+    /// The faults of a run: 100 records, two workers, then `steps` of the
+    /// dice's choosing over a steady trickle of records, which stops at
+    /// the end.
+    pub async fn run_faults(&mut self, dice: &mut Dice, steps: usize) {
+        self.produce(100, 0);
+        self.start(0);
+        self.start(1);
+        let trickle = self.trickle();
+        for _ in 0..steps {
+            self.step(dice).await;
+        }
+        trickle.abort();
+        let _ = trickle.await;
+    }
+
     /// Heals every link: no more lost or late answers, nobody paused.
     pub fn heal(&mut self) {
         for m in &self.members {
