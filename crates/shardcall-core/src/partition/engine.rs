@@ -950,9 +950,6 @@ impl PartitionEngine {
         self.finish(Served::Failed, STORE_RETRY);
     }
 
-    /// The local state store failed a commit: the partition is given up
-    /// (released for another member, whose disk may be fine), after what
-    /// is pending is checkpointed.
     /// The partition's records cannot be read (damaged): what is pending
     /// is checkpointed, and the partition stops.
     fn unreadable(&mut self, why: Cause, env: Env) {
@@ -970,6 +967,9 @@ impl PartitionEngine {
         }
     }
 
+    /// The local state store failed a commit: the partition is given up
+    /// (released for another member, whose disk may be fine), after what
+    /// is pending is checkpointed.
     fn storage_failed(&mut self, error: Cause) {
         self.streak += 1;
         self.queue.push_back(Command::ReportFailure {

@@ -45,6 +45,39 @@ mod key_states;
 mod keyed_report;
 mod keyed_run;
 
+/// What became of a checkpoint the store did not take: refused, unless an
+/// earlier try of it got no answer (it may have landed).
+fn refused_unless(unanswered: bool) -> BatchOutcome {
+    if unanswered {
+        BatchOutcome::Unknown
+    } else {
+        BatchOutcome::Refused
+    }
+}
+
+/// Tells `observer` of the batch `first..=last` of `ctx`'s grant, with when
+/// its calls started and were processed, and when its checkpoint's answer
+/// came (`times`, microseconds on the observer's clock).
+fn tell_observer(
+    observer: &dyn BatchObserver,
+    ctx: &PartitionContext,
+    (first, last): (u64, u64),
+    (started_us, processed_us, ended_us): (u64, u64, u64),
+    outcome: BatchOutcome,
+) {
+    observer.batch(BatchRecord {
+        partition: ctx.partition.clone(),
+        member: ctx.member.clone(),
+        epoch: ctx.epoch,
+        first,
+        last,
+        started_us,
+        processed_us,
+        ended_us,
+        outcome,
+    });
+}
+
 /// What differs between a grant and a claim: how the partition's record in
 /// the store is restored, written, kept and ended.
 #[async_trait]
@@ -1156,12 +1189,7 @@ where
         });
         let left = self.grant.lease().remaining();
         if left.is_zero() {
-            let outcome = if write.unanswered {
-                BatchOutcome::Unknown
-            } else {
-                BatchOutcome::Refused
-            };
-            self.tell_oracle(&write, outcome);
+            self.tell_oracle(&write, refused_unless(write.unanswered));
             return CheckpointAnswer::LeaseLapsed;
         }
         // Told before it is sent: if this task ends while the checkpoint
@@ -1181,12 +1209,7 @@ where
             }
             Ok(Err(StoreError::Fenced(f))) => {
                 crate::telemetry::fenced(self.d.group);
-                let outcome = if write.unanswered {
-                    BatchOutcome::Unknown
-                } else {
-                    BatchOutcome::Refused
-                };
-                self.tell_oracle(&write, outcome);
+                self.tell_oracle(&write, refused_unless(write.unanswered));
                 CheckpointAnswer::Fenced(Cause::new(f))
             }
             Ok(Err(e)) if e.disposition() == Disposition::Fatal => {
@@ -1225,17 +1248,9 @@ where
 
     fn tell_oracle(&self, write: &OpenWrite, outcome: BatchOutcome) {
         if let Some(o) = &self.d.observer {
-            o.batch(BatchRecord {
-                partition: self.d.ctx.partition.clone(),
-                member: self.d.ctx.member.clone(),
-                epoch: self.d.ctx.epoch,
-                first: write.first,
-                last: write.last,
-                started_us: self.pending_started_us.unwrap_or(self.processed_us),
-                processed_us: self.processed_us,
-                ended_us: o.now_us(),
-                outcome,
-            });
+            let started_us = self.pending_started_us.unwrap_or(self.processed_us);
+            let times = (started_us, self.processed_us, o.now_us());
+            tell_observer(&**o, &self.d.ctx, (write.first, write.last), times, outcome);
         }
     }
 }

@@ -12,7 +12,7 @@
 //! reported when the run ends, as refused, with the offsets they ran, so
 //! that a zombie's calls show.
 
-use crate::handler::{BatchObserver, BatchOutcome, BatchRecord, PartitionContext};
+use crate::handler::{BatchObserver, BatchOutcome, PartitionContext};
 
 /// Calls of a keyed run not yet told to the observer, on its clock.
 #[derive(Debug, Default, Clone, Copy)]
@@ -102,17 +102,8 @@ impl KeyedReport<'_> {
             Some(started) => (started, span.processed_us.max(started)),
             None => (now, now),
         };
-        o.batch(BatchRecord {
-            partition: self.ctx.partition.clone(),
-            member: self.ctx.member.clone(),
-            epoch: self.ctx.epoch,
-            first,
-            last,
-            started_us,
-            processed_us,
-            ended_us: now,
-            outcome,
-        });
+        let times = (started_us, processed_us, now);
+        super::tell_observer(o, self.ctx, (first, last), times, outcome);
     }
 }
 

@@ -651,11 +651,7 @@ where
                 crate::telemetry::fenced(self.d.group);
                 // An earlier try of this checkpoint that failed may have
                 // landed all the same.
-                let outcome = if was_unanswered {
-                    BatchOutcome::Unknown
-                } else {
-                    BatchOutcome::Refused
-                };
+                let outcome = super::refused_unless(was_unanswered);
                 if let Some(told) = &told {
                     self.keyed_report()
                         .checkpoint(told, from, watermark, outcome);
