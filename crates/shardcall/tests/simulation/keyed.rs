@@ -88,11 +88,7 @@ fn run(seed: u64) {
         let batches = world.oracle.batches();
         let mut violations = check_ownership(&batches, QUARANTINE.as_micros() as u64);
         violations.extend(check_coverage(&batches, &ends));
-        assert!(
-            violations.is_empty(),
-            "seed {seed}: {violations:#?}\n{}",
-            world.trace()
-        );
+        world.assert_holds(seed, &violations);
 
         // A machine with an empty disk restores every partition from the
         // snapshots and the log: each key's state counts its records that
@@ -120,17 +116,13 @@ fn run(seed: u64) {
             tallies.extend(found);
         }
         let violations = check_key_tallies(&tallies, &produced);
-        assert!(
-            violations.is_empty(),
-            "seed {seed}: {violations:#?}\n{}",
-            world.trace()
-        );
+        world.assert_holds(seed, &violations);
     });
 }
 
-/// Runs a worker on `machine` until, after it stopped, every partition is
-/// checkpointed at its end and the machine's store of it holds every
-/// record. A partition whose last owner ended without
+/// Runs a worker on `machine` until, after it stopped, each partition of
+/// `ends` is checkpointed at its end and the machine's store of it holds
+/// every record. A partition whose last owner ended without
 /// its final snapshot (the wait for it is bounded) is restored from an
 /// older one and the log replayed; stopped before the replay is through,
 /// the worker checkpoints where it got to, and the next start goes on from

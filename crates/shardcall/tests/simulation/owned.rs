@@ -168,11 +168,7 @@ fn run(seed: u64) {
         let mut violations = check_ownership(&batches, QUARANTINE.as_micros() as u64);
         violations.extend(check_coverage(&batches, &ends));
         violations.extend(check_lineage_order(&batches, &lineage));
-        assert!(
-            violations.is_empty(),
-            "seed {seed}: {violations:#?}\n{}",
-            world.trace()
-        );
+        world.assert_holds(seed, &violations);
 
         // A machine with an empty disk restores every open partition from
         // the snapshots and the log: its state is a replay's, exactly.

@@ -93,11 +93,7 @@ fn run(seed: u64) {
 
         let batches = world.oracle.batches();
         let violations = check_run(&batches, &ends, 0);
-        assert!(
-            violations.is_empty(),
-            "seed {seed}: {violations:#?}\n{}",
-            world.trace()
-        );
+        world.assert_holds(seed, &violations);
         let dead = world.dead();
         let holders: std::collections::BTreeSet<_> = batches.iter().map(|b| &b.member).collect();
         eprintln!(

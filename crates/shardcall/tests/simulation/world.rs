@@ -363,6 +363,16 @@ impl World {
         let _ = trickle.await;
     }
 
+    /// Fails the run of `seed` if the oracle found `violations`, with the
+    /// run's trace.
+    pub fn assert_holds(&self, seed: u64, violations: &[shardcall::oracle::Violation]) {
+        assert!(
+            violations.is_empty(),
+            "seed {seed}: {violations:#?}\n{}",
+            self.trace()
+        );
+    }
+
     /// Heals every link: no more lost or late answers, nobody paused.
     pub fn heal(&mut self) {
         for m in &self.members {
