@@ -2414,6 +2414,7 @@ mod tests {
                 order: crate::key_scheduler::RecordOrder::Key,
                 max_in_flight: 4,
                 max_buffered: 16,
+                min_fetch: 1,
                 checkpoint_interval: Duration::ZERO,
                 retry: RetryBackoff::default(),
                 max_attempts: 0,

@@ -45,6 +45,12 @@ pub struct KeyedRules {
     pub max_in_flight: usize,
     /// Most records read and not started (the read-ahead's bound).
     pub max_buffered: usize,
+    /// Fewest records a fetch asks for: the next waits until the buffer
+    /// has that much room (at most all of it). A fetch costs about as much
+    /// for a few records as for a batch, and a handler with nothing to
+    /// wait for frees room a few records at a time: fetched as freed,
+    /// every record would pay for most of a fetch.
+    pub min_fetch: usize,
     /// While records keep finishing, checkpoint at most this often.
     pub checkpoint_interval: Duration,
     /// Pauses between attempts of a failing record.
@@ -597,7 +603,11 @@ impl KeyedEngine {
                     .push(KeyedCommand::Start { offset, attempt: 1 });
             }
             // Read ahead.
-            if !self.fetching && self.scheduler.has_room() {
+            let min_fetch = self
+                .rules
+                .min_fetch
+                .clamp(1, self.rules.max_buffered.max(1));
+            if !self.fetching && self.scheduler.room() >= min_fetch {
                 if now >= self.fetch_after {
                     self.fetching = true;
                     out.commands.push(KeyedCommand::Fetch {
@@ -677,6 +687,7 @@ mod tests {
             order: RecordOrder::Key,
             max_in_flight: 4,
             max_buffered: 8,
+            min_fetch: 1,
             checkpoint_interval: Duration::from_millis(100),
             retry: RetryBackoff {
                 first: Duration::from_millis(10),
@@ -926,6 +937,7 @@ mod tests {
         KeyedRules {
             max_commit: 3,
             commit_within: Duration::from_millis(3),
+            min_fetch: 3,
             ..rules()
         }
     }
@@ -999,6 +1011,50 @@ mod tests {
         // A group that leaves a gap keeps the records above it.
         let gap = the_commit(&e.step(KeyedEvent::Finished(vec![7, 6]), 5));
         assert_eq!((gap.applied, gap.done_above), (5, Some(vec![(6, 7)])));
+    }
+
+    #[test]
+    fn reading_ahead_waits_for_room_for_a_whole_fetch() {
+        let rules = KeyedRules {
+            min_fetch: 4,
+            ..rules()
+        };
+        let mut e = KeyedEngine::new(rules, &Progress::default(), 0);
+        let first = e.step(KeyedEvent::Tick, 0);
+        assert_eq!(
+            first.commands,
+            vec![KeyedCommand::Fetch { from: 0, max: 8 }]
+        );
+        // Eight records of one key: one starts, seven wait; room for one.
+        let one_key: Vec<(u64, u8)> = (0..8).map(|o| (o, 1)).collect();
+        let s = e.step(records(&one_key), 1);
+        assert_eq!(starts(&s), vec![0]);
+        assert!(
+            !s.commands
+                .iter()
+                .any(|c| matches!(c, KeyedCommand::Fetch { .. })),
+            "a fetch of one record waits: {:?}",
+            s.commands
+        );
+        let mut now = 2;
+        for offset in 0..2 {
+            let s = ok(&mut e, offset, now);
+            assert!(
+                !s.commands
+                    .iter()
+                    .any(|c| matches!(c, KeyedCommand::Fetch { .. })),
+                "room for {} only",
+                offset + 2
+            );
+            now += 1;
+        }
+        let s = ok(&mut e, 2, now);
+        assert!(
+            s.commands
+                .contains(&KeyedCommand::Fetch { from: 8, max: 4 }),
+            "room for a whole fetch: {:?}",
+            s.commands
+        );
     }
 
     #[test]

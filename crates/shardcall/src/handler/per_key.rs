@@ -91,7 +91,7 @@ impl KeyState {
         }
         let at = state_key(key);
         match self.value {
-            Some(v) => writes.put(&at, &v)?,
+            Some(v) => writes.put_owned(at, v)?,
             None => writes.delete(&at)?,
         }
         Ok(())
@@ -125,15 +125,28 @@ pub trait KeyedHandler: PartitionHandler<Keeps = PerKey> + Sync {
 /// runtime's prefix (a handler's own range reads never meet it), with
 /// records without a key sharing one state.
 pub(crate) fn state_key(key: Option<&[u8]>) -> Vec<u8> {
-    let mut at = RESERVED_PREFIX.to_vec();
+    let mut at = Vec::with_capacity(state_key_len(key));
+    at.extend_from_slice(RESERVED_PREFIX);
     match key {
         Some(k) => {
-            at.extend_from_slice(b"key/");
+            at.extend_from_slice(KEY_STATE_PREFIX);
             at.extend_from_slice(k);
         }
-        None => at.extend_from_slice(b"nokey"),
+        None => at.extend_from_slice(NO_KEY_STATE),
     }
     at
+}
+
+/// What comes between the runtime's prefix and a record's key in its
+/// state key.
+const KEY_STATE_PREFIX: &[u8] = b"key/";
+
+/// The state key's ending shared by records without a key.
+const NO_KEY_STATE: &[u8] = b"nokey";
+
+/// How long [`state_key`] of `key` is, without making it.
+fn state_key_len(key: Option<&[u8]>) -> usize {
+    RESERVED_PREFIX.len() + key.map_or(NO_KEY_STATE.len(), |k| KEY_STATE_PREFIX.len() + k.len())
 }
 
 /// The committed state of `key` (`None`: a record without a key) in a
@@ -150,7 +163,7 @@ pub fn read_key_state(
 /// key may be. Said before the call, so the record fails (and goes to the
 /// dead letters) instead of its commit failing the partition.
 pub(crate) fn key_too_long(record: &Record) -> Option<HandlerError> {
-    let len = state_key(record.key.as_deref()).len();
+    let len = state_key_len(record.key.as_deref());
     (len > MAX_STATE_KEY).then(|| {
         HandlerError::msg(format!(
             "record {} has a key of {} bytes: a key's state can be kept for keys of at most {} bytes",

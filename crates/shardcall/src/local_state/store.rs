@@ -86,14 +86,23 @@ impl WriteSet {
 
     /// Sets `key` to `value`, refusing what no store would take.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateStoreError> {
-        check_key(key)?;
+        self.put_owned(key.to_vec(), value.to_vec())
+    }
+
+    /// [`Self::put`] of bytes the caller gives up (nothing copied).
+    pub(crate) fn put_owned(
+        &mut self,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    ) -> Result<(), StateStoreError> {
+        check_key(&key)?;
         if value.len() > MAX_STATE_VALUE {
             return Err(StateStoreError::ValueTooLong {
                 len: value.len(),
                 max: MAX_STATE_VALUE,
             });
         }
-        self.writes.insert(key.to_vec(), Some(value.to_vec()));
+        self.writes.insert(key, Some(value));
         Ok(())
     }
 
@@ -102,12 +111,6 @@ impl WriteSet {
         check_key(key)?;
         self.writes.insert(key.to_vec(), None);
         Ok(())
-    }
-
-    /// Adds `later`'s writes, which win where both touch a key (both were
-    /// checked when they were made).
-    pub(crate) fn absorb(&mut self, later: WriteSet) {
-        self.writes.extend(later.writes);
     }
 
     /// What this set says of `key`: `None` if it does not touch it,

@@ -136,14 +136,16 @@ impl OrderingConfig {
         dead_letters: bool,
     ) -> Option<KeyedRules> {
         let order = self.of(topic).per_record()?;
+        let max_buffered = (self.max_in_flight * 8)
+            .max(batch.max_records * 4)
+            .min(MAX_RECORDS_LIMIT);
         Some(KeyedRules {
             order,
             max_in_flight: self.max_in_flight,
             // Read ahead far enough that a few busy keys leave the others
-            // work, never further than a batch may be.
-            max_buffered: (self.max_in_flight * 8)
-                .max(batch.max_records)
-                .min(MAX_RECORDS_LIMIT),
+            // work, in fetches of a batch each, with room for a few.
+            max_buffered,
+            min_fetch: batch.max_records.min(max_buffered / 2),
             checkpoint_interval: batch.checkpoint_interval,
             retry: batch.retry,
             max_attempts: batch.max_attempts,
@@ -175,8 +177,14 @@ mod tests {
             .keyed_rules("orders", &batch, Duration::from_secs(9), true)
             .unwrap();
         assert_eq!(
-            (rules.max_in_flight, rules.max_buffered, rules.drain_within),
-            (16, 500, Duration::from_secs(9))
+            (
+                rules.max_in_flight,
+                rules.max_buffered,
+                rules.min_fetch,
+                rules.drain_within
+            ),
+            (16, 2000, 500, Duration::from_secs(9)),
+            "read ahead in fetches of a batch"
         );
         assert!(
             config

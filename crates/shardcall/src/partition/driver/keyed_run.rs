@@ -470,16 +470,11 @@ where
     ) {
         run.calls_span.answered(self.d.observer.as_deref());
         let key = run.records.get(&offset).and_then(|r| r.key.as_deref());
-        let written = answer.and_then(|state| {
-            let mut writes = WriteSet::new();
-            // A value too long for the store is the record's own failure.
-            state.write_to(&mut writes, key).map(|()| writes)
-        });
+        // A value too long for the store is the record's own failure (a
+        // write refused leaves the writes held as they were).
+        let written = answer.and_then(|state| state.write_to(&mut run.uncommitted, key));
         match written {
-            Ok(writes) => {
-                run.uncommitted.absorb(writes);
-                run.finished.push(offset);
-            }
+            Ok(()) => run.finished.push(offset),
             Err(e) => {
                 tracing::warn!(offset, error = %e, "a record failed; its key waits, the others go on");
                 crate::telemetry::handler_failure(self.d.group, &self.d.ctx.partition);
