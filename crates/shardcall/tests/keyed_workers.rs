@@ -88,12 +88,15 @@ impl KeyedHandler for Tally {
         }
         let now = self.seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.seen.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        let flight = Flight {
+            seen: &self.seen,
+            key: &key,
+        };
         // Two slow keys hold the watermark back while the others run
         // ahead: a handover finds records done above it.
         let slow = key == b"k0" || key == b"k1";
         tokio::time::sleep(Duration::from_millis(if slow { 60 } else { 10 })).await;
-        self.seen.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.seen.busy.lock().unwrap().remove(&key);
+        drop(flight);
         if ctx.partition.partition == 0 {
             let mut panic_at = self.seen.panic_at.lock().unwrap();
             if *panic_at == Some(record.offset) {
@@ -115,6 +118,20 @@ impl KeyedHandler for Tally {
         }
         state.set(tally.applied(record.offset).to_state());
         Ok(())
+    }
+}
+
+/// A call in flight, until it returns or is dropped (a crashed worker's
+/// calls are dropped where they wait).
+struct Flight<'a> {
+    seen: &'a Seen,
+    key: &'a [u8],
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        self.seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.seen.busy.lock().unwrap().remove(self.key);
     }
 }
 
@@ -169,6 +186,11 @@ struct Cluster {
     workers: Vec<WorkerHandle>,
     /// Records produced per key.
     produced: BTreeMap<String, u64>,
+    /// How often the workers' partitions snapshot while their state changes.
+    snapshot_every: Duration,
+    /// Workers added so far: each has a machine (a name and a disk) of its
+    /// own.
+    machines: usize,
 }
 
 impl Cluster {
@@ -183,6 +205,8 @@ impl Cluster {
             seen: Arc::default(),
             workers: Vec::new(),
             produced: BTreeMap::new(),
+            snapshot_every: shardcall::SnapshotConfig::default().every,
+            machines: 0,
         }
     }
 
@@ -211,7 +235,8 @@ impl Cluster {
     }
 
     fn add_worker_with<F: HandlerFactory>(&mut self, ordering: TopicOrdering, factory: Arc<F>) {
-        let i = self.workers.len();
+        let i = self.machines;
+        self.machines += 1;
         let config = WorkerConfig {
             group: GROUP.into(),
             name: format!("w{i}"),
@@ -220,7 +245,13 @@ impl Cluster {
                 fetch_wait: Duration::from_millis(50),
                 ..shardcall::BatchConfig::default()
             },
-            state: Some(StateConfig::new(self.state_dir(i), self.backups.clone())),
+            state: Some(StateConfig {
+                snapshots: shardcall::SnapshotConfig {
+                    every: self.snapshot_every,
+                    ..Default::default()
+                },
+                ..StateConfig::new(self.state_dir(i), self.backups.clone())
+            }),
             ordering: OrderingConfig {
                 default: ordering,
                 max_in_flight: 16,
@@ -296,7 +327,7 @@ impl Cluster {
             {
                 Some(Phase::Owned { member, .. }) => {
                     let name = member.as_str();
-                    let i = (0..self.workers.len())
+                    let i = (0..self.machines)
                         .find(|i| name.starts_with(&format!("w{i}-")))
                         .ok_or_else(|| format!("owner {name} is no worker of the test"))?;
                     out.insert(p, i);
@@ -358,6 +389,55 @@ async fn keys_run_at_once_in_order_and_a_handover_in_flight_applies_every_record
         None,
         "the panic never came"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_running_by_key_snapshots_as_it_goes_and_a_crash_restores_from_the_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.snapshot_every = Duration::from_millis(100);
+    // The slow keys' records take 60 ms each, one after another: each
+    // partition runs for seconds.
+    c.produce(2000);
+    c.add_worker();
+    // Snapshots come while records still run, before any partition ends:
+    // the checkpoints carry their pointers.
+    eventually(Duration::from_secs(60), || async {
+        let mut snapshotted = Vec::new();
+        for p in 0..PARTITIONS {
+            let cp = c
+                .store
+                .load_checkpoint(GROUP, &PartitionId::new("t", p))
+                .await
+                .unwrap();
+            if let Some(cp) = cp
+                && cp.backup.first().is_some_and(|b| b.offset > 0)
+            {
+                snapshotted.push(cp.offset);
+            }
+        }
+        let behind = c.checkpointed().await < c.produced.values().sum::<u64>();
+        match (snapshotted.len() == PARTITIONS as usize, behind) {
+            (true, true) => Ok(()),
+            (_, false) => Err("every record ran before a snapshot came: stop".to_owned()),
+            _ => Err(format!(
+                "snapshots of {} partitions so far",
+                snapshotted.len()
+            )),
+        }
+    })
+    .await;
+    // A crash: nothing more is checkpointed or snapshotted. A machine with
+    // an empty disk restores each partition from its last snapshot (which
+    // may be past the checkpoint: it restores the marks of what is done with
+    // the states) and runs the rest, each record once.
+    let crashed = c.workers.remove(0);
+    crashed.kill();
+    let _ = crashed.join().await;
+    c.add_worker();
+    c.all_checkpointed().await;
+    c.stop_and_check().await;
+    check_tallies(&c, |_| 1);
 }
 
 /// Every key's tally, each partition's read from the stores of the

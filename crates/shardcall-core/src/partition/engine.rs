@@ -530,6 +530,9 @@ pub struct PartitionEngine {
     queue: VecDeque<Command>,
     /// The command whose answer is awaited.
     awaiting: Option<Command>,
+    /// The command given beside a keyed run and not answered yet
+    /// ([`Self::beside_keyed`]).
+    beside: Option<Command>,
     /// Where reading goes on.
     next_offset: u64,
     /// The offsets of the batch in hand.
@@ -598,6 +601,7 @@ impl PartitionEngine {
             stage: Stage::Restoring,
             queue: VecDeque::new(),
             awaiting: None,
+            beside: None,
             next_offset: 0,
             batch: Vec::new(),
             pending: None,
@@ -646,6 +650,56 @@ impl PartitionEngine {
         }
     }
 
+    /// While a [`Command::RunKeyed`] runs (the keyed engine has the
+    /// partition's records), what to carry out beside it now, if anything:
+    /// a snapshot that came due (by time, by bytes changed, or because the
+    /// partition moves elsewhere), or the pointer write of one that
+    /// finished uploading. A keyed run commits one transaction at a time,
+    /// each with its records' marks as done, so a cut between two commits
+    /// is whole. Its pointer goes out with the run's next checkpoint (or by
+    /// a [`Command::WriteHistory`] offered here). One at a time: answer it
+    /// with [`Self::beside_keyed_answered`] before asking again.
+    ///
+    /// # Panics
+    /// When no keyed run is under way, or the last one offered is not
+    /// answered (driver bugs).
+    pub fn beside_keyed(&mut self, env: Env) -> Option<Command> {
+        assert!(
+            matches!(self.awaiting, Some(Command::RunKeyed { .. })),
+            "a side command only while records run by key"
+        );
+        assert!(self.beside.is_none(), "one side command at a time");
+        self.note_moving(env);
+        let history = self
+            .queue
+            .iter()
+            .position(|c| matches!(c, Command::WriteHistory));
+        let command = match history {
+            Some(i) => self.queue.remove(i).expect("found"),
+            None if self.snapshot_due(env, false) => Command::Snapshot {
+                write_pointer: false,
+                delta_only: self.moving_since.is_some(),
+                background: self.in_background(false),
+            },
+            None => return None,
+        };
+        self.beside = Some(command.clone());
+        Some(command)
+    }
+
+    /// The answer to the command [`Self::beside_keyed`] gave, taken as the
+    /// same command's answer in a step would be. `Some`: the partition is
+    /// lost (a pointer write was refused): the keyed run ends, fenced.
+    pub fn beside_keyed_answered(&mut self, event: Event, env: Env) -> Option<Cause> {
+        let command = self.beside.take();
+        assert!(command.is_some(), "an answer without a side command");
+        self.absorb(command, event, env);
+        match self.queue.front() {
+            Some(Command::Done(End::Lost(why))) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
     /// Whether a snapshot is being uploaded in the background.
     pub fn uploading(&self) -> bool {
         self.uploading
@@ -672,9 +726,7 @@ impl PartitionEngine {
             self.began = Some(env.now);
             self.last_snapshot = Some(env.now);
         }
-        if env.moving && self.moving_since.is_none() {
-            self.moving_since = Some(env.now);
-        }
+        self.note_moving(env);
         let awaited = self.awaiting.take();
         match event {
             Event::LeaseLapsed => self.lose("the lease ran out before the batch was handed over"),
@@ -724,6 +776,13 @@ impl PartitionEngine {
         }
         self.awaiting = Some(next.clone());
         next
+    }
+
+    /// Notes when the driver first said the partition moves elsewhere.
+    fn note_moving(&mut self, env: Env) {
+        if env.moving && self.moving_since.is_none() {
+            self.moving_since = Some(env.now);
+        }
     }
 
     fn ticket(&self) -> Option<&TicketRules> {
@@ -2518,6 +2577,130 @@ mod tests {
         assert_eq!(e.next_offset(), 9, "checkpointed up to the damage");
         let c = e.step(Event::StopWritten(StoreAnswer::Ok(())), env_at(4, false));
         assert_eq!(c, Command::Release);
+    }
+
+    /// A keyed partition with a local state store whose snapshots run in
+    /// the background, due every 100 ms of change.
+    fn keyed_with_snapshots() -> PartitionEngine {
+        let mut rules = with_state(Duration::from_millis(100), Duration::from_secs(1));
+        rules.keyed = keyed().keyed;
+        rules.state.as_mut().unwrap().in_background = true;
+        let mut e = PartitionEngine::new(rules);
+        e.step(Event::Start, env_at(0, false));
+        e.step(Event::Restored(StoreAnswer::Ok(Some(5))), env_at(1, false));
+        let c = e.step(Event::HandlerStarted(Ok(())), env_at(2, false));
+        assert_eq!(c, Command::RunKeyed { from: 5 });
+        e
+    }
+
+    fn changed(now: Millis, bytes: u64) -> Env {
+        Env {
+            unsnapshotted: bytes,
+            ..env_at(now, false)
+        }
+    }
+
+    #[test]
+    fn a_keyed_run_snapshots_beside_itself_when_due_and_writes_the_pointer_once_uploaded() {
+        let mut e = keyed_with_snapshots();
+        assert_eq!(e.beside_keyed(changed(50, 10)), None, "not due yet");
+        assert_eq!(e.beside_keyed(changed(150, 0)), None, "nothing changed");
+        let c = e.beside_keyed(changed(150, 10));
+        assert_eq!(
+            c,
+            Some(Command::Snapshot {
+                write_pointer: false,
+                delta_only: false,
+                background: true
+            }),
+            "due while the run goes on"
+        );
+        let lost =
+            e.beside_keyed_answered(Event::SnapshotBegun(StoreAnswer::Ok(true)), changed(151, 0));
+        assert_eq!(lost, None);
+        assert_eq!(
+            e.beside_keyed(changed(400, 10)),
+            None,
+            "no second cut beside an upload"
+        );
+        e.snapshot_uploaded(StoreAnswer::Ok(()), changed(410, 10));
+        assert_eq!(
+            e.beside_keyed(changed(411, 10)),
+            Some(Command::WriteHistory)
+        );
+        let lost =
+            e.beside_keyed_answered(Event::Snapshotted(StoreAnswer::Ok(())), changed(412, 10));
+        assert_eq!(lost, None);
+        assert_eq!(
+            e.beside_keyed(changed(450, 0)),
+            None,
+            "nothing changed since"
+        );
+        assert!(
+            e.beside_keyed(changed(451, 10)).is_some(),
+            "due again: the interval counts from the last cut (151)"
+        );
+    }
+
+    #[test]
+    fn a_failed_cut_beside_a_keyed_run_waits_an_interval_and_a_refused_pointer_ends_the_run() {
+        let mut e = keyed_with_snapshots();
+        assert!(e.beside_keyed(changed(150, 10)).is_some());
+        let failed = Event::SnapshotBegun(StoreAnswer::Failed(Cause::msg("disk full")));
+        assert_eq!(e.beside_keyed_answered(failed, changed(151, 10)), None);
+        assert_eq!(e.beside_keyed(changed(200, 10)), None, "tried again later");
+        assert!(e.beside_keyed(changed(260, 10)).is_some());
+        e.beside_keyed_answered(Event::SnapshotBegun(StoreAnswer::Ok(true)), changed(261, 0));
+        e.snapshot_uploaded(StoreAnswer::Ok(()), changed(300, 0));
+        assert_eq!(e.beside_keyed(changed(301, 0)), Some(Command::WriteHistory));
+        let refused = Event::Snapshotted(StoreAnswer::Fenced(Cause::msg("epoch 9 holds it")));
+        let lost = e.beside_keyed_answered(refused, changed(302, 0));
+        assert!(
+            lost.is_some_and(|why| why.to_string().contains("epoch 9")),
+            "the partition is someone else's"
+        );
+        let ended = Event::KeyedEnded {
+            end: KeyedEnd::Fenced(Cause::msg("epoch 9 holds it")),
+            watermark: 7,
+        };
+        assert!(matches!(
+            e.step(ended, changed(303, 0)),
+            Command::Done(End::Lost(_))
+        ));
+    }
+
+    #[test]
+    fn a_keyed_partition_moving_elsewhere_snapshots_at_once_and_its_end_waits_for_the_upload() {
+        let mut e = keyed_with_snapshots();
+        let moving = Env {
+            moving: true,
+            ..changed(20, 10)
+        };
+        assert_eq!(
+            e.beside_keyed(moving),
+            Some(Command::Snapshot {
+                write_pointer: false,
+                delta_only: true,
+                background: true
+            }),
+            "the next owner warms up from it"
+        );
+        e.beside_keyed_answered(Event::SnapshotBegun(StoreAnswer::Ok(true)), moving);
+        let ended = Event::KeyedEnded {
+            end: KeyedEnd::Drained,
+            watermark: 40,
+        };
+        let c = e.step(
+            ended,
+            Env {
+                revoked: true,
+                ..moving
+            },
+        );
+        assert!(
+            matches!(c, Command::AwaitSnapshot { .. }),
+            "the final snapshot waits for the one uploading: {c:?}"
+        );
     }
 
     #[test]

@@ -283,7 +283,7 @@ where
                         let rules = keyed
                             .clone()
                             .expect("the engine runs keyed only with rules");
-                        driver.run_keyed(rules, fetch_wait).await
+                        driver.run_keyed(&mut engine, rules, fetch_wait).await
                     }
                     command => driver.carry_out(command, &engine).await,
                 };

@@ -27,7 +27,7 @@ use shardcall_core::keyed_engine::{
     Progress,
 };
 use shardcall_core::mix_hash::MixMap;
-use shardcall_core::partition_engine::Event;
+use shardcall_core::partition_engine::{Event, PartitionEngine};
 use shardcall_core::{Cause, Millis};
 use shardcall_spool::Record;
 use tokio::task::JoinSet;
@@ -127,6 +127,7 @@ where
     /// ends; the answer to `RunKeyed`.
     pub(super) async fn run_keyed(
         &mut self,
+        partition: &mut PartitionEngine,
         rules: KeyedRules,
         fetch_wait: std::time::Duration,
     ) -> Event {
@@ -181,7 +182,9 @@ where
             unanswered: None,
         };
         self.done_above = progress.done_above.clone();
-        let end = self.keyed_loop(&mut run, &shared, fetch_wait).await;
+        let end = self
+            .keyed_loop(&mut run, partition, &shared, fetch_wait)
+            .await;
         self.keyed_report().uncheckpointed(&run.calls_span);
         // Nothing of the run outlives it: calls still out (past the drain's
         // bound, or a fenced partition) are cancelled, their records
@@ -202,6 +205,7 @@ where
     async fn keyed_loop(
         &mut self,
         run: &mut Run,
+        partition: &mut PartitionEngine,
         shared: &Arc<dyn SharedHandler>,
         fetch_wait: std::time::Duration,
     ) -> KeyedEnd {
@@ -230,6 +234,9 @@ where
             if !starts.is_empty() {
                 self.start_records(run, shared, &starts).await;
             }
+            if let Some(why) = self.snapshot_beside(partition).await {
+                return KeyedEnd::Fenced(why);
+            }
             // Records finished are told first, so that a commit the next
             // step plans covers every finished record's writes, and only
             // those.
@@ -241,6 +248,23 @@ where
                 },
             };
         }
+    }
+
+    /// Carries out what the partition engine wants beside the run: a
+    /// snapshot that came due (cut between two commits, so whole) and the
+    /// pointer write of one that finished uploading. `Some`: the pointer
+    /// write was refused, the partition is someone else's.
+    async fn snapshot_beside(&mut self, partition: &mut PartitionEngine) -> Option<Cause> {
+        if let Some(answer) = self.upload_ended().await {
+            partition.snapshot_uploaded(answer, self.env());
+        }
+        while let Some(command) = partition.beside_keyed(self.env()) {
+            let answer = self.carry_out(command, partition).await;
+            if let Some(why) = partition.beside_keyed_answered(answer, self.env()) {
+                return Some(why);
+            }
+        }
+        None
     }
 
     /// Waits for whatever comes first: a call's answer, the fetch's, the
@@ -611,7 +635,7 @@ where
                 .map_or_else(Vec::new, PartitionState::history_to_write),
             position: self.d.source.position(&self.d.ctx.partition, watermark),
             store_bytes: self.store_bytes(),
-            snapshot_uploading: false,
+            snapshot_uploading: self.uploading.is_some(),
             in_flight: Some(in_flight(&run.engine, self.now_ms())),
             done_above: progress.done_above,
         };
