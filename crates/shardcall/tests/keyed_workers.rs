@@ -22,8 +22,8 @@ use async_trait::async_trait;
 use shardcall::eventually::eventually;
 use shardcall::key_tally::{KeyTally, check_key_tallies, read_tallies};
 use shardcall::{
-    CoordinationStore, FileLogSource, FjallStateStore, HandlerError, HandlerFactory, KeyState,
-    KeyedHandler, MemoryBackupStore, MemoryStore, OrderingConfig, PartitionContext,
+    Checkpoint, CoordinationStore, FileLogSource, FjallStateStore, HandlerError, HandlerFactory,
+    KeyState, KeyedHandler, MemoryBackupStore, MemoryStore, OrderingConfig, PartitionContext,
     PartitionHandler, PerKey, StateConfig, TopicOrdering, Worker, WorkerConfig, WorkerHandle,
 };
 use shardcall_core::{PartitionId, Phase};
@@ -273,18 +273,20 @@ impl Cluster {
         self.workers.push(handle);
     }
 
+    /// Each partition's checkpoint, if it has one.
+    async fn checkpoints(&self) -> Vec<Option<Checkpoint>> {
+        let mut out = Vec::new();
+        for p in 0..PARTITIONS {
+            let at = PartitionId::new("t", p);
+            out.push(self.store.load_checkpoint(GROUP, &at).await.unwrap());
+        }
+        out
+    }
+
     /// Records below the checkpoints, all partitions together.
     async fn checkpointed(&self) -> u64 {
-        let mut sum = 0;
-        for p in 0..PARTITIONS {
-            let cp = self
-                .store
-                .load_checkpoint(GROUP, &PartitionId::new("t", p))
-                .await
-                .unwrap();
-            sum += cp.map_or(0, |c| c.offset);
-        }
-        sum
+        let checkpoints = self.checkpoints().await;
+        checkpoints.iter().flatten().map(|c| c.offset).sum()
     }
 
     /// Waits until every record produced is below the checkpoints, and
@@ -403,19 +405,12 @@ async fn a_partition_running_by_key_snapshots_as_it_goes_and_a_crash_restores_fr
     // Snapshots come while records still run, before any partition ends:
     // the checkpoints carry their pointers.
     eventually(Duration::from_secs(60), || async {
-        let mut snapshotted = Vec::new();
-        for p in 0..PARTITIONS {
-            let cp = c
-                .store
-                .load_checkpoint(GROUP, &PartitionId::new("t", p))
-                .await
-                .unwrap();
-            if let Some(cp) = cp
-                && cp.backup.first().is_some_and(|b| b.offset > 0)
-            {
-                snapshotted.push(cp.offset);
-            }
-        }
+        let checkpoints = c.checkpoints().await;
+        let snapshotted: Vec<&Checkpoint> = checkpoints
+            .iter()
+            .flatten()
+            .filter(|cp| cp.backup.first().is_some_and(|b| b.offset > 0))
+            .collect();
         let behind = c.checkpointed().await < c.produced.values().sum::<u64>();
         match (snapshotted.len() == PARTITIONS as usize, behind) {
             (true, true) => Ok(()),
