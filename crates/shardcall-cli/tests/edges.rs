@@ -4,7 +4,7 @@
 
 mod common;
 
-use shardcall::eventually::{eventually_blocking, poll_again, poll_again_async};
+use shardcall::eventually::{eventually_blocking, poll_again, poll_again_async, poll_until};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -58,13 +58,10 @@ fn pids_in(file: &Path, n: usize, within: Duration) -> Vec<u32> {
 
 /// Waits until none of `pids` is alive; the ones still alive otherwise.
 fn all_gone(pids: &[u32], within: Duration) -> Vec<u32> {
-    let deadline = Instant::now() + within;
-    loop {
-        let left: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
-        if left.is_empty() || Instant::now() > deadline {
-            return left;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let left = || -> Vec<u32> { pids.iter().copied().filter(|p| alive(*p)).collect() };
+    match poll_until(within, || left().is_empty().then_some(())) {
+        Some(()) => Vec::new(),
+        None => left(),
     }
 }
 

@@ -5,7 +5,7 @@
 // Each test file uses a part of this.
 #![allow(dead_code)]
 
-use shardcall::eventually::poll_again_async;
+use shardcall::eventually::{poll_again_async, poll_until};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -94,13 +94,7 @@ impl Workers {
     ) -> Option<(ExitStatus, std::time::Duration)> {
         let began = std::time::Instant::now();
         let child = self.newest(name);
-        while began.elapsed() < d {
-            if let Some(status) = child.try_wait().unwrap() {
-                return Some((status, began.elapsed()));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        None
+        poll_until(d, || child.try_wait().unwrap()).map(|status| (status, began.elapsed()))
     }
 
     /// Kills the newest worker `name` (SIGKILL) and waits for it.

@@ -48,6 +48,22 @@ where
     }
 }
 
+/// Polls `check` until it gives `Some`, for at most `within`: its answer,
+/// or `None` once the time has passed (for a caller that cleans up, or
+/// says more, before it fails).
+pub fn poll_until<T>(within: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = crate::clock::now() + within;
+    loop {
+        if let Some(done) = check() {
+            return Some(done);
+        }
+        if crate::clock::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(POLL_EVERY);
+    }
+}
+
 /// One more turn of a hand-written polling loop, for loops that
 /// [`eventually`]'s closure does not fit (one that breaks with a value
 /// from deep inside, or keeps what it saw across turns): panics with
