@@ -435,6 +435,50 @@ async fn a_partition_running_by_key_snapshots_as_it_goes_and_a_crash_restores_fr
     check_tallies(&c, |_| 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_topic_switched_back_to_partition_ordering_passes_over_what_keys_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path());
+    c.snapshot_every = Duration::from_millis(100);
+    c.produce(1200);
+    c.add_worker();
+    // The slow keys hold each watermark back while the others run ahead:
+    // wait until a checkpoint carries records done past it.
+    eventually(Duration::from_secs(60), || async {
+        let checkpoints = c.checkpoints().await;
+        let ahead = checkpoints
+            .iter()
+            .flatten()
+            .any(|cp| !cp.done_above.is_empty());
+        let behind = c.checkpointed().await < c.produced.values().sum::<u64>();
+        match (ahead, behind) {
+            (true, true) => Ok(()),
+            (_, false) => Err("every record ran before any ran ahead: stop".to_owned()),
+            _ => Err("no records done past a watermark yet".to_owned()),
+        }
+    })
+    .await;
+    // A crash, and the topic goes back to partition ordering on a machine
+    // with an empty disk: it restores each partition from its snapshot
+    // and its marks of what is done, and must not apply any of those
+    // records a second time (the tally sees a repeat as out of order, and
+    // counts it).
+    let crashed = c.workers.remove(0);
+    crashed.kill();
+    let _ = crashed.join().await;
+    c.add_worker_ordered(TopicOrdering::Partition);
+    c.all_checkpointed().await;
+    c.stop_and_check().await;
+    check_tallies(&c, |_| 1);
+    for cp in c.checkpoints().await.into_iter().flatten() {
+        assert!(
+            cp.done_above.is_empty(),
+            "{:?} left at the end",
+            cp.done_above
+        );
+    }
+}
+
 /// Every key's tally, each partition's read from the stores of the
 /// machine `machine_of` names.
 fn tallies(c: &Cluster, machine_of: impl Fn(u32) -> usize) -> BTreeMap<Vec<u8>, KeyTally> {

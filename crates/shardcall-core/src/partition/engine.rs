@@ -412,18 +412,28 @@ pub enum Event {
     Start,
     /// The checkpoint's offset, if there is one.
     Restored(StoreAnswer<Option<u64>>),
-    /// A local state store was restored: it goes on at `resume_at`, the
-    /// stored checkpoint is at `checkpointed`. Records between (the store
-    /// ahead: their checkpoint never landed, its answer lost or the worker
+    /// The partition goes on at `resume_at`, the stored checkpoint is at
+    /// `checkpointed`, and the records in `done_above` are done already.
+    ///
+    /// A local state store can be ahead of the checkpoint: records between
+    /// (their checkpoint never landed, its answer lost or the worker
     /// stopped first) are pending, and their checkpoint is written as any
     /// other's, at once if nothing more comes; without it the stored
     /// offset would stay behind, and the partition show lag, until new
     /// records came.
-    RestoredLocal {
+    ///
+    /// `done_above` (inclusive ranges past `resume_at`) are records a run
+    /// by key finished ahead of its watermark, as its local store or its
+    /// checkpoint kept them: a topic switched back to partition ordering
+    /// passes over them instead of processing them a second time.
+    Resumed {
         /// The stored checkpoint's offset.
         checkpointed: u64,
-        /// The local state store's next offset.
+        /// Where processing goes on (a local state store's next offset).
         resume_at: u64,
+        /// Records past `resume_at` already done, as inclusive ranges in
+        /// order.
+        done_above: Vec<(u64, u64)>,
     },
     /// Where the partition starts (`None`: the source could not say).
     FoundStart(Option<u64>),
@@ -537,6 +547,9 @@ pub struct PartitionEngine {
     next_offset: u64,
     /// The offsets of the batch in hand.
     batch: Vec<u64>,
+    /// Records at or past `next_offset` that are done already (inclusive
+    /// ranges in order): passed over, never processed again.
+    done_above: Vec<(u64, u64)>,
     pending: Option<Pending>,
     /// Deliveries of the batch at `next_offset`.
     attempts: u32,
@@ -604,6 +617,7 @@ impl PartitionEngine {
             beside: None,
             next_offset: 0,
             batch: Vec::new(),
+            done_above: Vec::new(),
             pending: None,
             attempts: 0,
             streak: 0,
@@ -1076,18 +1090,29 @@ impl PartitionEngine {
             },
             (
                 Some(Command::Restore),
-                Event::RestoredLocal {
+                Event::Resumed {
                     checkpointed,
                     resume_at,
+                    done_above,
                 },
             ) => {
                 self.io_failures = 0;
                 self.state_unknown = false;
-                self.next_offset = resume_at;
-                if resume_at > checkpointed {
+                self.done_above = done_above;
+                self.drop_done_below(resume_at);
+                // Records done right at the resume point are passed at once:
+                // the checkpoint never stops where they begin.
+                self.next_offset = match self.done_above.first() {
+                    Some(&(first, last)) if first <= resume_at => {
+                        self.done_above.remove(0);
+                        last + 1
+                    }
+                    _ => resume_at,
+                };
+                if self.next_offset > checkpointed {
                     self.pending = Some(Pending {
                         first: checkpointed,
-                        last: resume_at - 1,
+                        last: self.next_offset - 1,
                         began: env.now,
                     });
                 }
@@ -1390,8 +1415,19 @@ impl PartitionEngine {
                     self.checkpoint_pending(env);
                 }
             }
-            Some(offsets) => {
+            Some(mut offsets) => {
                 self.found = true;
+                // A source with gaps in its offsets can read past the
+                // start of the records done: they are passed over, the
+                // batch is what comes before them.
+                self.drop_done_below(offsets[0]);
+                if let Some(&(first, _)) = self.done_above.first() {
+                    offsets.retain(|&o| o < first);
+                    if offsets.is_empty() {
+                        self.next_offset = first;
+                        return;
+                    }
+                }
                 self.batch = offsets;
                 if self.rules.count_in_store && self.rules.dead_lettering() {
                     self.queue.push_back(Command::CountDelivery {
@@ -1415,7 +1451,7 @@ impl PartitionEngine {
             match result {
                 Ok(()) => {
                     iso.bisect.passed();
-                    self.next_offset = last + 1;
+                    let last = self.through_done(last);
                     self.queue.push_back(Command::Checkpoint {
                         first,
                         last,
@@ -1453,7 +1489,7 @@ impl PartitionEngine {
                     self.rewound_at = None;
                     self.succeeded();
                 }
-                self.next_offset = last + 1;
+                let last = self.through_done(last);
                 let pending = self.pending.get_or_insert(Pending {
                     first,
                     last,
@@ -1507,7 +1543,7 @@ impl PartitionEngine {
             return;
         }
         let (first, last) = (self.batch[range.start], self.batch[range.end - 1]);
-        self.next_offset = last + 1;
+        let last = self.through_done(last);
         self.queue.push_back(Command::Checkpoint {
             first,
             last,
@@ -1611,16 +1647,55 @@ impl PartitionEngine {
         {
             self.singles_until = None;
         }
+        self.pass_over_done();
         let max = if self.singles_until.is_some() {
             1
         } else {
             self.rules.max_batch
+        };
+        // A batch stops short of records done already.
+        let max = match self.done_above.first() {
+            Some(&(first, _)) => max.min(usize::try_from(first - self.next_offset).unwrap_or(max)),
+            None => max,
         };
         Some(Command::Fetch {
             from: self.next_offset,
             max,
             wait,
         })
+    }
+
+    /// Moves reading past the records done already that it has reached.
+    fn pass_over_done(&mut self) {
+        while let Some(&(first, last)) = self.done_above.first() {
+            if first > self.next_offset {
+                break;
+            }
+            self.next_offset = self.next_offset.max(last + 1);
+            self.done_above.remove(0);
+        }
+    }
+
+    /// Reading goes on after `last`, and past the records done already
+    /// that follow it at once: the last record a checkpoint after `last`
+    /// covers. A checkpoint never stops where records done begin (its
+    /// ranges lie strictly above its offset), so they are passed in it.
+    fn through_done(&mut self, last: u64) -> u64 {
+        let through = match self.done_above.first() {
+            Some(&(first, end)) if first == last + 1 => {
+                self.done_above.remove(0);
+                end
+            }
+            _ => last,
+        };
+        self.next_offset = through + 1;
+        through
+    }
+
+    /// Forgets the ranges of records done that lie wholly before `offset`:
+    /// nothing there is read again.
+    fn drop_done_below(&mut self, offset: u64) {
+        self.done_above.retain(|&(_, last)| last >= offset);
     }
 
     /// After the last checkpoint: release (owned) or give back (ticket).
@@ -1760,6 +1835,10 @@ mod tests {
         /// The next this many calls write their records, then fail.
         fail_after_writing: u32,
         restores: u32,
+        /// Records done before this partition was processed in batches (a
+        /// run by key finished them past its watermark), as inclusive
+        /// ranges in order: the restore tells of those past the checkpoint.
+        done: Vec<(u64, u64)>,
     }
 
     impl World {
@@ -1830,7 +1909,14 @@ mod tests {
                     self.unsnapshotted = 0;
                     Event::Restored(StoreAnswer::Ok(self.dir.last().map(|l| l + 1)))
                 }
-                Command::Restore => Event::Restored(StoreAnswer::Ok(self.checkpoint)),
+                Command::Restore => match self.checkpoint {
+                    Some(at) if !self.done.is_empty() => Event::Resumed {
+                        checkpointed: at,
+                        resume_at: at,
+                        done_above: self.done.iter().copied().filter(|r| r.1 >= at).collect(),
+                    },
+                    checkpoint => Event::Restored(StoreAnswer::Ok(checkpoint)),
+                },
                 Command::FindStart => Event::FoundStart(Some(0)),
                 Command::StartHandler | Command::ClearFailure | Command::Backup { .. } => match c {
                     Command::StartHandler => Event::HandlerStarted(Ok(())),
@@ -1900,7 +1986,19 @@ mod tests {
                         self.failing_writes -= 1;
                         return Event::Checkpointed(CheckpointAnswer::Failed("io".into()));
                     }
+                    assert!(
+                        !self.done.iter().any(|&(a, b)| a <= last + 1 && last < b),
+                        "a checkpoint at {} stops where records done begin, or among them: {:?}",
+                        last + 1,
+                        self.done
+                    );
                     match state {
+                        StateOf::Processed if !self.done.is_empty() => {
+                            // It may go on past records done already.
+                            assert_eq!(self.processed.first(), Some(&first), "{first}..={last}");
+                            assert!(self.processed.last() <= Some(&last), "{first}..={last}");
+                            self.committed.append(&mut self.processed);
+                        }
                         StateOf::Processed => {
                             assert_eq!(self.processed.first(), Some(&first), "{first}..={last}");
                             assert_eq!(self.processed.last(), Some(&last), "{first}..={last}");
@@ -2152,9 +2250,10 @@ mod tests {
         let written = loop {
             env.now += 100;
             let event = match &command {
-                Command::Restore => Event::RestoredLocal {
+                Command::Restore => Event::Resumed {
                     checkpointed: 5,
                     resume_at: 8,
+                    done_above: Vec::new(),
                 },
                 Command::StartHandler => Event::HandlerStarted(Ok(())),
                 Command::Fetch { from, .. } => {
@@ -3149,6 +3248,96 @@ mod tests {
             all.extend(&w.dead);
             all.sort();
             prop_assert_eq!(all, w.log);
+        }
+    }
+
+    /// Merged inclusive ranges of the offsets in `done`.
+    fn ranges_of(done: &BTreeSet<u64>) -> Vec<(u64, u64)> {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for &o in done {
+            match ranges.last_mut() {
+                Some(r) if r.1 + 1 == o => r.1 = o,
+                _ => ranges.push((o, o)),
+            }
+        }
+        ranges
+    }
+
+    #[test]
+    fn records_done_by_key_are_passed_over_in_batches_and_checkpointed_past() {
+        // Dense offsets 0..20; 3..=5 and 9 done, and 6 right after a batch.
+        let mut w = World::new(0);
+        w.log = (0..20).collect();
+        w.done = vec![(3, 5), (9, 9)];
+        w.checkpoint = Some(0);
+        let mut rules = owned();
+        rules.max_batch = 3;
+        assert_eq!(w.run(rules), End::Released);
+        let expected: Vec<u64> = (0..20)
+            .filter(|o| !(3..=5).contains(o) && *o != 9)
+            .collect();
+        assert_eq!(w.committed, expected, "processed again, or lost");
+        // Batches stop short of the records done: never fetched with them.
+        let fetched_into_done = w.commands.iter().any(|c| {
+            matches!(c, Command::Fetch { from, max, .. } if *from < 3 && from + *max as u64 > 3)
+        });
+        assert!(!fetched_into_done, "{:?}", w.commands);
+        assert_eq!(w.checkpoint, Some(20));
+    }
+
+    proptest! {
+        /// A partition switched from key back to partition ordering, with
+        /// records done past its checkpoint, in batches of any size, owned
+        /// or as a ticket, through failures and a crash: every record not
+        /// done is committed or dead-lettered exactly once, in order, and
+        /// none done is processed again.
+        #[test]
+        fn records_done_by_key_are_never_processed_again(
+            records in 1u64..50,
+            gaps in any::<bool>(),
+            done in proptest::collection::btree_set(0u64..100, 0..30),
+            poison in proptest::collection::btree_set(0u64..100, 0..4),
+            flaky in 0u32..3,
+            max_batch in 1usize..8,
+            crash_at_write in proptest::option::of(1usize..6),
+            as_ticket in any::<bool>(),
+        ) {
+            let mut w = World::new(records);
+            if !gaps {
+                w.log = (0..records).collect();
+            }
+            // A checkpoint's ranges lie strictly above it.
+            let done: BTreeSet<u64> = done.into_iter().filter(|&o| o > 0).collect();
+            w.done = ranges_of(&done);
+            w.poison = poison.clone();
+            w.flaky = flaky;
+            w.fenced_from_write = crash_at_write;
+            w.checkpoint = Some(0);
+            let mut rules = if as_ticket { ticket(TicketHistory::default()) } else { owned() };
+            rules.max_batch = max_batch;
+            rules.max_attempts = 2;
+            if let Grant::Ticket(t) = &mut rules.grant {
+                t.budget = Duration::from_secs(3600);
+            }
+            let mut end = w.run(rules.clone());
+            if crash_at_write.is_some() && matches!(end, End::Lost(_)) {
+                // The next owner starts from what was checkpointed.
+                w.fenced_from_write = None;
+                w.processed.clear();
+                end = w.run(rules);
+            }
+            prop_assert!(matches!(end, End::Released | End::GaveBack { .. }), "{:?}", end);
+            let is_done = |o: &u64| done.contains(o);
+            prop_assert!(!w.committed.iter().any(is_done), "done, processed again: {:?}", w.committed);
+            prop_assert!(!w.dead.iter().any(is_done), "done, dead-lettered: {:?}", w.dead);
+            prop_assert!(w.committed.windows(2).all(|p| p[0] < p[1]), "{:?}", w.committed);
+            // A dead letter whose checkpoint the crash lost is sent again.
+            let mut all = w.committed.clone();
+            all.extend(&w.dead);
+            all.sort();
+            all.dedup();
+            let expected: Vec<u64> = w.log.iter().copied().filter(|o| !is_done(o)).collect();
+            prop_assert_eq!(all, expected);
         }
     }
 }

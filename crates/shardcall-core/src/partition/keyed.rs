@@ -106,6 +106,23 @@ impl Progress {
             done_above,
         }
     }
+
+    /// The offsets at or past `from` known done, as inclusive ranges in
+    /// order: for a partition that goes on at `from` (a position at or
+    /// below the watermark) and passes over them.
+    pub fn done_from(&self, from: u64) -> Vec<(u64, u64)> {
+        let below_watermark = (from < self.watermark).then(|| (from, self.watermark - 1));
+        below_watermark
+            .into_iter()
+            .chain(
+                self.done_above
+                    .iter()
+                    .copied()
+                    .filter(|&(_, last)| last >= from),
+            )
+            .map(|(first, last)| (first.max(from), last))
+            .collect()
+    }
 }
 
 /// Merges single offsets into ordered inclusive ranges, keeping only what

@@ -61,7 +61,9 @@ pub struct Checkpoint {
     /// ranges in order, none touching another or `offset` (a partition
     /// whose records run many at once finishes them out of order; see
     /// [`shardcall_core::keyed_engine`]): a restore skips them. Empty for
-    /// a partition processed in order. Written with each checkpoint,
+    /// a partition processed in order, once it has passed the ranges a
+    /// run by key left (its topic switched back to partition ordering).
+    /// Written with each checkpoint,
     /// replacing the stored ones, with no limit on how many; an operator's
     /// reset clears them.
     pub done_above: Vec<(u64, u64)>,

@@ -671,10 +671,23 @@ where
             return Event::Restored(StoreAnswer::Failed(Cause::new(e)));
         }
         if self.local.is_none() {
-            return Event::Restored(StoreAnswer::Ok(checkpoint.map(|cp| {
-                self.restored = Some(cp.state);
-                cp.offset
-            })));
+            return match checkpoint {
+                // Records a run by key finished past its watermark: a topic
+                // switched back to partition ordering passes over them.
+                Some(cp) if !cp.done_above.is_empty() => {
+                    self.restored = Some(cp.state);
+                    self.done_above = cp.done_above.clone();
+                    Event::Resumed {
+                        checkpointed: cp.offset,
+                        resume_at: cp.offset,
+                        done_above: cp.done_above,
+                    }
+                }
+                checkpoint => Event::Restored(StoreAnswer::Ok(checkpoint.map(|cp| {
+                    self.restored = Some(cp.state);
+                    cp.offset
+                }))),
+            };
         }
         self.restore_local(checkpoint.as_ref()).await
     }
@@ -734,12 +747,24 @@ where
                 // the local store holds beyond the checkpoint, checkpointed
                 // next, count for an oracle as processed here.
                 self.processed_us = self.now_us();
-                match (restored.resume_at, self.checkpoint) {
-                    (Some(resume_at), Some((checkpointed, _))) => Event::RestoredLocal {
-                        checkpointed,
-                        resume_at,
+                let Some(resume_at) = restored.resume_at else {
+                    return Event::Restored(StoreAnswer::Ok(None));
+                };
+                // The store keeps the records a run by key finished past its
+                // position; a partition processed in batches passes over
+                // them (its topic was switched back to partition ordering).
+                let done_above = match self.local.as_ref().and_then(PartitionState::store) {
+                    None => Vec::new(),
+                    Some(store) => match keyed_run::stored_progress(Ok(store)).await {
+                        Ok(progress) => progress.done_from(resume_at),
+                        Err(why) => return Event::Restored(StoreAnswer::Failed(why)),
                     },
-                    _ => Event::Restored(StoreAnswer::Ok(restored.resume_at)),
+                };
+                self.done_above = done_above.clone();
+                Event::Resumed {
+                    checkpointed: self.checkpoint.map_or(resume_at, |(offset, _)| offset),
+                    resume_at,
+                    done_above,
                 }
             }
             Err(RestoreFailure::Unrecoverable(why)) => Event::Unreadable(why.into()),
@@ -1155,10 +1180,11 @@ where
             }
         };
         if let Some(local) = self.local.as_mut()
-            && matches!(which, StateOf::Checkpointed)
+            && local.position().is_none_or(|at| at <= last)
         {
-            // Records skipped to the dead letters change nothing, but the
-            // store's position moves past them.
+            // Records skipped to the dead letters, or passed over as done
+            // already, change nothing, but the store's position moves past
+            // them: it never stays behind its checkpoint.
             let applied = Applied {
                 offset: last + 1,
                 epoch: self.d.ctx.epoch,
@@ -1180,7 +1206,7 @@ where
             store_bytes: self.store_bytes(),
             snapshot_uploading: self.uploading.is_some(),
             in_flight: None,
-            done_above: Vec::new(),
+            done_above: done_past(&self.done_above, last + 1),
         };
         let mut write = self.open_write.take().unwrap_or(OpenWrite {
             first,

@@ -86,6 +86,9 @@ pub(crate) struct PartitionState {
     last_manifest: Option<Manifest>,
     /// How far the restore under way has got.
     meter: Arc<RestoreMeter>,
+    /// The next offset the state covers, as this grant restored or last
+    /// committed it (`None`: not known yet).
+    position: Option<u64>,
 }
 
 /// Where a partition's state is on this worker's disk.
@@ -179,6 +182,7 @@ impl PartitionState {
             collect_due: None,
             last_manifest: None,
             meter: Arc::default(),
+            position: None,
         })
     }
 
@@ -261,6 +265,7 @@ impl PartitionState {
         writes: WriteSet,
         applied: Applied,
     ) -> Result<(), StateStoreError> {
+        self.position = Some(applied.offset);
         match &mut self.local {
             Local::Store { store, .. } => {
                 let bytes = writes.bytes();
@@ -296,10 +301,18 @@ impl PartitionState {
     ) -> Result<Restored, RestoreFailure> {
         self.history = checkpoint.map(|c| c.backup.clone()).unwrap_or_default();
         self.fresh = false;
-        match &self.local {
+        let restored = match &self.local {
             Local::Store { store, .. } => self.restore_store(store.clone(), checkpoint).await,
             Local::Directory { .. } => self.restore_history(None).await,
-        }
+        };
+        self.position = restored.as_ref().ok().and_then(|r| r.resume_at);
+        restored
+    }
+
+    /// The next offset the state covers, as this grant restored or last
+    /// committed it (`None`: not known yet).
+    pub(crate) fn position(&self) -> Option<u64> {
+        self.position
     }
 
     /// [`Self::restore`] of the runtime's store.

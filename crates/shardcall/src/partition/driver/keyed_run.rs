@@ -774,7 +774,7 @@ fn panicked(payload: &(dyn std::any::Any + Send)) -> HandlerError {
 
 /// What the local store says is done: the authority a keyed run resumes
 /// from (its snapshots carry the marks).
-async fn stored_progress(store: Result<Store, Cause>) -> Result<Progress, Cause> {
+pub(super) async fn stored_progress(store: Result<Store, Cause>) -> Result<Progress, Cause> {
     let store = store?;
     match tokio::task::spawn_blocking(move || done_ranges::progress(&*store)).await {
         Ok(Ok(progress)) => Ok(progress),
