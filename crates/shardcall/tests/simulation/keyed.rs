@@ -24,14 +24,13 @@ use std::time::Duration;
 use shardcall::dice::Dice;
 use shardcall::key_tally::{TallyFactory, check_key_tallies, read_tallies};
 use shardcall::oracle::{check_coverage, check_ownership};
-use shardcall::{CoordinationStore, StateStore};
 use shardcall::{
     FjallStateStore, MemoryBackupStore, OrderingConfig, TopicOrdering, WorkerConfig,
     partition_store_dir,
 };
-use shardcall_core::{GroupConfig, PartitionId};
+use shardcall_core::GroupConfig;
 
-use crate::owned::{settle, with_local_state};
+use crate::owned::{catch_up, settle, with_local_state};
 use crate::world::{GROUP, POISON, Running, Start, World, paused_runtime};
 
 const PARTITIONS: u32 = 4;
@@ -118,44 +117,6 @@ fn run(seed: u64) {
         let violations = check_key_tallies(&tallies, &produced);
         world.assert_holds(seed, &violations);
     });
-}
-
-/// Runs a worker on `machine` until, after it stopped, each partition of
-/// `ends` is checkpointed at its end and the machine's store of it holds
-/// every record. A partition whose last owner ended without
-/// its final snapshot (the wait for it is bounded) is restored from an
-/// older one and the log replayed; stopped before the replay is through,
-/// the worker checkpoints where it got to, and the next start goes on from
-/// its store.
-async fn catch_up(world: &mut World, machine: usize, ends: &BTreeMap<PartitionId, u64>) {
-    for _ in 0..10 {
-        world.start(machine);
-        settle(world).await;
-        world.stop_all().await;
-        let mut behind = Vec::new();
-        for (p, &end) in ends {
-            let at = world.store.load_checkpoint(GROUP, p).await.unwrap();
-            let dir = partition_store_dir(&world.machine_dir(machine), GROUP, p);
-            let applied = match dir.exists() {
-                true => FjallStateStore::open(dir, 1 << 20)
-                    .unwrap()
-                    .applied()
-                    .unwrap()
-                    .map_or(0, |a| a.offset),
-                false => 0,
-            };
-            if at.is_none_or(|c| c.offset != end) || applied != end {
-                behind.push(p.to_string());
-            }
-        }
-        if behind.is_empty() {
-            return;
-        }
-        world.note(format!(
-            "machine {machine} stopped before {behind:?} caught up"
-        ));
-    }
-    panic!("machine {machine} never caught up\n{}", world.trace());
 }
 
 #[test]

@@ -30,7 +30,8 @@ use shardcall::oracle::{
     DigestFactory, DigestState, check_coverage, check_lineage_order, check_ownership,
 };
 use shardcall::{
-    FjallStateStore, MemoryBackupStore, StateConfig, StateStore, WorkerConfig, partition_store_dir,
+    CoordinationStore, FjallStateStore, MemoryBackupStore, StateConfig, StateStore, WorkerConfig,
+    partition_store_dir,
 };
 use shardcall_core::{BalanceRules, GroupConfig, PartitionId};
 
@@ -173,9 +174,12 @@ fn run(seed: u64) {
         // A machine with an empty disk restores every open partition from
         // the snapshots and the log: its state is a replay's, exactly.
         let fresh = 99;
-        world.start(fresh);
-        settle(&mut world).await;
-        world.stop_all().await;
+        let open: BTreeMap<PartitionId, u64> = ends
+            .iter()
+            .filter(|(p, _)| is_open(&lineage, p))
+            .map(|(p, &end)| (p.clone(), end))
+            .collect();
+        catch_up(&mut world, fresh, &open).await;
         let dead = world.dead();
         for p in ends.keys() {
             let kept = world.kept(p, &dead);
@@ -213,6 +217,44 @@ pub(crate) fn is_open(
 pub(crate) async fn lineage(world: &World) -> BTreeMap<PartitionId, shardcall_core::Shard> {
     use shardcall::Source;
     world.source.lineage().await.unwrap()
+}
+
+/// Runs a worker on `machine` until, after it stopped, each partition of
+/// `ends` is checkpointed at its end and the machine's store of it holds
+/// every record. A partition whose last owner ended without
+/// its final snapshot (the wait for it is bounded) is restored from an
+/// older one and the log replayed; stopped before the replay is through,
+/// the worker checkpoints where it got to, and the next start goes on from
+/// its store.
+pub(crate) async fn catch_up(world: &mut World, machine: usize, ends: &BTreeMap<PartitionId, u64>) {
+    for _ in 0..10 {
+        world.start(machine);
+        settle(world).await;
+        world.stop_all().await;
+        let mut behind = Vec::new();
+        for (p, &end) in ends {
+            let at = world.store.load_checkpoint(GROUP, p).await.unwrap();
+            let dir = partition_store_dir(&world.machine_dir(machine), GROUP, p);
+            let applied = match dir.exists() {
+                true => FjallStateStore::open(dir, 1 << 20)
+                    .unwrap()
+                    .applied()
+                    .unwrap()
+                    .map_or(0, |a| a.offset),
+                false => 0,
+            };
+            if at.map_or(0, |c| c.offset) != end || applied != end {
+                behind.push(p.to_string());
+            }
+        }
+        if behind.is_empty() {
+            return;
+        }
+        world.note(format!(
+            "machine {machine} stopped before {behind:?} caught up"
+        ));
+    }
+    panic!("machine {machine} never caught up\n{}", world.trace());
 }
 
 /// Heals every link and waits until every partition is processed to its
