@@ -305,6 +305,31 @@ impl Cluster {
         total
     }
 
+    /// Waits until the checkpoints show `what` (`seen` says so) while
+    /// records are still left to run.
+    async fn until_while_running(&self, what: &str, seen: impl Fn(&[Option<Checkpoint>]) -> bool) {
+        eventually(Duration::from_secs(60), || async {
+            let shown = seen(&self.checkpoints().await);
+            let behind = self.checkpointed().await < self.produced.values().sum::<u64>();
+            match (shown, behind) {
+                (true, true) => Ok(()),
+                (_, false) => Err(format!("every record ran before {what} came: stop")),
+                _ => Err(format!("no {what} yet")),
+            }
+        })
+        .await;
+    }
+
+    /// Kills the first worker (a crash: nothing more is checkpointed or
+    /// snapshotted) and starts one under `ordering` on a machine with an
+    /// empty disk.
+    async fn crash_onto_a_new_machine(&mut self, ordering: TopicOrdering) {
+        let crashed = self.workers.remove(0);
+        crashed.kill();
+        let _ = crashed.join().await;
+        self.add_worker_ordered(ordering);
+    }
+
     /// Stops every worker gracefully, checks that no call saw a violation,
     /// and says how many calls ran at once at most.
     async fn stop_and_check(&mut self) -> usize {
@@ -404,32 +429,18 @@ async fn a_partition_running_by_key_snapshots_as_it_goes_and_a_crash_restores_fr
     c.add_worker();
     // Snapshots come while records still run, before any partition ends:
     // the checkpoints carry their pointers.
-    eventually(Duration::from_secs(60), || async {
-        let checkpoints = c.checkpoints().await;
-        let snapshotted: Vec<&Checkpoint> = checkpoints
-            .iter()
-            .flatten()
-            .filter(|cp| cp.backup.first().is_some_and(|b| b.offset > 0))
-            .collect();
-        let behind = c.checkpointed().await < c.produced.values().sum::<u64>();
-        match (snapshotted.len() == PARTITIONS as usize, behind) {
-            (true, true) => Ok(()),
-            (_, false) => Err("every record ran before a snapshot came: stop".to_owned()),
-            _ => Err(format!(
-                "snapshots of {} partitions so far",
-                snapshotted.len()
-            )),
-        }
+    c.until_while_running("a snapshot of every partition", |checkpoints| {
+        checkpoints.iter().all(|cp| {
+            cp.as_ref()
+                .is_some_and(|cp| cp.backup.first().is_some_and(|b| b.offset > 0))
+        })
     })
     .await;
     // A crash: nothing more is checkpointed or snapshotted. A machine with
     // an empty disk restores each partition from its last snapshot (which
     // may be past the checkpoint: it restores the marks of what is done with
     // the states) and runs the rest, each record once.
-    let crashed = c.workers.remove(0);
-    crashed.kill();
-    let _ = crashed.join().await;
-    c.add_worker();
+    c.crash_onto_a_new_machine(TopicOrdering::Key).await;
     c.all_checkpointed().await;
     c.stop_and_check().await;
     check_tallies(&c, |_| 1);
@@ -444,18 +455,11 @@ async fn a_topic_switched_back_to_partition_ordering_passes_over_what_keys_finis
     c.add_worker();
     // The slow keys hold each watermark back while the others run ahead:
     // wait until a checkpoint carries records done past it.
-    eventually(Duration::from_secs(60), || async {
-        let checkpoints = c.checkpoints().await;
-        let ahead = checkpoints
+    c.until_while_running("records done past a watermark", |checkpoints| {
+        checkpoints
             .iter()
             .flatten()
-            .any(|cp| !cp.done_above.is_empty());
-        let behind = c.checkpointed().await < c.produced.values().sum::<u64>();
-        match (ahead, behind) {
-            (true, true) => Ok(()),
-            (_, false) => Err("every record ran before any ran ahead: stop".to_owned()),
-            _ => Err("no records done past a watermark yet".to_owned()),
-        }
+            .any(|cp| !cp.done_above.is_empty())
     })
     .await;
     // A crash, and the topic goes back to partition ordering on a machine
@@ -463,10 +467,7 @@ async fn a_topic_switched_back_to_partition_ordering_passes_over_what_keys_finis
     // and its marks of what is done, and must not apply any of those
     // records a second time (the tally sees a repeat as out of order, and
     // counts it).
-    let crashed = c.workers.remove(0);
-    crashed.kill();
-    let _ = crashed.join().await;
-    c.add_worker_ordered(TopicOrdering::Partition);
+    c.crash_onto_a_new_machine(TopicOrdering::Partition).await;
     c.all_checkpointed().await;
     c.stop_and_check().await;
     check_tallies(&c, |_| 1);

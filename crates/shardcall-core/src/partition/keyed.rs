@@ -736,6 +736,13 @@ mod tests {
             .collect()
     }
 
+    /// Whether the step reads ahead.
+    fn fetches(step: &KeyedStep) -> bool {
+        step.commands
+            .iter()
+            .any(|c| matches!(c, KeyedCommand::Fetch { .. }))
+    }
+
     /// A record's call succeeds and its commit comes back: both steps'
     /// commands (but the commit), the last step's wake and end.
     fn ok(e: &mut KeyedEngine, offset: u64, now: Millis) -> KeyedStep {
@@ -890,13 +897,7 @@ mod tests {
         let why = Cause::msg("checksum mismatch");
         let s = e.step(KeyedEvent::Unreadable(why.clone()), 10);
         assert!(s.ended.is_none(), "two records are in flight");
-        assert!(
-            !s.commands
-                .iter()
-                .any(|c| matches!(c, KeyedCommand::Fetch { .. })),
-            "nothing more is read: {:?}",
-            s.commands
-        );
+        assert!(!fetches(&s), "nothing more is read: {:?}", s.commands);
         ok(&mut e, 0, 20);
         let s = ok(&mut e, 1, 30);
         assert_eq!(
@@ -1047,22 +1048,14 @@ mod tests {
         let s = e.step(records(&one_key), 1);
         assert_eq!(starts(&s), vec![0]);
         assert!(
-            !s.commands
-                .iter()
-                .any(|c| matches!(c, KeyedCommand::Fetch { .. })),
+            !fetches(&s),
             "a fetch of one record waits: {:?}",
             s.commands
         );
         let mut now = 2;
         for offset in 0..2 {
             let s = ok(&mut e, offset, now);
-            assert!(
-                !s.commands
-                    .iter()
-                    .any(|c| matches!(c, KeyedCommand::Fetch { .. })),
-                "room for {} only",
-                offset + 2
-            );
+            assert!(!fetches(&s), "room for {} only", offset + 2);
             now += 1;
         }
         let s = ok(&mut e, 2, now);
