@@ -394,8 +394,14 @@ impl PartitionState {
         let cleared = match store_at {
             Some(at) => {
                 let (store, runs_dir) = (at.store.clone(), at.runs_dir.clone());
+                let never_written = at.applied.is_none() && at.mark.is_none();
                 tokio::task::spawn_blocking(move || {
-                    store.clear()?;
+                    // A store that never held anything (a new partition, a
+                    // new machine) stays as it is: clearing one reopens it,
+                    // which costs as much again as opening it did.
+                    if !(never_written && store.range(b"", None, 1)?.is_empty()) {
+                        store.clear()?;
+                    }
                     clear_runs(&runs_dir)
                 })
             }
@@ -878,4 +884,37 @@ fn cut_run(
         }
     }
     Ok((stats, rebase))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local_state::backup_store::MemoryBackupStore;
+
+    #[tokio::test]
+    async fn with_no_snapshot_a_store_never_written_is_kept_and_one_written_is_emptied() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StateConfig::new(dir.path(), Arc::new(MemoryBackupStore::new()));
+        let p = PartitionId::new("t", 0);
+        let mut state = PartitionState::open(&config, "g", &p).unwrap();
+        // Clearing closes the store, removes its folder and opens it again:
+        // a file of the folder's shows whether that happened.
+        let sentinel = partition_store_dir(dir.path(), "g", &p).join("sentinel");
+        std::fs::write(&sentinel, b"").unwrap();
+        let restored = state.restore(None).await.unwrap();
+        assert_eq!(restored.resume_at, None);
+        assert!(sentinel.exists(), "a store never written was cleared");
+
+        let mut writes = WriteSet::new();
+        writes.put(b"k", b"v").unwrap();
+        let applied = Applied {
+            offset: 1,
+            epoch: 1,
+        };
+        state.commit(writes, applied).await.unwrap();
+        state.restore(None).await.unwrap();
+        let store = state.store().unwrap();
+        assert_eq!(store.get(b"k").unwrap(), None, "kept what no snapshot has");
+        assert_eq!(store.applied().unwrap(), None);
+    }
 }
