@@ -163,7 +163,9 @@ impl FileLog {
         if count == 0 {
             return Err(refused("no such topic".into()));
         }
-        let lineage = lineage::load(&dir)?.unwrap_or_else(|| TopicLineage::unsplit(count));
+        let loaded = lineage::load(&dir)?;
+        let first_reshard = loaded.is_none();
+        let lineage = loaded.unwrap_or_else(|| TopicLineage::unsplit(count));
         // Hold every parent's writer lock (a producer writing one makes the
         // split wait for it to stop) and read where each ends.
         let mut held = Vec::new();
@@ -188,6 +190,12 @@ impl FileLog {
         let made = change(&mut next, &ends).map_err(refused)?;
         for (&p, &end) in parents.iter().zip(&ends) {
             lineage::mark_closed(&self.partition_dir(topic, p)?, end)?;
+        }
+        // A reader that finds no lineage counts the topic's folders: the
+        // children's, made next, would look like partitions of their own
+        // with no parents to wait for. The lineage as it stands comes first.
+        if first_reshard {
+            lineage::save(&dir, &lineage)?;
         }
         for p in next
             .partitions

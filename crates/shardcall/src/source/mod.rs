@@ -462,3 +462,51 @@ impl Source for FileLogSource {
             .map(|end| end > offset)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardcall_spool::SpoolConfig;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A listing taken while a topic splits for the first time never
+    /// shows a child without its parent: a child listed alone looks like
+    /// a partition of its own, and its records would be processed before
+    /// its parent's.
+    #[test]
+    fn a_first_split_never_lists_a_child_without_its_parent() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = FileLog::open(dir.path().join("log"), SpoolConfig::default()).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for round in 0..40 {
+            let topic = format!("t{round}");
+            log.ensure_topic(&topic, 2).unwrap();
+            let source = FileLogSource::new(log.clone(), vec![topic.clone()]);
+            let split = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                let lister = s.spawn(|| {
+                    let mut listings = 0;
+                    loop {
+                        let done = split.load(Ordering::SeqCst);
+                        let (partitions, shards) = runtime.block_on(source.listing()).unwrap();
+                        listings += 1;
+                        for p in partitions.iter().filter(|p| p.partition >= 2) {
+                            assert!(
+                                shards.get(p).is_some_and(|s| !s.parents.is_empty()),
+                                "listing {listings}: {p} without its parent: {partitions:?} {shards:?}"
+                            );
+                        }
+                        if done {
+                            return listings;
+                        }
+                    }
+                });
+                log.split(&topic, 0).unwrap();
+                split.store(true, Ordering::SeqCst);
+                assert!(lister.join().unwrap() > 0);
+            });
+        }
+    }
+}
