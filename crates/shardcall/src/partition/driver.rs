@@ -480,7 +480,7 @@ where
 
     async fn carry_out(&mut self, command: Command, engine: &PartitionEngine) -> Event {
         match command {
-            Command::Restore => self.restore().await,
+            Command::Restore => self.restore(engine.runs_keyed()).await,
             Command::FindStart => match self.d.source.initial_offset(&self.d.ctx.partition).await {
                 Ok(o) => Event::FoundStart(Some(o)),
                 Err(e) if e.disposition() == Disposition::Fatal => Event::Unreadable(Cause::new(e)),
@@ -633,7 +633,9 @@ where
     /// Reads the checkpoint and restores the state from it: its bytes for
     /// the handler, or (with a local state store, opened first) the store
     /// as its snapshot history has it. The answer is where to read on.
-    async fn restore(&mut self) -> Event {
+    /// `keyed`: the records run by key, and the keyed run reads what is
+    /// done from the store itself.
+    async fn restore(&mut self, keyed: bool) -> Event {
         if self.local.is_none()
             && let Some(warm) = self.d.warm.take()
         {
@@ -671,25 +673,20 @@ where
             return Event::Restored(StoreAnswer::Failed(Cause::new(e)));
         }
         if self.local.is_none() {
-            return match checkpoint {
-                // Records a run by key finished past its watermark: a topic
-                // switched back to partition ordering passes over them.
-                Some(cp) if !cp.done_above.is_empty() => {
-                    self.restored = Some(cp.state);
-                    self.done_above = cp.done_above.clone();
-                    Event::Resumed {
-                        checkpointed: cp.offset,
-                        resume_at: cp.offset,
-                        done_above: cp.done_above,
-                    }
-                }
-                checkpoint => Event::Restored(StoreAnswer::Ok(checkpoint.map(|cp| {
-                    self.restored = Some(cp.state);
-                    cp.offset
-                }))),
+            let Some(cp) = checkpoint else {
+                return Event::Restored(StoreAnswer::Ok(None));
+            };
+            self.restored = Some(cp.state);
+            // Records a run by key finished past its watermark: a topic
+            // switched back to partition ordering passes over them.
+            self.done_above = cp.done_above.clone();
+            return Event::Resumed {
+                checkpointed: cp.offset,
+                resume_at: cp.offset,
+                done_above: cp.done_above,
             };
         }
-        self.restore_local(checkpoint.as_ref()).await
+        self.restore_local(checkpoint.as_ref(), keyed).await
     }
 
     /// Opens the partition's local state store (a damaged one is replaced).
@@ -712,8 +709,9 @@ where
     }
 
     /// Makes the local state store the state the checkpoint's snapshot
-    /// history has.
-    async fn restore_local(&mut self, checkpoint: Option<&Checkpoint>) -> Event {
+    /// history has, and says which records past its position are done
+    /// (unless `keyed`: the keyed run reads them).
+    async fn restore_local(&mut self, checkpoint: Option<&Checkpoint>, keyed: bool) -> Event {
         let began = clock::now();
         let local = self.local.as_mut().expect("opened");
         let meter = local.meter();
@@ -753,7 +751,8 @@ where
                 // The store keeps the records a run by key finished past its
                 // position; a partition processed in batches passes over
                 // them (its topic was switched back to partition ordering).
-                let done_above = match self.local.as_ref().and_then(PartitionState::store) {
+                let store = self.local.as_ref().and_then(PartitionState::store);
+                let done_above = match store.filter(|_| !keyed) {
                     None => Vec::new(),
                     Some(store) => match keyed_run::stored_progress(Ok(store)).await {
                         Ok(progress) => progress.done_from(resume_at),
