@@ -303,11 +303,16 @@ pub enum Command {
     },
     /// Process the partition's records many at once from `from` on, by
     /// [`crate::keyed_engine::KeyedEngine`], until it is revoked (or the
-    /// worker stops): the keyed engine reads, calls, checkpoints and drains
-    /// by itself. Answer: [`Event::KeyedEnded`].
+    /// worker stops), or a ticket's `budget` ends it: the keyed engine
+    /// reads, calls, checkpoints and drains by itself. Meanwhile the
+    /// driver asks [`PartitionEngine::beside_keyed`] what else is due.
+    /// Answer: [`Event::KeyedEnded`].
     RunKeyed {
         /// Where the restored partition resumes.
         from: u64,
+        /// A ticket's budget ([`crate::keyed_engine::KeyedRules::budget`]);
+        /// `None`: owned, run until revoked.
+        budget: Option<Duration>,
     },
     /// Give the ticket back, due again after `delay`. Answer:
     /// [`Event::Done`].
@@ -563,6 +568,8 @@ pub struct PartitionEngine {
     began: Option<Millis>,
     /// A renewal failed this round: fetch without trying again.
     renew_failed: bool,
+    /// When a claim's renewal was last tried beside a keyed run.
+    renew_tried_at: Option<Millis>,
     give_up: Option<&'static str>,
     /// The source's failures are reported: the report is cleared once a
     /// fetch succeeds.
@@ -626,6 +633,7 @@ impl PartitionEngine {
             found: false,
             began: None,
             renew_failed: false,
+            renew_tried_at: None,
             give_up: None,
             stopping: None,
             source_failing: false,
@@ -666,6 +674,7 @@ impl PartitionEngine {
 
     /// While a [`Command::RunKeyed`] runs (the keyed engine has the
     /// partition's records), what to carry out beside it now, if anything:
+    /// a ticket's claim renewal that came due ([`Self::renewal_due_in`]),
     /// a snapshot that came due (by time, by bytes changed, or because the
     /// partition moves elsewhere), or the pointer write of one that
     /// finished uploading. A keyed run commits one transaction at a time,
@@ -688,7 +697,12 @@ impl PartitionEngine {
             .queue
             .iter()
             .position(|c| matches!(c, Command::WriteHistory));
+        let renew = self.renewal_due_in(env).is_some_and(|d| d.is_zero());
         let command = match history {
+            _ if renew => {
+                self.renew_tried_at = Some(env.now);
+                Command::Renew
+            }
             Some(i) => self.queue.remove(i).expect("found"),
             None if self.snapshot_due(env, false) => Command::Snapshot {
                 write_pointer: false,
@@ -712,6 +726,23 @@ impl PartitionEngine {
             Some(Command::Done(End::Lost(why))) => Some(why.clone()),
             _ => None,
         }
+    }
+
+    /// How long until a ticket's claim is to be renewed beside a keyed
+    /// run: once no more than its `renew_below` of the lease is left, and
+    /// again a short pause after a renewal that failed; never twice within
+    /// that pause (`None`: an owned grant, whose member renews it). A keyed
+    /// run that waits for its calls looks again by then.
+    pub fn renewal_due_in(&self, env: Env) -> Option<Duration> {
+        let t = self.ticket()?;
+        let pause_left = self.renew_tried_at.map_or(Duration::ZERO, |at| {
+            let over = at + STORE_RETRY.as_millis() as Millis;
+            Duration::from_millis(over.saturating_sub(env.now))
+        });
+        if self.renew_failed {
+            return Some(pause_left);
+        }
+        Some(env.lease_left.saturating_sub(t.renew_below).max(pause_left))
     }
 
     /// Whether a snapshot is being uploaded in the background.
@@ -1124,7 +1155,10 @@ impl PartitionEngine {
             (Some(Command::RunKeyed { .. }), Event::KeyedEnded { end, watermark }) => {
                 self.next_offset = watermark;
                 match end {
-                    KeyedEnd::Drained => self.finish(Served::Busy, Duration::ZERO),
+                    KeyedEnd::Drained | KeyedEnd::Served { found: true } => {
+                        self.finish(Served::Busy, Duration::ZERO)
+                    }
+                    KeyedEnd::Served { found: false } => self.finish(Served::Empty, Duration::ZERO),
                     KeyedEnd::Fenced(why) => self.lose(why),
                     KeyedEnd::StorageFailed(why) => self.storage_failed(why),
                     // Drained and checkpointed up to the damage already.
@@ -1143,7 +1177,7 @@ impl PartitionEngine {
                 Err(CallFailure::Batch(e) | CallFailure::Refused(e)) => self.refused(e),
             },
             (Some(Command::Renew), Event::Renewed(answer)) => match answer {
-                StoreAnswer::Ok(()) => {}
+                StoreAnswer::Ok(()) => self.renew_failed = false,
                 StoreAnswer::Fenced(why) => self.lose(why),
                 StoreAnswer::Failed(_) => self.renew_failed = true,
             },
@@ -1617,6 +1651,7 @@ impl PartitionEngine {
             self.pending = None;
             return Some(Command::RunKeyed {
                 from: self.next_offset,
+                budget: self.ticket().map(|t| t.budget),
             });
         }
         let mut wait = if self.pending.is_some() {
@@ -2580,6 +2615,7 @@ mod tests {
                 drain_within: Duration::from_secs(1),
                 max_commit: 16,
                 commit_within: Duration::from_millis(5),
+                budget: None,
             }),
             ..owned()
         }
@@ -2604,7 +2640,10 @@ mod tests {
         let c = e.step(Event::HandlerStarted(Ok(())), env_at(2, false));
         assert_eq!(
             c,
-            Command::RunKeyed { from: 5 },
+            Command::RunKeyed {
+                from: 5,
+                budget: None
+            },
             "records run by key from the checkpoint"
         );
         e
@@ -2661,6 +2700,134 @@ mod tests {
         );
     }
 
+    /// A ticket whose records run by key, with a local state store:
+    /// restored, its handler ready, handed to the keyed engine.
+    fn keyed_ticket_started() -> PartitionEngine {
+        let mut rules = ticket(TicketHistory::default());
+        rules.keyed = keyed().keyed;
+        rules.state = with_state(Duration::from_secs(60), Duration::from_secs(1)).state;
+        let mut e = PartitionEngine::new(rules);
+        assert_eq!(e.step(Event::Start, env_at(0, false)), Command::Restore);
+        let c = e.step(Event::Restored(StoreAnswer::Ok(Some(5))), env_at(1, false));
+        assert_eq!(c, Command::StartHandler);
+        let c = e.step(Event::HandlerStarted(Ok(())), env_at(2, false));
+        assert_eq!(
+            c,
+            Command::RunKeyed {
+                from: 5,
+                budget: Some(Duration::from_millis(1_000))
+            },
+            "the keyed run ends by itself at the ticket's budget"
+        );
+        e
+    }
+
+    fn lease_left(now: Millis, left: Duration) -> Env {
+        Env {
+            lease_left: left,
+            ..env_at(now, false)
+        }
+    }
+
+    #[test]
+    fn a_keyed_ticket_renews_its_claim_beside_the_run_and_a_fenced_renewal_ends_it() {
+        let mut e = keyed_ticket_started();
+        assert_eq!(
+            e.renewal_due_in(lease_left(3, Duration::from_secs(8))),
+            Some(Duration::from_secs(3)),
+            "the run looks again when half the lease is left"
+        );
+        assert_eq!(e.beside_keyed(lease_left(3, Duration::from_secs(8))), None);
+        let low = lease_left(4, Duration::from_secs(5));
+        assert_eq!(e.beside_keyed(low), Some(Command::Renew));
+        // A renewal that fails is tried again after a short pause.
+        let failed = Event::Renewed(StoreAnswer::Failed(Cause::msg("timeout")));
+        assert_eq!(e.beside_keyed_answered(failed, low), None);
+        let soon = lease_left(50, Duration::from_secs(4));
+        assert_eq!(e.beside_keyed(soon), None, "not at once");
+        assert_eq!(e.renewal_due_in(soon), Some(Duration::from_millis(54)));
+        let later = lease_left(104, Duration::from_secs(4));
+        assert_eq!(e.beside_keyed(later), Some(Command::Renew));
+        assert_eq!(
+            e.beside_keyed_answered(Event::Renewed(StoreAnswer::Ok(())), later),
+            None
+        );
+        assert_eq!(
+            e.renewal_due_in(lease_left(105, Duration::from_secs(10))),
+            Some(Duration::from_secs(5)),
+            "renewed: due again at half the new lease"
+        );
+        // A lease that stays short (a margin near the lease) is renewed
+        // no more often than the pause.
+        let short = lease_left(150, Duration::from_secs(1));
+        assert_eq!(e.beside_keyed(short), None, "not twice within the pause");
+        // Someone else claimed it: the run ends, fenced.
+        let c = e.beside_keyed(lease_left(210, Duration::from_secs(1)));
+        assert_eq!(c, Some(Command::Renew));
+        let fenced = Event::Renewed(StoreAnswer::Fenced(Cause::msg("newer claim")));
+        assert!(
+            e.beside_keyed_answered(fenced, lease_left(211, Duration::from_secs(1)))
+                .is_some()
+        );
+        // An owned grant's member renews it: never beside the run.
+        let owned = keyed_started();
+        assert_eq!(owned.renewal_due_in(lease_left(3, Duration::ZERO)), None);
+    }
+
+    #[test]
+    fn a_keyed_ticket_snapshots_what_changed_and_gives_back_and_one_found_empty_backs_off() {
+        let mut e = keyed_ticket_started();
+        let served = Event::KeyedEnded {
+            end: KeyedEnd::Served { found: true },
+            watermark: 40,
+        };
+        // What the run changed is backed up before the ticket goes back,
+        // its pointer written with the checkpoint: the next claim may be
+        // on another worker.
+        assert_eq!(
+            e.step(served, changed(1_003, 500)),
+            Command::Snapshot {
+                write_pointer: true,
+                delta_only: true,
+                background: false
+            }
+        );
+        let c = e.step(
+            Event::Snapshotted(StoreAnswer::Ok(())),
+            env_at(1_004, false),
+        );
+        assert_eq!(
+            c,
+            Command::GiveBack {
+                delay: Duration::ZERO
+            }
+        );
+        let c = e.step(Event::Done, env_at(1_005, false));
+        assert!(
+            matches!(
+                c,
+                Command::Done(End::GaveBack {
+                    served: Served::Busy,
+                    ..
+                })
+            ),
+            "{c:?}"
+        );
+        // A claim that found nothing changed nothing: no snapshot, and the
+        // ticket backs off.
+        let mut e = keyed_ticket_started();
+        let empty = Event::KeyedEnded {
+            end: KeyedEnd::Served { found: false },
+            watermark: 5,
+        };
+        assert_eq!(
+            e.step(empty, env_at(3, false)),
+            Command::GiveBack {
+                delay: Duration::from_millis(20)
+            }
+        );
+    }
+
     #[test]
     fn a_keyed_partition_with_damaged_records_stops_for_the_group() {
         let mut e = keyed_started();
@@ -2688,7 +2855,13 @@ mod tests {
         e.step(Event::Start, env_at(0, false));
         e.step(Event::Restored(StoreAnswer::Ok(Some(5))), env_at(1, false));
         let c = e.step(Event::HandlerStarted(Ok(())), env_at(2, false));
-        assert_eq!(c, Command::RunKeyed { from: 5 });
+        assert_eq!(
+            c,
+            Command::RunKeyed {
+                from: 5,
+                budget: None
+            }
+        );
         e
     }
 

@@ -282,6 +282,12 @@ impl KeyScheduler {
         self.running.len()
     }
 
+    /// Whether every record taken is done: nothing waits, runs or awaits
+    /// its commit.
+    pub fn all_done(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     /// Records read and waiting for their key (a record of it in flight, or
     /// before it in its queue), and the longest such queue of one key.
     /// Walks every queue: for figures taken now and then, not every step.

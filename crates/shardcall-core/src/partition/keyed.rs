@@ -22,8 +22,9 @@
 //! - **Checkpoints**: the watermark and the done ranges above it, at most
 //!   every `checkpoint_interval` while records keep finishing, one write at
 //!   a time; at once when ending.
-//! - **Ending** (revoked, or the worker stops): nothing new starts or is
-//!   read; the records in flight may finish until `drain_within` has
+//! - **Ending** (revoked, or the worker stops; or, for a ticket's claim,
+//!   its budget passed or it caught up with the log): nothing new starts or
+//!   is read; the records in flight may finish until `drain_within` has
 //!   passed; then the last checkpoint, and the end. A fenced checkpoint
 //!   ends at once: the partition is someone else's.
 
@@ -71,6 +72,12 @@ pub struct KeyedRules {
     /// each; grouped, a handler with nothing to wait for commits as
     /// batches do.
     pub commit_within: Duration,
+    /// A ticket's claim (`None`: owned mode, which runs until revoked):
+    /// the run ends by itself, draining as a revoke does, once this long
+    /// has passed since it began, or as soon as it has caught up (a fetch
+    /// found nothing and every record read is done), so that the ticket
+    /// goes back to the pool.
+    pub budget: Option<Duration>,
 }
 
 /// Where a partition's processing stands, as a checkpoint carries it.
@@ -295,6 +302,13 @@ pub enum KeyedCommand {
 pub enum KeyedEnd {
     /// Drained and checkpointed: the partition may be released.
     Drained,
+    /// A ticket's run ended by itself ([`KeyedRules::budget`]), drained
+    /// and checkpointed: the ticket may be given back.
+    Served {
+        /// Whether it read any record to process (a claim that found
+        /// none backs off).
+        found: bool,
+    },
     /// The partition is someone else's (or may be: the lease ran out):
     /// stop without releasing.
     Fenced(Cause),
@@ -370,6 +384,14 @@ pub struct KeyedEngine {
     /// Why the records cannot be read, once a fetch found them damaged.
     unreadable: Option<Cause>,
     ended: bool,
+    /// When the run began (a ticket's budget counts from it).
+    began: Millis,
+    /// Whether a fetch brought a record to process.
+    found: bool,
+    /// Whether a record started: a ticket's run ends at its budget only
+    /// once it has (or has nothing to start), so that every claim gets
+    /// work done however slow the fetch.
+    started_any: bool,
 }
 
 impl KeyedEngine {
@@ -404,6 +426,9 @@ impl KeyedEngine {
             ending_since: None,
             unreadable: None,
             ended: false,
+            began: now,
+            found: false,
+            started_any: false,
         }
     }
 
@@ -483,8 +508,14 @@ impl KeyedEngine {
             KeyedEvent::Tick => {}
             KeyedEvent::Fetched(records) => {
                 self.fetching = false;
+                let none = records.is_empty();
                 for (offset, key) in records {
                     self.scheduler.offer(offset, key);
+                }
+                self.found |= !self.scheduler.all_done();
+                // A ticket that caught up goes back to the pool.
+                if none && self.rules.budget.is_some() && self.scheduler.all_done() {
+                    self.ending_since.get_or_insert(now);
                 }
             }
             KeyedEvent::FetchFailed(_) => {
@@ -577,6 +608,25 @@ impl KeyedEngine {
     fn plan(&mut self, now: Millis, out: &mut KeyedStep) {
         let mut wake: Option<Millis> = None;
         let mut wake_at = |t: Millis| wake = Some(wake.map_or(t, |w: Millis| w.min(t)));
+        // A ticket's budget is over: the run ends as a revoke ends it, once
+        // it got something done (or has nothing it could do) and no record
+        // is being retried.
+        if let Some(budget) = self.rules.budget
+            && self.ending_since.is_none()
+        {
+            let over = self.began + budget.as_millis() as Millis;
+            let idle = !self.fetching && self.scheduler.all_done();
+            // A record being retried keeps the claim until it succeeds or
+            // goes to the dead letters, as a failing batch does: its
+            // attempts are counted here, and would start over elsewhere.
+            let retrying =
+                !self.failing.is_empty() || self.flights.values().any(|f| f.attempts > 1);
+            if now < over {
+                wake_at(over);
+            } else if (self.started_any || idle) && !retrying {
+                self.ending_since = Some(now);
+            }
+        }
         let ending = self.ending_since.is_some();
         // Retries and dead letters come due (while ending, a failed record
         // is left for the next owner).
@@ -618,6 +668,7 @@ impl KeyedEngine {
                 );
                 out.commands
                     .push(KeyedCommand::Start { offset, attempt: 1 });
+                self.started_any = true;
             }
             // Read ahead.
             let min_fetch = self
@@ -681,6 +732,7 @@ impl KeyedEngine {
                 self.ended = true;
                 out.ended = Some(match self.unreadable.take() {
                     Some(why) => KeyedEnd::Unreadable(why),
+                    None if self.rules.budget.is_some() => KeyedEnd::Served { found: self.found },
                     None => KeyedEnd::Drained,
                 });
                 return;
@@ -715,6 +767,7 @@ mod tests {
             drain_within: Duration::from_millis(1000),
             max_commit: 100,
             commit_within: Duration::ZERO,
+            budget: None,
         }
     }
 
@@ -937,6 +990,129 @@ mod tests {
     }
 
     #[test]
+    fn a_tickets_run_ends_at_its_budget_and_drains_what_is_in_flight() {
+        let rules = KeyedRules {
+            budget: Some(Duration::from_millis(100)),
+            ..rules()
+        };
+        let mut e = KeyedEngine::new(rules, &Progress::default(), 0);
+        let s = e.step(KeyedEvent::Tick, 0);
+        assert!(fetches(&s));
+        assert_eq!(s.wake_at, Some(100), "it looks again when the budget ends");
+        e.step(records(&[(0, 0), (1, 1)]), 10);
+        ok(&mut e, 0, 20);
+        // The budget passes with 1 in flight: nothing new is read or
+        // started, 1 may finish, then the last checkpoint and the end.
+        let s = e.step(KeyedEvent::Tick, 100);
+        assert_eq!(
+            s.commands,
+            vec![KeyedCommand::Checkpoint(Progress {
+                watermark: 1,
+                done_above: vec![],
+            })],
+            "nothing read or started, what is done checkpointed"
+        );
+        let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 101);
+        assert_eq!(s.ended, None, "1 is still in flight");
+        let s = ok(&mut e, 1, 120);
+        assert_eq!(
+            s.commands,
+            vec![KeyedCommand::Checkpoint(Progress {
+                watermark: 2,
+                done_above: vec![],
+            })]
+        );
+        let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 130);
+        assert_eq!(s.ended, Some(KeyedEnd::Served { found: true }));
+    }
+
+    #[test]
+    fn a_record_being_retried_keeps_a_tickets_claim_past_its_budget() {
+        let rules = KeyedRules {
+            budget: Some(Duration::from_millis(100)),
+            ..rules()
+        };
+        let mut e = KeyedEngine::new(rules, &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 0)]), 1);
+        e.step(failed(0), 95);
+        // Its attempts are counted in this run: were the claim to end, they
+        // would start over on the next, and a poison record would never
+        // reach the dead letters.
+        let s = e.step(KeyedEvent::Tick, 100);
+        assert!(s.ended.is_none() && starts(&s).is_empty(), "{s:?}");
+        let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 101);
+        assert_eq!(s.wake_at, Some(105), "the retry's time, not the end");
+        let s = e.step(KeyedEvent::Tick, 105);
+        assert_eq!(
+            s.commands,
+            vec![KeyedCommand::Start {
+                offset: 0,
+                attempt: 2
+            }]
+        );
+        let s = e.step(KeyedEvent::Tick, 106);
+        assert!(s.ended.is_none(), "the retry is in flight");
+        ok(&mut e, 0, 110);
+        let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 111);
+        assert_eq!(s.ended, Some(KeyedEnd::Served { found: true }));
+    }
+
+    #[test]
+    fn a_tickets_run_ends_once_caught_up_and_says_whether_it_found_records() {
+        let rules = KeyedRules {
+            budget: Some(Duration::from_secs(60)),
+            ..rules()
+        };
+        // Nothing to read at all: the run ends at once, found nothing.
+        let mut e = KeyedEngine::new(rules.clone(), &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        let s = e.step(KeyedEvent::Fetched(vec![]), 5);
+        let cp = s
+            .commands
+            .iter()
+            .any(|c| matches!(c, KeyedCommand::Checkpoint(_)));
+        assert!(cp, "{:?}", s.commands);
+        let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 6);
+        assert_eq!(s.ended, Some(KeyedEnd::Served { found: false }));
+        // An empty fetch while a record is in flight is not caught up: the
+        // run reads on, and ends at the first empty fetch after it is done.
+        let mut e = KeyedEngine::new(rules, &Progress::default(), 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(0, 0)]), 1);
+        let s = e.step(KeyedEvent::Fetched(vec![]), 2);
+        assert_eq!(s.ended, None);
+        assert!(fetches(&s), "still reading: {:?}", s.commands);
+        ok(&mut e, 0, 3);
+        let s = e.step(KeyedEvent::Fetched(vec![]), 4);
+        assert!(
+            s.commands
+                .iter()
+                .any(|c| matches!(c, KeyedCommand::Checkpoint(_))),
+            "{:?}",
+            s.commands
+        );
+        let s = e.step(KeyedEvent::Checkpointed(CheckpointOutcome::Written), 5);
+        assert_eq!(s.ended, Some(KeyedEnd::Served { found: true }));
+        // Records a restore knew were done are not records found.
+        let restored = Progress {
+            watermark: 0,
+            done_above: vec![(1, 1)],
+        };
+        let mut e = KeyedEngine::new(rules_with_budget(), &restored, 0);
+        e.step(KeyedEvent::Tick, 0);
+        e.step(records(&[(1, 0)]), 1);
+        assert!(!e.found, "a done record is skipped, not found");
+    }
+
+    fn rules_with_budget() -> KeyedRules {
+        KeyedRules {
+            budget: Some(Duration::from_secs(60)),
+            ..rules()
+        }
+    }
+
+    #[test]
     fn a_fenced_checkpoint_ends_at_once() {
         let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
         e.step(KeyedEvent::Tick, 0);
@@ -1146,15 +1322,22 @@ mod tests {
         /// process crashes once: a new engine resumes from what the local
         /// store committed. Each key's records are done in offset order,
         /// each record once, and the checkpointed watermark never passes
-        /// a record not done.
+        /// a record not done. With a ticket's budget, each run ends by
+        /// itself (at the budget, or caught up) and the next claim resumes
+        /// from the store as the crash does.
         #[test]
         fn keys_keep_order_and_every_record_is_done_exactly_once_across_a_crash(
-            (keys, answers, crash_at) in run_strategy()
+            (keys, answers, crash_at) in run_strategy(),
+            budget in proptest::option::of(1u64..60),
         ) {
             let n = keys.len() as u64;
             let key = |o: u64| Some(KeyHash::of(&[keys[o as usize]]));
+            let rules = KeyedRules {
+                budget: budget.map(Duration::from_millis),
+                ..grouping()
+            };
             let mut now: Millis = 0;
-            let mut e = KeyedEngine::new(grouping(), &Progress::default(), now);
+            let mut e = KeyedEngine::new(rules.clone(), &Progress::default(), now);
             // What the local store committed: done offsets, in the order
             // they were done.
             let mut committed: Vec<u64> = Vec::new();
@@ -1171,7 +1354,7 @@ mod tests {
                 if step == crash_at && !crashed {
                     crashed = true;
                     let restored = Progress::from_store(store.0, &store.1);
-                    e = KeyedEngine::new(grouping(), &restored, now);
+                    e = KeyedEngine::new(rules.clone(), &restored, now);
                     // What finished and was not committed is lost with
                     // the process, and runs again.
                     let kept: BTreeSet<u64> = committed.iter().copied().collect();
@@ -1185,8 +1368,11 @@ mod tests {
                 step += 1;
                 now += 1;
                 // A fetch at the log's end waits for records (a long
-                // poll): it is never answered.
-                out.retain(|c| !matches!(c, KeyedCommand::Fetch { from, .. } if *from >= n));
+                // poll): it is never answered, but for a ticket's run,
+                // which is told there is nothing (and so ends).
+                if budget.is_none() {
+                    out.retain(|c| !matches!(c, KeyedCommand::Fetch { from, .. } if *from >= n));
+                }
                 let event = if out.is_empty() {
                     now = now.max(wake.unwrap_or(now));
                     KeyedEvent::Tick
@@ -1230,7 +1416,9 @@ mod tests {
                             for &(a, b) in &p.done_above {
                                 prop_assert!((a..=b).all(|o| done.contains(&o)));
                             }
-                            KeyedEvent::Checkpointed(if fail {
+                            // Some writes land, even in a run where all
+                            // else fails: an ending run waits for one.
+                            KeyedEvent::Checkpointed(if fail && step % 3 != 0 {
                                 CheckpointOutcome::Failed(Cause::msg("down"))
                             } else {
                                 CheckpointOutcome::Written
@@ -1239,6 +1427,18 @@ mod tests {
                     }
                 };
                 let s = e.step(event, now);
+                if let Some(end) = s.ended {
+                    prop_assert!(matches!(end, KeyedEnd::Served { .. }), "{:?}", end);
+                    prop_assert!(budget.is_some());
+                    // The next claim: every answer still out is lost with
+                    // the run, and the store is where it resumes.
+                    let kept: BTreeSet<u64> = committed.iter().copied().collect();
+                    finished.retain(|o| kept.contains(o));
+                    e = KeyedEngine::new(rules.clone(), &Progress::from_store(store.0, &store.1), now);
+                    out = e.step(KeyedEvent::Tick, now).commands;
+                    wake = None;
+                    continue;
+                }
                 out.extend(s.commands);
                 wake = s.wake_at;
             }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use async_trait::async_trait;
+use shardcall_core::keyed_engine::KeyedRules;
 use shardcall_core::lag_looks::lag_look_due;
 use shardcall_core::partition_engine::Command;
 use shardcall_core::state_plan::BackupPointer;
@@ -279,10 +280,13 @@ where
                     engine.snapshot_uploaded(answer, driver.env());
                 }
                 event = match command {
-                    Command::RunKeyed { .. } => {
-                        let rules = keyed
-                            .clone()
-                            .expect("the engine runs keyed only with rules");
+                    Command::RunKeyed { budget, .. } => {
+                        let rules = KeyedRules {
+                            budget,
+                            ..keyed
+                                .clone()
+                                .expect("the engine runs keyed only with rules")
+                        };
                         driver.run_keyed(&mut engine, rules, fetch_wait).await
                     }
                     command => driver.carry_out(command, &engine).await,

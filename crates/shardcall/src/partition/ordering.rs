@@ -156,6 +156,8 @@ impl OrderingConfig {
             // then costs a fraction of a commit, as in a batch.
             max_commit: batch.max_records,
             commit_within: COMMIT_WITHIN,
+            // Owned mode runs until revoked; a ticket's claim sets its own.
+            budget: None,
         })
     }
 }

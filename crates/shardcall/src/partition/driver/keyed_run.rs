@@ -244,7 +244,10 @@ where
                 Some(finished) => finished,
                 None => match run.answers.pop_front() {
                     Some(answer) => answer,
-                    None => self.next_keyed_event(run).await,
+                    None => {
+                        let renew_in = partition.renewal_due_in(self.env());
+                        self.next_keyed_event(run, renew_in).await
+                    }
                 },
             };
         }
@@ -268,8 +271,13 @@ where
     }
 
     /// Waits for whatever comes first: a call's answer, the fetch's, the
-    /// revoke, the lease running out, or the engine's tick.
-    async fn next_keyed_event(&mut self, run: &mut Run) -> KeyedEvent {
+    /// revoke, the lease running out, the engine's tick, or a claim's
+    /// renewal coming due (`renew_in`; carried out beside the run).
+    async fn next_keyed_event(
+        &mut self,
+        run: &mut Run,
+        renew_in: Option<std::time::Duration>,
+    ) -> KeyedEvent {
         if !run.told_end && *self.d.revoke.borrow() {
             run.told_end = true;
             return KeyedEvent::End;
@@ -278,7 +286,10 @@ where
         let at = run
             .wake_at
             .map_or(run.next_looks, |w| w.min(run.next_looks));
-        let tick = self.began + std::time::Duration::from_millis(at);
+        let mut tick = self.began + std::time::Duration::from_millis(at);
+        if let Some(renew_in) = renew_in {
+            tick = tick.min(crate::clock::timer_now() + renew_in);
+        }
         let lease_left = self.grant.lease().remaining();
         tokio::select! {
             Some(joined) = run.calls.join_next_with_id(), if !run.calls.is_empty() => {
