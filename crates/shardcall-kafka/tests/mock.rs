@@ -514,6 +514,7 @@ async fn ticket_mode_over_kafka() {
                 factory: Arc::new(DigestFactory::default()),
                 dead_letters: None,
                 observer: Some(oracle.clone()),
+                state: None,
             }
             .spawn()
             .unwrap()

@@ -273,6 +273,23 @@ pub(crate) fn checkpoint_read(group: &str, partition: &PartitionId) -> redis::Cm
     cmd
 }
 
+/// Adds the arguments both checkpoint scripts take after their own, in
+/// order: the snapshot history (JSON; empty: leave the stored one), the
+/// source position, the local store's size, whether a snapshot uploads,
+/// the done ranges and the records in flight.
+pub(crate) fn checkpoint_fields(call: &mut redis::ScriptInvocation<'_>, cp: &Checkpoint) {
+    call.arg(if cp.backup.is_empty() {
+        String::new()
+    } else {
+        serde_json::to_string(&cp.backup).expect("pointers serialize")
+    })
+    .arg(cp.position.as_deref().unwrap_or(""))
+    .arg(cp.store_bytes.map_or(String::new(), |b| b.to_string()))
+    .arg(if cp.snapshot_uploading { "1" } else { "0" })
+    .arg(codec::encode_ranges(&cp.done_above))
+    .arg(codec::encode_in_flight(cp.in_flight.as_ref()));
+}
+
 /// The checkpoint from the answer to [`checkpoint_read`] (none yet: `None`).
 pub(crate) fn decode_checkpoint_reply(
     partition: &PartitionId,
@@ -726,28 +743,16 @@ impl RedisStore {
         cp: &Checkpoint,
     ) -> Result<(), redis::RedisError> {
         let mut c = self.conn.clone();
-        let _: i64 = self
-            .scripts
-            .checkpoint
-            .key(grant_key(group, p))
+        let mut call = self.scripts.checkpoint.prepare_invoke();
+        call.key(grant_key(group, p))
             .key(checkpoint_key(group, p))
             .arg(member.as_str())
             .arg(cp.epoch)
             .arg(cp.offset)
             .arg(cp.state.as_slice())
-            .arg(self.lease_end(group, member))
-            .arg(if cp.backup.is_empty() {
-                String::new()
-            } else {
-                serde_json::to_string(&cp.backup).expect("pointers serialize")
-            })
-            .arg(cp.position.as_deref().unwrap_or(""))
-            .arg(cp.store_bytes.map_or(String::new(), |b| b.to_string()))
-            .arg(if cp.snapshot_uploading { "1" } else { "0" })
-            .arg(codec::encode_ranges(&cp.done_above))
-            .arg(codec::encode_in_flight(cp.in_flight.as_ref()))
-            .invoke_async(&mut c)
-            .await?;
+            .arg(self.lease_end(group, member));
+        checkpoint_fields(&mut call, cp);
+        let _: i64 = call.invoke_async(&mut c).await?;
         Ok(())
     }
 }

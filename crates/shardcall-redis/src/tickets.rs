@@ -14,9 +14,12 @@ use shardcall::{
 };
 use shardcall_core::{MemberId, PartitionId, TicketClaim};
 
-use crate::codec::{self, parse_partition_field, partition_field};
+use crate::codec::{parse_partition_field, partition_field};
 use crate::error::map_error;
-use crate::store::{RedisStore, checkpoint_key, decode_checkpoint, group_key, ms, partition_key};
+use crate::store::{
+    CheckpointReply, RedisStore, checkpoint_fields, checkpoint_key, decode_checkpoint_reply,
+    group_key, ms, partition_key,
+};
 
 /// A waiting claim looks again at least this often, in case a hint was lost.
 const RECHECK: Duration = Duration::from_secs(2);
@@ -277,16 +280,11 @@ impl TicketStore for RedisStore {
             .key(checkpoint_key(group, &claim.partition))
             .arg(claim.epoch)
             .arg(claim.expires);
-        let (offset, state, epoch, done): (
-            Option<u64>,
-            Option<Vec<u8>>,
-            Option<u64>,
-            Option<String>,
-        ) = self
+        let reply: CheckpointReply = self
             .invoke(&mut call)
             .await
             .map_err(|e| Self::fenced_as_claim(e, claim))?;
-        decode_checkpoint(&claim.partition, (offset, state, epoch), None, done)
+        decode_checkpoint_reply(&claim.partition, reply)
     }
 
     async fn count_delivery(
@@ -323,8 +321,8 @@ impl TicketStore for RedisStore {
             .arg(claim.epoch)
             .arg(claim.expires)
             .arg(checkpoint.offset)
-            .arg(checkpoint.state.as_slice())
-            .arg(codec::encode_ranges(&checkpoint.done_above));
+            .arg(checkpoint.state.as_slice());
+        checkpoint_fields(&mut call, checkpoint);
         let _: i64 = self
             .invoke(&mut call)
             .await

@@ -53,6 +53,7 @@ async fn a_checkpoint_answered_after_the_lease_is_unknown_not_refused() {
         }),
         dead_letters: None,
         observer: Some(oracle.clone()),
+        state: None,
     }
     .spawn()
     .unwrap();

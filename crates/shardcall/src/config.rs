@@ -208,6 +208,13 @@ pub enum WorkerConfigError {
          batches"
     )]
     KeyOrderingNeedsKeyedHandler,
+    /// A ticket-mode worker was given a directory the handler owns for its
+    /// state.
+    #[error(
+        "ticket mode keeps a partition's state in the runtime's local state store (state kind \
+         \"store\"); a directory the handler owns (kind \"directory\") works in owned mode only"
+    )]
+    DirectoryStateInTicketMode,
     /// The handler keeps its state one way and the worker is set up for
     /// another.
     #[error("the handler keeps its state {handler}, but the worker runs {worker}: {fix}")]

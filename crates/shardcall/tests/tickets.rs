@@ -40,6 +40,7 @@ fn config(name: &str) -> TicketConfig {
         call_deadline: Duration::from_secs(10),
         discover_every: Duration::from_millis(100),
         keep_reading_for: Duration::from_secs(30),
+        ordering: shardcall::OrderingConfig::default(),
     }
 }
 
@@ -101,6 +102,7 @@ impl Run {
             factory: Arc::new(factory),
             dead_letters,
             observer: Some(self.oracle.clone()),
+            state: None,
         }
         .spawn()
         .unwrap();
@@ -271,6 +273,7 @@ async fn new_records_wake_a_backed_off_partition() {
         factory: Arc::new(DigestFactory::default()),
         dead_letters: None,
         observer: None,
+        state: None,
     }
     .spawn()
     .unwrap();

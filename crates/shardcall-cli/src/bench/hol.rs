@@ -247,6 +247,7 @@ async fn ticket(a: &BenchHolArgs, log: &FileLog, total: u64) -> anyhow::Result<M
             factory,
             dead_letters: None,
             observer: None,
+            state: None,
         }
         .spawn()?
         .into())

@@ -367,6 +367,7 @@ fn spawn_ticket<Src: Source>(
         factory: handlers(r),
         dead_letters,
         observer,
+        state: None,
     };
     Ok(RunningWorker::Ticket(worker.spawn()?))
 }

@@ -103,6 +103,7 @@ impl Demo {
             }),
             dead_letters: Some(Arc::new(FileLogDeadLetters::new(self.log.clone(), DEAD))),
             observer: Some(self.oracle.clone()),
+            state: None,
         }
         .spawn()?;
         self.stats.push(handle.stats.clone());

@@ -54,6 +54,25 @@ pub(crate) struct Inner {
     >,
 }
 
+impl Inner {
+    /// Writes a partition's checkpoint as both modes do: a checkpoint
+    /// without a snapshot history keeps the stored one.
+    pub(crate) fn write_checkpoint(
+        &mut self,
+        group: &str,
+        partition: &PartitionId,
+        mut checkpoint: Checkpoint,
+    ) {
+        let key = (group.to_owned(), partition.clone());
+        if checkpoint.backup.is_empty()
+            && let Some(old) = self.checkpoints.get(&key)
+        {
+            checkpoint.backup = old.backup.clone();
+        }
+        self.checkpoints.insert(key, checkpoint);
+    }
+}
+
 /// The in-process store.
 pub struct MemoryStore {
     pub(crate) clock: Arc<dyn Clock>,
@@ -659,18 +678,7 @@ impl CoordinationStore for MemoryStore {
         let g = inner.groups.entry(group.to_owned()).or_default();
         g.check_holder(member, partition, checkpoint.epoch, now)
             .map_err(|f: Fenced| StoreError::Fenced(f))?;
-        let key = (group.to_owned(), partition.clone());
-        let backup = match (checkpoint.backup.is_empty(), inner.checkpoints.get(&key)) {
-            (true, Some(old)) => old.backup.clone(),
-            _ => checkpoint.backup.clone(),
-        };
-        inner.checkpoints.insert(
-            key,
-            Checkpoint {
-                backup,
-                ..checkpoint.clone()
-            },
-        );
+        inner.write_checkpoint(group, partition, checkpoint.clone());
         Ok(())
     }
 }

@@ -23,7 +23,9 @@ use shardcall_spool::Record;
 
 use crate::config::WorkerConfigError;
 use crate::handler::per_key::SharedHandler;
-use crate::handler::{HandlerError, HandlerResult, PartitionContext, PartitionHandler};
+use crate::handler::{
+    HandlerError, HandlerFactory, HandlerResult, PartitionContext, PartitionHandler,
+};
 use crate::local_state::config::StateKind;
 use crate::local_state::txn::StateTxn;
 
@@ -239,6 +241,22 @@ pub(crate) fn check_fits<H: PartitionHandler>(
         }),
         None => Ok(()),
     }
+}
+
+/// Whether the handlers `factory` makes can run on a worker whose local
+/// state is `state` (`None`: none) under `ordering`: they keep their
+/// state the way the worker does, and take records one by one where a
+/// topic runs so. Either mode checks it before it starts.
+pub(crate) fn check_handler<F: HandlerFactory>(
+    factory: &F,
+    state: Option<StateKind>,
+    ordering: &crate::OrderingConfig,
+) -> Result<(), WorkerConfigError> {
+    check_fits::<F::Handler>(state)?;
+    if ordering.any_per_record() && !factory.per_record() {
+        return Err(WorkerConfigError::KeyOrderingNeedsKeyedHandler);
+    }
+    Ok(())
 }
 
 /// `handler`, shared by record calls the way its type allows

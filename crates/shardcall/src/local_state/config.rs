@@ -109,6 +109,20 @@ pub fn partition_store_dir(dir: &Path, group: &str, partition: &PartitionId) -> 
 }
 
 impl StateConfig {
+    /// When a partition with this local state snapshots, as the partition
+    /// engine takes it: a handler's own directory is snapshotted between
+    /// batches (and a failed batch rewinds to it), the runtime's store in
+    /// the background.
+    pub(crate) fn rules(&self) -> shardcall_core::StateRules {
+        shardcall_core::StateRules {
+            snapshot_every: self.snapshots.every,
+            snapshot_bytes: self.snapshots.bytes,
+            final_snapshot_wait: self.snapshots.final_wait,
+            rewind_on_failure: self.kind == StateKind::Directory,
+            in_background: self.kind == StateKind::Store,
+        }
+    }
+
     /// Every problem of these settings (empty: they can work); part of
     /// [`crate::WorkerConfig::problems`].
     pub fn problems(&self) -> Vec<crate::WorkerConfigError> {

@@ -167,14 +167,11 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Worker<S, Src, F> {
     /// finds none (the first is the error).
     pub fn spawn(self) -> Result<WorkerHandle, WorkerError> {
         self.check()?;
-        crate::handler::keeps::check_fits::<F::Handler>(
+        crate::handler::keeps::check_handler(
+            &*self.factory,
             self.config.state.as_ref().map(|s| s.kind),
+            &self.config.ordering,
         )?;
-        if self.config.ordering.any_per_record() && !self.factory.per_record() {
-            return Err(WorkerError::Config(
-                crate::config::WorkerConfigError::KeyOrderingNeedsKeyedHandler,
-            ));
-        }
         let (stop, stop_rx) = watch::channel(Stop::Run);
         let stats = Arc::new(WorkerStats::default());
         let s = stats.clone();

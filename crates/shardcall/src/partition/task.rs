@@ -172,13 +172,7 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> PartitionTask<S, Src,
             dead_letters: self.dead_letters.is_some(),
             count_in_store: false,
             give_up_after: self.batch.give_up_after,
-            state: self.state.as_ref().map(|s| shardcall_core::StateRules {
-                snapshot_every: s.snapshots.every,
-                snapshot_bytes: s.snapshots.bytes,
-                final_snapshot_wait: s.snapshots.final_wait,
-                rewind_on_failure: s.kind == crate::StateKind::Directory,
-                in_background: s.kind == crate::StateKind::Store,
-            }),
+            state: self.state.as_ref().map(crate::StateConfig::rules),
             keyed: self.keyed.clone(),
         };
         let grant = OwnedGrant {

@@ -61,6 +61,7 @@ macro_rules! __ticket_checks {
             a_lapsed_claim_returns_and_is_fenced,
             checkpoints_follow_the_newest_claim,
             a_claim_restores_the_done_ranges,
+            a_claim_restores_the_snapshot_history,
             backed_off_tickets_wait_and_wake,
             a_waiting_claim_gets_a_returned_ticket,
             deliveries_are_counted_across_claims,
@@ -291,6 +292,73 @@ pub async fn checkpoints_follow_the_newest_claim<S: TicketStore>(store: &S, grou
         .unwrap();
     let now = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
     assert_eq!((now.offset, now.epoch), (20, b.epoch));
+}
+
+/// A claim's checkpoint carries the snapshot history of the partition's
+/// local state store, and what owned mode's carries beside it (the local
+/// store's size, an upload under way, the records in flight): the next
+/// claim, maybe on another worker, restores the state from that history.
+/// A checkpoint without a history keeps the stored one; a refused one
+/// never moves it.
+pub async fn a_claim_restores_the_snapshot_history<S: TicketStore>(store: &S, group: &str) {
+    use shardcall_core::state_plan::BackupPointer;
+    store.seed_tickets(group, &ps(1)).await.unwrap();
+    let a = claim_for(store, group, "a", TTL).await;
+    assert_eq!(store.restore_ticket(group, &a).await.unwrap(), None);
+    let pointer = |name: &str, offset| BackupPointer {
+        manifest: name.into(),
+        offset,
+        taken_at_ms: 1_700_000_000_000 + offset,
+        state_bytes: 10 * offset,
+    };
+    let cp = |offset, epoch, backup| Checkpoint {
+        offset,
+        state: Vec::new(),
+        epoch,
+        backup,
+        position: None,
+        store_bytes: Some(4096),
+        snapshot_uploading: true,
+        in_flight: Some(crate::coordination::store::InFlight {
+            records: 3,
+            oldest_since_ms: 1_700_000_000_000,
+        }),
+        done_above: Vec::new(),
+    };
+    let history = vec![pointer("m2", 8), pointer("m1", 4)];
+    store
+        .save_ticket_checkpoint(group, &a, &cp(10, a.epoch, history.clone()))
+        .await
+        .unwrap();
+    store
+        .save_ticket_checkpoint(group, &a, &cp(12, a.epoch, Vec::new()))
+        .await
+        .unwrap();
+    tokio::time::sleep(TTL + Duration::from_millis(150)).await;
+    let b = claim(store, group, "b").await;
+    let restored = store.restore_ticket(group, &b).await.unwrap().unwrap();
+    assert_eq!(
+        (restored.offset, &restored.backup),
+        (12, &history),
+        "the next claim would restore no state, or an empty history erased the stored one"
+    );
+    assert_eq!(
+        (
+            restored.store_bytes,
+            restored.snapshot_uploading,
+            restored.in_flight.map(|f| f.records)
+        ),
+        (Some(4096), true, Some(3))
+    );
+    let zombie = store
+        .save_ticket_checkpoint(group, &a, &cp(20, a.epoch, vec![pointer("zombie", 20)]))
+        .await;
+    fenced(zombie, "the old claim's snapshot pointer");
+    let now = store.load_checkpoint(group, &p(0)).await.unwrap().unwrap();
+    assert_eq!(
+        now.backup, history,
+        "a refused checkpoint moved the pointer"
+    );
 }
 
 /// A claim's checkpoint carries its done ranges; the next claim restores

@@ -78,6 +78,13 @@ pub struct TicketConfig {
     /// released.
     #[serde(with = "shardcall_core::duration_text::serde")]
     pub keep_reading_for: Duration,
+    /// The ordering of each topic (from the worker's `[ordering]` table,
+    /// which both modes share). A topic run by key or in no order needs a
+    /// [`crate::KeyedHandler`] and the local state store
+    /// ([`crate::TicketWorker::state`]); each claim runs its records many
+    /// at once until its budget passes or it catches up.
+    #[serde(skip)]
+    pub ordering: crate::OrderingConfig,
 }
 
 impl Default for TicketConfig {
@@ -101,6 +108,7 @@ impl Default for TicketConfig {
             call_deadline: crate::partition::handler_cell::DEFAULT_DEADLINE,
             discover_every: Duration::from_secs(1),
             keep_reading_for: Duration::from_secs(30),
+            ordering: crate::OrderingConfig::default(),
         }
     }
 }

@@ -183,8 +183,9 @@ impl TicketStore for MemoryStore {
         let now = self.clock.now_ms();
         let mut inner = self.inner.lock().expect("store lock");
         check_claim(&inner, group, claim, now)?;
-        inner.checkpoints.insert(
-            (group.to_owned(), claim.partition.clone()),
+        inner.write_checkpoint(
+            group,
+            &claim.partition,
             Checkpoint {
                 epoch: claim.epoch,
                 ..checkpoint.clone()

@@ -17,6 +17,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::clock;
+use crate::config::{BatchConfig, WorkerConfigError};
 use crate::coordination::store::{Checkpoint, Disposition, StoreError};
 use crate::error::WorkerError;
 use crate::handler::{BatchObserver, HandlerFactory, PartitionContext};
@@ -59,6 +60,15 @@ pub struct TicketWorker<S, Src, F> {
     pub dead_letters: Option<Arc<dyn DeadLetters>>,
     /// Sees every batch (tests and the demo).
     pub observer: Option<Arc<dyn BatchObserver>>,
+    /// The local state stores, for a handler that keeps its state in one
+    /// ([`crate::LocalStoreHandler`], or a [`crate::KeyedHandler`] under
+    /// key ordering); `None`: each claim restores the state bytes
+    /// checkpointed with the offset. A partition's store on this worker is
+    /// resumed as it is when this worker was the last to process it;
+    /// otherwise it is restored from the partition's snapshots, which each
+    /// claim that changed the state takes before it gives the ticket back.
+    /// Only the runtime's store ([`crate::StateKind::Store`]).
+    pub state: Option<crate::StateConfig>,
 }
 
 /// A running ticket-mode worker.
@@ -103,6 +113,7 @@ struct Shared<S, Src, F: HandlerFactory> {
     observer: Option<Arc<dyn BatchObserver>>,
     stats: Arc<TicketStats>,
     kept: Mutex<HashMap<PartitionId, Kept<F::Handler>>>,
+    state: Option<crate::StateConfig>,
     /// What this worker learnt of its partitions between claims; held
     /// across a release from the source, so a claim never finds its
     /// partition released.
@@ -112,12 +123,35 @@ struct Shared<S, Src, F: HandlerFactory> {
 }
 
 impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
+    /// Every problem of the local state and the orderings, beyond
+    /// [`TicketConfig::problems`] (empty: they can work).
+    pub fn problems(&self) -> Vec<WorkerConfigError> {
+        let mut out = Vec::new();
+        if let Some(state) = &self.state {
+            out.extend(state.problems());
+            if state.kind == crate::StateKind::Directory {
+                out.push(WorkerConfigError::DirectoryStateInTicketMode);
+            }
+        }
+        let store = self
+            .state
+            .as_ref()
+            .is_some_and(|s| s.kind == crate::StateKind::Store);
+        out.extend(self.config.ordering.problems(store));
+        out
+    }
+
     /// Validates the configuration and starts the worker on the current runtime.
     pub fn spawn(self) -> Result<TicketWorkerHandle, WorkerError> {
         self.config.validate()?;
-        // Ticket mode has no local state stores: each claim restores the
-        // state bytes checkpointed with the offset.
-        crate::handler::keeps::check_fits::<F::Handler>(None)?;
+        if let Some(problem) = self.problems().into_iter().next() {
+            return Err(WorkerError::Config(problem));
+        }
+        crate::handler::keeps::check_handler(
+            &*self.factory,
+            self.state.as_ref().map(|s| s.kind),
+            &self.config.ordering,
+        )?;
         let (stop, stop_rx) = watch::channel(false);
         let stats = Arc::new(TicketStats::default());
         let keep_reading_for = self.config.keep_reading_for.as_millis() as Millis;
@@ -131,6 +165,7 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
             observer: self.observer,
             stats: stats.clone(),
             kept: Mutex::default(),
+            state: self.state,
             memory: tokio::sync::Mutex::new(TicketMemory::new(keep_reading_for)),
             cadence,
         });
@@ -392,9 +427,18 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
         dead_letters: s.dead_letters.is_some(),
         count_in_store: true,
         give_up_after: 0,
-        state: None,
-        // Ticket mode processes in batches, in offset order.
-        keyed: None,
+        state: s.state.as_ref().map(crate::StateConfig::rules),
+        keyed: c.ordering.keyed_rules(
+            &p.topic,
+            &BatchConfig {
+                max_records: c.max_batch,
+                max_attempts: c.max_attempts,
+                retry: c.retry,
+                ..BatchConfig::default()
+            },
+            c.call_deadline,
+            s.dead_letters.is_some(),
+        ),
     };
     let ctx = PartitionContext {
         partition: p.clone(),
@@ -412,7 +456,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
     };
     let kept = s.kept.lock().expect("kept lock").remove(&p);
     let d = Drive {
-        state: None,
+        state: s.state.clone(),
         warm: None,
         moving: None,
         // Ticket mode balances by claiming: no load to report.

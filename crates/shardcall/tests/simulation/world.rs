@@ -108,6 +108,7 @@ impl Start<'_> {
             factory: Arc::new(factory),
             dead_letters: Some(self.world.dead_letters()),
             observer: Some(self.world.oracle.clone()),
+            state: None,
         }
         .spawn()
         .unwrap();
