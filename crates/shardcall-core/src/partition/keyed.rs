@@ -1418,7 +1418,7 @@ mod tests {
                             }
                             // Some writes land, even in a run where all
                             // else fails: an ending run waits for one.
-                            KeyedEvent::Checkpointed(if fail && step % 3 != 0 {
+                            KeyedEvent::Checkpointed(if fail && !step.is_multiple_of(3) {
                                 CheckpointOutcome::Failed(Cause::msg("down"))
                             } else {
                                 CheckpointOutcome::Written

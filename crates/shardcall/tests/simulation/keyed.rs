@@ -89,34 +89,43 @@ fn run(seed: u64) {
         violations.extend(check_coverage(&batches, &ends));
         world.assert_holds(seed, &violations);
 
-        // A machine with an empty disk restores every partition from the
-        // snapshots and the log: each key's state counts its records that
-        // are not poison, once each, in offset order.
         let fresh = 99;
-        catch_up(&mut world, fresh, &ends).await;
-        let dead = world.dead();
-        let mut produced: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-        let mut tallies = BTreeMap::new();
-        for p in ends.keys() {
-            let kept = world.kept(p, &dead);
-            let mut keys: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-            for r in &kept {
-                *keys.entry(r.key.as_deref().unwrap().to_vec()).or_default() += 1;
-            }
-            let dir = partition_store_dir(&world.machine_dir(fresh), GROUP, p);
-            let store = FjallStateStore::open(dir, 1 << 20).unwrap();
-            let found = read_tallies(&store, keys.keys().map(Vec::as_slice)).unwrap();
-            for (key, n) in keys {
-                assert!(
-                    produced.insert(key.clone(), n).is_none(),
-                    "key {key:?} is in two partitions"
-                );
-            }
-            tallies.extend(found);
-        }
-        let violations = check_key_tallies(&tallies, &produced);
-        world.assert_holds(seed, &violations);
+        catch_up(&mut world, fresh, &ends, settle).await;
+        check_fresh_tallies(&world, seed, fresh, &ends);
     });
+}
+
+/// A machine with an empty disk (`fresh`) restored every partition of
+/// `ends` from the snapshots and the log: each key's state must count its
+/// records that are not poison, once each, in offset order.
+pub(crate) fn check_fresh_tallies(
+    world: &World,
+    seed: u64,
+    fresh: usize,
+    ends: &BTreeMap<shardcall_core::PartitionId, u64>,
+) {
+    let dead = world.dead();
+    let mut produced: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut tallies = BTreeMap::new();
+    for p in ends.keys() {
+        let kept = world.kept(p, &dead);
+        let mut keys: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+        for r in &kept {
+            *keys.entry(r.key.as_deref().unwrap().to_vec()).or_default() += 1;
+        }
+        let dir = partition_store_dir(&world.machine_dir(fresh), GROUP, p);
+        let store = FjallStateStore::open(dir, 1 << 20).unwrap();
+        let found = read_tallies(&store, keys.keys().map(Vec::as_slice)).unwrap();
+        for (key, n) in keys {
+            assert!(
+                produced.insert(key.clone(), n).is_none(),
+                "key {key:?} is in two partitions"
+            );
+        }
+        tallies.extend(found);
+    }
+    let violations = check_key_tallies(&tallies, &produced);
+    world.assert_holds(seed, &violations);
 }
 
 #[test]

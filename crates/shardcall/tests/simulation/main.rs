@@ -18,6 +18,7 @@
 
 mod balance;
 mod keyed;
+mod keyed_tickets;
 mod owned;
 mod tickets;
 mod world;

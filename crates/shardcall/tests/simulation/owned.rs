@@ -179,7 +179,7 @@ fn run(seed: u64) {
             .filter(|(p, _)| is_open(&lineage, p))
             .map(|(p, &end)| (p.clone(), end))
             .collect();
-        catch_up(&mut world, fresh, &open).await;
+        catch_up(&mut world, fresh, &open, settle).await;
         let dead = world.dead();
         for p in ends.keys() {
             let kept = world.kept(p, &dead);
@@ -221,15 +221,21 @@ pub(crate) async fn lineage(world: &World) -> BTreeMap<PartitionId, shardcall_co
 
 /// Runs a worker on `machine` until, after it stopped, each partition of
 /// `ends` is checkpointed at its end and the machine's store of it holds
-/// every record. A partition whose last owner ended without
+/// every record; `wait` is how long each start runs (until the group
+/// settles, for owned mode). A partition whose last owner ended without
 /// its final snapshot (the wait for it is bounded) is restored from an
 /// older one and the log replayed; stopped before the replay is through,
 /// the worker checkpoints where it got to, and the next start goes on from
 /// its store.
-pub(crate) async fn catch_up(world: &mut World, machine: usize, ends: &BTreeMap<PartitionId, u64>) {
+pub(crate) async fn catch_up(
+    world: &mut World,
+    machine: usize,
+    ends: &BTreeMap<PartitionId, u64>,
+    wait: impl AsyncFn(&mut World),
+) {
     for _ in 0..10 {
         world.start(machine);
-        settle(world).await;
+        wait(world).await;
         world.stop_all().await;
         let mut behind = Vec::new();
         for (p, &end) in ends {

@@ -63,7 +63,7 @@ fn starter(budget: Duration) -> crate::world::Starter {
             refuse_prefix: Some(POISON),
             ..DigestFactory::default()
         };
-        start.ticket_worker(config, poison_fails)
+        start.ticket_worker(config, poison_fails, None)
     })
 }
 

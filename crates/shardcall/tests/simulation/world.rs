@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use shardcall::dice::Dice;
 use shardcall::faulty_store::{FaultRates, Faults, FaultyStore};
-use shardcall::oracle::{DigestFactory, Oracle};
+use shardcall::oracle::Oracle;
 use shardcall::{FileLogDeadLetters, FileLogSource, MemoryStore, WorkerError};
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Producer, SpoolConfig};
@@ -95,11 +95,13 @@ impl Start<'_> {
         Box::new(handle)
     }
 
-    /// Starts a ticket-mode worker on this link, as [`Self::worker`] does.
-    pub fn ticket_worker(
+    /// Starts a ticket-mode worker on this link, as [`Self::worker`] does,
+    /// with the world's dead letters and local state stores when `state`.
+    pub fn ticket_worker<F: shardcall::HandlerFactory>(
         self,
         config: shardcall::TicketConfig,
-        factory: DigestFactory,
+        factory: F,
+        state: Option<shardcall::StateConfig>,
     ) -> Box<dyn Running> {
         let handle = shardcall::TicketWorker {
             config,
@@ -108,7 +110,7 @@ impl Start<'_> {
             factory: Arc::new(factory),
             dead_letters: Some(self.world.dead_letters()),
             observer: Some(self.world.oracle.clone()),
-            state: None,
+            state,
         }
         .spawn()
         .unwrap();
