@@ -668,17 +668,25 @@ fn config_check_explains_each_topics_ordering_and_refuses_what_cannot_run() {
     let (code, said) = check(&by_key[2..]);
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("needs the local state store"), "{said}");
-    // A ticket topic runs in batches.
-    let (code, said) = check(&[
-        "ordering.default=\"none\"",
-        "handler.exec=\"python3 keyed.py\"",
-        "topics=[{name = \"jobs\", mode = \"ticket\"}]",
-    ]);
-    assert_eq!(code, Some(1), "{said}");
+    // A ticket topic runs by key too, with the local state store.
+    let ticket = [
+        &state[..],
+        &[
+            "ordering.default=\"key\"",
+            "handler.exec=\"python3 keyed.py\"",
+            "topics=[{name = \"jobs\", mode = \"ticket\"}]",
+        ],
+    ]
+    .concat();
+    let (code, said) = check(&ticket);
+    assert_eq!(code, Some(0), "{said}");
     assert!(
-        said.contains("jobs in ticket mode processes its records a batch at a time"),
+        said.contains("jobs (ticket mode): ordering = \"key\""),
         "{said}"
     );
+    let (code, said) = check(&ticket[2..]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("needs the local state store"), "{said}");
 }
 
 #[test]

@@ -59,7 +59,7 @@ fn check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitCode> {
                 file.display(),
                 r.worker.group,
                 r.worker.name,
-                r.topics.len(),
+                r.topics.len() + r.ticket_topics.len(),
                 match &r.source {
                     settings::SourceChoice::File(dir) => format!("file log {}", dir.display()),
                     settings::SourceChoice::Kinesis(k) =>
@@ -78,6 +78,12 @@ fn check(file: &std::path::Path, sets: &[String]) -> anyhow::Result<ExitCode> {
             );
             for topic in &r.topics {
                 println!("  {topic}: {}", explain_ordering(&r.worker.ordering, topic));
+            }
+            for topic in &r.ticket_topics {
+                println!(
+                    "  {topic} (ticket mode): {}",
+                    explain_ordering(&r.worker.ordering, topic)
+                );
             }
             for note in &r.renamed {
                 println!("  note: {note}");

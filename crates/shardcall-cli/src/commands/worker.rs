@@ -360,6 +360,10 @@ fn spawn_ticket<Src: Source>(
     observer: Option<Arc<dyn BatchObserver>>,
     dead_letters: Option<Arc<dyn shardcall::DeadLetters>>,
 ) -> anyhow::Result<RunningWorker> {
+    let state = match &r.state {
+        Some(state) => state.config(state.open_backups()?),
+        None => None,
+    };
     let worker = TicketWorker {
         config: r.ticket.clone(),
         store,
@@ -367,7 +371,7 @@ fn spawn_ticket<Src: Source>(
         factory: handlers(r),
         dead_letters,
         observer,
-        state: None,
+        state,
     };
     Ok(RunningWorker::Ticket(worker.spawn()?))
 }

@@ -569,7 +569,7 @@ impl Settings {
     /// state stores (those are in [`shardcall::StateConfig::problems`]):
     /// where they and their snapshots live, and whether this worker's
     /// topics and handler can use them.
-    fn state_problems(&self, ticket_topics: &[String], errors: &mut Vec<String>) {
+    fn state_problems(&self, errors: &mut Vec<String>) {
         let s = &self.state;
         if s.dir.is_none() {
             if s.backup_dir.is_some() || s.s3.is_some() {
@@ -578,12 +578,6 @@ impl Settings {
                 );
             }
             return;
-        }
-        if !ticket_topics.is_empty() {
-            errors.push(format!(
-                "state.dir: local state stores work in owned mode; {} in ticket mode (whose partitions move at every claim) cannot use one",
-                ticket_topics.join(", ")
-            ));
         }
         if s.kind == shardcall::StateKind::Directory && self.handler.exec.is_none() {
             errors.push(
@@ -605,31 +599,19 @@ impl Settings {
     }
 
     /// What the command line adds to the library's checks of the
-    /// orderings: records run one by one only with a handler that takes
-    /// them so (`--exec`), and only in owned mode.
-    fn ordering_problems(&self, ticket_topics: &[String], errors: &mut Vec<String>) {
-        let per_record = |t: &str| self.ordering.of(t).per_record().is_some();
-        let owned_per_record: Vec<&str> = self
+    /// orderings: records run one by one, in either mode, only with a
+    /// handler that takes them so (`--exec`).
+    fn ordering_problems(&self, errors: &mut Vec<String>) {
+        let per_record: Vec<&str> = self
             .topics
             .iter()
-            .filter(|t| t.mode == TopicMode::Owned && per_record(&t.name))
+            .filter(|t| self.ordering.of(&t.name).per_record().is_some())
             .map(|t| t.name.as_str())
             .collect();
-        if !owned_per_record.is_empty() && self.handler.exec.is_none() {
+        if !per_record.is_empty() && self.handler.exec.is_none() {
             errors.push(format!(
                 "ordering: {} runs records one by one, which the built-in handler cannot (it processes batches): give an --exec handler (handler.exec), or ordering = \"partition\"",
-                owned_per_record.join(", ")
-            ));
-        }
-        let ticket_per_record: Vec<&str> = ticket_topics
-            .iter()
-            .filter(|t| per_record(t))
-            .map(String::as_str)
-            .collect();
-        if !ticket_per_record.is_empty() {
-            errors.push(format!(
-                "ordering: \"key\" and \"none\" work in owned mode; {} in ticket mode processes its records a batch at a time (set its ordering to \"partition\" under [ordering.topics])",
-                ticket_per_record.join(", ")
+                per_record.join(", ")
             ));
         }
         if self.handler.exec_children == 0 {
@@ -747,6 +729,7 @@ impl Settings {
             max_batch: self.batch.max_records,
             max_bytes: self.batch.max_bytes,
             call_deadline: self.handler.call_deadline,
+            ordering: self.ordering.clone(),
             ..self.ticket.clone()
         };
         let ticket_topics: Vec<String> = self
@@ -805,10 +788,19 @@ impl Settings {
                 problems.extend(state.fits_dead_letters().err());
             }
             errors.extend(problems.iter().map(crate::settings::errors::explain));
-            self.ordering_problems(&ticket_topics, &mut errors);
+            if !ticket_topics.is_empty() {
+                // The store's and the orderings' problems are said above
+                // once; ticket mode adds what it cannot use.
+                let only_ticket = ticket
+                    .state_problems(checked.state.as_ref())
+                    .into_iter()
+                    .filter(|p| !problems.contains(p));
+                errors.extend(only_ticket.map(|p| crate::settings::errors::explain(&p)));
+            }
+            self.ordering_problems(&mut errors);
         }
         errors.extend(self.spool.problems().iter().map(|e| format!("spool: {e}")));
-        self.state_problems(&ticket_topics, &mut errors);
+        self.state_problems(&mut errors);
         let metrics = match &self.metrics.addr {
             None => None,
             Some(a) => match metrics_addr(a) {
@@ -1184,12 +1176,24 @@ mod tests {
         .unwrap_err();
         for needle in [
             "state.backup_dir (--backup-dir) or [state.s3]: required",
-            "q in ticket mode",
             "state.snapshots.every",
             "state.snapshots.keep",
         ] {
             assert!(all.contains(needle), "{needle} missing from:\n{all}");
         }
+        // Ticket mode keeps state in the runtime's store, not in a
+        // directory the handler owns.
+        assert_eq!(
+            errors_of(&format!(
+                "{base}[[topics]]\nname = \"q\"\nmode = \"ticket\"\n[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\n"
+            )),
+            Ok(true)
+        );
+        let all = errors_of(&format!(
+            "{base}[[topics]]\nname = \"q\"\nmode = \"ticket\"\n[handler]\nexec = \"h\"\n[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\nkind = \"directory\"\n"
+        ))
+        .unwrap_err();
+        assert!(all.contains("works in owned mode only"), "{all}");
         let all = errors_of(&format!(
             "{base}[state]\ndir = \"/s\"\nbackup_dir = \"/b\"\n[state.s3]\nbucket = \"x\"\n"
         ))

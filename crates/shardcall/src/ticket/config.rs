@@ -151,6 +151,27 @@ pub enum TicketConfigError {
 }
 
 impl TicketConfig {
+    /// Every problem of serving tickets with `state` (`None`: no local
+    /// state) under these orderings (empty: they can work): the local
+    /// state's own settings, a directory the handler owns (ticket mode
+    /// keeps state in the runtime's store only), and an ordering that
+    /// needs the store without one.
+    pub fn state_problems(
+        &self,
+        state: Option<&crate::StateConfig>,
+    ) -> Vec<crate::WorkerConfigError> {
+        let mut out = Vec::new();
+        if let Some(state) = state {
+            out.extend(state.problems());
+            if state.kind == crate::StateKind::Directory {
+                out.push(crate::WorkerConfigError::DirectoryStateInTicketMode);
+            }
+        }
+        let store = state.is_some_and(|s| s.kind == crate::StateKind::Store);
+        out.extend(self.ordering.problems(store));
+        out
+    }
+
     /// Checks the configuration can work.
     pub fn validate(&self) -> Result<(), TicketConfigError> {
         self.problems().into_iter().next().map_or(Ok(()), Err)

@@ -126,19 +126,7 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
     /// Every problem of the local state and the orderings, beyond
     /// [`TicketConfig::problems`] (empty: they can work).
     pub fn problems(&self) -> Vec<WorkerConfigError> {
-        let mut out = Vec::new();
-        if let Some(state) = &self.state {
-            out.extend(state.problems());
-            if state.kind == crate::StateKind::Directory {
-                out.push(WorkerConfigError::DirectoryStateInTicketMode);
-            }
-        }
-        let store = self
-            .state
-            .as_ref()
-            .is_some_and(|s| s.kind == crate::StateKind::Store);
-        out.extend(self.config.ordering.problems(store));
-        out
+        self.config.state_problems(self.state.as_ref())
     }
 
     /// Validates the configuration and starts the worker on the current runtime.
