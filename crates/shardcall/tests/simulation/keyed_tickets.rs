@@ -29,6 +29,7 @@ use shardcall::{
 
 use crate::keyed::check_fresh_tallies;
 use crate::owned::catch_up;
+use crate::tickets::serve_a_while;
 use crate::world::{GROUP, POISON, Running, Start, World, paused_runtime};
 
 const PARTITIONS: u32 = 4;
@@ -82,13 +83,6 @@ fn starter(backups: Arc<MemoryBackupStore>, budget: Duration) -> crate::world::S
         };
         start.ticket_worker(config, tally, Some(state))
     })
-}
-
-/// How long a start of the fresh machine runs: long enough to claim every
-/// partition, restore it and replay what its snapshot lacks.
-async fn serve_a_while(world: &mut World) {
-    world.heal();
-    tokio::time::sleep(Duration::from_secs(10)).await;
 }
 
 /// One run of `seed`: faults, then a drained pool whose history and key

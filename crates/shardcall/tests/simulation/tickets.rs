@@ -5,21 +5,31 @@
 //! budgets short enough to give tickets back long before their lease ends
 //! or long enough that claims are renewed (and, with a pause, fenced).
 //!
+//! Every fourth seed keeps the state in fjall local state stores: each
+//! claim that changed it snapshots it before it gives the ticket back, and
+//! a claim on another machine restores that snapshot.
+//!
 //! The oracle: no two claims process a partition at overlapping times;
-//! every checkpoint continues where the last one ended (without local
-//! state a claim starts from the stored checkpoint, so the chain is
-//! exact); every record is processed; only poison reaches the dead letters,
-//! and all of it does; each partition's stored state folds its records
-//! once, poison left out; and the pool still holds exactly one ticket per
-//! partition.
+//! without local state, every checkpoint continues where the last one
+//! ended (a claim starts from the stored checkpoint, so the chain is
+//! exact; with local state, a claim that restores a snapshot older than
+//! the checkpoint replays and checkpoints those offsets again); every
+//! record is processed; only poison reaches the dead letters, and all of
+//! it does; each partition's state folds its records once, poison left
+//! out (with local state: as a machine with an empty disk restores it);
+//! and the pool still holds exactly one ticket per partition.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use shardcall::TicketStore;
 use shardcall::dice::Dice;
-use shardcall::oracle::{DigestFactory, check_final_state, check_run};
-use shardcall::{CoordinationStore, TicketConfig};
+use shardcall::oracle::{
+    DigestFactory, check_coverage, check_final_state, check_ownership, check_run,
+};
+use shardcall::{CoordinationStore, MemoryBackupStore, StateConfig, TicketConfig};
 
+use crate::owned::{catch_up, check_fresh_digests};
 use crate::world::{GROUP, POISON, Running, Start, World, paused_runtime};
 
 const PARTITIONS: u32 = 6;
@@ -33,8 +43,9 @@ const BUDGETS: [Duration; 3] = [
     Duration::from_millis(800),
 ];
 
-/// Starts ticket workers of two slots that serve `budget` per claim.
-fn starter(budget: Duration) -> crate::world::Starter {
+/// Starts ticket workers of two slots that serve `budget` per claim, with
+/// local state snapshotted to `backups` when given.
+fn starter(budget: Duration, backups: Option<Arc<MemoryBackupStore>>) -> crate::world::Starter {
     Box::new(move |start: Start<'_>| -> Box<dyn Running> {
         let config = TicketConfig {
             group: GROUP.into(),
@@ -63,8 +74,20 @@ fn starter(budget: Duration) -> crate::world::Starter {
             refuse_prefix: Some(POISON),
             ..DigestFactory::default()
         };
-        start.ticket_worker(config, poison_fails, None)
+        let state = backups.as_ref().map(|b| {
+            let mut state = StateConfig::new(start.disk.clone(), b.clone());
+            state.snapshots.every = Duration::from_millis(500);
+            state
+        });
+        start.ticket_worker(config, poison_fails, state)
     })
+}
+
+/// How long a start of a fresh machine runs: long enough to claim every
+/// partition, restore it and replay what its snapshot lacks.
+pub(crate) async fn serve_a_while(world: &mut World) {
+    world.heal();
+    tokio::time::sleep(Duration::from_secs(10)).await;
 }
 
 /// One run of `seed`: faults, then a drained pool whose history and
@@ -73,8 +96,13 @@ fn run(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     paused_runtime().block_on(async {
         let budget = BUDGETS[(seed % 3) as usize];
-        let mut world = World::new(dir.path(), seed, PARTITIONS, starter(budget));
-        world.note(format!("budget {budget:?}"));
+        // Every fourth seed, one under each budget by default.
+        let backups = seed
+            .is_multiple_of(4)
+            .then(|| Arc::new(MemoryBackupStore::default()));
+        let local_state = backups.is_some();
+        let mut world = World::new(dir.path(), seed, PARTITIONS, starter(budget, backups));
+        world.note(format!("budget {budget:?}, local state: {local_state}"));
         let mut dice = Dice::new(seed);
         world.run_faults(&mut dice, STEPS).await;
         world.heal();
@@ -92,7 +120,13 @@ fn run(seed: u64) {
         world.stop_all().await;
 
         let batches = world.oracle.batches();
-        let violations = check_run(&batches, &ends, 0);
+        let violations = if local_state {
+            let mut v = check_ownership(&batches, 0);
+            v.extend(check_coverage(&batches, &ends));
+            v
+        } else {
+            check_run(&batches, &ends, 0)
+        };
         world.assert_holds(seed, &violations);
         let dead = world.dead();
         let holders: std::collections::BTreeSet<_> = batches.iter().map(|b| &b.member).collect();
@@ -102,12 +136,6 @@ fn run(seed: u64) {
             holders.len(),
             dead.values().map(|d| d.len()).sum::<usize>()
         );
-        for p in ends.keys() {
-            let kept = world.kept(p, &dead);
-            let cp = world.store.load_checkpoint(GROUP, p).await.unwrap();
-            let v = check_final_state(p, &kept, cp.as_ref().map(|c| &c.state[..]));
-            assert!(v.is_none(), "seed {seed}: {v:?}\n{}", world.trace());
-        }
         let view = world.store.ticket_view(GROUP).await.unwrap();
         assert_eq!(
             view.partitions(),
@@ -115,6 +143,18 @@ fn run(seed: u64) {
             "seed {seed}: not one ticket per partition\n{}",
             world.trace()
         );
+        if local_state {
+            let fresh = 99;
+            catch_up(&mut world, fresh, &ends, serve_a_while).await;
+            check_fresh_digests(&world, seed, fresh, &ends, |_| true);
+            return;
+        }
+        for p in ends.keys() {
+            let kept = world.kept(p, &dead);
+            let cp = world.store.load_checkpoint(GROUP, p).await.unwrap();
+            let v = check_final_state(p, &kept, cp.as_ref().map(|c| &c.state[..]));
+            assert!(v.is_none(), "seed {seed}: {v:?}\n{}", world.trace());
+        }
     });
 }
 
