@@ -408,11 +408,14 @@ impl Source for FileLogSource {
     async fn listing(&self) -> Result<Listing, SourceError> {
         let (mut partitions, mut shards) = (Vec::new(), BTreeMap::new());
         for t in &self.topics {
-            // A topic that split lists what its lineage names: a split makes
-            // its children's folders before the lineage names them, and a
-            // child listed without its parents would look like an original.
+            // A topic that split lists what its lineage names: a child
+            // listed without its parents would look like an original. A
+            // first split saves the lineage before it makes the children's
+            // folders, so the folders are counted first: a count that saw
+            // a child is followed by a read that finds the lineage.
+            let count = self.partition_count(t)?;
             let Some(l) = self.log.lineage(t)? else {
-                partitions.extend(PartitionId::range(t, self.partition_count(t)?));
+                partitions.extend(PartitionId::range(t, count));
                 continue;
             };
             for (p, r) in l.partitions {
