@@ -15,7 +15,7 @@
 //! all of it does; a new machine with an empty disk restores every
 //! partition to key states that count each key's records exactly once and
 //! never saw one out of order; and the pool still holds exactly one ticket
-//! per partition.
+//! per partition; and old snapshots are collected (each claim takes one).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +24,8 @@ use shardcall::dice::Dice;
 use shardcall::key_tally::TallyFactory;
 use shardcall::oracle::{check_coverage, check_ownership};
 use shardcall::{
-    MemoryBackupStore, OrderingConfig, StateConfig, TicketConfig, TicketStore, TopicOrdering,
+    BackupStore, MemoryBackupStore, OrderingConfig, StateConfig, TicketConfig, TicketStore,
+    TopicOrdering,
 };
 
 use crate::keyed::check_fresh_tallies;
@@ -92,7 +93,12 @@ fn run(seed: u64) {
     paused_runtime().block_on(async {
         let backups = Arc::new(MemoryBackupStore::default());
         let budget = BUDGETS[(seed % 3) as usize];
-        let mut world = World::new(dir.path(), seed, PARTITIONS, starter(backups, budget));
+        let mut world = World::new(
+            dir.path(),
+            seed,
+            PARTITIONS,
+            starter(backups.clone(), budget),
+        );
         world.note(format!("ordering = key, budget {budget:?}"));
         let mut dice = Dice::new(seed);
         world.run_faults(&mut dice, STEPS).await;
@@ -123,6 +129,19 @@ fn run(seed: u64) {
         let fresh = 99;
         catch_up(&mut world, fresh, &ends, serve_a_while).await;
         check_fresh_tallies(&world, seed, fresh, &ends);
+        // A snapshot at almost every claim, yet the older ones were
+        // collected: each claim collects what the history it restored
+        // does not name (the three kept, and an upload under way at most).
+        for p in ends.keys() {
+            let scope = format!("{GROUP}/{}/{}", p.topic, p.partition);
+            let names = backups.manifest_names(&scope).await.unwrap();
+            assert!(
+                names.len() <= 5,
+                "seed {seed}: {p}: {} manifests kept\n{}",
+                names.len(),
+                world.trace()
+            );
+        }
     });
 }
 
