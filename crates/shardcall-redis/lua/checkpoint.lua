@@ -13,15 +13,5 @@ if g[1] ~= ARGV[1] or g[2] ~= ARGV[2] or g[3] ~= '1' then
   return fail('NOTHOLDER', ARGV[1] .. ' ' .. ARGV[2])
 end
 redis.call('HSET', KEYS[2], 'offset', ARGV[3], 'state', ARGV[4], 'epoch', ARGV[2])
-if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], 'backup', ARGV[6]) end
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[2], 'position', ARGV[7])
-else redis.call('HDEL', KEYS[2], 'position') end
-if ARGV[8] ~= '' then redis.call('HSET', KEYS[2], 'store_bytes', ARGV[8])
-else redis.call('HDEL', KEYS[2], 'store_bytes') end
-if ARGV[9] == '1' then redis.call('HSET', KEYS[2], 'uploading', '1')
-else redis.call('HDEL', KEYS[2], 'uploading') end
-if ARGV[10] ~= '' then redis.call('HSET', KEYS[2], 'done', ARGV[10])
-else redis.call('HDEL', KEYS[2], 'done') end
-if ARGV[11] ~= '' then redis.call('HSET', KEYS[2], 'inflight', ARGV[11])
-else redis.call('HDEL', KEYS[2], 'inflight') end
+write_checkpoint_fields(KEYS[2], 6)
 return 1

@@ -44,3 +44,19 @@ local function quarantine(e, since)
   e.t = since
   e.b = false
 end
+-- Writes a checkpoint's fields after offset, state and epoch into the hash
+-- `key`, from ARGV[from] on, as both checkpoint scripts take them: snapshot
+-- history (JSON; empty: leave the stored one), source position, local
+-- store size, a snapshot uploading ('1' or '0'), the done ranges above the
+-- offset, the records in flight (each empty: none).
+local function write_checkpoint_fields(key, from)
+  if ARGV[from] ~= '' then redis.call('HSET', key, 'backup', ARGV[from]) end
+  local fields = {'position', 'store_bytes', 'uploading', 'done', 'inflight'}
+  for i, field in ipairs(fields) do
+    local v = ARGV[from + i]
+    if field == 'uploading' then
+      if v == '1' then redis.call('HSET', key, field, '1') else redis.call('HDEL', key, field) end
+    elseif v ~= '' then redis.call('HSET', key, field, v)
+    else redis.call('HDEL', key, field) end
+  end
+end

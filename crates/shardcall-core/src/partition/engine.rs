@@ -2631,13 +2631,20 @@ mod tests {
         }
     }
 
-    /// Steps a keyed partition from its start to the hand-over.
-    fn keyed_started() -> PartitionEngine {
-        let mut e = PartitionEngine::new(keyed());
+    /// Steps a partition under `rules` from its start (restored at offset
+    /// 5) to the command after its handler is ready.
+    fn restored_at_5(rules: PartitionRules) -> (PartitionEngine, Command) {
+        let mut e = PartitionEngine::new(rules);
         assert_eq!(e.step(Event::Start, env_at(0, false)), Command::Restore);
         let c = e.step(Event::Restored(StoreAnswer::Ok(Some(5))), env_at(1, false));
         assert_eq!(c, Command::StartHandler);
         let c = e.step(Event::HandlerStarted(Ok(())), env_at(2, false));
+        (e, c)
+    }
+
+    /// Steps a keyed partition from its start to the hand-over.
+    fn keyed_started() -> PartitionEngine {
+        let (e, c) = restored_at_5(keyed());
         assert_eq!(
             c,
             Command::RunKeyed {
@@ -2706,11 +2713,7 @@ mod tests {
         let mut rules = ticket(TicketHistory::default());
         rules.keyed = keyed().keyed;
         rules.state = with_state(Duration::from_secs(60), Duration::from_secs(1)).state;
-        let mut e = PartitionEngine::new(rules);
-        assert_eq!(e.step(Event::Start, env_at(0, false)), Command::Restore);
-        let c = e.step(Event::Restored(StoreAnswer::Ok(Some(5))), env_at(1, false));
-        assert_eq!(c, Command::StartHandler);
-        let c = e.step(Event::HandlerStarted(Ok(())), env_at(2, false));
+        let (e, c) = restored_at_5(rules);
         assert_eq!(
             c,
             Command::RunKeyed {
@@ -2851,10 +2854,7 @@ mod tests {
         let mut rules = with_state(Duration::from_millis(100), Duration::from_secs(1));
         rules.keyed = keyed().keyed;
         rules.state.as_mut().unwrap().in_background = true;
-        let mut e = PartitionEngine::new(rules);
-        e.step(Event::Start, env_at(0, false));
-        e.step(Event::Restored(StoreAnswer::Ok(Some(5))), env_at(1, false));
-        let c = e.step(Event::HandlerStarted(Ok(())), env_at(2, false));
+        let (e, c) = restored_at_5(rules);
         assert_eq!(
             c,
             Command::RunKeyed {

@@ -23,14 +23,11 @@ use std::time::Duration;
 use shardcall::dice::Dice;
 use shardcall::key_tally::TallyFactory;
 use shardcall::oracle::{check_coverage, check_ownership};
-use shardcall::{
-    BackupStore, MemoryBackupStore, OrderingConfig, StateConfig, TicketConfig, TicketStore,
-    TopicOrdering,
-};
+use shardcall::{BackupStore, MemoryBackupStore, OrderingConfig, TicketConfig, TopicOrdering};
 
 use crate::keyed::check_fresh_tallies;
 use crate::owned::catch_up;
-use crate::tickets::serve_a_while;
+use crate::tickets::{self, serve_a_while};
 use crate::world::{GROUP, POISON, Running, Start, World, paused_runtime};
 
 const PARTITIONS: u32 = 4;
@@ -49,33 +46,14 @@ const BUDGETS: [Duration; 3] = [
 fn starter(backups: Arc<MemoryBackupStore>, budget: Duration) -> crate::world::Starter {
     Box::new(move |start: Start<'_>| -> Box<dyn Running> {
         let config = TicketConfig {
-            group: GROUP.into(),
-            name: start.name.to_owned(),
-            host: "sim".into(),
-            slots: 2,
-            max_batch: 20,
-            budget,
-            claim_ttl: Duration::from_millis(1_500),
-            safety_margin: Duration::from_millis(400),
-            claim_wait: Duration::from_millis(200),
-            fetch_wait: Duration::from_millis(100),
-            idle_backoff: Duration::from_millis(10),
-            max_idle_backoff: Duration::from_millis(200),
-            max_attempts: 3,
-            retry: shardcall::RetryBackoff {
-                first: Duration::from_millis(10),
-                max: Duration::from_millis(80),
-            },
-            discover_every: Duration::from_millis(200),
             ordering: OrderingConfig {
                 default: TopicOrdering::Key,
                 max_in_flight: 8,
                 ..OrderingConfig::default()
             },
-            ..TicketConfig::default()
+            ..tickets::config(&start, budget)
         };
-        let mut state = StateConfig::new(start.disk.clone(), backups.clone());
-        state.snapshots.every = Duration::from_millis(500);
+        let state = tickets::local_state(&start, &backups);
         // A call waits up to 40 virtual ms, so that records of many keys
         // are in flight whenever a claim ends or is lost.
         let tally = TallyFactory {
@@ -102,30 +80,12 @@ fn run(seed: u64) {
         world.note(format!("ordering = key, budget {budget:?}"));
         let mut dice = Dice::new(seed);
         world.run_faults(&mut dice, STEPS).await;
-        world.heal();
-        let ends = world.ends();
-        let caught_up = shardcall::settle::wait_checkpointed(
-            &*world.store,
-            GROUP,
-            &ends,
-            Duration::from_secs(600),
-        )
-        .await;
-        if let Err(e) = caught_up {
-            panic!("seed {seed}: {e}\n{}", world.trace());
-        }
-        world.stop_all().await;
+        let ends = tickets::drain(&mut world, seed).await;
         let batches = world.oracle.batches();
         let mut violations = check_ownership(&batches, 0);
         violations.extend(check_coverage(&batches, &ends));
         world.assert_holds(seed, &violations);
-        let view = world.store.ticket_view(GROUP).await.unwrap();
-        assert_eq!(
-            view.partitions(),
-            ends.keys().cloned().collect::<Vec<_>>(),
-            "seed {seed}: not one ticket per partition\n{}",
-            world.trace()
-        );
+        tickets::assert_one_ticket_each(&world, seed, &ends).await;
         let fresh = 99;
         catch_up(&mut world, fresh, &ends, serve_a_while).await;
         check_fresh_tallies(&world, seed, fresh, &ends);

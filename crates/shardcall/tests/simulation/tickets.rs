@@ -19,6 +19,7 @@
 //! out (with local state: as a machine with an empty disk restores it);
 //! and the pool still holds exactly one ticket per partition.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ use shardcall::oracle::{
     DigestFactory, check_coverage, check_final_state, check_ownership, check_run,
 };
 use shardcall::{CoordinationStore, MemoryBackupStore, StateConfig, TicketConfig};
+use shardcall_core::PartitionId;
 
 use crate::owned::{catch_up, check_fresh_digests};
 use crate::world::{GROUP, POISON, Running, Start, World, paused_runtime};
@@ -43,42 +45,82 @@ const BUDGETS: [Duration; 3] = [
     Duration::from_millis(800),
 ];
 
+/// The simulated ticket workers' configuration: two slots serving
+/// `budget` per claim, small batches, quick retries and backoffs.
+pub(crate) fn config(start: &Start<'_>, budget: Duration) -> TicketConfig {
+    TicketConfig {
+        group: GROUP.into(),
+        name: start.name.to_owned(),
+        host: "sim".into(),
+        slots: 2,
+        max_batch: 20,
+        budget,
+        claim_ttl: Duration::from_millis(1_500),
+        safety_margin: Duration::from_millis(400),
+        claim_wait: Duration::from_millis(200),
+        // Waits for the trickle's next record: a claim holds its
+        // partition for the whole budget while records keep coming.
+        fetch_wait: Duration::from_millis(150),
+        idle_backoff: Duration::from_millis(10),
+        max_idle_backoff: Duration::from_millis(200),
+        max_attempts: 3,
+        retry: shardcall::RetryBackoff {
+            first: Duration::from_millis(10),
+            max: Duration::from_millis(80),
+        },
+        discover_every: Duration::from_millis(200),
+        ..TicketConfig::default()
+    }
+}
+
+/// Local state on the worker's disk, snapshotted to `backups` every
+/// 500 ms of change (and by each claim that changed it, at its end).
+pub(crate) fn local_state(start: &Start<'_>, backups: &Arc<MemoryBackupStore>) -> StateConfig {
+    let mut state = StateConfig::new(start.disk.clone(), backups.clone());
+    state.snapshots.every = Duration::from_millis(500);
+    state
+}
+
+/// Heals every link, waits until every partition is checkpointed at its
+/// end, and stops every worker; where each partition ends.
+pub(crate) async fn drain(world: &mut World, seed: u64) -> BTreeMap<PartitionId, u64> {
+    world.heal();
+    let ends = world.ends();
+    let caught_up =
+        shardcall::settle::wait_checkpointed(&*world.store, GROUP, &ends, Duration::from_secs(600))
+            .await;
+    if let Err(e) = caught_up {
+        panic!("seed {seed}: {e}\n{}", world.trace());
+    }
+    world.stop_all().await;
+    ends
+}
+
+/// The pool still holds exactly one ticket per partition of `ends`.
+pub(crate) async fn assert_one_ticket_each(
+    world: &World,
+    seed: u64,
+    ends: &BTreeMap<PartitionId, u64>,
+) {
+    let view = world.store.ticket_view(GROUP).await.unwrap();
+    assert_eq!(
+        view.partitions(),
+        ends.keys().cloned().collect::<Vec<_>>(),
+        "seed {seed}: not one ticket per partition\n{}",
+        world.trace()
+    );
+}
+
 /// Starts ticket workers of two slots that serve `budget` per claim, with
 /// local state snapshotted to `backups` when given.
 fn starter(budget: Duration, backups: Option<Arc<MemoryBackupStore>>) -> crate::world::Starter {
     Box::new(move |start: Start<'_>| -> Box<dyn Running> {
-        let config = TicketConfig {
-            group: GROUP.into(),
-            name: start.name.to_owned(),
-            host: "sim".into(),
-            slots: 2,
-            max_batch: 20,
-            budget,
-            claim_ttl: Duration::from_millis(1_500),
-            safety_margin: Duration::from_millis(400),
-            claim_wait: Duration::from_millis(200),
-            // Waits for the trickle's next record: a claim holds its
-            // partition for the whole budget while records keep coming.
-            fetch_wait: Duration::from_millis(150),
-            idle_backoff: Duration::from_millis(10),
-            max_idle_backoff: Duration::from_millis(200),
-            max_attempts: 3,
-            retry: shardcall::RetryBackoff {
-                first: Duration::from_millis(10),
-                max: Duration::from_millis(80),
-            },
-            discover_every: Duration::from_millis(200),
-            ..TicketConfig::default()
-        };
+        let config = config(&start, budget);
         let poison_fails = DigestFactory {
             refuse_prefix: Some(POISON),
             ..DigestFactory::default()
         };
-        let state = backups.as_ref().map(|b| {
-            let mut state = StateConfig::new(start.disk.clone(), b.clone());
-            state.snapshots.every = Duration::from_millis(500);
-            state
-        });
+        let state = backups.as_ref().map(|b| local_state(&start, b));
         start.ticket_worker(config, poison_fails, state)
     })
 }
@@ -105,20 +147,7 @@ fn run(seed: u64) {
         world.note(format!("budget {budget:?}, local state: {local_state}"));
         let mut dice = Dice::new(seed);
         world.run_faults(&mut dice, STEPS).await;
-        world.heal();
-        let ends = world.ends();
-        let caught_up = shardcall::settle::wait_checkpointed(
-            &*world.store,
-            GROUP,
-            &ends,
-            Duration::from_secs(600),
-        )
-        .await;
-        if let Err(e) = caught_up {
-            panic!("seed {seed}: {e}\n{}", world.trace());
-        }
-        world.stop_all().await;
-
+        let ends = drain(&mut world, seed).await;
         let batches = world.oracle.batches();
         let violations = if local_state {
             let mut v = check_ownership(&batches, 0);
@@ -136,13 +165,7 @@ fn run(seed: u64) {
             holders.len(),
             dead.values().map(|d| d.len()).sum::<usize>()
         );
-        let view = world.store.ticket_view(GROUP).await.unwrap();
-        assert_eq!(
-            view.partitions(),
-            ends.keys().cloned().collect::<Vec<_>>(),
-            "seed {seed}: not one ticket per partition\n{}",
-            world.trace()
-        );
+        assert_one_ticket_each(&world, seed, &ends).await;
         if local_state {
             let fresh = 99;
             catch_up(&mut world, fresh, &ends, serve_a_while).await;
