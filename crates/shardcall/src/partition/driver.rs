@@ -20,7 +20,7 @@ use shardcall_core::partition_engine::Command;
 use shardcall_core::state_plan::BackupPointer;
 use shardcall_core::{
     CallFailure, CheckpointAnswer, End, Env, Epoch, Event, PartitionEngine, PartitionId,
-    PartitionRules, Served, StateOf, StoreAnswer, state_plan,
+    PartitionRules, StateOf, StoreAnswer, state_plan,
 };
 use shardcall_core::{Cause, LoadMeter, Millis};
 use shardcall_spool::Record;
@@ -144,10 +144,6 @@ pub(crate) struct Drive<'a, S, Src, F: HandlerFactory> {
     /// The partition's warm-up, if it was warmed up before its grant: the
     /// restore takes over the local store it fetched.
     pub warm: Option<WarmUp>,
-    /// The partition's local state store as this worker's last claim of
-    /// it left it, still open (ticket mode): the restore checks it against
-    /// the checkpoint as it would the one on disk, without reopening it.
-    pub local: Option<PartitionState>,
     /// Becomes true when the partition moves to another member (owned
     /// mode, where the next owner warms its state up).
     pub moving: Option<watch::Receiver<bool>>,
@@ -188,9 +184,6 @@ pub(crate) struct Driven<H> {
     pub end: End,
     /// The handler, unless it was abandoned or the partition lost.
     pub kept: Option<Kept<H>>,
-    /// The local state store, still open, when a ticket was given back
-    /// with no snapshot left uploading (else it is closed).
-    pub local: Option<PartitionState>,
     /// Where reading would have gone on.
     pub next_offset: u64,
 }
@@ -243,7 +236,7 @@ struct Uploading {
 
 /// Runs one partition under `rules` to its end.
 pub(crate) async fn drive<S, Src, F, G>(
-    mut d: Drive<'_, S, Src, F>,
+    d: Drive<'_, S, Src, F>,
     grant: G,
     rules: PartitionRules,
 ) -> Driven<F::Handler>
@@ -253,7 +246,6 @@ where
     F: HandlerFactory,
     G: GrantPort,
 {
-    let local = d.local.take();
     let mut driver = Driver {
         d,
         grant,
@@ -269,7 +261,7 @@ where
         lag_checked: None,
         lag_task: None,
         unreadable_store: None,
-        local,
+        local: None,
         uploading: None,
         done_above: Vec::new(),
     };
@@ -310,7 +302,7 @@ where
     // An upload the end did not wait for (it outlasted the final wait, or
     // the partition was lost) goes on by itself: its manifest is never
     // listed, and the next owner's collection removes it.
-    let upload_left = driver.uploading.take().is_some();
+    drop(driver.uploading.take());
     // Nothing of this partition outlives it (a lag look-up holds the
     // source); a write the oracle was not told of may have landed.
     if let Some(t) = driver.lag_task.take() {
@@ -320,21 +312,13 @@ where
     if let Some(w) = driver.open_write.take() {
         driver.tell_oracle(&w, BatchOutcome::Unknown);
     }
-    // A ticket given back leaves its store open for this worker's next
-    // claim of the partition (a store closed and opened at every claim
-    // would flush a small table each time), unless an upload of it runs on
-    // or the claim failed (the store itself may have: it is reopened, and
-    // replaced if damaged).
-    let served = matches!(end, End::GaveBack { served, .. } if served != Served::Failed);
-    let keep_local = served && !upload_left;
-    let local = match driver.local.take() {
-        Some(local) if keep_local => Some(local),
-        Some(local) => {
-            close_local(local).await;
-            None
-        }
-        None => None,
-    };
+    // Closing a local state store flushes it and waits for its background
+    // work (a compaction of a large store takes a while): on a blocking
+    // thread, not on the one the member's loop may be queued behind, and
+    // done before the task ends, so a later task finds the store free.
+    if let Some(local) = driver.local.take() {
+        let _ = tokio::task::spawn_blocking(move || drop(local)).await;
+    }
     match &end {
         End::Lost(why) => tracing::warn!(reason = %why, "partition stopped"),
         End::Failed(why) => {
@@ -356,18 +340,8 @@ where
     Driven {
         end,
         kept,
-        local,
         next_offset: engine.next_offset(),
     }
-}
-
-/// Closes a partition's local state store. Closing flushes it and waits
-/// for its background work (a compaction of a large store takes a while):
-/// on a blocking thread, not on the one a worker's loop may be queued
-/// behind, and done before the caller goes on, so that a later open finds
-/// the store free.
-pub(crate) async fn close_local(local: PartitionState) {
-    let _ = tokio::task::spawn_blocking(move || drop(local)).await;
 }
 
 /// Whether the group's coordinator found the partition processed to
@@ -1391,7 +1365,6 @@ mod tests {
         let d = Drive {
             state: None,
             warm: None,
-            local: None,
             moving: None,
             load: None,
             max_bytes: crate::config::DEFAULT_MAX_BYTES,

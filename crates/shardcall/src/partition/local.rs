@@ -303,10 +303,9 @@ impl PartitionState {
         self.fresh = false;
         // The restored history is the partition's as this grant (or claim)
         // took it over, fenced: the first snapshot collects what it does
-        // not name (older snapshots, uploads that never became current).
-        // Not a list this store kept from an earlier grant: another may
-        // have written newer snapshots since. A ticket claim takes one
-        // snapshot, at its end, so this is when its collection runs.
+        // not name (older snapshots, uploads that never became current;
+        // never a snapshot newer than all it names). A ticket claim takes
+        // one snapshot, at its end: without this it would never collect.
         self.collect_due = (!self.history.is_empty()).then(|| state_plan::listed(&self.history));
         let restored = match &self.local {
             Local::Store { store, .. } => self.restore_store(store.clone(), checkpoint).await,
@@ -932,10 +931,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_store_kept_open_collects_against_the_history_it_restored_not_its_own_old_one() {
-        // Two machines serve one partition in turn (ticket claims), each
-        // keeping its store open between its claims; three snapshots are
-        // kept in the history.
+    async fn a_claim_collects_what_the_history_it_restored_does_not_name() {
+        // Two machines serve one partition in turn (ticket claims, each
+        // taking one snapshot at its end); three snapshots are kept in the
+        // history.
         let backups = Arc::new(MemoryBackupStore::new());
         let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let p = PartitionId::new("t", 0);
@@ -955,9 +954,9 @@ mod tests {
         }
         assert!(last.backup.iter().all(|s| s.manifest != oldest));
         // a's next claim restores b's history; its snapshot collects what
-        // that history does not name (a's own list from its last claim
-        // named only its own snapshot, and would collect nothing), and
-        // never what it names.
+        // that history does not name (before, only a history this store
+        // wrote itself was collected against: a claim that takes one
+        // snapshot never collected), and never what it names.
         let restored = a.restore(Some(&last)).await.unwrap();
         assert!(!restored.local_was_current);
         write_and_snapshot(&mut a, 5, 3).await;

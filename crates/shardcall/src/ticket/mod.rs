@@ -3,6 +3,5 @@
 
 pub(crate) mod config;
 pub(crate) mod memory;
-pub(crate) mod open_stores;
 pub(crate) mod store;
 pub(crate) mod worker;

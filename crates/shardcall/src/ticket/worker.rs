@@ -24,11 +24,9 @@ use crate::handler::{BatchObserver, HandlerFactory, PartitionContext};
 use crate::member::lease::LocalLease;
 use crate::member::worker::{AbortOnDrop, incarnation_id, task_outcome};
 use crate::partition::dead_letters::DeadLetters;
-use crate::partition::driver::{Drive, GrantPort, Kept, close_local, drive};
-use crate::partition::local::PartitionState;
+use crate::partition::driver::{Drive, GrantPort, Kept, drive};
 use crate::source::Source;
 use crate::ticket::config::TicketConfig;
-use crate::ticket::open_stores::OpenStores;
 use crate::ticket::store::{TicketStore, TicketWorkerInfo};
 
 /// Live counts of a ticket-mode worker.
@@ -116,8 +114,6 @@ struct Shared<S, Src, F: HandlerFactory> {
     stats: Arc<TicketStats>,
     kept: Mutex<HashMap<PartitionId, Kept<F::Handler>>>,
     state: Option<crate::StateConfig>,
-    /// Local state stores kept open between claims.
-    open_stores: OpenStores<PartitionState>,
     /// What this worker learnt of its partitions between claims; held
     /// across a release from the source, so a claim never finds its
     /// partition released.
@@ -148,7 +144,6 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
         let stats = Arc::new(TicketStats::default());
         let keep_reading_for = self.config.keep_reading_for.as_millis() as Millis;
         let cadence = SlotRules::new(self.config.discover_every, self.config.idle_backoff);
-        let slots = self.config.slots;
         let shared = Arc::new(Shared {
             config: self.config,
             store: self.store,
@@ -159,8 +154,6 @@ impl<S: TicketStore, Src: Source, F: HandlerFactory> TicketWorker<S, Src, F> {
             stats: stats.clone(),
             kept: Mutex::default(),
             state: self.state,
-            // Each slot's partition, and as many more recently served.
-            open_stores: OpenStores::new(2 * slots),
             memory: tokio::sync::Mutex::new(TicketMemory::new(keep_reading_for)),
             cadence,
         });
@@ -246,9 +239,6 @@ async fn run<S: TicketStore, Src: Source, F: HandlerFactory>(
     }
     seeding.stop().await;
     waking.stop().await;
-    for store in shared.open_stores.take_all() {
-        close_local(store).await;
-    }
     if let Err(e) = shared
         .store
         .retire_ticket_worker(&shared.config.group, &id)
@@ -453,11 +443,9 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
         claim_ttl: c.claim_ttl,
     };
     let kept = s.kept.lock().expect("kept lock").remove(&p);
-    let local = s.open_stores.take(&p);
     let d = Drive {
         state: s.state.clone(),
         warm: None,
-        local,
         moving: None,
         // Ticket mode balances by claiming: no load to report.
         load: None,
@@ -490,12 +478,7 @@ async fn serve<S: TicketStore, Src: Source, F: HandlerFactory>(
                 s.stats.empty_claims.fetch_add(1, Ordering::Relaxed);
             }
             if let Some(k) = driven.kept {
-                s.kept.lock().expect("kept lock").insert(p.clone(), k);
-            }
-            if let Some(local) = driven.local {
-                for closed in s.open_stores.keep(p, local) {
-                    close_local(closed).await;
-                }
+                s.kept.lock().expect("kept lock").insert(p, k);
             }
         }
         End::Failed(reason) => {
