@@ -256,21 +256,6 @@ impl Rig {
             .env("CALL_MS", "20");
         self.workers.start(name, cmd);
     }
-
-    /// Waits until the checkpoints cover `n` records of `t`.
-    async fn wait_checkpointed(&self, store: &RedisStore, n: u64, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            let at = self.checkpointed(store, GROUP).await;
-            if at >= n {
-                return;
-            }
-            poll_again_async(deadline, || {
-                format!("{at} of {n} checkpointed\n{}", self.workers.logs())
-            })
-            .await;
-        }
-    }
 }
 
 /// Ticket mode under key ordering: claims run each partition's records
@@ -290,18 +275,18 @@ async fn ticket_claims_by_key_count_each_record_once_through_kill_9_a_join_and_a
     rig.spawn_keyed_tickets("b");
     rig.produce_keyed(&mut produced, BURST, value);
     // Mid-run: a quarter checkpointed, claims with records in flight.
-    rig.wait_checkpointed(&store, BURST as u64 / 4, Duration::from_secs(60))
+    rig.wait_checkpointed(&store, GROUP, BURST as u64 / 4, Duration::from_secs(60))
         .await;
     rig.workers.signal("a", "-KILL");
     rig.spawn_keyed_tickets("c");
-    rig.wait_checkpointed(&store, BURST as u64 * 3 / 4, Duration::from_secs(90))
+    rig.wait_checkpointed(&store, GROUP, BURST as u64 * 3 / 4, Duration::from_secs(90))
         .await;
     // A graceful stop drains what its claims have in flight.
     rig.workers.signal("b", "-TERM");
     assert!(rig.workers.wait("b").success(), "{}", rig.workers.logs());
     rig.produce_keyed(&mut produced, BURST / 4, value);
     let total: u64 = produced.0.values().sum();
-    rig.wait_checkpointed(&store, total, Duration::from_secs(90))
+    rig.wait_checkpointed(&store, GROUP, total, Duration::from_secs(90))
         .await;
     rig.workers.signal("c", "-TERM");
     assert!(rig.workers.wait("c").success(), "{}", rig.workers.logs());

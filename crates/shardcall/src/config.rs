@@ -132,6 +132,19 @@ impl Default for BatchConfig {
     }
 }
 
+/// Every problem of a worker's local state (`None`: none) and of its
+/// orderings given that state (key ordering needs the runtime's store),
+/// in either mode.
+pub(crate) fn state_and_ordering_problems(
+    state: Option<&crate::StateConfig>,
+    ordering: &crate::OrderingConfig,
+) -> Vec<WorkerConfigError> {
+    let mut out = state.map(crate::StateConfig::problems).unwrap_or_default();
+    let store = state.is_some_and(|s| s.kind == crate::StateKind::Store);
+    out.extend(ordering.problems(store));
+    out
+}
+
 /// A worker configuration that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -289,14 +302,10 @@ impl WorkerConfig {
                 margin: self.timing.safety_margin,
             });
         }
-        if let Some(state) = &self.state {
-            out.extend(state.problems());
-        }
-        let store = self
-            .state
-            .as_ref()
-            .is_some_and(|s| s.kind == crate::StateKind::Store);
-        out.extend(self.ordering.problems(store));
+        out.extend(state_and_ordering_problems(
+            self.state.as_ref(),
+            &self.ordering,
+        ));
         if let Some(balance) = &self.balance {
             if balance.threshold_ppm == 0 || balance.threshold_ppm >= 1_000_000 {
                 out.push(WorkerConfigError::BalanceThreshold {

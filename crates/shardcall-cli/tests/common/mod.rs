@@ -302,6 +302,28 @@ impl Rig {
         sum
     }
 
+    /// Waits until `group` has checkpointed `n` records of `t` (see
+    /// [`Self::checkpointed`]).
+    pub async fn wait_checkpointed(
+        &self,
+        store: &RedisStore,
+        group: &str,
+        n: u64,
+        within: Duration,
+    ) {
+        let deadline = Instant::now() + within;
+        loop {
+            let at = self.checkpointed(store, group).await;
+            if at >= n {
+                return;
+            }
+            poll_again_async(deadline, || {
+                format!("{at} of {n} checkpointed\n{}", self.workers.logs())
+            })
+            .await;
+        }
+    }
+
     /// Produces `n` records and waits until `group` checkpoints some of
     /// them, so that a fault that follows lands while it processes.
     pub async fn produce_and_wait_busy(

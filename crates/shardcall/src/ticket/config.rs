@@ -160,15 +160,10 @@ impl TicketConfig {
         &self,
         state: Option<&crate::StateConfig>,
     ) -> Vec<crate::WorkerConfigError> {
-        let mut out = Vec::new();
-        if let Some(state) = state {
-            out.extend(state.problems());
-            if state.kind == crate::StateKind::Directory {
-                out.push(crate::WorkerConfigError::DirectoryStateInTicketMode);
-            }
+        let mut out = crate::config::state_and_ordering_problems(state, &self.ordering);
+        if state.is_some_and(|s| s.kind == crate::StateKind::Directory) {
+            out.push(crate::WorkerConfigError::DirectoryStateInTicketMode);
         }
-        let store = state.is_some_and(|s| s.kind == crate::StateKind::Store);
-        out.extend(self.ordering.problems(store));
         out
     }
 
