@@ -301,12 +301,6 @@ impl PartitionState {
     ) -> Result<Restored, RestoreFailure> {
         self.history = checkpoint.map(|c| c.backup.clone()).unwrap_or_default();
         self.fresh = false;
-        // The restored history is the partition's as this grant (or claim)
-        // took it over, fenced: the first snapshot collects what it does
-        // not name (older snapshots, uploads that never became current;
-        // never a snapshot newer than all it names). A ticket claim takes
-        // one snapshot, at its end: without this it would never collect.
-        self.collect_due = (!self.history.is_empty()).then(|| state_plan::listed(&self.history));
         let restored = match &self.local {
             Local::Store { store, .. } => self.restore_store(store.clone(), checkpoint).await,
             Local::Directory { .. } => self.restore_history(None).await,
@@ -895,80 +889,7 @@ fn cut_run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local_state::backup_store::{BackupStore, MemoryBackupStore};
-
-    /// Commits one key at `offset` under `epoch` and snapshots the store:
-    /// the new history, written as a checkpoint at `offset` would write it.
-    async fn write_and_snapshot(
-        state: &mut PartitionState,
-        offset: u64,
-        epoch: Epoch,
-    ) -> Checkpoint {
-        let mut writes = WriteSet::new();
-        writes.put(format!("k{offset}").as_bytes(), b"v").unwrap();
-        state
-            .commit(writes, Applied { offset, epoch })
-            .await
-            .unwrap();
-        state
-            .snapshot(epoch, true)
-            .await
-            .unwrap()
-            .expect("a snapshot");
-        let backup = state.history_to_write();
-        state.history_written();
-        Checkpoint {
-            offset,
-            state: Vec::new(),
-            epoch,
-            backup,
-            position: None,
-            store_bytes: None,
-            snapshot_uploading: false,
-            in_flight: None,
-            done_above: Vec::new(),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_claim_collects_what_the_history_it_restored_does_not_name() {
-        // Two machines serve one partition in turn (ticket claims, each
-        // taking one snapshot at its end); three snapshots are kept in the
-        // history.
-        let backups = Arc::new(MemoryBackupStore::new());
-        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let p = PartitionId::new("t", 0);
-        let open = |dir: &std::path::Path| {
-            PartitionState::open(&StateConfig::new(dir, backups.clone()), "g", &p).unwrap()
-        };
-        let (mut a, mut b) = (open(a_dir.path()), open(b_dir.path()));
-        a.restore(None).await.unwrap();
-        let first = write_and_snapshot(&mut a, 1, 1).await;
-        let oldest = first.backup[0].manifest.clone();
-        // b's claim: restores a's snapshot, then snapshots three times: its
-        // history no longer names a's.
-        b.restore(Some(&first)).await.unwrap();
-        let mut last = first;
-        for offset in 2..5 {
-            last = write_and_snapshot(&mut b, offset, 2).await;
-        }
-        assert!(last.backup.iter().all(|s| s.manifest != oldest));
-        // a's next claim restores b's history; its snapshot collects what
-        // that history does not name (before, only a history this store
-        // wrote itself was collected against: a claim that takes one
-        // snapshot never collected), and never what it names.
-        let restored = a.restore(Some(&last)).await.unwrap();
-        assert!(!restored.local_was_current);
-        write_and_snapshot(&mut a, 5, 3).await;
-        let names = backups.manifest_names("g/t/0").await.unwrap();
-        assert!(
-            !names.contains(&oldest),
-            "a snapshot no history names was kept: {names:?}"
-        );
-        for s in &last.backup {
-            assert!(names.contains(&s.manifest), "{} was collected", s.manifest);
-        }
-    }
+    use crate::local_state::backup_store::MemoryBackupStore;
 
     #[tokio::test]
     async fn with_no_snapshot_a_store_never_written_is_kept_and_one_written_is_emptied() {
