@@ -396,8 +396,10 @@ pub struct KeyedEngine {
 
 impl KeyedEngine {
     /// An engine resuming from `progress` (what the checkpoint, or the
-    /// local state store, says is done), at `now`.
-    pub fn new(rules: KeyedRules, progress: &Progress, now: Millis) -> Self {
+    /// local state store, says is done), at `now`; `checkpointed`: the
+    /// stored checkpoint carries `progress` already, so nothing is written
+    /// before a record is done.
+    pub fn new(rules: KeyedRules, progress: &Progress, checkpointed: bool, now: Millis) -> Self {
         let scheduler = KeyScheduler::restored(
             rules.order,
             rules.max_in_flight,
@@ -416,10 +418,11 @@ impl KeyedEngine {
             finished_since: now,
             committing: false,
             done_count: 0,
-            // The first checkpoint comes after the interval even if nothing
-            // is done by then: the stored one may be behind what the local
+            // Unless the stored checkpoint carries `progress` already, the
+            // first checkpoint comes after the interval even if nothing is
+            // done by then: the stored one may be behind what the local
             // store restored, or lack its done ranges.
-            written_at: None,
+            written_at: checkpointed.then_some(0),
             checkpointing: false,
             last_checkpoint_at: now,
             checkpoint_after: now,
@@ -824,7 +827,7 @@ mod tests {
 
     #[test]
     fn it_reads_ahead_once_and_starts_every_key_it_may() {
-        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), false, 0);
         let first = e.step(KeyedEvent::Tick, 0);
         assert_eq!(
             first.commands,
@@ -848,7 +851,7 @@ mod tests {
 
     #[test]
     fn a_failing_record_holds_its_key_not_the_others_and_then_goes_to_the_dead_letters() {
-        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1), (1, 1), (2, 2)]), 0);
         let s = e.step(failed(0), 5);
@@ -883,7 +886,7 @@ mod tests {
 
     #[test]
     fn checkpoints_come_at_most_every_interval_and_one_at_a_time() {
-        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1), (1, 2)]), 0);
         let s = ok(&mut e, 0, 10);
@@ -915,7 +918,7 @@ mod tests {
 
     #[test]
     fn ending_stops_starting_drains_what_is_in_flight_and_checkpoints_last() {
-        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1), (1, 1), (2, 2)]), 0);
         let s = e.step(KeyedEvent::End, 10);
@@ -944,7 +947,7 @@ mod tests {
 
     #[test]
     fn damaged_records_stop_fetching_drain_what_is_in_flight_and_end_unreadable() {
-        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1), (1, 2)]), 0);
         let why = Cause::msg("checksum mismatch");
@@ -967,7 +970,7 @@ mod tests {
 
     #[test]
     fn a_drain_past_its_bound_checkpoints_what_is_done_and_ends() {
-        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1), (1, 2)]), 0);
         ok(&mut e, 1, 5);
@@ -995,7 +998,7 @@ mod tests {
             budget: Some(Duration::from_millis(100)),
             ..rules()
         };
-        let mut e = KeyedEngine::new(rules, &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules, &Progress::default(), false, 0);
         let s = e.step(KeyedEvent::Tick, 0);
         assert!(fetches(&s));
         assert_eq!(s.wake_at, Some(100), "it looks again when the budget ends");
@@ -1032,7 +1035,7 @@ mod tests {
             budget: Some(Duration::from_millis(100)),
             ..rules()
         };
-        let mut e = KeyedEngine::new(rules, &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules, &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 0)]), 1);
         e.step(failed(0), 95);
@@ -1059,13 +1062,35 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_that_finds_nothing_writes_nothing_when_the_checkpoint_is_current() {
+        let rules = rules_with_budget();
+        let at = Progress {
+            watermark: 7,
+            done_above: vec![(9, 9)],
+        };
+        // The stored checkpoint carries what the store holds: an empty
+        // claim ends without a write.
+        let mut e = KeyedEngine::new(rules.clone(), &at, true, 0);
+        e.step(KeyedEvent::Tick, 0);
+        let s = e.step(KeyedEvent::Fetched(vec![]), 5);
+        assert!(s.commands.is_empty(), "{:?}", s.commands);
+        assert_eq!(s.ended, Some(KeyedEnd::Served { found: false }));
+        // Not known to be current (the store may be ahead of it): written.
+        let mut e = KeyedEngine::new(rules, &at, false, 0);
+        e.step(KeyedEvent::Tick, 0);
+        let s = e.step(KeyedEvent::Fetched(vec![]), 5);
+        assert_eq!(s.commands, vec![KeyedCommand::Checkpoint(at)]);
+        assert_eq!(s.ended, None);
+    }
+
+    #[test]
     fn a_tickets_run_ends_once_caught_up_and_says_whether_it_found_records() {
         let rules = KeyedRules {
             budget: Some(Duration::from_secs(60)),
             ..rules()
         };
         // Nothing to read at all: the run ends at once, found nothing.
-        let mut e = KeyedEngine::new(rules.clone(), &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules.clone(), &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         let s = e.step(KeyedEvent::Fetched(vec![]), 5);
         let cp = s
@@ -1077,7 +1102,7 @@ mod tests {
         assert_eq!(s.ended, Some(KeyedEnd::Served { found: false }));
         // An empty fetch while a record is in flight is not caught up: the
         // run reads on, and ends at the first empty fetch after it is done.
-        let mut e = KeyedEngine::new(rules, &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules, &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 0)]), 1);
         let s = e.step(KeyedEvent::Fetched(vec![]), 2);
@@ -1099,7 +1124,7 @@ mod tests {
             watermark: 0,
             done_above: vec![(1, 1)],
         };
-        let mut e = KeyedEngine::new(rules_with_budget(), &restored, 0);
+        let mut e = KeyedEngine::new(rules_with_budget(), &restored, false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(1, 0)]), 1);
         assert!(!e.found, "a done record is skipped, not found");
@@ -1114,7 +1139,7 @@ mod tests {
 
     #[test]
     fn a_fenced_checkpoint_ends_at_once() {
-        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1)]), 0);
         ok(&mut e, 0, 200);
@@ -1182,7 +1207,7 @@ mod tests {
 
     #[test]
     fn a_group_commit_moves_the_position_past_the_group_and_keeps_the_rest_as_ranges() {
-        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 0), (1, 1), (2, 2), (3, 3)]), 0);
         // 2 finishes alone first: kept as done above the position.
@@ -1213,7 +1238,7 @@ mod tests {
             min_fetch: 4,
             ..rules()
         };
-        let mut e = KeyedEngine::new(rules, &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules, &Progress::default(), false, 0);
         let first = e.step(KeyedEvent::Tick, 0);
         assert_eq!(
             first.commands,
@@ -1250,7 +1275,7 @@ mod tests {
             commit_within: Duration::from_millis(5),
             ..rules()
         };
-        let mut e = KeyedEngine::new(rules, &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules, &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1), (1, 1), (2, 2), (3, 3), (4, 4)]), 0);
         // 0 finishes: its key's next record starts before any commit, and
@@ -1283,7 +1308,7 @@ mod tests {
 
     #[test]
     fn looks_show_the_oldest_record_in_flight_and_how_far_the_watermark_trails() {
-        let mut e = KeyedEngine::new(rules(), &Progress::default(), 0);
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), false, 0);
         e.step(KeyedEvent::Tick, 0);
         e.step(records(&[(0, 1), (1, 1), (2, 2)]), 10);
         ok(&mut e, 2, 20);
@@ -1337,7 +1362,7 @@ mod tests {
                 ..grouping()
             };
             let mut now: Millis = 0;
-            let mut e = KeyedEngine::new(rules.clone(), &Progress::default(), now);
+            let mut e = KeyedEngine::new(rules.clone(), &Progress::default(), false, now);
             // What the local store committed: done offsets, in the order
             // they were done.
             let mut committed: Vec<u64> = Vec::new();
@@ -1354,7 +1379,7 @@ mod tests {
                 if step == crash_at && !crashed {
                     crashed = true;
                     let restored = Progress::from_store(store.0, &store.1);
-                    e = KeyedEngine::new(rules.clone(), &restored, now);
+                    e = KeyedEngine::new(rules.clone(), &restored, false, now);
                     // What finished and was not committed is lost with
                     // the process, and runs again.
                     let kept: BTreeSet<u64> = committed.iter().copied().collect();
@@ -1434,7 +1459,7 @@ mod tests {
                     // the run, and the store is where it resumes.
                     let kept: BTreeSet<u64> = committed.iter().copied().collect();
                     finished.retain(|o| kept.contains(o));
-                    e = KeyedEngine::new(rules.clone(), &Progress::from_store(store.0, &store.1), now);
+                    e = KeyedEngine::new(rules.clone(), &Progress::from_store(store.0, &store.1), false, now);
                     out = e.step(KeyedEvent::Tick, now).commands;
                     wake = None;
                     continue;

@@ -763,7 +763,14 @@ where
                         Err(why) => return Event::Restored(StoreAnswer::Failed(why)),
                     },
                 };
-                self.done_above = done_above.clone();
+                // A keyed run compares what the checkpoint carries with what
+                // the store holds: when they agree it writes nothing until
+                // something is done.
+                self.done_above = if keyed {
+                    checkpoint.map(|c| c.done_above.clone()).unwrap_or_default()
+                } else {
+                    done_above.clone()
+                };
                 Event::Resumed {
                     checkpointed: self.checkpoint.map_or(resume_at, |(offset, _)| offset),
                     resume_at,

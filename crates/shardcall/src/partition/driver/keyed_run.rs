@@ -34,7 +34,7 @@ use tokio::task::JoinSet;
 
 use super::key_states::KeyStates;
 use super::keyed_report::{CallSpan, KeyedReport};
-use super::{Driver, GrantPort, revoked};
+use super::{Driver, GrantPort, done_past, revoked};
 use crate::coordination::store::{
     Checkpoint, CoordinationStore, Disposition, InFlight, StoreError,
 };
@@ -155,8 +155,15 @@ where
             done_above = progress.done_above.len(),
             "records run by key"
         );
+        // The stored checkpoint already says what the store holds (a claim
+        // or grant after one that ended cleanly): nothing to write until a
+        // record is done.
+        let checkpointed = self.checkpoint.is_some_and(|(offset, _)| {
+            offset == progress.watermark
+                && done_past(&self.done_above, offset) == progress.done_above
+        });
         let mut run = Run {
-            engine: KeyedEngine::new(rules, &progress, self.now_ms()),
+            engine: KeyedEngine::new(rules, &progress, checkpointed, self.now_ms()),
             ctx: Arc::new(self.d.ctx.clone()),
             records: MixMap::default(),
             last_error: MixMap::default(),
