@@ -545,14 +545,18 @@ pub async fn collect(
 /// Deletes the manifests of `scope` that `listed` (a partition's snapshot
 /// history) does not name, and the chunks only they named
 /// ([`backup_plan::collect_unlisted`]): older snapshots, and uploads of a
-/// fenced former owner that never became current.
+/// fenced former owner that never became current. Nothing is deleted
+/// unless `held()` still says the caller holds the partition once the
+/// manifests are read (reading them may take a while).
 pub async fn collect_unlisted(
     store: &dyn BackupStore,
     scope: &str,
     listed: &BTreeSet<String>,
+    held: &(dyn Fn() -> bool + Sync),
 ) -> Result<Collection, SnapshotError> {
     let manifests = read_manifests(store, scope).await?;
     match manifests {
+        Some(_) if !held() => Ok(Collection::default()),
         Some(m) => delete(store, scope, backup_plan::collect_unlisted(&m, listed)).await,
         None => Ok(Collection::default()),
     }

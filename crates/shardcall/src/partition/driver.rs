@@ -419,6 +419,12 @@ async fn log_holds_replay<Src: Source>(
     Err(Event::Unreadable(why.into()))
 }
 
+/// When `lease` runs out as it stands now (on [`clock::now_ms`]'s clock):
+/// a snapshot collects old ones only before then.
+fn held_until(lease: &LocalLease) -> Millis {
+    clock::now_ms() + lease.remaining().as_millis() as Millis
+}
+
 /// The done ranges that lie past `offset` (clipped): what a checkpoint at
 /// `offset` may carry. The local store's marks can reach below the stored
 /// checkpoint's offset when the store was restored from an older snapshot.
@@ -794,7 +800,8 @@ where
             return Event::Snapshotted(StoreAnswer::Ok(()));
         };
         let began = clock::now();
-        let pointer = match local.snapshot(epoch, !delta_only).await {
+        let held_until = held_until(self.grant.lease());
+        let pointer = match local.snapshot(epoch, !delta_only, held_until).await {
             Ok(Some(p)) => p,
             Ok(None) => return Event::Snapshotted(StoreAnswer::Ok(())),
             Err(e) => {
@@ -816,7 +823,8 @@ where
         let Some(local) = self.local.as_mut() else {
             return Event::SnapshotBegun(StoreAnswer::Ok(false));
         };
-        match local.begin_snapshot(epoch, !delta_only).await {
+        let held_until = held_until(self.grant.lease());
+        match local.begin_snapshot(epoch, !delta_only, held_until).await {
             Ok(Some(job)) => {
                 self.uploading = Some(Uploading {
                     job: tokio::spawn(job.run()),

@@ -20,7 +20,7 @@ use shardcall_core::backup_plan::Manifest;
 use shardcall_core::state_plan::{
     self, BackupPointer, CheckpointPosition, LocalPosition, RunsToLoad,
 };
-use shardcall_core::{Epoch, PartitionId};
+use shardcall_core::{Epoch, Millis, PartitionId};
 
 use crate::coordination::store::Checkpoint;
 use crate::local_state::backup_store::BackupError;
@@ -301,6 +301,12 @@ impl PartitionState {
     ) -> Result<Restored, RestoreFailure> {
         self.history = checkpoint.map(|c| c.backup.clone()).unwrap_or_default();
         self.fresh = false;
+        // The restored history is the partition's as this grant (or claim)
+        // took it over, fenced: the first snapshot collects what it does
+        // not name (older snapshots, uploads that never became current;
+        // never a snapshot newer than all it names). A ticket claim takes
+        // one snapshot, at its end: without this it would never collect.
+        self.collect_due = (!self.history.is_empty()).then(|| state_plan::listed(&self.history));
         let restored = match &self.local {
             Local::Store { store, .. } => self.restore_store(store.clone(), checkpoint).await,
             Local::Directory { .. } => self.restore_history(None).await,
@@ -485,18 +491,21 @@ impl PartitionState {
         &mut self,
         epoch: Epoch,
         may_rebase: bool,
+        held_until: Millis,
     ) -> Result<Option<BackupPointer>, SnapshotError> {
         let report = match &self.local {
-            Local::Store { .. } => match self.begin_snapshot(epoch, may_rebase).await? {
-                Some(job) => job.run().await,
-                None => return Ok(None),
-            },
+            Local::Store { .. } => {
+                match self.begin_snapshot(epoch, may_rebase, held_until).await? {
+                    Some(job) => job.run().await,
+                    None => return Ok(None),
+                }
+            }
             // Taken between batches: the handler is not writing now.
             Local::Directory { files, applied } => match applied {
                 Some(applied) => {
                     self.frozen_bytes = std::mem::take(&mut self.unsnapshotted);
                     if let Some(listed) = self.collect_due.take() {
-                        collect(&*self.config.backups, &self.scope, &listed).await;
+                        collect(&*self.config.backups, &self.scope, &listed, held_until).await;
                     }
                     snapshot::snapshot(
                         &*self.config.backups,
@@ -522,6 +531,7 @@ impl PartitionState {
         &mut self,
         epoch: Epoch,
         may_rebase: bool,
+        held_until: Millis,
     ) -> Result<Option<SnapshotJob>, SnapshotError> {
         let Local::Store { store, runs_dir } = &self.local else {
             return Ok(None);
@@ -551,6 +561,7 @@ impl PartitionState {
             may_rebase,
             known: self.last_manifest.clone(),
             collect: self.collect_due.take(),
+            held_until,
         }))
     }
 
@@ -641,6 +652,9 @@ pub(crate) struct SnapshotJob {
     /// The snapshots the written history lists: the others are collected
     /// first.
     collect: Option<std::collections::BTreeSet<String>>,
+    /// When the grant (or claim) the job began under may have lapsed, on
+    /// [`crate::clock::now_ms`]'s clock: nothing is collected after.
+    held_until: Millis,
 }
 
 impl SnapshotJob {
@@ -659,9 +673,10 @@ impl SnapshotJob {
             may_rebase,
             known,
             collect: listed,
+            held_until,
         } = self;
         if let Some(listed) = listed {
-            collect(&*backups, &scope, &listed).await;
+            collect(&*backups, &scope, &listed, held_until).await;
         }
         let dir = runs_dir.clone();
         let (stats, base) = tokio::task::spawn_blocking(move || {
@@ -700,14 +715,30 @@ impl SnapshotJob {
 }
 
 /// Collects the snapshots of `scope` that `listed` does not name, and the
-/// chunks only they name; a failure is tried again after the next
-/// history is written.
+/// chunks only they name, while the partition is still held (until
+/// `held_until`); a failure is tried again after the next history is
+/// written.
+///
+/// Only the partition's holder may collect. A former holder that has not
+/// heard it lost the partition (cut off from the coordination store, not
+/// from the backup store) would delete, as unnamed, a chunk that the new
+/// holder's upload found stored and did not send again (its runs can hold
+/// the same bytes as a snapshot that never became current, when both
+/// replayed the same records from the same snapshot): the new holder's
+/// snapshot, and every later one built on it, would name a chunk that is
+/// gone.
 async fn collect(
     backups: &dyn crate::BackupStore,
     scope: &str,
     listed: &std::collections::BTreeSet<String>,
+    held_until: Millis,
 ) {
-    match snapshot::collect_unlisted(backups, scope, listed).await {
+    let held = || crate::clock::now_ms() < held_until;
+    if !held() {
+        tracing::debug!("the partition may no longer be held here: nothing collected");
+        return;
+    }
+    match snapshot::collect_unlisted(backups, scope, listed, &held).await {
         Ok(c) if !c.manifests.is_empty() => tracing::debug!(
             manifests = c.manifests.len(),
             chunks = c.chunks.len(),
@@ -889,7 +920,110 @@ fn cut_run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local_state::backup_store::MemoryBackupStore;
+    use crate::local_state::backup_store::{BackupStore, MemoryBackupStore};
+
+    /// Commits one key at `offset` under `epoch` and snapshots the store:
+    /// the new history, written as a checkpoint at `offset` would write it.
+    async fn write_and_snapshot(
+        state: &mut PartitionState,
+        offset: u64,
+        epoch: Epoch,
+        held_until: Millis,
+    ) -> Checkpoint {
+        let mut writes = WriteSet::new();
+        writes.put(format!("k{offset}").as_bytes(), b"v").unwrap();
+        state
+            .commit(writes, Applied { offset, epoch })
+            .await
+            .unwrap();
+        state
+            .snapshot(epoch, true, held_until)
+            .await
+            .unwrap()
+            .expect("a snapshot");
+        let backup = state.history_to_write();
+        state.history_written();
+        Checkpoint {
+            offset,
+            state: Vec::new(),
+            epoch,
+            backup,
+            position: None,
+            store_bytes: None,
+            snapshot_uploading: false,
+            in_flight: None,
+            done_above: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claim_collects_what_the_history_it_restored_does_not_name() {
+        // Two machines serve one partition in turn (ticket claims, each
+        // taking one snapshot at its end); three snapshots are kept in the
+        // history.
+        let backups = Arc::new(MemoryBackupStore::new());
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let p = PartitionId::new("t", 0);
+        let open = |dir: &std::path::Path| {
+            PartitionState::open(&StateConfig::new(dir, backups.clone()), "g", &p).unwrap()
+        };
+        let (mut a, mut b) = (open(a_dir.path()), open(b_dir.path()));
+        a.restore(None).await.unwrap();
+        let first = write_and_snapshot(&mut a, 1, 1, Millis::MAX).await;
+        let oldest = first.backup[0].manifest.clone();
+        // b's claim: restores a's snapshot, then snapshots three times: its
+        // history no longer names a's.
+        b.restore(Some(&first)).await.unwrap();
+        let mut last = first;
+        for offset in 2..5 {
+            last = write_and_snapshot(&mut b, offset, 2, Millis::MAX).await;
+        }
+        assert!(last.backup.iter().all(|s| s.manifest != oldest));
+        // a's next claim restores b's history; its snapshot collects what
+        // that history does not name (before, only a history this store
+        // wrote itself was collected against: a claim that takes one
+        // snapshot never collected), and never what it names.
+        let restored = a.restore(Some(&last)).await.unwrap();
+        assert!(!restored.local_was_current);
+        write_and_snapshot(&mut a, 5, 3, Millis::MAX).await;
+        let names = backups.manifest_names("g/t/0").await.unwrap();
+        assert!(
+            !names.contains(&oldest),
+            "a snapshot no history names was kept: {names:?}"
+        );
+        for s in &last.backup {
+            assert!(names.contains(&s.manifest), "{} was collected", s.manifest);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_taken_once_the_partition_may_have_lapsed_collects_nothing() {
+        // As above: b's snapshots leave a's first one unnamed.
+        let backups = Arc::new(MemoryBackupStore::new());
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let p = PartitionId::new("t", 0);
+        let open = |dir: &std::path::Path| {
+            PartitionState::open(&StateConfig::new(dir, backups.clone()), "g", &p).unwrap()
+        };
+        let (mut a, mut b) = (open(a_dir.path()), open(b_dir.path()));
+        a.restore(None).await.unwrap();
+        let first = write_and_snapshot(&mut a, 1, 1, Millis::MAX).await;
+        b.restore(Some(&first)).await.unwrap();
+        let mut last = first.clone();
+        for offset in 2..5 {
+            last = write_and_snapshot(&mut b, offset, 2, Millis::MAX).await;
+        }
+        // a's claim lapsed before its snapshot (its lease ran out while it
+        // was cut off from the coordination store): it uploads, and
+        // deletes nothing.
+        a.restore(Some(&last)).await.unwrap();
+        write_and_snapshot(&mut a, 5, 3, 0).await;
+        let names = backups.manifest_names("g/t/0").await.unwrap();
+        assert!(
+            names.contains(&first.backup[0].manifest),
+            "a holder whose lease ran out collected: {names:?}"
+        );
+    }
 
     #[tokio::test]
     async fn with_no_snapshot_a_store_never_written_is_kept_and_one_written_is_emptied() {

@@ -88,10 +88,12 @@ fn run(seed: u64) {
         let mut violations = check_ownership(&batches, QUARANTINE.as_micros() as u64);
         violations.extend(check_coverage(&batches, &ends));
         world.assert_holds(seed, &violations);
+        world.assert_snapshots_whole(seed, &*backups, &ends).await;
 
         let fresh = 99;
         catch_up(&mut world, fresh, &ends, settle).await;
         check_fresh_tallies(&world, seed, fresh, &ends);
+        world.assert_snapshots_whole(seed, &*backups, &ends).await;
     });
 }
 

@@ -15,7 +15,7 @@
 //! all of it does; a new machine with an empty disk restores every
 //! partition to key states that count each key's records exactly once and
 //! never saw one out of order; and the pool still holds exactly one ticket
-//! per partition.
+//! per partition; and old snapshots are collected (each claim takes one).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,12 +23,12 @@ use std::time::Duration;
 use shardcall::dice::Dice;
 use shardcall::key_tally::TallyFactory;
 use shardcall::oracle::{check_coverage, check_ownership};
-use shardcall::{MemoryBackupStore, OrderingConfig, TicketConfig, TopicOrdering};
+use shardcall::{BackupStore, MemoryBackupStore, OrderingConfig, TicketConfig, TopicOrdering};
 
 use crate::keyed::check_fresh_tallies;
 use crate::owned::catch_up;
 use crate::tickets::{self, serve_a_while};
-use crate::world::{POISON, Running, Start, World, paused_runtime};
+use crate::world::{GROUP, POISON, Running, Start, World, paused_runtime};
 
 const PARTITIONS: u32 = 4;
 /// Steps of faults and records per run.
@@ -86,9 +86,24 @@ fn run(seed: u64) {
         violations.extend(check_coverage(&batches, &ends));
         world.assert_holds(seed, &violations);
         tickets::assert_one_ticket_each(&world, seed, &ends).await;
+        world.assert_snapshots_whole(seed, &*backups, &ends).await;
         let fresh = 99;
         catch_up(&mut world, fresh, &ends, serve_a_while).await;
         check_fresh_tallies(&world, seed, fresh, &ends);
+        world.assert_snapshots_whole(seed, &*backups, &ends).await;
+        // A snapshot at almost every claim, yet the older ones were
+        // collected: each claim collects what the history it restored
+        // does not name (the three kept, and an upload under way at most).
+        for p in ends.keys() {
+            let scope = format!("{GROUP}/{}/{}", p.topic, p.partition);
+            let names = backups.manifest_names(&scope).await.unwrap();
+            assert!(
+                names.len() <= 5,
+                "seed {seed}: {p}: {} manifests kept\n{}",
+                names.len(),
+                world.trace()
+            );
+        }
     });
 }
 

@@ -170,6 +170,7 @@ fn run(seed: u64) {
         violations.extend(check_coverage(&batches, &ends));
         violations.extend(check_lineage_order(&batches, &lineage));
         world.assert_holds(seed, &violations);
+        world.assert_snapshots_whole(seed, &*backups, &ends).await;
 
         // A machine with an empty disk restores every open partition from
         // the snapshots and the log: its state is a replay's, exactly.
@@ -182,6 +183,7 @@ fn run(seed: u64) {
         catch_up(&mut world, fresh, &open, settle).await;
         // (A closed partition was processed to its end: nothing to restore.)
         check_fresh_digests(&world, seed, fresh, &ends, |p| is_open(&lineage, p));
+        world.assert_snapshots_whole(seed, &*backups, &open).await;
     });
 }
 

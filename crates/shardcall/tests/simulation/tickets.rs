@@ -143,7 +143,12 @@ fn run(seed: u64) {
             .is_multiple_of(4)
             .then(|| Arc::new(MemoryBackupStore::default()));
         let local_state = backups.is_some();
-        let mut world = World::new(dir.path(), seed, PARTITIONS, starter(budget, backups));
+        let mut world = World::new(
+            dir.path(),
+            seed,
+            PARTITIONS,
+            starter(budget, backups.clone()),
+        );
         world.note(format!("budget {budget:?}, local state: {local_state}"));
         let mut dice = Dice::new(seed);
         world.run_faults(&mut dice, STEPS).await;
@@ -166,10 +171,12 @@ fn run(seed: u64) {
             dead.values().map(|d| d.len()).sum::<usize>()
         );
         assert_one_ticket_each(&world, seed, &ends).await;
-        if local_state {
+        if let Some(backups) = &backups {
+            world.assert_snapshots_whole(seed, &**backups, &ends).await;
             let fresh = 99;
             catch_up(&mut world, fresh, &ends, serve_a_while).await;
             check_fresh_digests(&world, seed, fresh, &ends, |_| true);
+            world.assert_snapshots_whole(seed, &**backups, &ends).await;
             return;
         }
         for p in ends.keys() {

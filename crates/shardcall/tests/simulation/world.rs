@@ -13,7 +13,9 @@ use std::time::Duration;
 use shardcall::dice::Dice;
 use shardcall::faulty_store::{FaultRates, Faults, FaultyStore};
 use shardcall::oracle::Oracle;
-use shardcall::{FileLogDeadLetters, FileLogSource, MemoryStore, WorkerError};
+use shardcall::{
+    BackupStore, CoordinationStore, FileLogDeadLetters, FileLogSource, MemoryStore, WorkerError,
+};
 use shardcall_core::PartitionId;
 use shardcall_spool::{FileLog, Producer, SpoolConfig};
 
@@ -402,6 +404,49 @@ impl World {
                 (PartitionId::new(TOPIC, p), spool.end_offset().unwrap())
             })
             .collect()
+    }
+
+    /// Every snapshot the stored checkpoint of each partition of `ends`
+    /// names is whole in `backups`: its manifest and every chunk the
+    /// manifest names. (A restore passes over a damaged snapshot to an
+    /// older one, so a fresh machine's state alone would not show a
+    /// snapshot lost while older ones survive.)
+    pub async fn assert_snapshots_whole(
+        &self,
+        seed: u64,
+        backups: &dyn BackupStore,
+        ends: &BTreeMap<PartitionId, u64>,
+    ) {
+        for p in ends.keys() {
+            let scope = format!("{GROUP}/{}/{}", p.topic, p.partition);
+            let Some(checkpoint) = self.store.load_checkpoint(GROUP, p).await.unwrap() else {
+                continue;
+            };
+            let chunks = backups.chunk_ids(&scope).await.unwrap();
+            for pointer in &checkpoint.backup {
+                let manifest = match backups.get_manifest(&scope, &pointer.manifest).await {
+                    Ok(m) => m,
+                    Err(e) => panic!(
+                        "seed {seed}: {p}: snapshot {} of the checkpoint is gone: {e}\n{}",
+                        pointer.manifest,
+                        self.trace()
+                    ),
+                };
+                let lost: Vec<_> = manifest
+                    .files
+                    .iter()
+                    .flat_map(|f| &f.chunks)
+                    .filter(|c| !chunks.contains(&c.id))
+                    .map(|c| c.id.clone())
+                    .collect();
+                assert!(
+                    lost.is_empty(),
+                    "seed {seed}: {p}: snapshot {} of the checkpoint lost chunks {lost:?}\n{}",
+                    pointer.manifest,
+                    self.trace()
+                );
+            }
+        }
     }
 
     /// The records of `p` that must be in its state: every one but those
