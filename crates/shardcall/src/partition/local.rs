@@ -956,29 +956,45 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_claim_collects_what_the_history_it_restored_does_not_name() {
-        // Two machines serve one partition in turn (ticket claims, each
-        // taking one snapshot at its end); three snapshots are kept in the
-        // history.
-        let backups = Arc::new(MemoryBackupStore::new());
-        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    /// Two machines serve one partition in turn (ticket claims, each
+    /// taking one snapshot at its end; three snapshots kept in the
+    /// history): `a` snapshots once, `b` restores that and snapshots three
+    /// times, so that its history no longer names `a`'s snapshot. Gives
+    /// `a`, `a`'s checkpoint, `b`'s last one, and the folders to keep.
+    async fn b_outgrows_a(
+        backups: &Arc<MemoryBackupStore>,
+    ) -> (
+        PartitionState,
+        Checkpoint,
+        Checkpoint,
+        [tempfile::TempDir; 2],
+    ) {
+        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
         let p = PartitionId::new("t", 0);
         let open = |dir: &std::path::Path| {
             PartitionState::open(&StateConfig::new(dir, backups.clone()), "g", &p).unwrap()
         };
-        let (mut a, mut b) = (open(a_dir.path()), open(b_dir.path()));
+        let (mut a, mut b) = (open(dirs[0].path()), open(dirs[1].path()));
         a.restore(None).await.unwrap();
         let first = write_and_snapshot(&mut a, 1, 1, Millis::MAX).await;
-        let oldest = first.backup[0].manifest.clone();
-        // b's claim: restores a's snapshot, then snapshots three times: its
-        // history no longer names a's.
         b.restore(Some(&first)).await.unwrap();
-        let mut last = first;
+        let mut last = first.clone();
         for offset in 2..5 {
             last = write_and_snapshot(&mut b, offset, 2, Millis::MAX).await;
         }
-        assert!(last.backup.iter().all(|s| s.manifest != oldest));
+        assert!(
+            last.backup
+                .iter()
+                .all(|s| s.manifest != first.backup[0].manifest)
+        );
+        (a, first, last, dirs)
+    }
+
+    #[tokio::test]
+    async fn a_claim_collects_what_the_history_it_restored_does_not_name() {
+        let backups = Arc::new(MemoryBackupStore::new());
+        let (mut a, first, last, _dirs) = b_outgrows_a(&backups).await;
+        let oldest = &first.backup[0].manifest;
         // a's next claim restores b's history; its snapshot collects what
         // that history does not name (before, only a history this store
         // wrote itself was collected against: a claim that takes one
@@ -988,7 +1004,7 @@ mod tests {
         write_and_snapshot(&mut a, 5, 3, Millis::MAX).await;
         let names = backups.manifest_names("g/t/0").await.unwrap();
         assert!(
-            !names.contains(&oldest),
+            !names.contains(oldest),
             "a snapshot no history names was kept: {names:?}"
         );
         for s in &last.backup {
@@ -998,21 +1014,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_snapshot_taken_once_the_partition_may_have_lapsed_collects_nothing() {
-        // As above: b's snapshots leave a's first one unnamed.
         let backups = Arc::new(MemoryBackupStore::new());
-        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let p = PartitionId::new("t", 0);
-        let open = |dir: &std::path::Path| {
-            PartitionState::open(&StateConfig::new(dir, backups.clone()), "g", &p).unwrap()
-        };
-        let (mut a, mut b) = (open(a_dir.path()), open(b_dir.path()));
-        a.restore(None).await.unwrap();
-        let first = write_and_snapshot(&mut a, 1, 1, Millis::MAX).await;
-        b.restore(Some(&first)).await.unwrap();
-        let mut last = first.clone();
-        for offset in 2..5 {
-            last = write_and_snapshot(&mut b, offset, 2, Millis::MAX).await;
-        }
+        let (mut a, first, last, _dirs) = b_outgrows_a(&backups).await;
         // a's claim lapsed before its snapshot (its lease ran out while it
         // was cut off from the coordination store): it uploads, and
         // deletes nothing.
