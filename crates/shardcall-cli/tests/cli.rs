@@ -509,6 +509,13 @@ fn bench_keys_runs_both_orderings_and_reports_its_targets() {
             > 0.0
     );
     assert!(doc["baselines"]["ideal_uniform_s"].as_f64().unwrap() > 0.0);
+    // Each no-latency pair as it ran, which ordering first alternating.
+    let pairs = doc["ratios"]["no_latency_pairs_as_run"].as_array().unwrap();
+    let firsts: Vec<&str> = pairs.iter().map(|p| p["first"].as_str().unwrap()).collect();
+    assert_eq!(
+        firsts,
+        ["partition", "key", "partition", "key", "partition"]
+    );
     assert_targets(&doc, 7);
 }
 

@@ -471,6 +471,9 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
     // of the state store or another process moves the figure: the pair
     // runs several times, interleaved, and the median ratio counts.
     let mut light_pairs = Vec::new();
+    // Each pair as it ran (which ordering first, both rates), for finding
+    // what moves the figure.
+    let mut light_runs = Vec::new();
     for i in 0..a.light_pairs {
         eprintln!(
             "no latency ({} of {}): partition ordering and key ordering",
@@ -493,6 +496,12 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
             )
         };
         let ratio = k.records_per_s / p.records_per_s.max(1e-9);
+        light_runs.push(json!({
+            "first": if partition_first { "partition" } else { "key" },
+            "partition_records_per_s": p.records_per_s,
+            "key_records_per_s": k.records_per_s,
+            "ratio": ratio,
+        }));
         light_pairs.push((ratio, p, k));
     }
     light_pairs.sort_by(|x, y| x.0.total_cmp(&y.0));
@@ -615,6 +624,7 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
                     "key_vs_ideal_zipf": zipf_vs_ideal,
                     "no_latency_key_vs_partition": light_ratio,
                     "no_latency_key_vs_partition_each_pair": light_ratios,
+                    "no_latency_pairs_as_run": light_runs,
                     "exec_key_speedup_over_partition": exec_speedup,
                 },
                 "targets": targets,
