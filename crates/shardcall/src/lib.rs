@@ -85,7 +85,8 @@ pub use handler::{
 };
 pub use local_state::backup_dir::DirBackupStore;
 pub use local_state::backup_store::{
-    BackupError, BackupResult, BackupStore, MemoryBackupStore, decode_manifest, encode_manifest,
+    BackupError, BackupResult, BackupStore, MemoryBackupStore, backup_scope, decode_manifest,
+    encode_manifest,
 };
 pub use local_state::config::{
     DEFAULT_ROW_CACHE_BYTES, DEFAULT_WARM_UP_WAIT, SnapshotConfig, StateConfig, StateKind,

@@ -991,7 +991,7 @@ async fn processing_goes_on_while_a_snapshot_uploads() {
     for p in 0..PARTITIONS {
         let names = c
             .backups
-            .manifest_names(&format!("{GROUP}/t/{p}"))
+            .manifest_names(&shardcall::backup_scope(GROUP, &PartitionId::new("t", p)))
             .await
             .unwrap();
         assert!(names.len() <= 5, "t/{p}: {} manifests kept", names.len());

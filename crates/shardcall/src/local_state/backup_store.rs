@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use shardcall_core::PartitionId;
 use shardcall_core::backup_plan::Manifest;
 
 /// Why a backup store call failed.
@@ -138,6 +139,12 @@ pub fn decode_manifest(scope: &str, name: &str, raw: &[u8]) -> BackupResult<Mani
         name: name.to_owned(),
         detail: e.to_string(),
     })
+}
+
+/// Where a group's partition keeps its snapshots in a backup store: the
+/// scope every [`BackupStore`] call for it names.
+pub fn backup_scope(group: &str, partition: &PartitionId) -> String {
+    format!("{group}/{}/{}", partition.topic, partition.partition)
 }
 
 pub(crate) fn missing(what: &'static str, scope: &str, name: &str) -> BackupError {

@@ -545,15 +545,18 @@ pub async fn collect(
 /// Deletes the manifests of `scope` that `listed` (a partition's snapshot
 /// history) does not name, and the chunks only they named
 /// ([`backup_plan::collect_unlisted`]): older snapshots, and uploads of a
-/// fenced former owner that never became current. Nothing is deleted
-/// unless `held()` still says the caller holds the partition once the
-/// manifests are read (reading them may take a while).
+/// fenced former owner that never became current. Nothing is read or
+/// deleted unless `held()` says the caller holds the partition, before the
+/// manifests are read and again after (reading them may take a while).
 pub async fn collect_unlisted(
     store: &dyn BackupStore,
     scope: &str,
     listed: &BTreeSet<String>,
     held: &(dyn Fn() -> bool + Sync),
 ) -> Result<Collection, SnapshotError> {
+    if !held() {
+        return Ok(Collection::default());
+    }
     let manifests = read_manifests(store, scope).await?;
     match manifests {
         Some(_) if !held() => Ok(Collection::default()),

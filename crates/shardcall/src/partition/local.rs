@@ -174,7 +174,7 @@ impl PartitionState {
         Ok(Self {
             config: config.clone(),
             local,
-            scope: format!("{group}/{}/{}", partition.topic, partition.partition),
+            scope: crate::local_state::backup_store::backup_scope(group, partition),
             history: Vec::new(),
             fresh: false,
             unsnapshotted: 0,
@@ -734,10 +734,6 @@ async fn collect(
     held_until: Millis,
 ) {
     let held = || crate::clock::now_ms() < held_until;
-    if !held() {
-        tracing::debug!("the partition may no longer be held here: nothing collected");
-        return;
-    }
     match snapshot::collect_unlisted(backups, scope, listed, &held).await {
         Ok(c) if !c.manifests.is_empty() => tracing::debug!(
             manifests = c.manifests.len(),

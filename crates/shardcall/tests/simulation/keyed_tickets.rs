@@ -95,7 +95,7 @@ fn run(seed: u64) {
         // collected: each claim collects what the history it restored
         // does not name (the three kept, and an upload under way at most).
         for p in ends.keys() {
-            let scope = format!("{GROUP}/{}/{}", p.topic, p.partition);
+            let scope = shardcall::backup_scope(GROUP, p);
             let names = backups.manifest_names(&scope).await.unwrap();
             assert!(
                 names.len() <= 5,

@@ -418,7 +418,7 @@ impl World {
         ends: &BTreeMap<PartitionId, u64>,
     ) {
         for p in ends.keys() {
-            let scope = format!("{GROUP}/{}/{}", p.topic, p.partition);
+            let scope = shardcall::backup_scope(GROUP, p);
             let Some(checkpoint) = self.store.load_checkpoint(GROUP, p).await.unwrap() else {
                 continue;
             };
@@ -433,11 +433,9 @@ impl World {
                     ),
                 };
                 let lost: Vec<_> = manifest
-                    .files
-                    .iter()
-                    .flat_map(|f| &f.chunks)
-                    .filter(|c| !chunks.contains(&c.id))
-                    .map(|c| c.id.clone())
+                    .to_download(&chunks)
+                    .into_iter()
+                    .map(|c| c.id)
                     .collect();
                 assert!(
                     lost.is_empty(),
