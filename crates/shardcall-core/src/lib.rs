@@ -48,6 +48,7 @@ pub use partition::key_scheduler;
 pub use partition::keyed as keyed_engine;
 pub use partition::lag_looks;
 pub use partition::mix_hash;
+pub use partition::offset_window;
 pub use partition::retry;
 pub use partition::state_plan;
 pub use partition::warm_up;

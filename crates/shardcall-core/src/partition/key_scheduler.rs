@@ -14,6 +14,7 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use crate::partition::mix_hash::{MixMap, MixSet};
+use crate::partition::offset_window::OffsetWindow;
 
 /// In which order a partition's records may be processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,7 +52,33 @@ impl KeyHash {
 /// key; those are ordered among themselves).
 type KeyOf = Option<KeyHash>;
 
+/// Where a record taken stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Waiting in its key's queue.
+    Queued,
+    /// In flight.
+    Running,
+    /// Its call finished; it is not done until its state change is
+    /// committed.
+    Finished,
+    /// Done.
+    Done,
+}
+
+/// A record taken, as the window keeps it.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    key: KeyOf,
+    stage: Stage,
+}
+
 /// The scheduler of one partition.
+///
+/// Every record taken and not done lives in one [`OffsetWindow`], from
+/// the watermark on, and what is done, in flight or waiting is read from
+/// its slots: a record costs no ordered-set or map update of its own; only
+/// the key queues are maps.
 #[derive(Debug, Clone)]
 pub struct KeyScheduler {
     order: RecordOrder,
@@ -64,13 +91,14 @@ pub struct KeyScheduler {
     ready: VecDeque<KeyOf>,
     /// Keys with a record in flight.
     busy: MixSet<KeyOf>,
-    /// The key of each record in flight.
-    running: MixMap<u64, KeyOf>,
+    /// Records in flight.
+    running: usize,
     buffered: usize,
-    /// Offsets taken and not done.
-    pending: BTreeSet<u64>,
-    /// Offsets done above the watermark.
-    done: BTreeSet<u64>,
+    /// Records taken and not done.
+    pending: usize,
+    /// The records taken from the first not done on, in offset order (the
+    /// first slot is never done: done slots at the front leave).
+    window: OffsetWindow<Slot>,
     /// The offset after the last one taken (or the start).
     next: u64,
     /// Offsets already done when restored (skipped when offered).
@@ -104,10 +132,10 @@ impl KeyScheduler {
             queues: MixMap::default(),
             ready: VecDeque::new(),
             busy: MixSet::default(),
-            running: MixMap::default(),
+            running: 0,
             buffered: 0,
-            pending: BTreeSet::new(),
-            done: BTreeSet::new(),
+            pending: 0,
+            window: OffsetWindow::default(),
             next: watermark,
             skip: done_above
                 .iter()
@@ -131,17 +159,33 @@ impl KeyScheduler {
             self.next
         );
         self.next = offset + 1;
-        if self.skip.remove(&offset) {
-            self.done.insert(offset);
-            return;
-        }
         let key: KeyOf = match self.order {
             RecordOrder::Key => key,
             // One queue for all: offset order; or each record its own.
             RecordOrder::Partition => None,
             RecordOrder::Unordered => Some(KeyHash(offset)),
         };
-        self.pending.insert(offset);
+        if self.skip.remove(&offset) {
+            // Done at the front is simply passed.
+            if !self.window.is_empty() {
+                self.window.push(
+                    offset,
+                    Slot {
+                        key,
+                        stage: Stage::Done,
+                    },
+                );
+            }
+            return;
+        }
+        self.window.push(
+            offset,
+            Slot {
+                key,
+                stage: Stage::Queued,
+            },
+        );
+        self.pending += 1;
         self.buffered += 1;
         let queue = self.queues.entry(key).or_default();
         queue.push_back(offset);
@@ -153,7 +197,7 @@ impl KeyScheduler {
     /// A record that may start now, if any (it counts as in flight until
     /// [`Self::finished`] or [`Self::failed`]).
     pub fn next_start(&mut self) -> Option<u64> {
-        if self.running.len() >= self.max_in_flight {
+        if self.running >= self.max_in_flight {
             return None;
         }
         let key = self.ready.pop_front()?;
@@ -164,7 +208,11 @@ impl KeyScheduler {
         }
         self.buffered -= 1;
         self.busy.insert(key);
-        self.running.insert(offset, key);
+        self.running += 1;
+        self.window
+            .get_mut(offset)
+            .expect("a record taken has a slot")
+            .stage = Stage::Running;
         Some(offset)
     }
 
@@ -173,98 +221,142 @@ impl KeyScheduler {
     /// record is not done until [`Self::done`] (its state change
     /// committed).
     pub fn finished(&mut self, offset: u64) {
-        let key = self
-            .running
-            .remove(&offset)
-            .unwrap_or_else(|| panic!("{offset} is not in flight"));
-        self.release(key);
-    }
-
-    /// The record at `offset`, finished, is done (its state change
-    /// committed).
-    pub fn done(&mut self, offset: u64) {
-        let was_pending = self.pending.remove(&offset);
-        assert!(
-            was_pending && !self.running.contains_key(&offset),
-            "{offset} is done before it finished"
-        );
-        // What the watermark passed needs no keeping (a record done in
-        // offset order is never kept at all).
-        let floor = self.watermark();
-        if offset >= floor {
-            self.done.insert(offset);
-        }
-        while self.done.first().is_some_and(|&d| d < floor) {
-            self.done.pop_first();
-        }
-    }
-
-    /// The record at `offset` failed: it starts again before any later
-    /// record of its key.
-    pub fn failed(&mut self, offset: u64) {
-        let key = self
-            .running
-            .remove(&offset)
-            .unwrap_or_else(|| panic!("{offset} is not in flight"));
-        self.buffered += 1;
-        self.queues.entry(key).or_default().push_front(offset);
-        self.busy.remove(&key);
-        self.ready.push_front(key);
-    }
-
-    fn release(&mut self, key: KeyOf) {
+        let key = self.leave_flight(offset, Stage::Finished);
         self.busy.remove(&key);
         if self.queues.contains_key(&key) {
             self.ready.push_back(key);
         }
     }
 
+    /// The record at `offset`, finished, is done (its state change
+    /// committed).
+    pub fn done(&mut self, offset: u64) {
+        match self.window.get_mut(offset) {
+            Some(slot) if slot.stage == Stage::Finished => slot.stage = Stage::Done,
+            _ => panic!("{offset} is done before it finished"),
+        }
+        self.pending -= 1;
+        // What the watermark passes needs no keeping.
+        self.window.pop_front_while(|s| s.stage == Stage::Done);
+    }
+
+    /// The record at `offset` failed: it starts again before any later
+    /// record of its key.
+    pub fn failed(&mut self, offset: u64) {
+        let key = self.leave_flight(offset, Stage::Queued);
+        self.buffered += 1;
+        self.queues.entry(key).or_default().push_front(offset);
+        self.busy.remove(&key);
+        self.ready.push_front(key);
+    }
+
+    /// The record at `offset`, in flight, moves to `stage`: its key.
+    fn leave_flight(&mut self, offset: u64, stage: Stage) -> KeyOf {
+        let slot = self.window.get_mut(offset);
+        let Some(slot) = slot.filter(|s| s.stage == Stage::Running) else {
+            panic!("{offset} is not in flight")
+        };
+        slot.stage = stage;
+        self.running -= 1;
+        slot.key
+    }
+
     /// Every offset below this is done: the first taken and not done, or
     /// else the next to take (past those a restore knows are done).
     pub fn watermark(&self) -> u64 {
-        if let Some(&first) = self.pending.first() {
-            return first;
+        match self.window.front() {
+            Some((first, _)) => first,
+            None => self.past_skipped(self.next),
         }
-        let mut w = self.next;
-        while self.skip.contains(&w) {
-            w += 1;
+    }
+
+    /// `from`, moved past the offsets a restore knows are done right at it.
+    fn past_skipped(&self, mut from: u64) -> u64 {
+        while self.skip.contains(&from) {
+            from += 1;
         }
-        w
+        from
     }
 
     /// The offsets done above the watermark, as inclusive ranges in order
     /// (what a checkpoint carries with the watermark).
     pub fn done_above(&self) -> Vec<(u64, u64)> {
-        let floor = self.watermark();
-        let all: BTreeSet<u64> = self
-            .done
-            .range(floor..)
-            .chain(self.skip.range(floor..))
-            .copied()
-            .collect();
+        self.ranges_above(self.watermark(), |stage| stage == Stage::Done)
+    }
+
+    /// What [`Self::watermark`] and [`Self::done_above`] will be once every
+    /// record finished now is done (a commit of all of them lands).
+    pub fn progress_once_finished_done(&self) -> (u64, Vec<(u64, u64)>) {
+        let done = |stage| matches!(stage, Stage::Finished | Stage::Done);
+        // The watermark passes every done offset right above it, and those
+        // a restore knows are done (an offset the source skipped is
+        // neither: it stops there, as a restore would).
+        let mut watermark = self.watermark();
+        let mut slots = self.window.iter().peekable();
+        loop {
+            while slots.next_if(|&(o, _)| o < watermark).is_some() {}
+            match slots.peek() {
+                Some(&(o, s)) if o == watermark && done(s.stage) => {}
+                Some(&(o, _)) if o == watermark => break,
+                _ if self.skip.contains(&watermark) => {}
+                _ => break,
+            }
+            watermark += 1;
+        }
+        (watermark, self.ranges_above(watermark, done))
+    }
+
+    /// The offsets at or above `floor` whose stage counts as done, with
+    /// those a restore knows are done, as inclusive ranges in order.
+    fn ranges_above(&self, floor: u64, done: impl Fn(Stage) -> bool) -> Vec<(u64, u64)> {
+        let mut slots = self
+            .window
+            .iter()
+            .filter(|&(o, s)| o >= floor && done(s.stage))
+            .map(|(o, _)| o)
+            .peekable();
+        let mut skipped = self.skip.range(floor..).copied().peekable();
         let mut out: Vec<(u64, u64)> = Vec::new();
-        for o in all {
+        // The two are apart (an offset offered leaves `skip`) and each in
+        // order: merged as they come.
+        loop {
+            let o = match (slots.peek(), skipped.peek()) {
+                (Some(&a), Some(&b)) if a < b => slots.next(),
+                (Some(_), Some(_)) | (None, Some(_)) => skipped.next(),
+                (Some(_), None) => slots.next(),
+                (None, None) => None,
+            };
+            let Some(o) = o else { return out };
             match out.last_mut() {
                 Some((_, end)) if *end + 1 == o => *end = o,
                 _ => out.push((o, o)),
             }
         }
-        out
     }
 
     /// The last offset done above the watermark, if any: without building
     /// the ranges of [`Self::done_above`].
     pub fn last_done_above(&self) -> Option<u64> {
         let floor = self.watermark();
-        let done = self.done.range(floor..).next_back();
-        let skipped = self.skip.range(floor..).next_back();
-        done.max(skipped).copied()
+        let done = self
+            .window
+            .iter()
+            .rev()
+            .find(|(_, s)| s.stage == Stage::Done)
+            .map(|(o, _)| o);
+        let skipped = self.skip.range(floor..).next_back().copied();
+        done.max(skipped)
     }
 
     /// Whether the record at `offset` is done: below the watermark, done
     /// above it, or known done when restored.
     pub fn is_done(&self, offset: u64) -> bool {
-        offset < self.watermark() || self.done.contains(&offset) || self.skip.contains(&offset)
+        offset < self.watermark()
+            || self
+                .window
+                .get(offset)
+                .is_some_and(|s| s.stage == Stage::Done)
+            || self.skip.contains(&offset)
     }
 
     /// How many more records may be taken before the buffer is full.
@@ -279,13 +371,21 @@ impl KeyScheduler {
 
     /// Records in flight.
     pub fn in_flight(&self) -> usize {
-        self.running.len()
+        self.running
+    }
+
+    /// The records in flight, in offset order.
+    pub fn running(&self) -> impl Iterator<Item = u64> + '_ {
+        self.window
+            .iter()
+            .filter(|(_, s)| s.stage == Stage::Running)
+            .map(|(o, _)| o)
     }
 
     /// Whether every record taken is done: nothing waits, runs or awaits
     /// its commit.
     pub fn all_done(&self) -> bool {
-        self.pending.is_empty()
+        self.pending == 0
     }
 
     /// Records read and waiting for their key (a record of it in flight, or
@@ -444,7 +544,7 @@ mod tests {
                     started.retain(|o| done_once.contains(o));
                     continue;
                 }
-                let running: Vec<u64> = s.running.keys().copied().collect::<BTreeSet<_>>().into_iter().collect();
+                let running: Vec<u64> = s.running().collect();
                 let o = running[picks[step % picks.len()] % running.len()];
                 s.finished(o);
                 s.done(o);
@@ -463,6 +563,77 @@ mod tests {
                 let mut sorted = of_key.clone();
                 sorted.sort_unstable();
                 prop_assert_eq!(of_key, sorted, "key {} out of order", k);
+            }
+        }
+
+        /// What the window says is done (the watermark, the ranges above
+        /// it, and both once the finished records are done) is what plain
+        /// sets of offsets say, through skipped offsets, restored ranges
+        /// and records finishing in any order.
+        #[test]
+        fn the_window_counts_done_as_sets_of_offsets_do(
+            gaps in prop::collection::vec(0u64..3, 1..40),
+            restored in prop::collection::vec((0u64..60, 0u64..4), 0..4),
+            picks in prop::collection::vec((0usize..8, 0u8..3), 1..120),
+        ) {
+            let start = 5;
+            let mut s = KeyScheduler::restored(RecordOrder::Key, 4, 64, start, &restored.iter().map(|&(a, n)| (a, a + n)).collect::<Vec<_>>());
+            // The model: which offsets count as done, and which finished.
+            let mut known: BTreeSet<u64> = restored.iter().flat_map(|&(a, n)| a..=a + n).filter(|&o| o >= start).collect();
+            let mut taken: BTreeSet<u64> = BTreeSet::new();
+            let mut finished: BTreeSet<u64> = BTreeSet::new();
+            let mut offset = start;
+            for gap in gaps {
+                offset += gap;
+                s.offer(offset, Some(KeyHash::of(&[(offset % 5) as u8])));
+                if !known.contains(&offset) {
+                    taken.insert(offset);
+                }
+                offset += 1;
+            }
+            let ranges = |set: &BTreeSet<u64>, floor: u64| {
+                let mut out: Vec<(u64, u64)> = Vec::new();
+                for &o in set.range(floor..) {
+                    match out.last_mut() {
+                        Some((_, end)) if *end + 1 == o => *end = o,
+                        _ => out.push((o, o)),
+                    }
+                }
+                out
+            };
+            for (pick, what) in picks {
+                while s.next_start().is_some() {}
+                let running: Vec<u64> = s.running().collect();
+                // Finish one in flight, or commit every finished one.
+                if what < 2 && !running.is_empty() {
+                    let o = running[pick % running.len()];
+                    s.finished(o);
+                    finished.insert(o);
+                } else {
+                    for o in std::mem::take(&mut finished) {
+                        s.done(o);
+                        known.insert(o);
+                    }
+                }
+                let not_done = taken.difference(&known).next().copied();
+                let mut watermark = not_done.unwrap_or(offset);
+                if not_done.is_none() {
+                    while known.contains(&watermark) {
+                        watermark += 1;
+                    }
+                }
+                prop_assert_eq!(s.watermark(), watermark);
+                prop_assert_eq!(s.done_above(), ranges(&known, watermark));
+                prop_assert_eq!(s.all_done(), not_done.is_none());
+                let once: BTreeSet<u64> = known.union(&finished).copied().collect();
+                let mut applied = watermark;
+                while once.contains(&applied) {
+                    applied += 1;
+                }
+                prop_assert_eq!(s.progress_once_finished_done(), (applied, ranges(&once, applied)));
+                for o in start..offset {
+                    prop_assert_eq!(s.is_done(o), o < watermark || known.contains(&o), "offset {}", o);
+                }
             }
         }
     }

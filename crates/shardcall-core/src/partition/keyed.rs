@@ -483,15 +483,10 @@ impl KeyedEngine {
     /// with their state changes, in one commit, planned on everything
     /// committed before it.
     fn done_commit(&self, offsets: Vec<u64>) -> DoneCommit {
-        let newly: BTreeSet<u64> = offsets.iter().copied().collect();
-        let done = |o: u64| newly.contains(&o) || self.scheduler.is_done(o);
-        // The watermark moves past every record done right above it.
-        let mut applied = self.scheduler.watermark();
-        while done(applied) {
-            applied += 1;
-        }
+        // Every record the scheduler holds as finished is in `offsets`: a
+        // commit takes all of them, and one is out at a time.
+        let (applied, after) = self.scheduler.progress_once_finished_done();
         let before = self.scheduler.done_above();
-        let after = merged_ranges(&before, &newly, applied);
         DoneCommit {
             offsets,
             applied,

@@ -10,6 +10,7 @@ pub mod key_scheduler;
 pub mod keyed;
 pub mod lag_looks;
 pub mod mix_hash;
+pub mod offset_window;
 pub mod retry;
 pub mod state_plan;
 pub mod warm_up;
