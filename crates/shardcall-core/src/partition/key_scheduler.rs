@@ -237,7 +237,7 @@ impl KeyScheduler {
         }
         self.pending -= 1;
         // What the watermark passes needs no keeping.
-        self.window.pop_front_while(|s| s.stage == Stage::Done);
+        self.window.pop_front_while(|_, s| s.stage == Stage::Done);
     }
 
     /// The record at `offset` failed: it starts again before any later

@@ -50,9 +50,10 @@ impl<T> OffsetWindow<T> {
         self.slots.front().map(|(o, v)| (*o, v))
     }
 
-    /// Drops values from the front while `gone` says they may go.
-    pub fn pop_front_while(&mut self, mut gone: impl FnMut(&T) -> bool) {
-        while self.slots.front().is_some_and(|(_, v)| gone(v)) {
+    /// Drops values from the front while `gone` says they may go (given
+    /// each offset and value).
+    pub fn pop_front_while(&mut self, mut gone: impl FnMut(u64, &T) -> bool) {
+        while self.slots.front().is_some_and(|(o, v)| gone(*o, v)) {
             self.slots.pop_front();
         }
     }
@@ -94,7 +95,7 @@ mod tests {
         assert_eq!(w.get(20), Some(&200));
         assert_eq!((w.get(5), w.get(2), w.get(21)), (None, None, None));
         *w.get_mut(4).unwrap() = 0;
-        w.pop_front_while(|&v| v == 30 || v == 0);
+        w.pop_front_while(|_, &v| v == 30 || v == 0);
         assert_eq!(w.front(), Some((7, &70)));
         assert_eq!(w.iter().map(|(o, _)| o).collect::<Vec<_>>(), vec![7, 8, 20]);
     }
@@ -125,7 +126,7 @@ mod tests {
                 o += 1;
             }
             let mut left = 0;
-            w.pop_front_while(|_| { left += 1; left <= leave });
+            w.pop_front_while(|_, _| { left += 1; left <= leave });
             while map.len() > w.iter().count() {
                 map.pop_first();
             }

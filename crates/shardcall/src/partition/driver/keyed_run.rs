@@ -27,6 +27,7 @@ use shardcall_core::keyed_engine::{
     Progress,
 };
 use shardcall_core::mix_hash::MixMap;
+use shardcall_core::offset_window::OffsetWindow;
 use shardcall_core::partition_engine::{Event, PartitionEngine};
 use shardcall_core::{Cause, Millis};
 use shardcall_spool::Record;
@@ -62,8 +63,9 @@ struct Run {
     engine: KeyedEngine,
     /// The partition, as every call sees it.
     ctx: Arc<PartitionContext>,
-    /// Records read and not yet done, by offset.
-    records: MixMap<u64, Record>,
+    /// Records read and not yet done, by offset (`None`: done; those and
+    /// the ones below the watermark leave from the front).
+    records: OffsetWindow<Option<Record>>,
     /// Why each failing record failed last (for its dead letter).
     last_error: MixMap<u64, Cause>,
     calls: JoinSet<CallAnswer>,
@@ -165,7 +167,7 @@ where
         let mut run = Run {
             engine: KeyedEngine::new(rules, &progress, checkpointed, self.now_ms()),
             ctx: Arc::new(self.d.ctx.clone()),
-            records: MixMap::default(),
+            records: OffsetWindow::default(),
             last_error: MixMap::default(),
             calls: JoinSet::new(),
             calling: HashMap::new(),
@@ -376,7 +378,8 @@ where
         }
         let records = offsets.iter().map(|offset| {
             run.records
-                .get(offset)
+                .get(*offset)
+                .and_then(Option::as_ref)
                 .expect("started records were fetched")
                 .clone()
         });
@@ -511,7 +514,10 @@ where
         answer: Result<KeyState, HandlerError>,
     ) {
         run.calls_span.answered(self.d.observer.as_deref());
-        let key = run.records.get(&offset).and_then(|r| r.key.as_deref());
+        let key = run
+            .records
+            .get(offset)
+            .and_then(|r| r.as_ref()?.key.as_deref());
         // A value too long for the store is the record's own failure (a
         // write refused leaves the writes held as they were).
         let written = answer.and_then(|state| state.write_to(&mut run.uncommitted, key));
@@ -558,10 +564,19 @@ where
             tracing::error!(error = %e, "the local state store refused a record; the partition is given up");
             return KeyedEvent::StorageFailed(Cause::new(e));
         }
-        for offset in &plan.offsets {
-            run.records.remove(offset);
-            run.last_error.remove(offset);
+        for &offset in &plan.offsets {
+            if let Some(record) = run.records.get_mut(offset) {
+                *record = None;
+            }
+            if !run.last_error.is_empty() {
+                run.last_error.remove(&offset);
+            }
         }
+        // Records skipped as done before a restore never commit: the
+        // watermark passes them.
+        let watermark = plan.applied;
+        run.records
+            .pop_front_while(|offset, record| record.is_none() || offset < watermark);
         KeyedEvent::Committed(plan.offsets)
     }
 
@@ -579,7 +594,8 @@ where
         }
         let record = run
             .records
-            .get(&offset)
+            .get(offset)
+            .and_then(Option::as_ref)
             .expect("dead-lettered records were fetched")
             .clone();
         let why = run
@@ -617,7 +633,7 @@ where
                     .map(|r| (r.offset, r.key.as_deref().map(KeyHash::of)))
                     .collect();
                 for r in records {
-                    run.records.insert(r.offset, r);
+                    run.records.push(r.offset, Some(r));
                 }
                 KeyedEvent::Fetched(keys)
             }
