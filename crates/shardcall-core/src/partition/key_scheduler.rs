@@ -369,6 +369,14 @@ impl KeyScheduler {
         self.next
     }
 
+    /// How many records [`Self::next_start`] would start now, one after
+    /// another.
+    pub fn startable(&self) -> usize {
+        self.ready
+            .len()
+            .min(self.max_in_flight.saturating_sub(self.running))
+    }
+
     /// Records in flight.
     pub fn in_flight(&self) -> usize {
         self.running
@@ -457,6 +465,7 @@ mod tests {
         for (o, k) in [(0, 1), (1, 1), (2, 2)] {
             s.offer(o, key(k));
         }
+        assert_eq!(s.startable(), 2, "one record of each key");
         assert_eq!(s.next_start(), Some(0));
         assert_eq!(s.next_start(), Some(2), "key 2 passes key 1's second");
         assert_eq!(s.next_start(), None, "offset 1 waits for offset 0");

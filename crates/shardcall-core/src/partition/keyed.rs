@@ -655,7 +655,8 @@ impl KeyedEngine {
             if let Some(next) = self.failing.values().map(|f| f.retry_at).min() {
                 wake_at(next);
             }
-            // New records start.
+            // New records start (room made for as many as may, at once).
+            out.commands.reserve(self.scheduler.startable());
             while let Some(offset) = self.scheduler.next_start() {
                 self.flights.insert(
                     offset,

@@ -61,6 +61,11 @@ pub enum DoneRangesError {
     },
 }
 
+/// Whether `key` is the entry of the done ranges.
+pub(crate) fn is_done_ranges(key: &[u8]) -> bool {
+    key == DONE_ABOVE
+}
+
 /// Adds what `plan` changes in the ranges to a commit's `writes` (nothing
 /// when they stay as they are).
 pub(crate) fn record_done(writes: &mut WriteSet, plan: &DoneCommit) -> Result<(), StateStoreError> {

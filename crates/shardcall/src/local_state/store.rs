@@ -139,6 +139,11 @@ impl WriteSet {
             .map(|(k, v)| (k.as_slice(), v.as_deref()))
     }
 
+    /// Its writes, given up (for whoever keeps what was written).
+    pub(crate) fn into_writes(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
+        self.writes.into_iter()
+    }
+
     /// How many keys it writes.
     pub fn len(&self) -> usize {
         self.writes.len()

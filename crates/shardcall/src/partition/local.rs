@@ -259,30 +259,33 @@ impl PartitionState {
     }
 
     /// Commits a batch's writes with the position after it (blocking on a
-    /// thread of its own).
+    /// thread of its own); the writes are given back, committed.
     pub(crate) async fn commit(
         &mut self,
         writes: WriteSet,
         applied: Applied,
-    ) -> Result<(), StateStoreError> {
+    ) -> Result<WriteSet, StateStoreError> {
         self.position = Some(applied.offset);
         match &mut self.local {
             Local::Store { store, .. } => {
                 let bytes = writes.bytes();
                 let store = store.clone();
-                tokio::task::spawn_blocking(move || store.commit(&writes, applied))
-                    .await
-                    .map_err(blocking_failed)??;
+                let writes = tokio::task::spawn_blocking(move || {
+                    store.commit(&writes, applied).map(|()| writes)
+                })
+                .await
+                .map_err(blocking_failed)??;
                 self.unsnapshotted += bytes;
+                Ok(writes)
             }
             // The handler wrote its files itself; what changed is not
             // known in bytes, only that something may have.
             Local::Directory { applied: at, .. } => {
                 *at = Some(applied);
                 self.unsnapshotted += 1;
+                Ok(writes)
             }
         }
-        Ok(())
     }
 
     /// Makes the store the partition's state as the checkpoint has it: the

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use crate::local_state::done_ranges;
 use crate::local_state::store::WriteSet;
 
 /// Most bytes of keys and states kept.
@@ -30,18 +31,31 @@ impl KeyStates {
         self.keep(at, state);
     }
 
-    /// Notes what a commit wrote.
-    pub(super) fn committed(&mut self, writes: &WriteSet) {
-        for (at, state) in writes.iter() {
-            self.keep(at.to_vec(), state.map(<[u8]>::to_vec));
+    /// Notes what a commit wrote (but the done ranges, which are no key's
+    /// state).
+    pub(super) fn committed(&mut self, writes: WriteSet) {
+        for (at, state) in writes.into_writes() {
+            if !done_ranges::is_done_ranges(&at) {
+                self.keep(at, state);
+            }
         }
     }
 
     fn keep(&mut self, at: Vec<u8>, state: Option<Vec<u8>>) {
-        if let Some(old) = self.states.remove(&at) {
-            self.bytes -= at.len() + old.map_or(0, |v| v.len());
-        }
         let size = at.len() + state.as_ref().map_or(0, Vec::len);
+        // A key kept already is replaced in place (one look-up, nothing
+        // allocated), while the bound allows.
+        if let Some(old) = self.states.get_mut(&at) {
+            let old_size = at.len() + old.as_ref().map_or(0, Vec::len);
+            let bytes = self.bytes - old_size;
+            if bytes + size <= MAX_BYTES {
+                self.bytes = bytes + size;
+                *old = state;
+                return;
+            }
+            self.states.remove(&at);
+            self.bytes = bytes;
+        }
         if size > MAX_BYTES {
             return;
         }
@@ -67,12 +81,12 @@ mod tests {
         let mut w = WriteSet::new();
         w.put(b"k", b"12").unwrap();
         w.put(b"j", b"3").unwrap();
-        s.committed(&w);
+        s.committed(w);
         assert_eq!(s.get(b"k"), Some(Some(&b"12"[..])));
         assert_eq!(s.bytes, 3 + 2);
         let mut w = WriteSet::new();
         w.delete(b"k").unwrap();
-        s.committed(&w);
+        s.committed(w);
         assert_eq!((s.get(b"k"), s.bytes), (Some(None), 1 + 2));
         // Past the bound, what was kept goes; the newest stays.
         s.read(b"big".to_vec(), Some(vec![0; MAX_BYTES - 3]));

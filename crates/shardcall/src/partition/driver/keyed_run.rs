@@ -550,8 +550,6 @@ where
         }
         let mut writes = std::mem::take(&mut run.uncommitted);
         run.told.clear();
-        // Kept before the commit lands: if it fails, the run ends.
-        run.states.committed(&writes);
         if let Err(e) = done_ranges::record_done(&mut writes, &plan) {
             return KeyedEvent::StorageFailed(Cause::new(e));
         }
@@ -560,9 +558,14 @@ where
             epoch: self.d.ctx.epoch,
         };
         let local = self.local.as_mut().expect("a keyed run has a local store");
-        if let Err(e) = local.commit(writes, applied).await {
-            tracing::error!(error = %e, "the local state store refused a record; the partition is given up");
-            return KeyedEvent::StorageFailed(Cause::new(e));
+        match local.commit(writes, applied).await {
+            // What the records wrote is what their keys' next calls see
+            // (kept once the commit lands: if it fails, the run ends).
+            Ok(written) => run.states.committed(written),
+            Err(e) => {
+                tracing::error!(error = %e, "the local state store refused a record; the partition is given up");
+                return KeyedEvent::StorageFailed(Cause::new(e));
+            }
         }
         for &offset in &plan.offsets {
             if let Some(record) = run.records.get_mut(offset) {
