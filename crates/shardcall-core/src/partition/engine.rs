@@ -313,6 +313,9 @@ pub enum Command {
         /// A ticket's budget ([`crate::keyed_engine::KeyedRules::budget`]);
         /// `None`: owned, run until revoked.
         budget: Option<Duration>,
+        /// Whether deliveries are counted in the store
+        /// ([`crate::keyed_engine::KeyedRules::count_in_store`]).
+        count_in_store: bool,
     },
     /// Give the ticket back, due again after `delay`. Answer:
     /// [`Event::Done`].
@@ -1652,6 +1655,7 @@ impl PartitionEngine {
             return Some(Command::RunKeyed {
                 from: self.next_offset,
                 budget: self.ticket().map(|t| t.budget),
+                count_in_store: self.rules.count_in_store && self.rules.dead_lettering(),
             });
         }
         let mut wait = if self.pending.is_some() {
@@ -2616,6 +2620,7 @@ mod tests {
                 max_commit: 16,
                 commit_within: Duration::from_millis(5),
                 budget: None,
+                count_in_store: false,
             }),
             ..owned()
         }
@@ -2649,7 +2654,8 @@ mod tests {
             c,
             Command::RunKeyed {
                 from: 5,
-                budget: None
+                budget: None,
+                count_in_store: false,
             },
             "records run by key from the checkpoint"
         );
@@ -2718,7 +2724,8 @@ mod tests {
             c,
             Command::RunKeyed {
                 from: 5,
-                budget: Some(Duration::from_millis(1_000))
+                budget: Some(Duration::from_millis(1_000)),
+                count_in_store: true,
             },
             "the keyed run ends by itself at the ticket's budget"
         );
@@ -2859,7 +2866,8 @@ mod tests {
             c,
             Command::RunKeyed {
                 from: 5,
-                budget: None
+                budget: None,
+                count_in_store: false,
             }
         );
         e

@@ -216,6 +216,50 @@ impl KeyScheduler {
         Some(offset)
     }
 
+    /// The first record taken and not started, if it is waiting at the
+    /// front: every record before it is done (it is at the watermark).
+    pub fn first_waiting(&self) -> Option<u64> {
+        self.window
+            .front()
+            .filter(|(_, s)| s.stage == Stage::Queued)
+            .map(|(o, _)| o)
+    }
+
+    /// Starts the first record taken and not started, whatever keys became
+    /// ready before its own, if its key and a slot are free: for a record
+    /// that must run before any other.
+    pub fn start_first(&mut self) -> Option<u64> {
+        let (offset, key) = self
+            .window
+            .iter()
+            .find(|(_, s)| s.stage == Stage::Queued)
+            .map(|(o, s)| (o, s.key))?;
+        if self.running >= self.max_in_flight || self.busy.contains(&key) {
+            return None;
+        }
+        // Its key is free, so it is ready, with this record first.
+        let at = self.ready.iter().position(|k| *k == key)?;
+        self.ready.remove(at);
+        let queue = self.queues.get_mut(&key).expect("a ready key has a queue");
+        debug_assert_eq!(
+            queue.front(),
+            Some(&offset),
+            "a key's records queue in order"
+        );
+        queue.pop_front();
+        if queue.is_empty() {
+            self.queues.remove(&key);
+        }
+        self.buffered -= 1;
+        self.busy.insert(key);
+        self.running += 1;
+        self.window
+            .get_mut(offset)
+            .expect("a record taken has a slot")
+            .stage = Stage::Running;
+        Some(offset)
+    }
+
     /// The record at `offset` finished (its call succeeded, or its dead
     /// letter was written): its key's next record may start, though the
     /// record is not done until [`Self::done`] (its state change

@@ -78,6 +78,14 @@ pub struct KeyedRules {
     /// found nothing and every record read is done), so that the ticket
     /// goes back to the pool.
     pub budget: Option<Duration>,
+    /// Count the deliveries of the record at the watermark in the store
+    /// before anything starts (ticket mode, where the next claim may be on
+    /// another worker, with dead letters): a record that kills its worker
+    /// process every time it runs would otherwise be tried by every claim
+    /// for ever. A record earlier claims started and did not get past runs
+    /// alone, so that a crash is its own; one that crashed `max_attempts`
+    /// times alone goes to the dead letters.
+    pub count_in_store: bool,
 }
 
 /// Where a partition's processing stands, as a checkpoint carries it.
@@ -236,6 +244,8 @@ pub enum KeyedEvent {
     },
     /// The checkpoint came back.
     Checkpointed(CheckpointOutcome),
+    /// The delivery count asked for came back.
+    Counted(CountOutcome),
     /// The partition is to end (revoked, or the worker stops).
     End,
     /// The lease ran out (the process was paused, or the store could not
@@ -255,6 +265,18 @@ pub enum CheckpointOutcome {
     /// Refused: the partition is no longer ours.
     Fenced(Cause),
     /// Failed; tried again.
+    Failed(Cause),
+}
+
+/// How counting a delivery in the store went.
+#[derive(Debug, Clone)]
+pub enum CountOutcome {
+    /// The record's deliveries so far, this one included, across claims,
+    /// workers and crashes.
+    Counted(u32),
+    /// Refused: the partition is no longer ours.
+    Fenced(Cause),
+    /// Failed; tried again after a pause.
     Failed(Cause),
 }
 
@@ -295,6 +317,12 @@ pub enum KeyedCommand {
     Commit(DoneCommit),
     /// Write a checkpoint; answered by [`KeyedEvent::Checkpointed`].
     Checkpoint(Progress),
+    /// Count one more delivery of the record in the store (as a batch of
+    /// one); answered by [`KeyedEvent::Counted`].
+    CountDelivery {
+        /// The record.
+        offset: u64,
+    },
 }
 
 /// How the partition ended.
@@ -348,6 +376,30 @@ struct Failing {
     retry_at: Millis,
 }
 
+/// Where counting the deliveries of the record at the watermark stands
+/// ([`KeyedRules::count_in_store`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeliveryCheck {
+    /// Nothing to count (owned mode), or counted and clear.
+    Clear,
+    /// To count, once the record at the watermark is read; nothing starts
+    /// before.
+    Due,
+    /// The count of this record is out; nothing starts before it is back.
+    Counting {
+        /// The record.
+        offset: u64,
+    },
+    /// Earlier claims started this record and did not get past it: it
+    /// runs alone until it finished, so that a crash is its own.
+    Alone {
+        /// The record.
+        offset: u64,
+        /// Whether it started.
+        started: bool,
+    },
+}
+
 /// The engine of one partition whose records run at once.
 #[derive(Debug, Clone)]
 pub struct KeyedEngine {
@@ -388,6 +440,10 @@ pub struct KeyedEngine {
     began: Millis,
     /// Whether a fetch brought a record to process.
     found: bool,
+    /// Counting the deliveries of the record at the watermark.
+    check: DeliveryCheck,
+    /// When a failed count may be tried again.
+    count_after: Millis,
     /// Whether a record started: a ticket's run ends at its budget only
     /// once it has (or has nothing to start), so that every claim gets
     /// work done however slow the fetch.
@@ -400,6 +456,11 @@ impl KeyedEngine {
     /// stored checkpoint carries `progress` already, so nothing is written
     /// before a record is done.
     pub fn new(rules: KeyedRules, progress: &Progress, checkpointed: bool, now: Millis) -> Self {
+        let check = if rules.count_in_store {
+            DeliveryCheck::Due
+        } else {
+            DeliveryCheck::Clear
+        };
         let scheduler = KeyScheduler::restored(
             rules.order,
             rules.max_in_flight,
@@ -432,6 +493,8 @@ impl KeyedEngine {
             began: now,
             found: false,
             started_any: false,
+            check,
+            count_after: now,
         }
     }
 
@@ -533,6 +596,9 @@ impl KeyedEngine {
                     self.flights.remove(&offset);
                     self.scheduler.finished(offset);
                     self.finished.push(offset);
+                    if matches!(self.check, DeliveryCheck::Alone { offset: o, .. } if o == offset) {
+                        self.check = DeliveryCheck::Clear;
+                    }
                 }
             }
             KeyedEvent::Committed(offsets) => {
@@ -568,6 +634,21 @@ impl KeyedEngine {
                     }
                 }
             }
+            KeyedEvent::Counted(outcome) => match (self.check, outcome) {
+                (DeliveryCheck::Counting { offset }, CountOutcome::Counted(n)) => {
+                    self.counted(offset, n, now, &mut out);
+                }
+                (_, CountOutcome::Fenced(cause)) => {
+                    self.ended = true;
+                    out.ended = Some(KeyedEnd::Fenced(cause));
+                    return out;
+                }
+                (_, CountOutcome::Failed(_)) => {
+                    self.check = DeliveryCheck::Due;
+                    self.count_after = now + self.rules.retry.first.as_millis() as Millis;
+                }
+                (_, CountOutcome::Counted(_)) => {}
+            },
             KeyedEvent::End => {
                 self.ending_since.get_or_insert(now);
             }
@@ -588,6 +669,52 @@ impl KeyedEngine {
         out
     }
 
+    /// The record at the watermark has had `n` deliveries, this one
+    /// included. The first goes on as usual; a record that earlier claims
+    /// started and did not get past runs alone (a crash is then its own),
+    /// and one that ended `max_attempts` claims alone without an answer
+    /// goes to the dead letters without another call.
+    fn counted(&mut self, offset: u64, n: u32, now: Millis, out: &mut KeyedStep) {
+        if n <= 1 {
+            self.check = DeliveryCheck::Clear;
+            return;
+        }
+        // The first delivery ran beside others; every later one alone.
+        let alone = n - 2;
+        let max = self.rules.max_attempts;
+        if max == 0 || alone < max || !self.rules.dead_letters {
+            self.check = DeliveryCheck::Alone {
+                offset,
+                started: false,
+            };
+            return;
+        }
+        // Nothing started while the count was out: the record is still
+        // the first waiting, and starts (to the dead letters) at once.
+        if self.scheduler.first_waiting() != Some(offset)
+            || self.scheduler.start_first() != Some(offset)
+        {
+            self.check = DeliveryCheck::Alone {
+                offset,
+                started: false,
+            };
+            return;
+        }
+        self.check = DeliveryCheck::Clear;
+        self.flights.insert(
+            offset,
+            Flight {
+                attempts: n - 1,
+                since: now,
+            },
+        );
+        self.started_any = true;
+        out.commands.push(KeyedCommand::DeadLetter {
+            offset,
+            attempts: n - 1,
+        });
+    }
+
     fn attempts_of(&self, offset: u64) -> u32 {
         self.flights.get(&offset).map_or(1, |f| f.attempts)
     }
@@ -600,6 +727,20 @@ impl KeyedEngine {
             retry_at: now + pause.as_millis() as Millis,
         };
         self.failing.insert(offset, failing);
+    }
+
+    /// The record at `offset` starts its first attempt.
+    fn start(&mut self, offset: u64, now: Millis, out: &mut KeyedStep) {
+        self.flights.insert(
+            offset,
+            Flight {
+                attempts: 1,
+                since: now,
+            },
+        );
+        out.commands
+            .push(KeyedCommand::Start { offset, attempt: 1 });
+        self.started_any = true;
     }
 
     /// What to do now that the event is taken in.
@@ -655,19 +796,41 @@ impl KeyedEngine {
             if let Some(next) = self.failing.values().map(|f| f.retry_at).min() {
                 wake_at(next);
             }
-            // New records start (room made for as many as may, at once).
-            out.commands.reserve(self.scheduler.startable());
-            while let Some(offset) = self.scheduler.next_start() {
-                self.flights.insert(
+            // The record at the watermark is counted before anything
+            // starts.
+            if self.check == DeliveryCheck::Due
+                && let Some(offset) = self.scheduler.first_waiting()
+            {
+                if now >= self.count_after {
+                    self.check = DeliveryCheck::Counting { offset };
+                    out.commands.push(KeyedCommand::CountDelivery { offset });
+                } else {
+                    wake_at(self.count_after);
+                }
+            }
+            // New records start (room made for as many as may, at once),
+            // or the one that runs alone.
+            match self.check {
+                DeliveryCheck::Clear => {
+                    out.commands.reserve(self.scheduler.startable());
+                    while let Some(offset) = self.scheduler.next_start() {
+                        self.start(offset, now, out);
+                    }
+                }
+                DeliveryCheck::Alone {
                     offset,
-                    Flight {
-                        attempts: 1,
-                        since: now,
-                    },
-                );
-                out.commands
-                    .push(KeyedCommand::Start { offset, attempt: 1 });
-                self.started_any = true;
+                    started: false,
+                } => {
+                    if let Some(first) = self.scheduler.start_first() {
+                        debug_assert_eq!(first, offset, "the record counted starts first");
+                        self.check = DeliveryCheck::Alone {
+                            offset: first,
+                            started: true,
+                        };
+                        self.start(first, now, out);
+                    }
+                }
+                _ => {}
             }
             // Read ahead.
             let min_fetch = self
@@ -767,6 +930,7 @@ mod tests {
             max_commit: 100,
             commit_within: Duration::ZERO,
             budget: None,
+            count_in_store: false,
         }
     }
 
@@ -985,6 +1149,113 @@ mod tests {
         assert_eq!(
             e.step(KeyedEvent::Finished(vec![0]), 1030),
             KeyedStep::default()
+        );
+    }
+
+    /// A ticket's run whose deliveries are counted in the store, at
+    /// watermark 5, with records of three keys read; the step after the
+    /// fetch.
+    fn counting_run() -> (KeyedEngine, KeyedStep) {
+        let rules = KeyedRules {
+            budget: Some(Duration::from_millis(1000)),
+            count_in_store: true,
+            ..rules()
+        };
+        let progress = Progress {
+            watermark: 5,
+            done_above: vec![],
+        };
+        let mut e = KeyedEngine::new(rules, &progress, false, 0);
+        e.step(KeyedEvent::Tick, 0);
+        let s = e.step(records(&[(5, 1), (6, 2), (7, 3)]), 1);
+        (e, s)
+    }
+
+    fn counted(n: u32) -> KeyedEvent {
+        KeyedEvent::Counted(CountOutcome::Counted(n))
+    }
+
+    #[test]
+    fn a_claim_counts_the_record_at_the_watermark_before_anything_starts() {
+        let (mut e, s) = counting_run();
+        assert!(starts(&s).is_empty(), "{s:?}");
+        assert!(
+            s.commands
+                .contains(&KeyedCommand::CountDelivery { offset: 5 })
+        );
+        assert!(
+            starts(&e.step(KeyedEvent::Tick, 2)).is_empty(),
+            "nothing while counting"
+        );
+        // Its first delivery: everything goes as usual.
+        let s = e.step(counted(1), 3);
+        assert_eq!(starts(&s), vec![5, 6, 7]);
+        let s = ok(&mut e, 5, 4);
+        assert!(
+            !s.commands
+                .iter()
+                .any(|c| matches!(c, KeyedCommand::CountDelivery { .. })),
+            "counted once a claim: {s:?}"
+        );
+    }
+
+    #[test]
+    fn a_record_earlier_claims_did_not_get_past_runs_alone_then_the_rest_go_on() {
+        let (mut e, _) = counting_run();
+        let s = e.step(counted(2), 3);
+        assert_eq!(starts(&s), vec![5], "alone: a crash is its own");
+        assert!(starts(&e.step(KeyedEvent::Tick, 4)).is_empty());
+        // An error is retried as usual, still alone.
+        e.step(failed(5), 5);
+        let s = e.step(KeyedEvent::Tick, 15);
+        assert_eq!(starts(&s), vec![5]);
+        let s = e.step(KeyedEvent::Finished(vec![5]), 20);
+        assert_eq!(starts(&s), vec![6, 7], "once it finished, the rest start");
+    }
+
+    #[test]
+    fn a_record_that_ended_its_attempts_alone_without_an_answer_goes_to_the_dead_letters_uncalled()
+    {
+        // max_attempts 3: one delivery beside others, then three alone.
+        let (mut e, _) = counting_run();
+        let s = e.step(counted(4), 3);
+        assert_eq!(starts(&s), vec![5], "two alone so far: a third");
+        let (mut e, _) = counting_run();
+        let s = e.step(counted(5), 3);
+        assert!(s.commands.contains(&KeyedCommand::DeadLetter {
+            offset: 5,
+            attempts: 4
+        }));
+        assert_eq!(starts(&s), vec![6, 7], "not called again; the others go on");
+    }
+
+    #[test]
+    fn a_count_that_failed_is_tried_again_after_a_pause_and_a_refused_one_ends_the_run() {
+        let (mut e, _) = counting_run();
+        let failed = KeyedEvent::Counted(CountOutcome::Failed(Cause::msg("down")));
+        let s = e.step(failed, 3);
+        assert!(starts(&s).is_empty());
+        assert_eq!(s.wake_at, Some(13), "the first retry pause");
+        let s = e.step(KeyedEvent::Tick, 13);
+        assert!(
+            s.commands
+                .contains(&KeyedCommand::CountDelivery { offset: 5 })
+        );
+        let fenced = KeyedEvent::Counted(CountOutcome::Fenced(Cause::msg("newer claim")));
+        let s = e.step(fenced, 14);
+        assert!(matches!(s.ended, Some(KeyedEnd::Fenced(_))), "{s:?}");
+    }
+
+    #[test]
+    fn an_owned_run_counts_nothing_in_the_store() {
+        let mut e = KeyedEngine::new(rules(), &Progress::default(), false, 0);
+        e.step(KeyedEvent::Tick, 0);
+        let s = e.step(records(&[(0, 1), (1, 2)]), 1);
+        assert_eq!(starts(&s), vec![0, 1]);
+        assert!(
+            !s.commands
+                .iter()
+                .any(|c| matches!(c, KeyedCommand::CountDelivery { .. }))
         );
     }
 
@@ -1355,8 +1626,12 @@ mod tests {
             let key = |o: u64| Some(KeyHash::of(&[keys[o as usize]]));
             let rules = KeyedRules {
                 budget: budget.map(Duration::from_millis),
+                // A ticket's claims count the record at the watermark.
+                count_in_store: budget.is_some(),
                 ..grouping()
             };
+            // The store's count of each record's deliveries.
+            let mut deliveries: std::collections::BTreeMap<u64, u32> = Default::default();
             let mut now: Millis = 0;
             let mut e = KeyedEngine::new(rules.clone(), &Progress::default(), false, now);
             // What the local store committed: done offsets, in the order
@@ -1398,7 +1673,13 @@ mod tests {
                     now = now.max(wake.unwrap_or(now));
                     KeyedEvent::Tick
                 } else {
-                    let command = out.remove(pick % out.len());
+                    // A fetch at the log's end waits for records (it is
+                    // answered with none only when nothing else is out).
+                    let mut at = pick % out.len();
+                    if matches!(out[at], KeyedCommand::Fetch { from, .. } if from >= n) && out.len() > 1 {
+                        at = (at + 1) % out.len();
+                    }
+                    let command = out.remove(at);
                     match command {
                         KeyedCommand::Fetch { from, max } => KeyedEvent::Fetched(
                             (from..n.min(from + max as u64)).map(|o| (o, key(o))).collect(),
@@ -1429,6 +1710,16 @@ mod tests {
                         KeyedCommand::Commit(plan) => {
                             commit(&plan, &mut store, &mut committed)?;
                             KeyedEvent::Committed(plan.offsets)
+                        }
+                        KeyedCommand::CountDelivery { offset } => {
+                            prop_assert!(budget.is_some(), "owned runs count in memory");
+                            KeyedEvent::Counted(if fail && !step.is_multiple_of(3) {
+                                CountOutcome::Failed(Cause::msg("down"))
+                            } else {
+                                let n = deliveries.entry(offset).or_default();
+                                *n += 1;
+                                CountOutcome::Counted(*n)
+                            })
                         }
                         KeyedCommand::Checkpoint(p) => {
                             let done: BTreeSet<u64> = committed.iter().copied().collect();

@@ -280,9 +280,14 @@ where
                     engine.snapshot_uploaded(answer, driver.env());
                 }
                 event = match command {
-                    Command::RunKeyed { budget, .. } => {
+                    Command::RunKeyed {
+                        budget,
+                        count_in_store,
+                        ..
+                    } => {
                         let rules = KeyedRules {
                             budget,
+                            count_in_store,
                             ..keyed
                                 .clone()
                                 .expect("the engine runs keyed only with rules")

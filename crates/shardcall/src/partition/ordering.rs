@@ -158,6 +158,8 @@ impl OrderingConfig {
             commit_within: COMMIT_WITHIN,
             // Owned mode runs until revoked; a ticket's claim sets its own.
             budget: None,
+            // Owned mode counts attempts in memory, as its batches do.
+            count_in_store: false,
         })
     }
 }

@@ -23,8 +23,8 @@ use std::task::{Context, Poll, Waker};
 
 use shardcall_core::key_scheduler::{KeyHash, RecordOrder};
 use shardcall_core::keyed_engine::{
-    CheckpointOutcome, DoneCommit, KeyedCommand, KeyedEnd, KeyedEngine, KeyedEvent, KeyedRules,
-    Progress,
+    CheckpointOutcome, CountOutcome, DoneCommit, KeyedCommand, KeyedEnd, KeyedEngine, KeyedEvent,
+    KeyedRules, Progress,
 };
 use shardcall_core::mix_hash::MixMap;
 use shardcall_core::offset_window::OffsetWindow;
@@ -359,6 +359,17 @@ where
                 let answer = self.keyed_checkpoint(run, progress).await;
                 run.answers.push_back(answer);
             }
+            KeyedCommand::CountDelivery { offset } => {
+                let outcome = match self.grant.count_delivery(offset, offset).await {
+                    Ok(n) => CountOutcome::Counted(n),
+                    Err(StoreError::Fenced(f)) => CountOutcome::Fenced(Cause::new(f)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "counting a delivery failed; retrying");
+                        CountOutcome::Failed(Cause::new(e))
+                    }
+                };
+                run.answers.push_back(KeyedEvent::Counted(outcome));
+            }
         }
     }
 
@@ -601,10 +612,13 @@ where
             .and_then(Option::as_ref)
             .expect("dead-lettered records were fetched")
             .clone();
-        let why = run
-            .last_error
-            .get(&offset)
-            .map_or_else(|| "no error was heard".to_owned(), |e| format!("{e:#}"));
+        let why = run.last_error.get(&offset).map_or_else(
+            || {
+                "earlier deliveries ended without an answer (the worker stopped or crashed)"
+                    .to_owned()
+            },
+            |e| format!("{e:#}"),
+        );
         if !self
             .dead_letter(std::slice::from_ref(&record), attempts, &why)
             .await
