@@ -82,9 +82,10 @@ pub struct KeyedRules {
     /// before anything starts (ticket mode, where the next claim may be on
     /// another worker, with dead letters): a record that kills its worker
     /// process every time it runs would otherwise be tried by every claim
-    /// for ever. A record earlier claims started and did not get past runs
-    /// alone, so that a crash is its own; one that crashed `max_attempts`
-    /// times alone goes to the dead letters.
+    /// for ever. After a claim that did not get past its watermark, the
+    /// next runs one record at a time, so that a crash is the record's own;
+    /// a record that ended `max_attempts` such claims goes to the dead
+    /// letters.
     pub count_in_store: bool,
 }
 
@@ -390,14 +391,11 @@ enum DeliveryCheck {
         /// The record.
         offset: u64,
     },
-    /// Earlier claims started this record and did not get past it: it
-    /// runs alone until it finished, so that a crash is its own.
-    Alone {
-        /// The record.
-        offset: u64,
-        /// Whether it started.
-        started: bool,
-    },
+    /// Earlier claims started the record at the watermark and did not get
+    /// past it: this run starts one record at a time, in offset order, so
+    /// that a crash is the record's own (the one that crashed a claim that
+    /// ran many at once may lie anywhere among those it had in flight).
+    OneByOne,
 }
 
 /// The engine of one partition whose records run at once.
@@ -596,9 +594,6 @@ impl KeyedEngine {
                     self.flights.remove(&offset);
                     self.scheduler.finished(offset);
                     self.finished.push(offset);
-                    if matches!(self.check, DeliveryCheck::Alone { offset: o, .. } if o == offset) {
-                        self.check = DeliveryCheck::Clear;
-                    }
                 }
             }
             KeyedEvent::Committed(offsets) => {
@@ -670,10 +665,10 @@ impl KeyedEngine {
     }
 
     /// The record at the watermark has had `n` deliveries, this one
-    /// included. The first goes on as usual; a record that earlier claims
-    /// started and did not get past runs alone (a crash is then its own),
-    /// and one that ended `max_attempts` claims alone without an answer
-    /// goes to the dead letters without another call.
+    /// included. The first goes on as usual; after that the run goes one
+    /// record at a time (a crash is then the record's own), and a record
+    /// that ended `max_attempts` such claims without an answer goes to the
+    /// dead letters without another call.
     fn counted(&mut self, offset: u64, n: u32, now: Millis, out: &mut KeyedStep) {
         if n <= 1 {
             self.check = DeliveryCheck::Clear;
@@ -683,10 +678,7 @@ impl KeyedEngine {
         let alone = n - 2;
         let max = self.rules.max_attempts;
         if max == 0 || alone < max || !self.rules.dead_letters {
-            self.check = DeliveryCheck::Alone {
-                offset,
-                started: false,
-            };
+            self.check = DeliveryCheck::OneByOne;
             return;
         }
         // Nothing started while the count was out: the record is still
@@ -694,10 +686,7 @@ impl KeyedEngine {
         if self.scheduler.first_waiting() != Some(offset)
             || self.scheduler.start_first() != Some(offset)
         {
-            self.check = DeliveryCheck::Alone {
-                offset,
-                started: false,
-            };
+            self.check = DeliveryCheck::OneByOne;
             return;
         }
         self.check = DeliveryCheck::Clear;
@@ -809,7 +798,7 @@ impl KeyedEngine {
                 }
             }
             // New records start (room made for as many as may, at once),
-            // or the one that runs alone.
+            // or the next one alone.
             match self.check {
                 DeliveryCheck::Clear => {
                     out.commands.reserve(self.scheduler.startable());
@@ -817,17 +806,9 @@ impl KeyedEngine {
                         self.start(offset, now, out);
                     }
                 }
-                DeliveryCheck::Alone {
-                    offset,
-                    started: false,
-                } => {
-                    if let Some(first) = self.scheduler.start_first() {
-                        debug_assert_eq!(first, offset, "the record counted starts first");
-                        self.check = DeliveryCheck::Alone {
-                            offset: first,
-                            started: true,
-                        };
-                        self.start(first, now, out);
+                DeliveryCheck::OneByOne if self.scheduler.in_flight() == 0 => {
+                    if let Some(offset) = self.scheduler.start_first() {
+                        self.start(offset, now, out);
                     }
                 }
                 _ => {}
@@ -1200,7 +1181,7 @@ mod tests {
     }
 
     #[test]
-    fn a_record_earlier_claims_did_not_get_past_runs_alone_then_the_rest_go_on() {
+    fn after_a_claim_that_did_not_get_past_its_watermark_records_run_one_at_a_time() {
         let (mut e, _) = counting_run();
         let s = e.step(counted(2), 3);
         assert_eq!(starts(&s), vec![5], "alone: a crash is its own");
@@ -1210,7 +1191,9 @@ mod tests {
         let s = e.step(KeyedEvent::Tick, 15);
         assert_eq!(starts(&s), vec![5]);
         let s = e.step(KeyedEvent::Finished(vec![5]), 20);
-        assert_eq!(starts(&s), vec![6, 7], "once it finished, the rest start");
+        assert_eq!(starts(&s), vec![6], "then the next, in offset order, alone");
+        let s = e.step(KeyedEvent::Finished(vec![6]), 21);
+        assert_eq!(starts(&s), vec![7]);
     }
 
     #[test]
@@ -1219,7 +1202,7 @@ mod tests {
         // max_attempts 3: one delivery beside others, then three alone.
         let (mut e, _) = counting_run();
         let s = e.step(counted(4), 3);
-        assert_eq!(starts(&s), vec![5], "two alone so far: a third");
+        assert_eq!(starts(&s), vec![5], "two alone so far: another");
         let (mut e, _) = counting_run();
         let s = e.step(counted(5), 3);
         assert!(s.commands.contains(&KeyedCommand::DeadLetter {
