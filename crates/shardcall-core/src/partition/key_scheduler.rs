@@ -201,6 +201,12 @@ impl KeyScheduler {
             return None;
         }
         let key = self.ready.pop_front()?;
+        Some(self.start_ready(key))
+    }
+
+    /// Starts the first queued record of `key`, a ready key taken off the
+    /// ready list: its offset.
+    fn start_ready(&mut self, key: KeyOf) -> u64 {
         let queue = self.queues.get_mut(&key).expect("a ready key has a queue");
         let offset = queue.pop_front().expect("a ready key has a record");
         if queue.is_empty() {
@@ -213,7 +219,7 @@ impl KeyScheduler {
             .get_mut(offset)
             .expect("a record taken has a slot")
             .stage = Stage::Running;
-        Some(offset)
+        offset
     }
 
     /// The first record taken and not started, if it is waiting at the
@@ -240,24 +246,9 @@ impl KeyScheduler {
         // Its key is free, so it is ready, with this record first.
         let at = self.ready.iter().position(|k| *k == key)?;
         self.ready.remove(at);
-        let queue = self.queues.get_mut(&key).expect("a ready key has a queue");
-        debug_assert_eq!(
-            queue.front(),
-            Some(&offset),
-            "a key's records queue in order"
-        );
-        queue.pop_front();
-        if queue.is_empty() {
-            self.queues.remove(&key);
-        }
-        self.buffered -= 1;
-        self.busy.insert(key);
-        self.running += 1;
-        self.window
-            .get_mut(offset)
-            .expect("a record taken has a slot")
-            .stage = Stage::Running;
-        Some(offset)
+        let started = self.start_ready(key);
+        debug_assert_eq!(started, offset, "a key's records queue in order");
+        Some(started)
     }
 
     /// The record at `offset` finished (its call succeeded, or its dead
