@@ -470,10 +470,9 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
     // A run with no latency lasts a fraction of a second, where a flush
     // of the state store or another process moves the figure: the pair
     // runs several times, interleaved, and the median ratio counts.
+    // Each pair as it ran: whether partition ordering went first, the
+    // ratio and both runs.
     let mut light_pairs = Vec::new();
-    // Each pair as it ran (which ordering first, both rates), for finding
-    // what moves the figure.
-    let mut light_runs = Vec::new();
     for i in 0..a.light_pairs {
         eprintln!(
             "no latency ({} of {}): partition ordering and key ordering",
@@ -496,17 +495,24 @@ async fn bench(a: &BenchKeysArgs) -> anyhow::Result<ExitCode> {
             )
         };
         let ratio = k.records_per_s / p.records_per_s.max(1e-9);
-        light_runs.push(json!({
-            "first": if partition_first { "partition" } else { "key" },
-            "partition_records_per_s": p.records_per_s,
-            "key_records_per_s": k.records_per_s,
-            "ratio": ratio,
-        }));
-        light_pairs.push((ratio, p, k));
+        light_pairs.push((partition_first, ratio, p, k));
     }
-    light_pairs.sort_by(|x, y| x.0.total_cmp(&y.0));
-    let light_ratios: Vec<f64> = light_pairs.iter().map(|(r, ..)| *r).collect();
-    let (light_ratio, light_partition, light_key) = light_pairs.swap_remove(light_pairs.len() / 2);
+    // The pairs as they ran, for finding what moves the figure.
+    let light_runs: Vec<serde_json::Value> = light_pairs
+        .iter()
+        .map(|(partition_first, ratio, p, k)| {
+            json!({
+                "first": if *partition_first { "partition" } else { "key" },
+                "partition_records_per_s": p.records_per_s,
+                "key_records_per_s": k.records_per_s,
+                "ratio": ratio,
+            })
+        })
+        .collect();
+    light_pairs.sort_by(|x, y| x.1.total_cmp(&y.1));
+    let light_ratios: Vec<f64> = light_pairs.iter().map(|(_, r, ..)| *r).collect();
+    let (_, light_ratio, light_partition, light_key) =
+        light_pairs.swap_remove(light_pairs.len() / 2);
     let script_dir = tempfile::Builder::new()
         .prefix("shardcall-keys-exec-")
         .tempdir()?;

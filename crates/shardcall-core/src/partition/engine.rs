@@ -369,6 +369,11 @@ pub enum Served {
     Failed,
 }
 
+/// Why a record goes to the dead letters when no call of it ever
+/// answered: its deliveries, counted in the store, used its attempts up.
+pub const NO_ANSWER: &str =
+    "earlier deliveries ended without an answer (the worker stopped or crashed)";
+
 /// A store call's answer, as the engine needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreAnswer<T> {
@@ -1201,12 +1206,10 @@ impl PartitionEngine {
                     } else if n > self.rules.max_attempts {
                         // This record alone used its attempts up: no
                         // further call.
-                        let error = self.last_error.clone().unwrap_or_else(|| {
-                            Cause::msg(
-                                "earlier deliveries ended without an answer \
-                                 (the worker stopped or crashed)",
-                            )
-                        });
+                        let error = self
+                            .last_error
+                            .clone()
+                            .unwrap_or_else(|| Cause::msg(NO_ANSWER));
                         self.queue.push_back(Command::DeadLetter {
                             range: 0..self.batch.len(),
                             attempts: n - 1,

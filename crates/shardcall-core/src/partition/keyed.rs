@@ -28,11 +28,12 @@
 //!   passed; then the last checkpoint, and the end. A fenced checkpoint
 //!   ends at once: the partition is someone else's.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::cause::Cause;
 use crate::ids::Millis;
+use crate::partition::engine::StoreAnswer;
 use crate::partition::key_scheduler::{KeyHash, KeyQueues, KeyScheduler, RecordOrder};
 use crate::partition::mix_hash::MixMap;
 use crate::partition::retry::RetryBackoff;
@@ -109,7 +110,7 @@ impl Progress {
             .filter(|&&(a, b)| a <= b && b >= applied)
             .map(|&(a, b)| (a.max(applied), b))
             .collect();
-        let mut done_above = merged_ranges(&clipped, &BTreeSet::new(), applied);
+        let mut done_above = merged_ranges(&clipped, applied);
         let mut watermark = applied;
         if let Some(&(a, b)) = done_above.first()
             && a == applied
@@ -141,13 +142,12 @@ impl Progress {
     }
 }
 
-/// Merges single offsets into ordered inclusive ranges, keeping only what
-/// lies at or above `floor`.
-fn merged_ranges(ranges: &[(u64, u64)], offsets: &BTreeSet<u64>, floor: u64) -> Vec<(u64, u64)> {
+/// Merges inclusive ranges into ordered ones, keeping only what lies at or
+/// above `floor`.
+fn merged_ranges(ranges: &[(u64, u64)], floor: u64) -> Vec<(u64, u64)> {
     let mut all: Vec<(u64, u64)> = ranges
         .iter()
         .copied()
-        .chain(offsets.iter().map(|&o| (o, o)))
         .filter(|&(_, b)| b >= floor)
         .collect();
     all.sort_unstable();
@@ -245,8 +245,9 @@ pub enum KeyedEvent {
     },
     /// The checkpoint came back.
     Checkpointed(CheckpointOutcome),
-    /// The delivery count asked for came back.
-    Counted(CountOutcome),
+    /// The delivery count asked for came back: the record's deliveries so
+    /// far, this one included, across claims, workers and crashes.
+    Counted(StoreAnswer<u32>),
     /// The partition is to end (revoked, or the worker stops).
     End,
     /// The lease ran out (the process was paused, or the store could not
@@ -266,18 +267,6 @@ pub enum CheckpointOutcome {
     /// Refused: the partition is no longer ours.
     Fenced(Cause),
     /// Failed; tried again.
-    Failed(Cause),
-}
-
-/// How counting a delivery in the store went.
-#[derive(Debug, Clone)]
-pub enum CountOutcome {
-    /// The record's deliveries so far, this one included, across claims,
-    /// workers and crashes.
-    Counted(u32),
-    /// Refused: the partition is no longer ours.
-    Fenced(Cause),
-    /// Failed; tried again after a pause.
     Failed(Cause),
 }
 
@@ -630,19 +619,19 @@ impl KeyedEngine {
                 }
             }
             KeyedEvent::Counted(outcome) => match (self.check, outcome) {
-                (DeliveryCheck::Counting { offset }, CountOutcome::Counted(n)) => {
+                (DeliveryCheck::Counting { offset }, StoreAnswer::Ok(n)) => {
                     self.counted(offset, n, now, &mut out);
                 }
-                (_, CountOutcome::Fenced(cause)) => {
+                (_, StoreAnswer::Fenced(cause)) => {
                     self.ended = true;
                     out.ended = Some(KeyedEnd::Fenced(cause));
                     return out;
                 }
-                (_, CountOutcome::Failed(_)) => {
+                (_, StoreAnswer::Failed(_)) => {
                     self.check = DeliveryCheck::Due;
                     self.count_after = now + self.rules.retry.first.as_millis() as Millis;
                 }
-                (_, CountOutcome::Counted(_)) => {}
+                (_, StoreAnswer::Ok(_)) => {}
             },
             KeyedEvent::End => {
                 self.ending_since.get_or_insert(now);
@@ -690,14 +679,7 @@ impl KeyedEngine {
             return;
         }
         self.check = DeliveryCheck::Clear;
-        self.flights.insert(
-            offset,
-            Flight {
-                attempts: n - 1,
-                since: now,
-            },
-        );
-        self.started_any = true;
+        self.fly(offset, n - 1, now);
         out.commands.push(KeyedCommand::DeadLetter {
             offset,
             attempts: n - 1,
@@ -720,15 +702,21 @@ impl KeyedEngine {
 
     /// The record at `offset` starts its first attempt.
     fn start(&mut self, offset: u64, now: Millis, out: &mut KeyedStep) {
+        self.fly(offset, 1, now);
+        out.commands
+            .push(KeyedCommand::Start { offset, attempt: 1 });
+    }
+
+    /// The record at `offset`, just started in the scheduler, is in flight
+    /// from `now` with `attempts` made.
+    fn fly(&mut self, offset: u64, attempts: u32, now: Millis) {
         self.flights.insert(
             offset,
             Flight {
-                attempts: 1,
+                attempts,
                 since: now,
             },
         );
-        out.commands
-            .push(KeyedCommand::Start { offset, attempt: 1 });
         self.started_any = true;
     }
 
@@ -1153,7 +1141,7 @@ mod tests {
     }
 
     fn counted(n: u32) -> KeyedEvent {
-        KeyedEvent::Counted(CountOutcome::Counted(n))
+        KeyedEvent::Counted(StoreAnswer::Ok(n))
     }
 
     #[test]
@@ -1215,7 +1203,7 @@ mod tests {
     #[test]
     fn a_count_that_failed_is_tried_again_after_a_pause_and_a_refused_one_ends_the_run() {
         let (mut e, _) = counting_run();
-        let failed = KeyedEvent::Counted(CountOutcome::Failed(Cause::msg("down")));
+        let failed = KeyedEvent::Counted(StoreAnswer::Failed(Cause::msg("down")));
         let s = e.step(failed, 3);
         assert!(starts(&s).is_empty());
         assert_eq!(s.wake_at, Some(13), "the first retry pause");
@@ -1224,7 +1212,7 @@ mod tests {
             s.commands
                 .contains(&KeyedCommand::CountDelivery { offset: 5 })
         );
-        let fenced = KeyedEvent::Counted(CountOutcome::Fenced(Cause::msg("newer claim")));
+        let fenced = KeyedEvent::Counted(StoreAnswer::Fenced(Cause::msg("newer claim")));
         let s = e.step(fenced, 14);
         assert!(matches!(s.ended, Some(KeyedEnd::Fenced(_))), "{s:?}");
     }
@@ -1697,11 +1685,11 @@ mod tests {
                         KeyedCommand::CountDelivery { offset } => {
                             prop_assert!(budget.is_some(), "owned runs count in memory");
                             KeyedEvent::Counted(if fail && !step.is_multiple_of(3) {
-                                CountOutcome::Failed(Cause::msg("down"))
+                                StoreAnswer::Failed(Cause::msg("down"))
                             } else {
                                 let n = deliveries.entry(offset).or_default();
                                 *n += 1;
-                                CountOutcome::Counted(*n)
+                                StoreAnswer::Ok(*n)
                             })
                         }
                         KeyedCommand::Checkpoint(p) => {

@@ -23,12 +23,12 @@ use std::task::{Context, Poll, Waker};
 
 use shardcall_core::key_scheduler::{KeyHash, RecordOrder};
 use shardcall_core::keyed_engine::{
-    CheckpointOutcome, CountOutcome, DoneCommit, KeyedCommand, KeyedEnd, KeyedEngine, KeyedEvent,
-    KeyedRules, Progress,
+    CheckpointOutcome, DoneCommit, KeyedCommand, KeyedEnd, KeyedEngine, KeyedEvent, KeyedRules,
+    Progress,
 };
 use shardcall_core::mix_hash::MixMap;
 use shardcall_core::offset_window::OffsetWindow;
-use shardcall_core::partition_engine::{Event, PartitionEngine};
+use shardcall_core::partition_engine::{Event, NO_ANSWER, PartitionEngine};
 use shardcall_core::{Cause, Millis};
 use shardcall_spool::Record;
 use tokio::task::JoinSet;
@@ -63,9 +63,9 @@ struct Run {
     engine: KeyedEngine,
     /// The partition, as every call sees it.
     ctx: Arc<PartitionContext>,
-    /// Records read and not yet done, by offset (`None`: done; those and
-    /// the ones below the watermark leave from the front).
-    records: OffsetWindow<Option<Record>>,
+    /// Records read, by offset, from the watermark on (those it passes
+    /// leave).
+    records: OffsetWindow<Record>,
     /// Why each failing record failed last (for its dead letter).
     last_error: MixMap<u64, Cause>,
     calls: JoinSet<CallAnswer>,
@@ -360,15 +360,12 @@ where
                 run.answers.push_back(answer);
             }
             KeyedCommand::CountDelivery { offset } => {
-                let outcome = match self.grant.count_delivery(offset, offset).await {
-                    Ok(n) => CountOutcome::Counted(n),
-                    Err(StoreError::Fenced(f)) => CountOutcome::Fenced(Cause::new(f)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "counting a delivery failed; retrying");
-                        CountOutcome::Failed(Cause::new(e))
-                    }
-                };
-                run.answers.push_back(KeyedEvent::Counted(outcome));
+                let counted = self.grant.count_delivery(offset, offset).await;
+                if let Err(e) = &counted {
+                    tracing::warn!(error = %e, "counting a delivery");
+                }
+                let answer = self.answer(counted);
+                run.answers.push_back(KeyedEvent::Counted(answer));
             }
         }
     }
@@ -390,7 +387,6 @@ where
         let records = offsets.iter().map(|offset| {
             run.records
                 .get(*offset)
-                .and_then(Option::as_ref)
                 .expect("started records were fetched")
                 .clone()
         });
@@ -525,10 +521,7 @@ where
         answer: Result<KeyState, HandlerError>,
     ) {
         run.calls_span.answered(self.d.observer.as_deref());
-        let key = run
-            .records
-            .get(offset)
-            .and_then(|r| r.as_ref()?.key.as_deref());
+        let key = run.records.get(offset).and_then(|r| r.key.as_deref());
         // A value too long for the store is the record's own failure (a
         // write refused leaves the writes held as they were).
         let written = answer.and_then(|state| state.write_to(&mut run.uncommitted, key));
@@ -578,19 +571,15 @@ where
                 return KeyedEvent::StorageFailed(Cause::new(e));
             }
         }
-        for &offset in &plan.offsets {
-            if let Some(record) = run.records.get_mut(offset) {
-                *record = None;
-            }
-            if !run.last_error.is_empty() {
-                run.last_error.remove(&offset);
+        if !run.last_error.is_empty() {
+            for offset in &plan.offsets {
+                run.last_error.remove(offset);
             }
         }
-        // Records skipped as done before a restore never commit: the
-        // watermark passes them.
+        // What the watermark passed is done (records skipped as done
+        // before a restore among them): the rest may still be called.
         let watermark = plan.applied;
-        run.records
-            .pop_front_while(|offset, record| record.is_none() || offset < watermark);
+        run.records.pop_front_while(|offset, _| offset < watermark);
         KeyedEvent::Committed(plan.offsets)
     }
 
@@ -609,16 +598,12 @@ where
         let record = run
             .records
             .get(offset)
-            .and_then(Option::as_ref)
             .expect("dead-lettered records were fetched")
             .clone();
-        let why = run.last_error.get(&offset).map_or_else(
-            || {
-                "earlier deliveries ended without an answer (the worker stopped or crashed)"
-                    .to_owned()
-            },
-            |e| format!("{e:#}"),
-        );
+        let why = run
+            .last_error
+            .get(&offset)
+            .map_or_else(|| NO_ANSWER.to_owned(), |e| format!("{e:#}"));
         if !self
             .dead_letter(std::slice::from_ref(&record), attempts, &why)
             .await
@@ -650,7 +635,7 @@ where
                     .map(|r| (r.offset, r.key.as_deref().map(KeyHash::of)))
                     .collect();
                 for r in records {
-                    run.records.push(r.offset, Some(r));
+                    run.records.push(r.offset, r);
                 }
                 KeyedEvent::Fetched(keys)
             }
