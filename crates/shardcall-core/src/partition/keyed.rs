@@ -794,7 +794,13 @@ impl KeyedEngine {
                         self.start(offset, now, out);
                     }
                 }
-                DeliveryCheck::OneByOne if self.scheduler.in_flight() == 0 => {
+                // Each committed before the next starts: a crash of the
+                // next must not take the last one's commit with it.
+                DeliveryCheck::OneByOne
+                    if self.scheduler.in_flight() == 0
+                        && self.finished.is_empty()
+                        && !self.committing =>
+                {
                     if let Some(offset) = self.scheduler.start_first() {
                         self.start(offset, now, out);
                     }
@@ -1178,9 +1184,9 @@ mod tests {
         e.step(failed(5), 5);
         let s = e.step(KeyedEvent::Tick, 15);
         assert_eq!(starts(&s), vec![5]);
-        let s = e.step(KeyedEvent::Finished(vec![5]), 20);
+        let s = ok(&mut e, 5, 20);
         assert_eq!(starts(&s), vec![6], "then the next, in offset order, alone");
-        let s = e.step(KeyedEvent::Finished(vec![6]), 21);
+        let s = ok(&mut e, 6, 21);
         assert_eq!(starts(&s), vec![7]);
     }
 
