@@ -22,7 +22,7 @@ pub async fn wait_settled<S: CoordinationStore + ?Sized>(
     let deadline = crate::clock::now() + within;
     loop {
         let g = store.load_group(group).await.map_err(|e| e.to_string())?;
-        let mut done = true;
+        let mut behind = Vec::new();
         for (p, end) in ends {
             let at = checkpointed_at(store, group, p).await?;
             let owned = matches!(
@@ -30,13 +30,24 @@ pub async fn wait_settled<S: CoordinationStore + ?Sized>(
                 Some(Phase::Owned { .. })
             );
             let closed = lineage.get(p).is_some_and(|l| l.end.is_some());
-            done &= at == *end && owned != closed;
+            if at != *end {
+                behind.push(format!("{p} checkpointed at {at} of {end}"));
+            }
+            if owned == closed {
+                let wanted = if closed { "released" } else { "owned" };
+                behind.push(format!("{p} not {wanted}"));
+            }
         }
-        if done {
+        if behind.is_empty() {
             return Ok(());
         }
         if crate::clock::now() > deadline {
-            return Err(format!("{group} did not settle: {g:#?}"));
+            // What is behind comes first: the group's state below it is
+            // long, and a truncated log should still say what stalled.
+            return Err(format!(
+                "{group} did not settle: {}\n{g:#?}",
+                behind.join(", ")
+            ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -243,16 +243,21 @@ pub(crate) async fn lineage(world: &World) -> BTreeMap<PartitionId, shardcall_co
 /// its final snapshot (the wait for it is bounded) is restored from an
 /// older one and the log replayed; stopped before the replay is through,
 /// the worker checkpoints where it got to, and the next start goes on from
-/// its store.
+/// its store. Each start also runs a while after `wait` (longer each
+/// time): a group settles as soon as the checkpoints are at their ends,
+/// which they may be already, and a replay through a poison record needs
+/// its retries' pauses before it passes it; stopped sooner every time, the
+/// machine would never get past it.
 pub(crate) async fn catch_up(
     world: &mut World,
     machine: usize,
     ends: &BTreeMap<PartitionId, u64>,
     wait: impl AsyncFn(&mut World),
 ) {
-    for _ in 0..10 {
+    for round in 1..=10 {
         world.start(machine);
         wait(world).await;
+        tokio::time::sleep(Duration::from_millis(500) * round).await;
         world.stop_all().await;
         let mut behind = Vec::new();
         for (p, &end) in ends {
