@@ -779,3 +779,48 @@ async fn a_finished_parent_is_told_its_shard_ended_and_a_moved_partition_that_it
     expected.sort();
     assert_eq!(told, expected);
 }
+
+/// A checkpoint write of the owner's grant that lands late (after a newer
+/// one) leaves the stored offset behind what was processed; an owner with
+/// nothing more to read reads its checkpoint back and writes it again, so
+/// the partition does not show a lag that is not there for as long as it
+/// idles (the simulation stalled on exactly this).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_owner_writes_its_checkpoint_again_when_a_late_write_moved_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 1);
+    let p = PartitionId::new("t", 0);
+    c.produce(100, "a");
+    c.add_worker();
+    c.settle(Duration::from_secs(30)).await;
+    let g = c.store.load_group(GROUP).await.unwrap();
+    let Some(Phase::Owned { member, .. }) = g.partitions.get(&p).map(|r| r.phase.clone()) else {
+        panic!("not owned: {g:#?}")
+    };
+    let current = c.store.load_checkpoint(GROUP, &p).await.unwrap().unwrap();
+    assert_eq!(current.offset, 100);
+    // The late write: the same grant's, from before the last checkpoint.
+    let late = shardcall::Checkpoint {
+        offset: 40,
+        state: Vec::new(),
+        ..current.clone()
+    };
+    c.store
+        .save_checkpoint(GROUP, &member, &p, &late)
+        .await
+        .unwrap();
+    let deadline =
+        Instant::now() + shardcall_core::partition_engine::IDLE_RECHECK + Duration::from_secs(5);
+    loop {
+        let at = c.store.load_checkpoint(GROUP, &p).await.unwrap().unwrap();
+        if at.offset == 100 {
+            // Written again with the state at 100, not the late write's.
+            assert_eq!(at.state, current.state);
+            break;
+        }
+        poll_again_async(deadline, || {
+            format!("the stored checkpoint stayed behind, at {}", at.offset)
+        })
+        .await;
+    }
+}

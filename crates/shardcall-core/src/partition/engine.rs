@@ -37,6 +37,15 @@ use crate::partition::retry::RetryBackoff;
 /// handler's, so no backoff).
 pub const STORE_RETRY: Duration = Duration::from_millis(100);
 
+/// How often an owned partition with nothing to do reads its stored
+/// checkpoint back. A write that lands late (an earlier task's of the same
+/// grant, still on its way when that task stopped) or a failover onto a
+/// replica that missed the last writes can leave the stored offset behind
+/// what was processed; with no record coming to carry the next checkpoint,
+/// nothing else would ever move it forward, and the partition would show
+/// a lag that is not there.
+pub const IDLE_RECHECK: Duration = Duration::from_secs(10);
+
 /// Who granted the partition, and so how its processing ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Grant {
@@ -293,6 +302,10 @@ pub enum Command {
     /// last checkpoint's offset: a snapshot finished uploading and no
     /// checkpoint is coming to carry it. Answer: [`Event::Snapshotted`].
     WriteHistory,
+    /// Read the stored checkpoint's offset back (an owned partition with
+    /// nothing to do, every [`IDLE_RECHECK`]). Answer:
+    /// [`Event::CheckpointRead`].
+    ReadCheckpoint,
     /// Mark the partition stopped for the group, with `reason` (owned
     /// mode; its data or state cannot be read past): no member is granted
     /// it again until an operator clears the stop. Answer:
@@ -464,6 +477,8 @@ pub enum Event {
     FetchFailed(Cause),
     /// Deliveries of the batch so far, this one included.
     Counted(StoreAnswer<u32>),
+    /// The stored checkpoint's offset (`None`: there is none).
+    CheckpointRead(StoreAnswer<Option<u64>>),
     /// The handler call's outcome.
     Processed(Result<(), CallFailure>),
     /// The checkpoint's outcome.
@@ -598,6 +613,9 @@ pub struct PartitionEngine {
     io_failures: u32,
     /// When the last snapshot was taken (or the partition started).
     last_snapshot: Option<Millis>,
+    /// When the stored checkpoint was last known to be this partition's
+    /// own: written, or read back.
+    checkpoint_known: Option<Millis>,
     /// When the final snapshot was first tried, and how often it failed.
     final_snapshot: Option<(Millis, u32)>,
     /// When the driver first said the partition moves elsewhere.
@@ -650,6 +668,7 @@ impl PartitionEngine {
             singles_until: None,
             io_failures: 0,
             last_snapshot: None,
+            checkpoint_known: None,
             final_snapshot: None,
             moving_since: None,
             rewound_at: None,
@@ -911,6 +930,19 @@ impl PartitionEngine {
                 background: self.in_background(ending),
             }),
             None => {}
+        }
+    }
+
+    /// An owned partition with nothing pending reads its stored checkpoint
+    /// back every [`IDLE_RECHECK`] (see there why).
+    fn recheck_when_idle(&mut self, env: Env) {
+        let known = *self.checkpoint_known.get_or_insert(env.now);
+        if self.pending.is_none()
+            && self.queue.is_empty()
+            && env.now.saturating_sub(known) >= IDLE_RECHECK.as_millis() as u64
+        {
+            self.checkpoint_known = Some(env.now);
+            self.queue.push_back(Command::ReadCheckpoint);
         }
     }
 
@@ -1189,6 +1221,24 @@ impl PartitionEngine {
                 StoreAnswer::Fenced(why) => self.lose(why),
                 StoreAnswer::Failed(_) => self.renew_failed = true,
             },
+            (Some(Command::ReadCheckpoint), Event::CheckpointRead(answer)) => match answer {
+                // This grant's own checkpoint, behind what was processed
+                // (and nothing pending since): written again, from there.
+                StoreAnswer::Ok(Some(stored))
+                    if stored < self.next_offset && self.pending.is_none() =>
+                {
+                    self.pending = Some(Pending {
+                        first: stored,
+                        last: self.next_offset - 1,
+                        began: env.now,
+                    });
+                    self.checkpoint_pending(env);
+                }
+                StoreAnswer::Ok(_) => {}
+                StoreAnswer::Fenced(why) => self.lose(why),
+                // Read again at the next recheck.
+                StoreAnswer::Failed(_) => {}
+            },
             (Some(Command::Fetch { .. }), Event::Fetched(fetched)) => {
                 self.renew_failed = false;
                 self.fetched(fetched, env);
@@ -1230,6 +1280,7 @@ impl PartitionEngine {
             (Some(cmd @ Command::Checkpoint { first, last, .. }), Event::Checkpointed(answer)) => {
                 match answer {
                     CheckpointAnswer::Committed => {
+                        self.checkpoint_known = Some(env.now);
                         if self
                             .pending
                             .is_some_and(|p| p.first == first && p.last == last)
@@ -1448,6 +1499,7 @@ impl PartitionEngine {
                 } else {
                     // Caught up: what is pending is checkpointed now.
                     self.checkpoint_pending(env);
+                    self.recheck_when_idle(env);
                 }
             }
             Some(mut offsets) => {
@@ -1598,9 +1650,15 @@ impl PartitionEngine {
                 {
                     return Command::Done(End::Lost("lease ran short before restore".into()));
                 }
+                // Revoked before anything ran: released as it is. A restore
+                // that keeps failing (a store locked, a checkpoint that
+                // cannot be read) would otherwise hold the revoke up for as
+                // long as it fails, and the partition with it.
+                Stage::Restoring | Stage::FindingStart | Stage::StartingHandler if env.revoked => {
+                    self.finish(Served::Busy, Duration::ZERO)
+                }
                 Stage::Restoring => return Command::Restore,
                 Stage::FindingStart => return Command::FindStart,
-                Stage::StartingHandler if env.revoked => self.finish(Served::Busy, Duration::ZERO),
                 Stage::StartingHandler => return Command::StartHandler,
                 Stage::Running => {
                     if let Some(c) = self.running(env) {
@@ -2113,6 +2171,7 @@ mod tests {
                     self.write_history();
                     Event::Snapshotted(StoreAnswer::Ok(()))
                 }
+                Command::ReadCheckpoint => Event::CheckpointRead(StoreAnswer::Ok(self.checkpoint)),
                 Command::Done(_) => unreachable!(),
             }
         }
@@ -2335,6 +2394,8 @@ mod tests {
                     Event::Processed(Ok(()))
                 }
                 Command::Checkpoint { .. } => Event::Checkpointed(CheckpointAnswer::Committed),
+                // The stored checkpoint, read back while idle, is current.
+                Command::ReadCheckpoint => Event::CheckpointRead(StoreAnswer::Ok(Some(3))),
                 Command::Snapshot { .. } => break command.clone(),
                 other => panic!("{other:?}"),
             };
@@ -2648,6 +2709,104 @@ mod tests {
         assert_eq!(c, Command::StartHandler);
         let c = e.step(Event::HandlerStarted(Ok(())), env_at(2, false));
         (e, c)
+    }
+
+    #[test]
+    fn an_idle_partition_writes_its_checkpoint_again_when_the_stored_one_fell_behind() {
+        let (mut e, c) = restored_at_5(owned());
+        assert!(matches!(c, Command::Fetch { from: 5, .. }), "{c:?}");
+        let c = e.step(Event::Fetched(Some(vec![5, 6, 7])), env_at(3, false));
+        assert_eq!(c, Command::Process { range: 0..3 });
+        let c = e.step(Event::Processed(Ok(())), env_at(4, false));
+        let c = match c {
+            Command::Fetch { .. } => e.step(Event::Fetched(Some(vec![])), env_at(5, false)),
+            c => c,
+        };
+        assert!(
+            matches!(
+                c,
+                Command::Checkpoint {
+                    first: 5,
+                    last: 7,
+                    ..
+                }
+            ),
+            "{c:?}"
+        );
+        let c = e.step(
+            Event::Checkpointed(CheckpointAnswer::Committed),
+            env_at(6, false),
+        );
+        assert!(matches!(c, Command::Fetch { from: 8, .. }), "{c:?}");
+        // Idle, and not yet for long: nothing is read.
+        let c = e.step(Event::Fetched(Some(vec![])), env_at(5_000, false));
+        assert!(matches!(c, Command::Fetch { from: 8, .. }), "{c:?}");
+        // Idle for the recheck's interval: the stored checkpoint is read.
+        let later = 6 + IDLE_RECHECK.as_millis() as Millis;
+        let c = e.step(Event::Fetched(Some(vec![])), env_at(later, false));
+        assert_eq!(c, Command::ReadCheckpoint);
+        // An earlier write landed late: the store says 6, not 8. The
+        // records since are checkpointed again, though nothing new came.
+        let c = e.step(
+            Event::CheckpointRead(StoreAnswer::Ok(Some(6))),
+            env_at(later + 1, false),
+        );
+        assert!(
+            matches!(
+                c,
+                Command::Checkpoint {
+                    first: 6,
+                    last: 7,
+                    ..
+                }
+            ),
+            "{c:?}"
+        );
+        let c = e.step(
+            Event::Checkpointed(CheckpointAnswer::Committed),
+            env_at(later + 2, false),
+        );
+        assert!(matches!(c, Command::Fetch { from: 8, .. }), "{c:?}");
+        // Read back current (or another epoch's, told as None): nothing.
+        let again = later + 2 + IDLE_RECHECK.as_millis() as Millis;
+        let c = e.step(Event::Fetched(Some(vec![])), env_at(again, false));
+        assert_eq!(c, Command::ReadCheckpoint);
+        let c = e.step(
+            Event::CheckpointRead(StoreAnswer::Ok(None)),
+            env_at(again + 1, false),
+        );
+        assert!(matches!(c, Command::Fetch { from: 8, .. }), "{c:?}");
+    }
+
+    #[test]
+    fn a_partition_revoked_while_its_restore_keeps_failing_is_released() {
+        let mut e = PartitionEngine::new(owned());
+        assert_eq!(e.step(Event::Start, env_at(0, false)), Command::Restore);
+        let failed = || Event::Restored(StoreAnswer::Failed(Cause::msg("store locked")));
+        assert!(matches!(
+            e.step(failed(), env_at(1, false)),
+            Command::Pause(_)
+        ));
+        assert_eq!(e.step(Event::Done, env_at(2, false)), Command::Restore);
+        // Revoked while the next restore fails: no more restores, the
+        // grant goes back (a restore failing for ever held the partition
+        // draining on its member for good).
+        assert!(matches!(
+            e.step(failed(), env_at(3, true)),
+            Command::Pause(_)
+        ));
+        assert_eq!(e.step(Event::Done, env_at(4, true)), Command::Release);
+        let c = e.step(Event::Released(StoreAnswer::Ok(())), env_at(5, true));
+        assert_eq!(
+            c,
+            Command::Backup {
+                state_backed_up: true
+            }
+        );
+        assert_eq!(
+            e.step(Event::Done, env_at(6, true)),
+            Command::Done(End::Released)
+        );
     }
 
     /// Steps a keyed partition from its start to the hand-over.

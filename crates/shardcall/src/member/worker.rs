@@ -421,6 +421,9 @@ impl<S: CoordinationStore, Src: Source, F: HandlerFactory> Incarnation<'_, S, Sr
         let mut stopping = false;
         loop {
             let command = engine.step(event, clock::now_ms());
+            if !matches!(command, MemberCommand::Wait) {
+                tracing::trace!(?command, "member step");
+            }
             self.lease.set_until(engine.may_process_until());
             event = match command {
                 MemberCommand::Wait => {

@@ -271,7 +271,11 @@ where
     let mut event = Event::Start;
     let end = loop {
         let env = driver.env();
-        match engine.step(event, env) {
+        let command = engine.step(event, env);
+        // Each step, for an operator tracing one partition (the level is
+        // checked before anything is formatted).
+        tracing::trace!(?command, "partition step");
+        match command {
             Command::Done(end) => break end,
             command => {
                 if !matches!(command, Command::AwaitSnapshot { .. })
@@ -636,6 +640,27 @@ where
             } => self.snapshot(write_pointer, delta_only).await,
             Command::AwaitSnapshot { within } => self.await_snapshot(within).await,
             Command::WriteHistory => self.write_history().await,
+            Command::ReadCheckpoint => {
+                let read = self.grant.restore().await;
+                if let Err(e) = &read {
+                    tracing::debug!(error = %e, "reading the checkpoint back");
+                }
+                // Only this grant's own checkpoint is written again: one
+                // under another epoch is a reset's, or a newer owner's.
+                let epoch = self.d.ctx.epoch;
+                let own = read.map(|cp| cp.filter(|c| c.epoch == epoch).map(|c| c.offset));
+                if let Ok(Some(stored)) = own
+                    && stored < engine.next_offset()
+                {
+                    tracing::warn!(
+                        stored,
+                        processed_to = engine.next_offset(),
+                        "the stored checkpoint fell behind what was processed (a late write, \
+                         or a failover onto a replica that missed writes): writing it again"
+                    );
+                }
+                Event::CheckpointRead(self.answer(own))
+            }
             Command::GiveBack { delay } => {
                 self.grant.give_back(delay).await;
                 Event::Done

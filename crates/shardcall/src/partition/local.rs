@@ -741,6 +741,8 @@ async fn collect(
         Ok(c) if !c.manifests.is_empty() => tracing::debug!(
             manifests = c.manifests.len(),
             chunks = c.chunks.len(),
+            collected = ?c.manifests,
+            kept = ?listed,
             "old snapshots collected"
         ),
         Ok(_) => {}
