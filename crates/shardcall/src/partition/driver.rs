@@ -652,6 +652,9 @@ where
                 if let Ok(Some(stored)) = own
                     && stored < engine.next_offset()
                 {
+                    if let Some(local) = self.local.as_mut() {
+                        local.history_unwritten();
+                    }
                     tracing::warn!(
                         stored,
                         processed_to = engine.next_offset(),

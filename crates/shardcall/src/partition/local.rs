@@ -258,6 +258,14 @@ impl PartitionState {
         }
     }
 
+    /// The stored checkpoint was found behind what this partition wrote (a
+    /// late write of an earlier task of the grant landed after): the next
+    /// checkpoint writes the whole history again, as that late write's
+    /// history may name snapshots collected since.
+    pub(crate) fn history_unwritten(&mut self) {
+        self.fresh = !self.history.is_empty();
+    }
+
     /// Commits a batch's writes with the position after it (blocking on a
     /// thread of its own); the writes are given back, committed.
     pub(crate) async fn commit(
