@@ -1408,6 +1408,15 @@ impl PartitionEngine {
             },
             (Some(Command::Pause(_) | Command::Fetch { .. }), Event::Interrupted) => {}
             (Some(Command::Fetch { .. }), Event::FetchFailed(why)) => self.fetch_failed(why, env),
+            // A restore whose lease ran out meanwhile (a process paused
+            // with the read on its way) may have read a checkpoint that
+            // was stale by the time it answered: the snapshots it names can
+            // be gone, collected by the holders since. That says nothing of
+            // the partition's data; the grant is lost, and the partition
+            // (and the worker) go on elsewhere.
+            (Some(Command::Restore), Event::Unreadable(_)) if env.lease_left.is_zero() => {
+                self.lose("the lease ran out while restoring: what the restore read may be stale")
+            }
             (
                 Some(Command::Fetch { .. } | Command::FindStart | Command::Restore),
                 Event::Unreadable(why),
@@ -2776,6 +2785,34 @@ mod tests {
             env_at(again + 1, false),
         );
         assert!(matches!(c, Command::Fetch { from: 8, .. }), "{c:?}");
+    }
+
+    #[test]
+    fn a_restore_that_finds_its_snapshots_gone_after_the_lease_ran_out_loses_the_grant() {
+        let unreadable = || Event::Unreadable(Cause::msg("3 snapshots passed over"));
+        let lapsed = Env {
+            lease_left: Duration::ZERO,
+            ..env_at(1, false)
+        };
+        // The read answered after the lease ran out (a paused process): the
+        // checkpoint it read may have been stale, its snapshots collected
+        // since. Not the partition's damage: lost, not stopped (owned) nor
+        // failed (a ticket, which stops its worker).
+        for rules in [owned(), ticket(TicketHistory::default())] {
+            let mut e = PartitionEngine::new(rules);
+            assert_eq!(e.step(Event::Start, env_at(0, false)), Command::Restore);
+            let c = e.step(unreadable(), lapsed);
+            assert!(matches!(c, Command::Done(End::Lost(_))), "{c:?}");
+        }
+        // Under a running lease it is the partition's damage.
+        let mut e = PartitionEngine::new(owned());
+        assert_eq!(e.step(Event::Start, env_at(0, false)), Command::Restore);
+        let c = e.step(unreadable(), env_at(1, false));
+        assert!(matches!(c, Command::StopPartition { .. }), "{c:?}");
+        let mut e = PartitionEngine::new(ticket(TicketHistory::default()));
+        assert_eq!(e.step(Event::Start, env_at(0, false)), Command::Restore);
+        let c = e.step(unreadable(), env_at(1, false));
+        assert!(matches!(c, Command::Done(End::Failed(_))), "{c:?}");
     }
 
     #[test]
