@@ -2821,7 +2821,13 @@ mod tests {
             Command::Pause(_)
         ));
         assert_eq!(e.step(Event::Done, env_at(4, true)), Command::Release);
-        let c = e.step(Event::Released(StoreAnswer::Ok(())), env_at(5, true));
+        released_and_backed_up(&mut e, 5);
+    }
+
+    /// A revoked partition's release lands (at `at`): the backup, reported
+    /// done, and the end.
+    fn released_and_backed_up(e: &mut PartitionEngine, at: Millis) {
+        let c = e.step(Event::Released(StoreAnswer::Ok(())), env_at(at, true));
         assert_eq!(
             c,
             Command::Backup {
@@ -2829,7 +2835,7 @@ mod tests {
             }
         );
         assert_eq!(
-            e.step(Event::Done, env_at(6, true)),
+            e.step(Event::Done, env_at(at + 1, true)),
             Command::Done(End::Released)
         );
     }
@@ -2858,17 +2864,7 @@ mod tests {
         };
         assert_eq!(e.step(ended, env_at(3, true)), Command::Release);
         assert_eq!(e.next_offset(), 42);
-        let c = e.step(Event::Released(StoreAnswer::Ok(())), env_at(4, true));
-        assert_eq!(
-            c,
-            Command::Backup {
-                state_backed_up: true
-            }
-        );
-        assert_eq!(
-            e.step(Event::Done, env_at(5, true)),
-            Command::Done(End::Released)
-        );
+        released_and_backed_up(&mut e, 4);
     }
 
     #[test]
