@@ -19,8 +19,6 @@ store, read and written with get and put requests.
 
 For tests, KEYED_COUNTS_REFUSE in the environment names a value prefix:
 records whose value starts with it fail every time (a poison record).
-KEYED_COUNTS_CRASH names another: such a record kills the worker process
-that runs the handler (a poison pill that takes its worker down).
 
 Run it with:
   shardcall worker ... --state-dir S --backup-dir B \\
@@ -30,31 +28,15 @@ import asyncio
 import base64
 import json
 import os
-import signal
 import sys
 
 DEFAULT_CALL_MS = float(os.environ.get("CALL_MS", "0"))
 REFUSE = os.environ.get("KEYED_COUNTS_REFUSE")
-CRASH = os.environ.get("KEYED_COUNTS_CRASH")
 
 
 def refused(record):
     """Whether the record is a poison record the test asked to fail."""
     return bool(REFUSE) and (record.get("value") or "").startswith(REFUSE)
-
-
-def crash_worker():
-    """Kills the worker that runs this handler (through the shell that
-    started it, if one did)."""
-    pid = os.getppid()
-    try:
-        with open(f"/proc/{pid}/comm") as comm:
-            if comm.read().strip() in ("sh", "dash", "bash"):
-                with open(f"/proc/{pid}/stat") as stat:
-                    pid = int(stat.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        pass
-    os.kill(pid, signal.SIGKILL)
 
 
 def b64(raw):
@@ -99,8 +81,6 @@ class Handler:
         whatever came in since."""
         r = msg["record"]
         await asyncio.sleep(call_ms(r) / 1000)
-        if CRASH and (r.get("value") or "").startswith(CRASH):
-            crash_worker()
         if refused(r):
             self.send({"action": "error", "id": msg["id"], "message": f"refused {r['value']!r}"})
             return
